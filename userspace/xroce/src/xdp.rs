@@ -1,0 +1,1 @@
+//! XDP program loader (filled in by the foundation work).
