@@ -1,1 +1,65 @@
-fn main() {}
+//! The `xroce` command.
+//!
+//! Measuring commands take `--json` and then print exactly one JSON object on
+//! stdout; human-readable output goes to stderr or a table on stdout.
+
+mod decode;
+mod stats;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "xroce",
+    version,
+    about = "RDMA over XDP/AF_XDP for hosts without RDMA NICs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Attach the XDP program to an interface and pin it (outlives this process)
+    Attach {
+        #[arg(long)]
+        iface: String,
+        /// native (in the driver) or skb (generic)
+        #[arg(long, default_value = "native")]
+        mode: xroce::xdp::Mode,
+    },
+    /// Detach the XDP program from an interface and remove its pins
+    Detach {
+        #[arg(long)]
+        iface: String,
+    },
+    /// Show the XDP program's counters for an interface
+    Stats(stats::StatsArgs),
+    /// Decode RoCEv2 frames in a pcap file and verify their ICRC
+    Decode(decode::DecodeArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Attach { iface, mode } => xroce::xdp::attach(&iface, mode)
+            .map(|()| {
+                eprintln!(
+                    "xroce: attached to {iface} ({mode:?}); maps pinned in {}",
+                    xroce::xdp::pin_dir(&iface).display()
+                )
+            })
+            .map_err(anyhow::Error::from),
+        Command::Detach { iface } => xroce::xdp::detach(&iface)
+            .map(|()| eprintln!("xroce: detached from {iface}"))
+            .map_err(anyhow::Error::from),
+        Command::Stats(args) => stats::run(&args),
+        Command::Decode(args) => decode::run(&args),
+    };
+    if let Err(e) = result {
+        // One line: what went wrong and, from the error itself, what to do.
+        eprintln!("xroce: {e:#}");
+        std::process::exit(1);
+    }
+}

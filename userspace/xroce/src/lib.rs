@@ -3,4 +3,5 @@
 //! - [`cc`]: congestion control (reaction point) behind one trait.
 //! - [`xdp`]: loads, attaches, pins and reads the XDP program.
 pub mod cc;
+pub mod io;
 pub mod xdp;

@@ -1,1 +1,276 @@
-//! XDP program loader (filled in by the foundation work).
+//! Loads xroce's XDP program, attaches it to an interface, pins its maps and
+//! link under `/sys/fs/bpf/xroce/<iface>/`, and reads them back from any
+//! process (`xroce stats` runs apart from `xroce attach`).
+
+use std::{
+    ffi::CString,
+    fmt, fs,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{MapData, PerCpuArray, XskMap},
+    programs::{links::FdLink, links::PinnedLink, Xdp, XdpMode},
+    Ebpf, EbpfLoader,
+};
+use xroce_common::{names, Counter};
+
+/// The XDP object built from ebpf/ by build.rs.
+static XDP_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xroce-xdp"));
+
+/// How the program runs on the interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// In the driver (veth, most NICs): fastest; needed for AF_XDP at speed.
+    Native,
+    /// Generic XDP in the kernel stack: works on any interface.
+    Skb,
+}
+
+impl Mode {
+    fn xdp_mode(self) -> XdpMode {
+        match self {
+            Mode::Native => XdpMode::Driver,
+            Mode::Skb => XdpMode::Skb,
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = XdpError;
+    fn from_str(s: &str) -> Result<Self, XdpError> {
+        match s {
+            "native" | "driver" => Ok(Mode::Native),
+            "skb" | "generic" => Ok(Mode::Skb),
+            other => Err(XdpError::BadMode(other.to_string())),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum XdpError {
+    #[error("interface {0} does not exist; `ip link` lists the interfaces here")]
+    NoSuchInterface(String),
+    #[error("attaching XDP needs root (CAP_BPF and CAP_NET_ADMIN); run it with sudo")]
+    NotRoot,
+    #[error("interface {0} has no xroce XDP program; run `xroce attach --iface {0}`")]
+    NotAttached(String),
+    #[error(
+        "interface {0} already has the xroce XDP program; run `xroce detach --iface {0}` first"
+    )]
+    AlreadyAttached(String),
+    #[error("unknown XDP mode {0:?}; use `native` or `skb`")]
+    BadMode(String),
+    #[error("bpffs is not mounted at /sys/fs/bpf; run `mount -t bpf bpf /sys/fs/bpf`")]
+    NoBpffs,
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {detail}")]
+    Bpf { what: String, detail: String },
+}
+
+fn bpf_err(what: impl Into<String>) -> impl FnOnce(&dyn fmt::Display) -> XdpError {
+    let what = what.into();
+    move |e| XdpError::Bpf {
+        what,
+        detail: e.to_string(),
+    }
+}
+
+/// Directory holding one interface's pinned maps and link.
+pub fn pin_dir(iface: &str) -> PathBuf {
+    Path::new(names::PIN_ROOT).join(iface)
+}
+
+/// Kernel index of `iface`, or a clear error if there is no such interface.
+pub fn if_index(iface: &str) -> Result<u32, XdpError> {
+    let name = CString::new(iface).map_err(|_| XdpError::NoSuchInterface(iface.into()))?;
+    // SAFETY: if_nametoindex reads a NUL-terminated string and nothing else.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => Err(XdpError::NoSuchInterface(iface.into())),
+        index => Ok(index),
+    }
+}
+
+fn require_root() -> Result<(), XdpError> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(XdpError::NotRoot);
+    }
+    Ok(())
+}
+
+fn bpffs_mounted() -> bool {
+    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+    mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf"))
+}
+
+/// Mounts bpffs at /sys/fs/bpf if it is not there (as bpftool does), since
+/// pinning is how other processes find our maps.
+fn ensure_bpffs() -> Result<(), XdpError> {
+    if bpffs_mounted() {
+        return Ok(());
+    }
+    let _ = fs::create_dir_all("/sys/fs/bpf");
+    // SAFETY: all arguments are valid NUL-terminated strings or null.
+    let rc = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            c"/sys/fs/bpf".as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 || bpffs_mounted() {
+        Ok(())
+    } else {
+        Err(XdpError::NoBpffs)
+    }
+}
+
+/// Loads the program, attaches it to `iface` in `mode` and pins the link and
+/// maps, so the attachment outlives this process until [`detach`].
+pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
+    require_root()?;
+    if_index(iface)?;
+    ensure_bpffs()?;
+    let dir = pin_dir(iface);
+    let link_pin = dir.join(names::LINK_PIN);
+    if link_pin.exists() {
+        return Err(XdpError::AlreadyAttached(iface.into()));
+    }
+    fs::create_dir_all(&dir).map_err(|source| XdpError::Io {
+        what: format!("create {}", dir.display()),
+        source,
+    })?;
+    let result = load_and_attach(iface, mode, &dir, &link_pin);
+    if result.is_err() {
+        // Leave nothing half-made behind: a later attach starts clean.
+        let _ = fs::remove_dir_all(&dir);
+    }
+    result
+}
+
+fn load_and_attach(iface: &str, mode: Mode, dir: &Path, link_pin: &Path) -> Result<(), XdpError> {
+    let mut ebpf: Ebpf = EbpfLoader::new()
+        .default_map_pin_directory(dir)
+        .load(XDP_OBJECT)
+        .map_err(|e| bpf_err("load the xroce XDP object")(&e))?;
+    let program: &mut Xdp = ebpf
+        .program_mut(names::PROGRAM)
+        .ok_or_else(|| XdpError::Bpf {
+            what: "find the XDP program".into(),
+            detail: format!("no program named {} in the object", names::PROGRAM),
+        })?
+        .try_into()
+        .map_err(|e| bpf_err("XDP program type")(&e))?;
+    program
+        .load()
+        .map_err(|e| bpf_err("the kernel verifier rejected the XDP program")(&verbose(&e)))?;
+    let link_id = program
+        .attach(iface, mode.xdp_mode())
+        .map_err(|e| bpf_err(format!("attach XDP to {iface} in {mode:?} mode"))(&verbose(&e)))?;
+    let link = program
+        .take_link(link_id)
+        .map_err(|e| bpf_err("take the XDP link")(&e))?;
+    let fd_link: FdLink = link.try_into().map_err(|e| XdpError::Bpf {
+        what: "pin the XDP link".into(),
+        detail: format!("{e} (this kernel has no bpf_link for XDP; it needs 5.9 or later)"),
+    })?;
+    fd_link
+        .pin(link_pin)
+        .map_err(|e| bpf_err(format!("pin the XDP link at {}", link_pin.display()))(&e))?;
+    Ok(())
+}
+
+/// Error text with its chain of causes (the verifier log is in a source).
+fn verbose(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// Detaches the program from `iface` and removes its pins.
+pub fn detach(iface: &str) -> Result<(), XdpError> {
+    require_root()?;
+    let dir = pin_dir(iface);
+    let link_pin = dir.join(names::LINK_PIN);
+    if !link_pin.exists() {
+        if_index(iface)?;
+        return Err(XdpError::NotAttached(iface.into()));
+    }
+    let link = PinnedLink::from_pin(&link_pin)
+        .map_err(|e| bpf_err(format!("open {}", link_pin.display()))(&e))?;
+    let fd_link = link.unpin().map_err(|source| XdpError::Io {
+        what: format!("unpin {}", link_pin.display()),
+        source,
+    })?;
+    // Dropping the last reference to the link detaches the program.
+    drop(fd_link);
+    fs::remove_dir_all(&dir).map_err(|source| XdpError::Io {
+        what: format!("remove {}", dir.display()),
+        source,
+    })
+}
+
+/// True if `iface` has xroce's program attached (its link is pinned).
+pub fn is_attached(iface: &str) -> bool {
+    pin_dir(iface).join(names::LINK_PIN).exists()
+}
+
+fn open_pinned(iface: &str, map: &str) -> Result<MapData, XdpError> {
+    let path = pin_dir(iface).join(map);
+    if !path.exists() {
+        if_index(iface)?;
+        return Err(XdpError::NotAttached(iface.into()));
+    }
+    MapData::from_pin(&path).map_err(|e| bpf_err(format!("open {}", path.display()))(&e))
+}
+
+/// Sums of the per-CPU XDP counters of one interface.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct XdpCounters {
+    pub values: Vec<(Counter, u64)>,
+}
+
+impl XdpCounters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.values
+            .iter()
+            .find(|(c, _)| *c == counter)
+            .map_or(0, |(_, v)| *v)
+    }
+}
+
+/// Reads the counters pinned for `iface` (works from any process).
+pub fn read_counters(iface: &str) -> Result<XdpCounters, XdpError> {
+    let map = open_pinned(iface, names::COUNTERS)?;
+    let array = PerCpuArray::<MapData, u64>::try_from(aya::maps::Map::PerCpuArray(map))
+        .map_err(|e| bpf_err("counter map")(&e))?;
+    let mut values = Vec::with_capacity(Counter::ALL.len());
+    for counter in Counter::ALL {
+        let per_cpu = array
+            .get(&(counter as u32), 0)
+            .map_err(|e| bpf_err(format!("read counter {}", counter.name()))(&e))?;
+        values.push((counter, per_cpu.iter().sum()));
+    }
+    Ok(XdpCounters { values })
+}
+
+/// The pinned XSKMAP of `iface`: AF_XDP sockets register here per RX queue.
+pub fn xsk_map(iface: &str) -> Result<XskMap<MapData>, XdpError> {
+    let map = open_pinned(iface, names::XSKS)?;
+    XskMap::try_from(aya::maps::Map::XskMap(map)).map_err(|e| bpf_err("XSK map")(&e))
+}

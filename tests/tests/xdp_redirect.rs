@@ -1,0 +1,244 @@
+//! The XDP program in two network namespaces: RoCEv2 frames reach the AF_XDP
+//! socket, malformed ones are dropped, everything else still works through
+//! the kernel, and the pinned counters add up.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddrV4, TcpListener, TcpStream, UdpSocket},
+    process::Command,
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use xroce::io::afxdp::{XskConfig, XskSocket};
+use xroce_common::Counter;
+use xroce_tests::{require_root, workspace_bin, VethPair};
+
+const ROCE_FRAMES: usize = 5000;
+const MALFORMED_FRAMES: usize = 10;
+/// Marker at the start of our UDP payload (where a BTH would be).
+const MARK: &[u8; 4] = b"XRT1";
+
+/// Detaches the program when the test ends, however it ends.
+struct Attached<'a> {
+    pair: &'a VethPair,
+}
+
+impl Drop for Attached<'_> {
+    fn drop(&mut self) {
+        let _ = self
+            .pair
+            .b
+            .command(workspace_bin("xroce"))
+            .args(["detach", "--iface", &self.pair.if_b])
+            .output();
+        let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(&self.pair.if_b));
+    }
+}
+
+#[test]
+fn roce_frames_reach_afxdp_and_other_traffic_passes() {
+    require_root();
+    let pair = VethPair::new(1500);
+    let xroce = workspace_bin("xroce");
+    pair.b.exec(&[
+        xroce.to_str().unwrap(),
+        "attach",
+        "--iface",
+        &pair.if_b,
+        "--mode",
+        "native",
+    ]);
+    let _attached = Attached { pair: &pair };
+
+    let prog = Command::new("bpftool").args(["prog", "show"]).output();
+    let prog = prog.expect("bpftool is missing; run `cargo xtask setup`");
+    assert!(
+        String::from_utf8_lossy(&prog.stdout).contains("xroce_xdp"),
+        "bpftool prog show does not name xroce_xdp"
+    );
+
+    // ICMP first: it also resolves ARP before the UDP burst.
+    pair.a.exec(&[
+        "ping",
+        "-c",
+        "3",
+        "-i",
+        "0.2",
+        "-W",
+        "2",
+        &pair.addr_b.to_string(),
+    ]);
+
+    // AF_XDP socket on queue 0 of the receiving veth, from inside namespace b.
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let ns_b = pair.b.name.clone();
+    let if_b = pair.if_b.clone();
+    let receiver = thread::spawn(move || {
+        xroce_tests::enter_netns(&ns_b);
+        let mut socket = XskSocket::open(&if_b, 0, XskConfig::default()).expect("open AF_XDP");
+        ready_tx.send(()).unwrap();
+        let mut ours = 0usize;
+        let mut other = 0usize;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while ours < ROCE_FRAMES && Instant::now() < deadline {
+            socket
+                .recv(100, |frame| {
+                    // 14 Ethernet + 20 IPv4 + 8 UDP.
+                    if frame.len() >= 46 && &frame[42..46] == MARK {
+                        ours += 1;
+                    } else {
+                        other += 1;
+                    }
+                })
+                .expect("recv");
+        }
+        // Anything late (a duplicate, a malformed frame) would show up now.
+        let _ = socket.recv(200, |_| other += 1);
+        (ours, other, socket.stats().expect("xsk stats"))
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("AF_XDP socket did not open");
+
+    // Senders in namespace a: RoCEv2-port UDP in paced bursts, then runts.
+    let ns_a = pair.a.name.clone();
+    let dst = SocketAddrV4::new(pair.addr_b, xroce_common::ROCEV2_UDP_PORT);
+    thread::spawn(move || {
+        xroce_tests::enter_netns(&ns_a);
+        let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let mut payload = [0u8; 64];
+        payload[..4].copy_from_slice(MARK);
+        for i in 0..ROCE_FRAMES {
+            payload[4..8].copy_from_slice(&(i as u32).to_be_bytes());
+            udp.send_to(&payload, dst).unwrap();
+            if i % 128 == 127 {
+                thread::sleep(Duration::from_millis(1));
+            }
+        }
+        // Too short to hold a BTH and ICRC: malformed, must be dropped.
+        for _ in 0..MALFORMED_FRAMES {
+            udp.send_to(&payload[..4], dst).unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+
+    let (ours, other, xsk_stats) = receiver.join().unwrap();
+    assert_eq!(ours, ROCE_FRAMES, "RoCEv2 frames delivered to AF_XDP");
+    assert_eq!(other, 0, "frames that are not ours reached the socket");
+    assert_eq!(
+        xsk_stats.rx_dropped, 0,
+        "socket dropped frames: {xsk_stats:?}"
+    );
+
+    // TCP through the kernel while the program is attached.
+    let ns_b = pair.b.name.clone();
+    let addr_b = pair.addr_b;
+    let server = thread::spawn(move || {
+        xroce_tests::enter_netns(&ns_b);
+        let listener = TcpListener::bind((addr_b, 18515)).unwrap();
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 5];
+        conn.read_exact(&mut buf).unwrap();
+        conn.write_all(&buf).unwrap();
+    });
+    let ns_a = pair.a.name.clone();
+    let echoed = thread::spawn(move || {
+        xroce_tests::enter_netns(&ns_a);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut conn = loop {
+            match TcpStream::connect((addr_b, 18515)) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("TCP connect through XDP: {e}"),
+            }
+        };
+        conn.write_all(b"hello").unwrap();
+        let mut buf = [0u8; 5];
+        conn.read_exact(&mut buf).unwrap();
+        buf
+    })
+    .join()
+    .unwrap();
+    server.join().unwrap();
+    assert_eq!(&echoed, b"hello");
+
+    let counters = xroce::xdp::read_counters(&pair.if_b).expect("read counters");
+    let get = |c| counters.get(c);
+    assert_eq!(get(Counter::Roce), ROCE_FRAMES as u64, "{counters:?}");
+    assert_eq!(get(Counter::Redirected), ROCE_FRAMES as u64, "{counters:?}");
+    assert_eq!(
+        get(Counter::Malformed),
+        MALFORMED_FRAMES as u64,
+        "{counters:?}"
+    );
+    assert_eq!(get(Counter::NoSocket), 0, "{counters:?}");
+    // ARP, ICMP and TCP all went to the kernel.
+    assert!(get(Counter::Passed) >= 3 + 3 + 4, "{counters:?}");
+    assert_eq!(
+        get(Counter::Seen),
+        get(Counter::Redirected) + get(Counter::Passed) + get(Counter::Malformed),
+        "every frame is redirected, passed or dropped: {counters:?}"
+    );
+
+    // `xroce stats` reads the same pins from another process.
+    let out = pair.b.exec(&[
+        xroce.to_str().unwrap(),
+        "stats",
+        "--iface",
+        &pair.if_b,
+        "--json",
+    ]);
+    let json = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        json.contains(&format!("\"redirected\":{ROCE_FRAMES}")),
+        "stats --json: {json}"
+    );
+}
+
+#[test]
+fn bad_input_gets_a_one_line_error() {
+    require_root();
+    let xroce = workspace_bin("xroce");
+    let out = Command::new(&xroce)
+        .args(["attach", "--iface", "nosuchif0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("does not exist"), "{err}");
+
+    let out = Command::new(&xroce)
+        .args(["stats", "--iface", "lo"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("xroce attach --iface lo"), "{err}");
+
+    let out = Command::new(&xroce)
+        .args(["attach", "--iface", "lo", "--mode", "turbo"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("native") && err.contains("skb"), "{err}");
+
+    // Without root: setpriv drops to nobody.
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&xroce)
+        .args(["attach", "--iface", "lo"])
+        .output()
+        .expect("setpriv (util-linux) is missing");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("root"), "{err}");
+}
