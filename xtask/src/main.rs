@@ -1,1 +1,79 @@
-fn main() {}
+//! `cargo xtask`: set-up, build, test, demo and bench for xroce.
+//!
+//! Every command first runs `setup`, which installs what a fresh Debian
+//! machine lacks and says what it does. xtask depends on no xroce crate:
+//! building those needs what `setup` installs.
+
+mod demo;
+mod setup;
+mod util;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Build, test and demo xroce")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what is missing: apt packages (as root), nightly rust-src, bpf-linker
+    Setup,
+    /// Build the XDP program and all userspace crates (release)
+    Build,
+    /// fmt check, clippy -D warnings, unit tests, fuzzing, end-to-end tests
+    Test {
+        /// Skip the slow suites (VMs)
+        #[arg(long)]
+        quick: bool,
+    },
+    /// Two network namespaces, XDP attached, RoCEv2 traffic across, counters
+    Demo,
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("xtask: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    setup::setup()?;
+    match cli.command {
+        Cmd::Setup => Ok(()),
+        Cmd::Build => build(),
+        Cmd::Test { quick } => test(quick),
+        Cmd::Demo => demo::demo(),
+    }
+}
+
+fn build() -> Result<()> {
+    util::cargo(&["build", "--workspace", "--release"])
+}
+
+fn test(quick: bool) -> Result<()> {
+    util::step("format check");
+    util::cargo(&["fmt", "--all", "--", "--check"])?;
+    util::step("clippy");
+    util::cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
+    util::step("build binaries used by end-to-end tests");
+    util::cargo(&["build", "--workspace", "--bins"])?;
+    util::step("unit, property and end-to-end tests");
+    util::require_root_for("the end-to-end tests (namespaces, XDP, AF_XDP)")?;
+    util::cargo(&["test", "--workspace"])?;
+    if quick {
+        util::step("--quick: slow suites skipped");
+    }
+    Ok(())
+}

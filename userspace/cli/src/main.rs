@@ -3,6 +3,7 @@
 //! Measuring commands take `--json` and then print exactly one JSON object on
 //! stdout; human-readable output goes to stderr or a table on stdout.
 
+mod capture;
 mod decode;
 mod stats;
 
@@ -36,6 +37,8 @@ enum Command {
     },
     /// Show the XDP program's counters for an interface
     Stats(stats::StatsArgs),
+    /// Receive RoCEv2 frames on an AF_XDP socket and count them
+    Capture(capture::CaptureArgs),
     /// Decode RoCEv2 frames in a pcap file and verify their ICRC
     Decode(decode::DecodeArgs),
 }
@@ -46,7 +49,7 @@ fn main() {
         Command::Attach { iface, mode } => xroce::xdp::attach(&iface, mode)
             .map(|()| {
                 eprintln!(
-                    "xroce: attached to {iface} ({mode:?}); maps pinned in {}",
+                    "xroce: attached to {iface} ({mode} mode); maps pinned in {}",
                     xroce::xdp::pin_dir(&iface).display()
                 )
             })
@@ -55,6 +58,7 @@ fn main() {
             .map(|()| eprintln!("xroce: detached from {iface}"))
             .map_err(anyhow::Error::from),
         Command::Stats(args) => stats::run(&args),
+        Command::Capture(args) => capture::run(&args),
         Command::Decode(args) => decode::run(&args),
     };
     if let Err(e) = result {

@@ -36,6 +36,15 @@ impl Mode {
     }
 }
 
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Native => "native",
+            Mode::Skb => "skb",
+        })
+    }
+}
+
 impl std::str::FromStr for Mode {
     type Err = XdpError;
     fn from_str(s: &str) -> Result<Self, XdpError> {

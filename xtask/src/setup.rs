@@ -1,0 +1,122 @@
+//! Installs what a fresh Debian machine lacks. Idempotent: each step checks
+//! first and says what it found or did.
+
+use std::process::Command;
+
+use anyhow::{bail, Result};
+
+use crate::util::{is_root, output, run, step, succeeds};
+
+/// Debian packages: the C libraries xsk-rs builds libxdp/libbpf against
+/// (libelf, zlib, libpcap headers), clang/llvm, and the tools the tests and
+/// benchmarks drive (ip, ping, nsenter, bpftool, tshark, iperf3, sockperf).
+const APT_PACKAGES: &[&str] = &[
+    "libelf-dev",
+    "zlib1g-dev",
+    "libpcap-dev",
+    "pkg-config",
+    "m4",
+    "clang",
+    "llvm",
+    "iproute2",
+    "iputils-ping",
+    "util-linux",
+    "bpftool",
+    "tshark",
+    "iperf3",
+    "sockperf",
+    "ethtool",
+    "tcpdump",
+];
+
+const BPF_LINKER_VERSION: &str = "0.10.3";
+
+pub fn setup() -> Result<()> {
+    step("setup: checking what this machine needs");
+    apt_packages()?;
+    nightly_rust_src()?;
+    bpf_linker()?;
+    eprintln!("setup: everything is in place");
+    Ok(())
+}
+
+fn apt_packages() -> Result<()> {
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if missing.is_empty() {
+        eprintln!("setup: apt packages present");
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing packages {}; run `sudo apt-get install -y {}` or run this as root",
+            missing.join(" "),
+            missing.join(" ")
+        );
+    }
+    eprintln!("setup: installing {}", missing.join(" "));
+    run(Command::new("apt-get").args(["update", "-qq"]))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn dpkg_installed(package: &str) -> bool {
+    output(Command::new("dpkg-query").args(["-W", "-f=${Status}", package]))
+        .map(|s| s.contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn nightly_rust_src() -> Result<()> {
+    let toolchains = output(Command::new("rustup").args(["toolchain", "list"]))?;
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        eprintln!("setup: installing the nightly toolchain (the XDP program needs -Z build-std)");
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))?;
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        eprintln!("setup: nightly rust-src present");
+        return Ok(());
+    }
+    eprintln!("setup: adding rust-src to nightly (to build core for bpfel)");
+    run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+fn bpf_linker() -> Result<()> {
+    let version = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if version.contains(BPF_LINKER_VERSION) {
+        eprintln!("setup: bpf-linker {BPF_LINKER_VERSION} present");
+        return Ok(());
+    }
+    eprintln!(
+        "setup: installing bpf-linker {BPF_LINKER_VERSION} (newer ones need a system LLVM 22; about a minute)"
+    );
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(Command::new(cargo).args([
+        "install",
+        &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+        "--locked",
+    ]))?;
+    if !succeeds(Command::new("bpf-linker").arg("--version")) {
+        bail!("bpf-linker was installed but is not on PATH; add ~/.cargo/bin to PATH");
+    }
+    Ok(())
+}
