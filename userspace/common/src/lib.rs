@@ -4,6 +4,8 @@
 //! userspace agree on layout without a serialisation step.
 #![no_std]
 
+pub mod ecn;
+
 /// UDP destination port that identifies RoCEv2 (IANA).
 pub const ROCEV2_UDP_PORT: u16 = 4791;
 
