@@ -1,2 +1,82 @@
-//! RoCEv2 wire codec. `no_std`, no allocation, no I/O.
+//! RoCEv2 wire codec. `no_std`, no allocation, no I/O, no `unsafe`.
+//!
+//! # API at a glance
+//!
+//! Whole frames (what the transport engine uses):
+//! - [`FrameRepr`] { [`EthRepr`], [`IpRepr`] (V4 [`Ipv4Repr`] | V6 [`Ipv6Repr`]),
+//!   [`UdpRepr`], [`TransportRepr`] }; [`FrameRepr::new`] builds one from
+//!   MACs, [`Gid`]s, a UDP source port ([`rocev2_src_port`]) and a transport repr.
+//! - [`parse_frame`]`(&[u8]) -> Result<(FrameRepr, payload)>` — no ICRC check;
+//!   [`parse_frame_checked`] also verifies the ICRC.
+//! - [`emit_frame`]`(&FrameRepr, payload, &mut [u8]) -> Result<usize>` fills
+//!   ethertype, lengths, pad, IPv4 checksum, UDP checksum (if asked) and ICRC;
+//!   [`FrameRepr::frame_len`] tells the size first.
+//!
+//! Transport level (UDP payload: BTH + ext headers + payload + pad + ICRC):
+//! - [`TransportRepr`] { [`BthRepr`], deth, feth, reth, atomic_eth, aeth,
+//!   atomic_ack_eth, imm_data, invalidate_rkey } with `parse`/`emit`/`buffer_len`;
+//!   aliases [`parse_transport`] / [`emit_transport`]. Exactly the headers
+//!   of `bth.opcode.headers()` are `Some`.
+//! - [`Opcode`] (every RC/UC/UD opcode + CNP; `Opcode::from_u8` errors on
+//!   reserved/unknown), [`HeaderSet`], [`Service`].
+//!
+//! ICRC ([`icrc`]): [`icrc::compute`]`(ip_header, udp..pad)`,
+//! [`icrc::verify_frame`], [`icrc::fill_frame`], [`icrc::frame_icrc`].
+//!
+//! Helpers: [`psn`] (24-bit serial arithmetic: [`psn_add`], [`psn_diff`],
+//! [`psn_lt`], [`psn_in_window`], [`Psn`]), [`aeth`] ([`Syndrome`],
+//! [`NakCode`], [`rnr_timer_us`], [`credits_from_code`]), [`gid`] ([`Gid`]
+//! <-> IPv4-mapped / IPv6), [`udp::rocev2_src_port`] (rxe's UDP source port
+//! from the QP pair), [`bth::pad_count`].
+//!
+//! Per-header zero-copy views with checked accessors (`new_checked`):
+//! [`eth::EthernetFrame`], [`ipv4::Ipv4Packet`], [`ipv6::Ipv6Packet`],
+//! [`udp::UdpPacket`], [`bth::BthHeader`], [`aeth::AethHeader`],
+//! [`ext::RethHeader`], [`ext::DethHeader`], [`ext::AtomicEthHeader`],
+//! [`ext::AtomicAckEthHeader`], [`ext::ImmDtHeader`], [`ext::IethHeader`],
+//! [`ext::FethHeader`]; each header also has a `*Repr` with `parse`/`emit`.
+//!
+//! Errors: [`Error`] ([`Error::is_not_roce`] separates "not RoCEv2" from malformed).
 #![no_std]
+#![forbid(unsafe_code)]
+
+pub mod aeth;
+pub mod bth;
+mod bytes;
+pub mod error;
+pub mod eth;
+pub mod ext;
+pub mod frame;
+pub mod gid;
+pub mod icrc;
+pub mod ipv4;
+pub mod ipv6;
+pub mod opcode;
+pub mod psn;
+pub mod transport;
+pub mod udp;
+
+pub use aeth::{credits_from_code, rnr_timer_us, AethRepr, NakCode, Syndrome};
+pub use bth::{pad_count, BthRepr};
+pub use error::{Error, Layer, Result};
+pub use eth::{EthRepr, VlanTag};
+pub use ext::{AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RethRepr};
+pub use frame::{emit_frame, parse_frame, parse_frame_checked, FrameRepr, IpRepr};
+pub use gid::Gid;
+pub use icrc::ICRC_LEN;
+pub use ipv4::Ipv4Repr;
+pub use ipv6::Ipv6Repr;
+pub use opcode::{HeaderSet, Opcode, Service};
+pub use psn::{psn_add, psn_diff, psn_distance, psn_in_window, psn_lt, Psn};
+pub use transport::TransportRepr;
+pub use udp::{rocev2_src_port, UdpChecksum, UdpRepr, ROCEV2_PORT};
+
+/// Parse a UDP payload (BTH ... ICRC); see [`TransportRepr::parse`].
+pub fn parse_transport(buf: &[u8]) -> Result<(TransportRepr, &[u8])> {
+    TransportRepr::parse(buf)
+}
+
+/// Emit BTH ... ICRC slot (ICRC left zero); see [`TransportRepr::emit`].
+pub fn emit_transport(repr: &TransportRepr, payload: &[u8], buf: &mut [u8]) -> Result<usize> {
+    repr.emit(payload, buf)
+}

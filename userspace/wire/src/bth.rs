@@ -1,0 +1,190 @@
+//! InfiniBand Base Transport Header (12 bytes).
+//!
+//! ```text
+//! 0: opcode | 1: SE M PadCnt(2) TVer(4) | 2-3: P_Key
+//! 4: F B resv6 (resv8a) | 5-7: DestQP | 8: A resv7 | 9-11: PSN
+//! ```
+
+use crate::bytes::{be16, be24, put16, put24};
+use crate::error::{Error, Layer, Result};
+use crate::opcode::Opcode;
+
+pub const HEADER_LEN: usize = 12;
+/// Default partition key.
+pub const DEFAULT_PKEY: u16 = 0xffff;
+/// Largest 24-bit value (QPN, PSN, MSN).
+pub const MASK24: u32 = 0x00ff_ffff;
+
+/// Zero-copy view of a BTH.
+#[derive(Debug, Clone)]
+pub struct BthHeader<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> BthHeader<T> {
+    pub const fn new_unchecked(buffer: T) -> Self {
+        BthHeader { buffer }
+    }
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        if buffer.as_ref().len() < HEADER_LEN {
+            return Err(Error::Truncated(Layer::Bth));
+        }
+        Ok(BthHeader { buffer })
+    }
+    fn b(&self) -> &[u8] {
+        self.buffer.as_ref()
+    }
+    /// Raw opcode byte (see [`Opcode::from_u8`]).
+    pub fn opcode_raw(&self) -> u8 {
+        self.b()[0]
+    }
+    pub fn opcode(&self) -> Result<Opcode> {
+        Opcode::from_u8(self.b()[0])
+    }
+    pub fn solicited(&self) -> bool {
+        self.b()[1] & 0x80 != 0
+    }
+    pub fn mig_req(&self) -> bool {
+        self.b()[1] & 0x40 != 0
+    }
+    pub fn pad_count(&self) -> u8 {
+        (self.b()[1] >> 4) & 3
+    }
+    pub fn tver(&self) -> u8 {
+        self.b()[1] & 0x0f
+    }
+    pub fn pkey(&self) -> u16 {
+        be16(self.b(), 2)
+    }
+    pub fn fecn(&self) -> bool {
+        self.b()[4] & 0x80 != 0
+    }
+    pub fn becn(&self) -> bool {
+        self.b()[4] & 0x40 != 0
+    }
+    pub fn dest_qp(&self) -> u32 {
+        be24(self.b(), 5)
+    }
+    pub fn ack_req(&self) -> bool {
+        self.b()[8] & 0x80 != 0
+    }
+    pub fn psn(&self) -> u32 {
+        be24(self.b(), 9)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> BthHeader<T> {
+    pub fn set_psn(&mut self, psn: u32) {
+        put24(self.buffer.as_mut(), 9, psn & MASK24)
+    }
+    pub fn set_dest_qp(&mut self, qpn: u32) {
+        put24(self.buffer.as_mut(), 5, qpn & MASK24)
+    }
+    pub fn set_ack_req(&mut self, a: bool) {
+        let b = self.buffer.as_mut();
+        b[8] = (b[8] & 0x7f) | ((a as u8) << 7);
+    }
+    pub fn set_becn(&mut self, v: bool) {
+        let b = self.buffer.as_mut();
+        b[4] = (b[4] & !0x40) | ((v as u8) << 6);
+    }
+    pub fn set_fecn(&mut self, v: bool) {
+        let b = self.buffer.as_mut();
+        b[4] = (b[4] & !0x80) | ((v as u8) << 7);
+    }
+}
+
+/// Parsed BTH. The pad count is not here: it is derived from the payload
+/// length on emit and used to trim the payload on parse. Reserved bits are
+/// ignored on parse and written as 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BthRepr {
+    pub opcode: Opcode,
+    /// SE: solicited event.
+    pub solicited: bool,
+    /// M: migration state (rxe sends 1: path migrated).
+    pub mig_req: bool,
+    pub pkey: u16,
+    /// F: forward ECN (resv8a bit 7; masked in the ICRC).
+    pub fecn: bool,
+    /// B: backward ECN (resv8a bit 6; masked in the ICRC).
+    pub becn: bool,
+    /// Destination QP number, 24 bits.
+    pub dest_qp: u32,
+    /// A: acknowledge request.
+    pub ack_req: bool,
+    /// Packet sequence number, 24 bits.
+    pub psn: u32,
+}
+
+impl BthRepr {
+    /// A BTH with defaults rxe uses (P_Key 0xffff, M=1, flags clear).
+    pub const fn new(opcode: Opcode, dest_qp: u32, psn: u32) -> Self {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: true,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp,
+            ack_req: false,
+            psn,
+        }
+    }
+
+    /// Parse; returns the repr and the pad count.
+    pub fn parse(buf: &[u8]) -> Result<(BthRepr, u8)> {
+        let h = BthHeader::new_checked(buf)?;
+        let opcode = h.opcode()?;
+        if h.tver() != 0 {
+            return Err(Error::BadTver(h.tver()));
+        }
+        Ok((
+            BthRepr {
+                opcode,
+                solicited: h.solicited(),
+                mig_req: h.mig_req(),
+                pkey: h.pkey(),
+                fecn: h.fecn(),
+                becn: h.becn(),
+                dest_qp: h.dest_qp(),
+                ack_req: h.ack_req(),
+                psn: h.psn(),
+            },
+            h.pad_count(),
+        ))
+    }
+
+    /// Write the 12-byte BTH with the given pad count (0..=3).
+    pub fn emit(&self, buf: &mut [u8], pad: u8) -> Result<usize> {
+        if buf.len() < HEADER_LEN {
+            return Err(Error::BufferTooSmall {
+                needed: HEADER_LEN,
+                have: buf.len(),
+            });
+        }
+        if self.dest_qp > MASK24 {
+            return Err(Error::FieldOverflow("bth.dest_qp"));
+        }
+        if self.psn > MASK24 {
+            return Err(Error::FieldOverflow("bth.psn"));
+        }
+        if pad > 3 {
+            return Err(Error::FieldOverflow("bth.pad_count"));
+        }
+        buf[0] = self.opcode as u8;
+        buf[1] = ((self.solicited as u8) << 7) | ((self.mig_req as u8) << 6) | (pad << 4);
+        put16(buf, 2, self.pkey);
+        buf[4] = ((self.fecn as u8) << 7) | ((self.becn as u8) << 6);
+        put24(buf, 5, self.dest_qp);
+        buf[8] = (self.ack_req as u8) << 7;
+        put24(buf, 9, self.psn);
+        Ok(HEADER_LEN)
+    }
+}
+
+/// Pad bytes that bring a payload of `len` bytes to a multiple of 4.
+pub const fn pad_count(len: usize) -> u8 {
+    ((4 - (len & 3)) & 3) as u8
+}
