@@ -4,6 +4,23 @@
 //! what happens (packets sent, ACKs with RTT samples, CNPs). Time is the
 //! engine's simulated or real clock in nanoseconds, so algorithms stay
 //! deterministic under test.
+//!
+//! - [`dcqcn`]: DCQCN (Zhu et al., SIGCOMM 2015), ECN/CNP driven.
+//! - [`timely`]: TIMELY (Mittal et al., SIGCOMM 2015), RTT-gradient driven.
+//! - [`NoCc`]: line rate always.
+//! - [`pacer`]: the token bucket that turns a rate into send times.
+//! - [`units`]: parsing of rates, sizes, fractions and durations for the CLI.
+//!
+//! [`build`] makes a controller from a [`CcKind`] ("none", "dcqcn", "timely").
+
+pub mod dcqcn;
+pub mod pacer;
+pub mod timely;
+pub mod units;
+
+pub use dcqcn::{Dcqcn, DcqcnConfig};
+pub use pacer::Pacer;
+pub use timely::{Timely, TimelyConfig};
 
 /// A pluggable rate controller for one QP (DCQCN reacts per flow).
 pub trait CongestionControl: Send {
@@ -49,5 +66,112 @@ impl CongestionControl for NoCc {
     }
     fn rate_bps(&self) -> u64 {
         self.line_rate_bps
+    }
+}
+
+/// Which congestion controller a QP runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum CcKind {
+    /// [`NoCc`]: always the line rate.
+    #[default]
+    None,
+    /// [`Dcqcn`].
+    Dcqcn,
+    /// [`Timely`].
+    Timely,
+}
+
+impl CcKind {
+    pub const ALL: [CcKind; 3] = [CcKind::None, CcKind::Dcqcn, CcKind::Timely];
+
+    /// The name [`std::str::FromStr`] accepts and [`CongestionControl::name`] reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CcKind::None => "none",
+            CcKind::Dcqcn => "dcqcn",
+            CcKind::Timely => "timely",
+        }
+    }
+}
+
+impl std::fmt::Display for CcKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A `--cc` value that names no controller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown congestion control {0:?}; valid choices: none, dcqcn, timely")]
+pub struct ParseCcKindError(pub String);
+
+impl std::str::FromStr for CcKind {
+    type Err = ParseCcKindError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        CcKind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(t))
+            .ok_or_else(|| ParseCcKindError(s.to_string()))
+    }
+}
+
+/// Parameters for every algorithm; [`build_with`] uses the one `kind` picks.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CcConfig {
+    pub dcqcn: DcqcnConfig,
+    pub timely: TimelyConfig,
+}
+
+/// A controller of `kind` for a flow on a link of `line_rate_bps`, with the
+/// default parameters ([`DcqcnConfig::default`] is the paper's set).
+pub fn build(kind: CcKind, line_rate_bps: u64) -> Box<dyn CongestionControl> {
+    build_with(kind, line_rate_bps, &CcConfig::default())
+}
+
+/// [`build`] with explicit parameters.
+pub fn build_with(kind: CcKind, line_rate_bps: u64, cfg: &CcConfig) -> Box<dyn CongestionControl> {
+    match kind {
+        CcKind::None => Box::new(NoCc::new(line_rate_bps)),
+        CcKind::Dcqcn => Box::new(Dcqcn::new(line_rate_bps, cfg.dcqcn.clone())),
+        CcKind::Timely => Box::new(Timely::new(line_rate_bps, cfg.timely.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cc_kind_parses_and_errors_name_choices() {
+        assert_eq!("none".parse(), Ok(CcKind::None));
+        assert_eq!("dcqcn".parse(), Ok(CcKind::Dcqcn));
+        assert_eq!("TIMELY".parse(), Ok(CcKind::Timely));
+        let e = "bbr".parse::<CcKind>().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "unknown congestion control \"bbr\"; valid choices: none, dcqcn, timely"
+        );
+        for k in CcKind::ALL {
+            assert_eq!(k.to_string().parse(), Ok(k));
+        }
+    }
+
+    #[test]
+    fn factory_builds_each_kind_at_line_rate() {
+        for k in CcKind::ALL {
+            let mut cc = build(k, 10_000_000_000);
+            assert_eq!(cc.name(), k.name());
+            assert_eq!(cc.rate_bps(), 10_000_000_000);
+            cc.on_send(0, 4096);
+            cc.on_ack(1, 4096, Some(10_000));
+        }
+        // A CNP slows DCQCN only.
+        let mut d = build(CcKind::Dcqcn, 10_000_000_000);
+        d.on_cnp(0);
+        assert_eq!(d.rate_bps(), 5_000_000_000);
+        let mut n = build(CcKind::None, 10_000_000_000);
+        n.on_cnp(0);
+        assert_eq!(n.rate_bps(), 10_000_000_000);
     }
 }
