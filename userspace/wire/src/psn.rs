@@ -2,9 +2,10 @@
 //! 2^24): wraparound compare, signed distance, windows.
 //!
 //! A PSN `a` is "before" `b` when the forward distance from `a` to `b` is in
-//! `1..2^23`. Exactly opposite values (distance 2^23) are ordered by the sign
-//! of [`psn_diff`] (which returns -2^23 there), so `psn_lt(a,b)` and
-//! `psn_lt(b,a)` are never both true.
+//! `1..2^23`. Exactly opposite values (distance 2^23, where [`psn_diff`]
+//! returns -2^23 both ways) are ordered by their plain numeric value, so
+//! [`psn_cmp`] is antisymmetric: `psn_lt(a,b)` and `psn_lt(b,a)` are never
+//! both true, and one of them is whenever `a != b`.
 
 use core::cmp::Ordering;
 
@@ -43,31 +44,35 @@ pub const fn psn_diff(a: u32, b: u32) -> i32 {
 /// Serial comparison of `a` and `b`.
 #[inline]
 pub const fn psn_cmp(a: u32, b: u32) -> Ordering {
-    let d = psn_diff(a, b);
-    if d < 0 {
-        Ordering::Less
-    } else if d > 0 {
-        Ordering::Greater
-    } else {
+    let d = psn_distance(b, a);
+    if d == 0 {
         Ordering::Equal
+    } else if d < PSN_HALF {
+        Ordering::Greater
+    } else if d > PSN_HALF {
+        Ordering::Less
+    } else if (a & PSN_MASK) < (b & PSN_MASK) {
+        Ordering::Less
+    } else {
+        Ordering::Greater
     }
 }
 
 #[inline]
 pub const fn psn_lt(a: u32, b: u32) -> bool {
-    psn_diff(a, b) < 0
+    matches!(psn_cmp(a, b), Ordering::Less)
 }
 #[inline]
 pub const fn psn_le(a: u32, b: u32) -> bool {
-    psn_diff(a, b) <= 0
+    !matches!(psn_cmp(a, b), Ordering::Greater)
 }
 #[inline]
 pub const fn psn_gt(a: u32, b: u32) -> bool {
-    psn_diff(a, b) > 0
+    matches!(psn_cmp(a, b), Ordering::Greater)
 }
 #[inline]
 pub const fn psn_ge(a: u32, b: u32) -> bool {
-    psn_diff(a, b) >= 0
+    !matches!(psn_cmp(a, b), Ordering::Less)
 }
 
 /// Whether `psn` is in the window of `len` PSNs starting at `start`
