@@ -49,9 +49,8 @@ pub const fn psn_cmp(a: u32, b: u32) -> Ordering {
         Ordering::Equal
     } else if d < PSN_HALF {
         Ordering::Greater
-    } else if d > PSN_HALF {
-        Ordering::Less
-    } else if (a & PSN_MASK) < (b & PSN_MASK) {
+    } else if d > PSN_HALF || (a & PSN_MASK) < (b & PSN_MASK) {
+        // Behind, or exactly opposite and numerically smaller.
         Ordering::Less
     } else {
         Ordering::Greater
