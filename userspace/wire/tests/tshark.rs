@@ -104,9 +104,7 @@ fn frames() -> Vec<(Vec<u8>, Opcode, u32, u32)> {
 fn write_pcap(path: &std::path::Path, frames: &[(Vec<u8>, Opcode, u32, u32)]) {
     let mut f = std::fs::File::create(path).unwrap();
     let mut hdr = Vec::new();
-    for v in [0xa1b2_c3d4u32] {
-        hdr.extend_from_slice(&v.to_le_bytes());
-    }
+    hdr.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
     hdr.extend_from_slice(&2u16.to_le_bytes());
     hdr.extend_from_slice(&4u16.to_le_bytes());
     for v in [0u32, 0, 65535, 1] {
