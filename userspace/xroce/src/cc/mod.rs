@@ -18,6 +18,9 @@ pub mod pacer;
 pub mod timely;
 pub mod units;
 
+#[cfg(test)]
+mod sim_tests;
+
 pub use dcqcn::{Dcqcn, DcqcnConfig};
 pub use pacer::Pacer;
 pub use timely::{Timely, TimelyConfig};
