@@ -198,7 +198,11 @@ pub fn emit_frame(repr: &FrameRepr, payload: &[u8], buf: &mut [u8]) -> Result<us
     let buf = &mut buf[..total];
     let t_len = repr.transport.buffer_len(payload.len());
     let udp_len = udp::HEADER_LEN + t_len;
-    if udp_len > 0xffff - ipv4::HEADER_LEN {
+    let max = match repr.ip {
+        IpRepr::V4(_) => 0xffff - ipv4::HEADER_LEN,
+        IpRepr::V6(_) => 0xffff,
+    };
+    if udp_len > max {
         return Err(Error::FieldOverflow("frame too long for IP"));
     }
     let mut eth = repr.eth;
