@@ -209,6 +209,66 @@ pub struct EcnConfig {
     pub _pad: u32,
 }
 
+impl EcnConfig {
+    /// RED marking (DCQCN switch style) on a queue draining at `link_rate_bps`.
+    pub const fn red(
+        link_rate_bps: u64,
+        kmin: u64,
+        kmax: u64,
+        pmax_fixed: u32,
+        buffer_bytes: u64,
+    ) -> Self {
+        EcnConfig {
+            enabled: 1,
+            policy: EcnPolicy::Red as u32,
+            link_rate_bps,
+            kmin,
+            kmax,
+            buffer_bytes,
+            pmax_fixed,
+            _pad: 0,
+        }
+    }
+
+    /// DCTCP-style step marking above `k` bytes.
+    pub const fn step(link_rate_bps: u64, k: u64, buffer_bytes: u64) -> Self {
+        EcnConfig {
+            enabled: 1,
+            policy: EcnPolicy::Step as u32,
+            link_rate_bps,
+            kmin: k,
+            kmax: k,
+            buffer_bytes,
+            pmax_fixed: FIXED_ONE,
+            _pad: 0,
+        }
+    }
+
+    /// Checks a configuration before userspace writes it; the message says
+    /// what to change.
+    pub const fn validate(&self) -> Result<(), &'static str> {
+        if self.enabled == 0 {
+            return Ok(());
+        }
+        if self.link_rate_bps == 0 {
+            return Err("the link rate must be above zero (e.g. --link-rate 5gbit)");
+        }
+        if self.policy > EcnPolicy::Step as u32 {
+            return Err("unknown marking policy (use red or step)");
+        }
+        if self.policy == EcnPolicy::Red as u32 && self.kmax < self.kmin {
+            return Err("kmax must be at least kmin");
+        }
+        if self.buffer_bytes != 0 && self.buffer_bytes < self.kmin {
+            return Err("the buffer must be at least kmin, or nothing is ever marked");
+        }
+        if self.buffer_bytes > 1 << 31 {
+            return Err("the buffer is limited to 2 GiB");
+        }
+        Ok(())
+    }
+}
+
 /// Bit positions of [`OpcodeClass`] in [`FaultConfig::opcode_mask`].
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,6 +373,23 @@ impl Default for FaultConfig {
             opcode_mask: 0,
             qpn: ANY_QPN,
             seed: 0,
+        }
+    }
+}
+
+impl FaultConfig {
+    /// Drop `drop_fixed` of the frames in `opcode_mask` (0 = all) to `qpn`
+    /// (`None` = all QPs), with `seed` (0 = unseeded).
+    pub const fn new(drop_fixed: u32, opcode_mask: u32, qpn: Option<u32>, seed: u64) -> Self {
+        FaultConfig {
+            enabled: 1,
+            drop_fixed,
+            opcode_mask,
+            qpn: match qpn {
+                Some(q) => q & 0x00ff_ffff,
+                None => ANY_QPN,
+            },
+            seed,
         }
     }
 }
@@ -1090,6 +1167,34 @@ mod tests {
         let mut r = FaultRng::default();
         let hits = (0..100_000).filter(|_| fixed_hit(f, r.next(1, 0))).count();
         assert!((800..1200).contains(&hits), "{hits}");
+    }
+
+    #[test]
+    fn constructors_and_validation() {
+        let c = EcnConfig::red(5_000_000_000, 5_000, 200_000, fraction_to_fixed(0.01), 0);
+        assert_eq!(
+            c,
+            EcnConfig {
+                link_rate_bps: 5_000_000_000,
+                ..red(5_000, 200_000, 0.01)
+            }
+        );
+        assert_eq!(c.validate(), Ok(()));
+        assert!(EcnConfig::red(0, 1, 2, 0, 0).validate().is_err());
+        assert!(EcnConfig::red(1, 3, 2, 0, 0).validate().is_err());
+        assert!(EcnConfig::red(1, 3, 4, 0, 2).validate().is_err());
+        assert!(EcnConfig::red(1, 3, 4, 0, 1 << 32).validate().is_err());
+        assert_eq!(
+            EcnConfig::default().validate(),
+            Ok(()),
+            "off is always valid"
+        );
+        let s = EcnConfig::step(1_000_000_000, 30_000, 0);
+        assert_eq!(s.validate(), Ok(()));
+        assert_eq!(mark_threshold(&s, 30_001), 1 << 32);
+        let f = FaultConfig::new(1, 2, Some(0x0100_0007), 9);
+        assert_eq!((f.enabled, f.qpn, f.seed), (1, 7, 9));
+        assert_eq!(FaultConfig::new(1, 0, None, 0).qpn, ANY_QPN);
     }
 
     #[test]
