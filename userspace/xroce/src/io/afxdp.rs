@@ -1,28 +1,99 @@
-//! AF_XDP socket on one RX queue of an interface that has xroce's XDP
-//! program attached. The program redirects RoCEv2 frames of that queue here;
-//! frames we send leave through the same queue.
+//! AF_XDP sockets on the RX queues of an interface that has xroce's XDP
+//! program attached. The program redirects RoCEv2 frames of a queue to the
+//! socket registered for that queue in the pinned XSKMAP; frames we send
+//! leave through the socket's queue.
 //!
-//! UMEM layout: the first half of the frames feeds the fill ring (RX), the
+//! UMEM layout: `frames` chunks of `frame_size` bytes. The first half feeds
+//! the fill ring (RX) and goes straight back to it after each batch; the
 //! second half is a free list for TX, refilled from the completion ring.
+//! All descriptor arrays are allocated when the socket opens: the steady
+//! state allocates nothing.
+//!
+//! Frame size: a chunk holds `frame_size - 256` bytes of frame (the kernel
+//! keeps XDP_PACKET_HEADROOM in front), so 4096-byte chunks carry RoCE path
+//! MTU 2048 (2122-byte frames) but not path MTU 4096 (~4.2 KB frames). Those
+//! need AF_XDP multi-buffer (XDP_USE_SG, frames spread over chunks with
+//! XDP_PKT_CONTD) and a frags-aware XDP program; that is not implemented:
+//! sending such a frame is [`IoError::FrameTooBig`] with that explanation,
+//! and on receive the kernel drops them (counted in `rx_dropped`).
+//!
+//! Wake-ups: sockets bind with XDP_USE_NEED_WAKEUP, so a kick (sendto /
+//! recvfrom with MSG_DONTWAIT) happens only when the kernel flags the ring.
+//! Busy polling (SO_PREFER_BUSY_POLL, SO_BUSY_POLL, SO_BUSY_POLL_BUDGET) is
+//! asked for when configured; a kernel that refuses it leaves the socket in
+//! interrupt mode and [`XskSocket::busy_poll`] says so.
 
-use std::{io::Write, num::NonZeroU32, os::fd::AsRawFd};
+use std::{
+    ffi::CString,
+    fs,
+    num::NonZeroU32,
+    os::fd::AsRawFd,
+    time::{Duration, Instant},
+};
 
 use xsk_rs::{
     config::{BindFlags, FrameSize, Interface, LibxdpFlags, QueueSize, SocketConfig, UmemConfig},
-    CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem,
+    CompQueue, FillQueue, FrameDesc, RxQueue, TxQueue, Umem,
 };
 
+use super::{poll_ms, IoError, IoStats, PacketIo};
 use crate::xdp;
 
-/// Sizes of one socket's rings and UMEM.
+/// Bytes the kernel reserves in front of every received frame.
+pub const XDP_PACKET_HEADROOM: u32 = 256;
+
+const SO_BUSY_POLL: libc::c_int = 46;
+const SO_PREFER_BUSY_POLL: libc::c_int = 69;
+const SO_BUSY_POLL_BUDGET: libc::c_int = 70;
+
+const MTU4096_HINT: &str = " (RoCE path MTU 4096 needs AF_XDP multi-buffer, XDP_USE_SG, which \
+     xroce does not implement yet: use path MTU 2048 or the udp backend)";
+
+/// Busy-poll settings (see the kernel's Documentation/networking/af_xdp.rst).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BusyPoll {
+    /// SO_BUSY_POLL: microseconds to busy-poll in a blocking call.
+    pub usecs: u32,
+    /// SO_BUSY_POLL_BUDGET: packets per busy-poll round.
+    pub budget: u32,
+}
+
+impl Default for BusyPoll {
+    fn default() -> Self {
+        Self {
+            usecs: 20,
+            budget: 64,
+        }
+    }
+}
+
+/// What became of a busy-poll request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BusyPollStatus {
+    /// Not asked for.
+    Off,
+    /// All three socket options took.
+    On(BusyPoll),
+    /// The kernel refused an option; the socket works in interrupt mode.
+    Unavailable(String),
+}
+
+/// Sizes and modes of one socket.
 #[derive(Clone, Copy, Debug)]
 pub struct XskConfig {
-    /// UMEM frames in all (half RX, half TX); a power of two.
+    /// UMEM chunks in all (half RX, half TX); a power of two, at least 2.
     pub frames: u32,
-    /// Bytes per UMEM frame (2048 or 4096).
+    /// Bytes per UMEM chunk: 2048 or 4096 (a chunk holds `frame_size - 256`
+    /// bytes of frame).
     pub frame_size: u32,
     /// Force copy mode (veth has no zero-copy).
     pub copy_mode: bool,
+    /// Bind with XDP_USE_NEED_WAKEUP and kick only when the ring asks.
+    pub need_wakeup: bool,
+    /// Ask for busy polling.
+    pub busy_poll: Option<BusyPoll>,
+    /// Most frames handed over per `recv_batch` (RX descriptors per batch).
+    pub batch: u32,
 }
 
 impl Default for XskConfig {
@@ -31,7 +102,17 @@ impl Default for XskConfig {
             frames: 4096,
             frame_size: 4096,
             copy_mode: false,
+            need_wakeup: true,
+            busy_poll: None,
+            batch: 64,
         }
+    }
+}
+
+impl XskConfig {
+    /// Largest frame a socket with this configuration carries.
+    pub fn max_frame_len(&self) -> usize {
+        self.frame_size.saturating_sub(XDP_PACKET_HEADROOM) as usize
     }
 }
 
@@ -47,29 +128,74 @@ pub enum XskError {
     },
     #[error("AF_XDP I/O: {0}")]
     Io(#[from] std::io::Error),
-    #[error("frame of {len} bytes does not fit a {frame_size}-byte UMEM frame")]
+    #[error("frame of {len} bytes does not fit a {frame_size}-byte UMEM frame{MTU4096_HINT}")]
     FrameTooBig { len: usize, frame_size: u32 },
 }
 
-/// Kernel drop counters of the socket (getsockopt XDP_STATISTICS).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct XskStats {
-    pub rx_dropped: u64,
-    pub rx_invalid_descs: u64,
-    pub rx_ring_full: u64,
+impl From<XskError> for IoError {
+    fn from(e: XskError) -> Self {
+        match e {
+            XskError::Io(e) => IoError::Io(e),
+            XskError::FrameTooBig { len, frame_size } => IoError::FrameTooBig {
+                len,
+                max: (frame_size - XDP_PACKET_HEADROOM) as usize,
+                hint: MTU4096_HINT,
+            },
+            other => IoError::Setup(other.to_string()),
+        }
+    }
 }
 
+/// Kernel counters of the socket (getsockopt XDP_STATISTICS).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XskStats {
+    /// Frames dropped for other reasons (e.g. larger than a chunk).
+    pub rx_dropped: u64,
+    pub rx_invalid_descs: u64,
+    /// Frames dropped because the RX ring was full (we read too slowly).
+    pub rx_ring_full: u64,
+    /// Times the kernel found the fill ring empty.
+    pub rx_fill_ring_empty_descs: u64,
+    pub tx_invalid_descs: u64,
+    /// Times the kernel found the TX ring empty when kicked.
+    pub tx_ring_empty_descs: u64,
+}
+
+impl XskStats {
+    fn add(&mut self, o: &XskStats) {
+        self.rx_dropped += o.rx_dropped;
+        self.rx_invalid_descs += o.rx_invalid_descs;
+        self.rx_ring_full += o.rx_ring_full;
+        self.rx_fill_ring_empty_descs += o.rx_fill_ring_empty_descs;
+        self.tx_invalid_descs += o.tx_invalid_descs;
+        self.tx_ring_empty_descs += o.tx_ring_empty_descs;
+    }
+}
+
+/// One AF_XDP socket bound to one RX queue.
 pub struct XskSocket {
     umem: Umem,
     rx: RxQueue,
     tx: TxQueue,
     fill: FillQueue,
     comp: CompQueue,
-    /// Scratch descriptors for ring batches (no allocation per packet).
+    /// RX descriptors of one batch (length = batch size).
     rx_batch: Vec<FrameDesc>,
+    /// RX frames the fill ring did not take back yet.
+    fill_pending: Vec<FrameDesc>,
+    /// TX frames owned by us, ready to be written.
     tx_free: Vec<FrameDesc>,
+    /// TX frames written, not yet on the ring.
     tx_batch: Vec<FrameDesc>,
+    /// Completion-ring scratch.
+    comp_batch: Vec<FrameDesc>,
+    tx_total: usize,
     frame_size: u32,
+    need_wakeup: bool,
+    busy_poll: BusyPollStatus,
+    iface: String,
+    queue: u32,
+    io_stats: IoStats,
 }
 
 fn setup_err(iface: &str, queue: u32, detail: impl std::fmt::Display) -> XskError {
@@ -80,12 +206,114 @@ fn setup_err(iface: &str, queue: u32, detail: impl std::fmt::Display) -> XskErro
     }
 }
 
+/// Error text with its chain of causes.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+fn setsockopt_u32(fd: i32, opt: libc::c_int, value: u32) -> std::io::Result<()> {
+    // SAFETY: the option value is a valid u32 that outlives the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            (&value as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn enable_busy_poll(fd: i32, bp: BusyPoll) -> BusyPollStatus {
+    let opts = [
+        ("SO_PREFER_BUSY_POLL", SO_PREFER_BUSY_POLL, 1),
+        ("SO_BUSY_POLL", SO_BUSY_POLL, bp.usecs),
+        ("SO_BUSY_POLL_BUDGET", SO_BUSY_POLL_BUDGET, bp.budget),
+    ];
+    for (name, opt, value) in opts {
+        if let Err(e) = setsockopt_u32(fd, opt, value) {
+            // Leave the socket as the kernel would without any of them.
+            let _ = setsockopt_u32(fd, SO_PREFER_BUSY_POLL, 0);
+            let _ = setsockopt_u32(fd, SO_BUSY_POLL, 0);
+            return BusyPollStatus::Unavailable(format!("{name}: {e}"));
+        }
+    }
+    BusyPollStatus::On(bp)
+}
+
+/// Kicks the kernel on `fd`: sendto for TX, recvfrom for RX/fill.
+fn kick(fd: i32, rx: bool) -> std::io::Result<()> {
+    // SAFETY: zero-length calls with null buffers are how AF_XDP is woken.
+    let rc = unsafe {
+        if rx {
+            libc::recvfrom(
+                fd,
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        } else {
+            libc::sendto(
+                fd,
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        }
+    };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN | libc::EINTR) => {}
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 impl XskSocket {
     /// Opens a socket on `iface`/`queue` and registers it in the interface's
     /// pinned XSKMAP. The XDP program must already be attached.
     pub fn open(iface: &str, queue: u32, config: XskConfig) -> Result<Self, XskError> {
         let mut xsks = xdp::xsk_map(iface)?;
+        if config.frames < 2 || !config.frames.is_power_of_two() {
+            return Err(setup_err(
+                iface,
+                queue,
+                format!(
+                    "UMEM frames must be a power of two >= 2, not {}",
+                    config.frames
+                ),
+            ));
+        }
+        if config.frame_size != 2048 && config.frame_size != 4096 {
+            return Err(setup_err(
+                iface,
+                queue,
+                format!(
+                    "UMEM frame size must be 2048 or 4096, not {}",
+                    config.frame_size
+                ),
+            ));
+        }
         let half = config.frames / 2;
+        let batch = config.batch.clamp(1, half) as usize;
         let ring = QueueSize::new(half).map_err(|e| setup_err(iface, queue, e))?;
         let umem_config = UmemConfig::builder()
             .frame_size(FrameSize::new(config.frame_size).map_err(|e| setup_err(iface, queue, e))?)
@@ -95,11 +323,14 @@ impl XskSocket {
             .map_err(|e| setup_err(iface, queue, e))?;
         let frame_count = NonZeroU32::new(config.frames)
             .ok_or_else(|| setup_err(iface, queue, "UMEM needs at least one frame"))?;
-        let (umem, mut descs) =
-            Umem::new(umem_config, frame_count, false).map_err(|e| setup_err(iface, queue, e))?;
+        let (umem, mut descs) = Umem::new(umem_config, frame_count, false)
+            .map_err(|e| setup_err(iface, queue, chain(&e)))?;
         let mut bind = BindFlags::empty();
         if config.copy_mode {
             bind |= BindFlags::XDP_COPY;
+        }
+        if config.need_wakeup {
+            bind |= BindFlags::XDP_USE_NEED_WAKEUP;
         }
         let socket_config = SocketConfig::builder()
             .rx_queue_size(ring)
@@ -110,8 +341,17 @@ impl XskSocket {
             .build();
         let if_name: Interface = iface.parse().map_err(|e| setup_err(iface, queue, e))?;
         // SAFETY: the UMEM is not shared with another socket.
-        let (tx, rx, rings) = unsafe { Socket::new(socket_config, &umem, &if_name, queue) }
-            .map_err(|e| setup_err(iface, queue, e))?;
+        let (tx, rx, rings) = unsafe { xsk_rs::Socket::new(socket_config, &umem, &if_name, queue) }
+            .map_err(|e| {
+                setup_err(
+                    iface,
+                    queue,
+                    format!(
+                        "{} (is {queue} a valid RX queue of {iface}? is another socket bound to it?)",
+                        chain(&e)
+                    ),
+                )
+            })?;
         let (mut fill, comp) =
             rings.ok_or_else(|| setup_err(iface, queue, "socket came without fill/comp rings"))?;
         let tx_free = descs.split_off(half as usize);
@@ -120,8 +360,14 @@ impl XskSocket {
         if filled != descs.len() {
             return Err(setup_err(iface, queue, "fill ring refused the RX frames"));
         }
-        xsks.set(queue, rx.fd().as_raw_fd(), 0)
+        let fd = rx.fd().as_raw_fd();
+        let busy_poll = match config.busy_poll {
+            Some(bp) => enable_busy_poll(fd, bp),
+            None => BusyPollStatus::Off,
+        };
+        xsks.set(queue, fd, 0)
             .map_err(|e| setup_err(iface, queue, format!("register in XSKMAP: {e}")))?;
+        descs.truncate(batch);
         Ok(Self {
             umem,
             rx,
@@ -129,10 +375,33 @@ impl XskSocket {
             fill,
             comp,
             rx_batch: descs,
+            fill_pending: Vec::with_capacity(half as usize),
             tx_batch: Vec::with_capacity(half as usize),
+            comp_batch: vec![FrameDesc::default(); batch],
+            tx_total: tx_free.len(),
             tx_free,
             frame_size: config.frame_size,
+            need_wakeup: config.need_wakeup,
+            busy_poll,
+            iface: iface.into(),
+            queue,
+            io_stats: IoStats::default(),
         })
+    }
+
+    /// The interface and RX queue this socket is bound to.
+    pub fn queue(&self) -> (&str, u32) {
+        (&self.iface, self.queue)
+    }
+
+    /// Whether busy polling is on, off, or was refused (and why).
+    pub fn busy_poll(&self) -> &BusyPollStatus {
+        &self.busy_poll
+    }
+
+    /// The socket's file descriptor (for poll/epoll by a runtime).
+    pub fn raw_fd(&self) -> i32 {
+        self.rx.fd().as_raw_fd()
     }
 
     /// Receives up to one batch, waiting at most `timeout_ms` for the first
@@ -142,20 +411,63 @@ impl XskSocket {
         timeout_ms: i32,
         mut on_frame: impl FnMut(&[u8]),
     ) -> Result<usize, XskError> {
+        Ok(self.recv_inner(timeout_ms, &mut on_frame)?)
+    }
+
+    fn busy(&self) -> bool {
+        matches!(self.busy_poll, BusyPollStatus::On(_))
+    }
+
+    fn recv_inner(
+        &mut self,
+        timeout_ms: i32,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> std::io::Result<usize> {
+        self.refill()?;
         // SAFETY: rx_batch descriptors are only written by the ring here.
-        let n = unsafe { self.rx.poll_and_consume(&mut self.rx_batch, timeout_ms)? };
+        let mut n = unsafe { self.rx.consume(&mut self.rx_batch) };
+        if n == 0 && timeout_ms != 0 {
+            if self.busy() {
+                // Busy polling: drive NAPI from here until a frame shows up.
+                let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
+                loop {
+                    kick(self.raw_fd(), true)?;
+                    // SAFETY: as above.
+                    n = unsafe { self.rx.consume(&mut self.rx_batch) };
+                    if n > 0 || Instant::now() >= deadline {
+                        break;
+                    }
+                }
+            } else if self.rx.poll(timeout_ms)? {
+                // SAFETY: as above.
+                n = unsafe { self.rx.consume(&mut self.rx_batch) };
+            }
+        }
         for desc in &self.rx_batch[..n] {
             // SAFETY: the kernel handed this frame to us; nothing else reads it.
             let data = unsafe { self.umem.data(desc) };
             on_frame(data.contents());
+            self.io_stats.rx_frames += 1;
+            self.io_stats.rx_bytes += data.contents().len() as u64;
         }
         // Give the frames straight back for new arrivals.
-        // SAFETY: the frames were consumed above and are ours again.
-        unsafe {
-            self.fill
-                .produce_and_wakeup(&self.rx_batch[..n], self.rx.fd_mut(), 0)?
-        };
+        self.fill_pending.extend_from_slice(&self.rx_batch[..n]);
+        self.refill()?;
         Ok(n)
+    }
+
+    /// Puts RX frames back on the fill ring and wakes the kernel if it asks.
+    fn refill(&mut self) -> std::io::Result<()> {
+        if self.fill_pending.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the frames were consumed and are ours again.
+        let done = unsafe { self.fill.produce(&self.fill_pending) };
+        self.fill_pending.drain(..done);
+        if done > 0 && (!self.need_wakeup || self.fill.needs_wakeup()) {
+            kick(self.raw_fd(), true)?;
+        }
+        Ok(())
     }
 
     /// Sends `frames`, waiting for TX frames to come back if all are in
@@ -164,67 +476,432 @@ impl XskSocket {
         &mut self,
         frames: impl IntoIterator<Item = &'a [u8]>,
     ) -> Result<usize, XskError> {
-        self.reclaim();
-        self.tx_batch.clear();
+        let max = self.max_frame_len();
+        let mut queued = 0;
         for frame in frames {
-            if frame.len() > self.frame_size as usize {
+            if frame.len() > max {
                 return Err(XskError::FrameTooBig {
                     len: frame.len(),
                     frame_size: self.frame_size,
                 });
             }
-            let mut desc = loop {
-                if let Some(desc) = self.tx_free.pop() {
-                    break desc;
+            let deadline = Instant::now() + Duration::from_secs(1);
+            loop {
+                let mut once = Some(frame);
+                let n = self.transmit_inner(&mut |buf| {
+                    let f = once.take()?;
+                    buf[..f.len()].copy_from_slice(f);
+                    Some(f.len())
+                })?;
+                if n == 1 {
+                    break;
                 }
-                self.flush_tx()?;
-                self.reclaim();
-            };
+                if Instant::now() >= deadline {
+                    return Err(XskError::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no TX frame came back from the completion ring within 1 s",
+                    )));
+                }
+                self.wait_tx(1)?;
+            }
+            queued += 1;
+        }
+        Ok(queued)
+    }
+
+    fn max_frame_len(&self) -> usize {
+        (self.frame_size - XDP_PACKET_HEADROOM) as usize
+    }
+
+    fn transmit_inner(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<usize, XskError> {
+        self.reclaim();
+        self.tx_batch.clear();
+        let max = self.max_frame_len();
+        let mut too_big = None;
+        while let Some(mut desc) = self.tx_free.pop() {
             // SAFETY: the descriptor came from the free list: nobody uses it.
             let mut data = unsafe { self.umem.data_mut(&mut desc) };
-            let mut cursor = data.cursor();
-            cursor.set_pos(0);
-            cursor.write_all(frame)?;
-            self.tx_batch.push(desc);
+            {
+                let mut c = data.cursor();
+                let cap = c.buf_len();
+                c.set_pos(cap);
+            }
+            let buf = data.contents_mut();
+            let cap = buf.len().min(max);
+            match fill(&mut buf[..cap]) {
+                Some(len) if len > 0 && len <= cap => {
+                    // The length must be set every time: a descriptor back
+                    // from the completion ring has none.
+                    data.cursor().set_pos(len);
+                    self.io_stats.tx_bytes += len as u64;
+                    self.tx_batch.push(desc);
+                }
+                Some(0) => self.tx_free.push(desc),
+                Some(len) => {
+                    self.tx_free.push(desc);
+                    too_big = Some(len);
+                    break;
+                }
+                None => {
+                    self.tx_free.push(desc);
+                    break;
+                }
+            }
         }
         let queued = self.tx_batch.len();
         self.flush_tx()?;
+        if let Some(len) = too_big {
+            self.io_stats.tx_errors += 1;
+            return Err(XskError::FrameTooBig {
+                len,
+                frame_size: self.frame_size,
+            });
+        }
         Ok(queued)
     }
 
     fn flush_tx(&mut self) -> Result<(), XskError> {
-        let mut done = 0;
-        while done < self.tx_batch.len() {
-            // SAFETY: the descriptors were filled above and are owned by us.
-            done += unsafe { self.tx.produce_and_wakeup(&self.tx_batch[done..])? };
-            if done < self.tx_batch.len() {
-                self.reclaim();
-            }
+        if self.tx_batch.is_empty() {
+            return Ok(());
         }
+        // The TX ring is as large as the TX half of the UMEM, so it always
+        // has room for every frame we own.
+        // SAFETY: the descriptors were filled above and are owned by us.
+        let done = unsafe { self.tx.produce(&self.tx_batch) };
+        debug_assert_eq!(done, self.tx_batch.len());
+        // Anything the ring did not take goes back to the free list.
+        self.tx_free.extend_from_slice(&self.tx_batch[done..]);
+        self.io_stats.tx_frames += done as u64;
         self.tx_batch.clear();
+        if done > 0 && (!self.need_wakeup || self.tx.needs_wakeup()) {
+            self.io_stats.tx_kicks += 1;
+            kick(self.raw_fd(), false)?;
+        }
         Ok(())
     }
 
     /// Moves completed TX frames back to the free list.
     fn reclaim(&mut self) {
-        let mut batch = [FrameDesc::default(); 64];
         loop {
             // SAFETY: completed descriptors are ours again.
-            let n = unsafe { self.comp.consume(&mut batch) };
-            self.tx_free.extend_from_slice(&batch[..n]);
-            if n < batch.len() {
+            let n = unsafe { self.comp.consume(&mut self.comp_batch) };
+            self.tx_free.extend_from_slice(&self.comp_batch[..n]);
+            if n < self.comp_batch.len() {
                 break;
             }
         }
     }
 
-    /// The kernel's drop counters for this socket.
+    /// Waits up to `timeout_ms` for a TX frame to complete.
+    fn wait_tx(&mut self, timeout_ms: u64) -> Result<bool, XskError> {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        loop {
+            self.reclaim();
+            if !self.tx_free.is_empty() {
+                return Ok(true);
+            }
+            // Copy mode completes TX inside the kick; make sure one happens.
+            self.io_stats.tx_kicks += 1;
+            kick(self.raw_fd(), false)?;
+            self.reclaim();
+            if !self.tx_free.is_empty() {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Frames in flight (queued on the TX ring, not yet completed).
+    pub fn tx_in_flight(&mut self) -> usize {
+        self.reclaim();
+        self.tx_total - self.tx_free.len()
+    }
+
+    /// The kernel's counters for this socket.
     pub fn stats(&self) -> Result<XskStats, XskError> {
         let s = self.rx.fd().xdp_statistics()?;
         Ok(XskStats {
             rx_dropped: s.rx_dropped(),
             rx_invalid_descs: s.rx_invalid_descs(),
             rx_ring_full: s.rx_ring_full(),
+            rx_fill_ring_empty_descs: s.rx_fill_ring_empty_descs(),
+            tx_invalid_descs: s.tx_invalid_descs(),
+            tx_ring_empty_descs: s.tx_ring_empty_descs(),
         })
+    }
+
+    fn folded_stats(&mut self) -> IoStats {
+        let mut s = self.io_stats;
+        if let Ok(k) = XskSocket::stats(self) {
+            s.rx_dropped += k.rx_dropped + k.rx_ring_full + k.rx_invalid_descs;
+            s.tx_errors += k.tx_invalid_descs;
+        }
+        s
+    }
+}
+
+impl PacketIo for XskSocket {
+    fn name(&self) -> &'static str {
+        "afxdp"
+    }
+
+    fn max_frame_len(&self) -> usize {
+        XskSocket::max_frame_len(self)
+    }
+
+    fn recv_batch(
+        &mut self,
+        timeout: Duration,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> super::Result<usize> {
+        Ok(self.recv_inner(poll_ms(timeout), on_frame)?)
+    }
+
+    fn transmit(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> super::Result<usize> {
+        Ok(self.transmit_inner(fill)?)
+    }
+
+    fn wait_writable(&mut self, timeout: Duration) -> super::Result<bool> {
+        Ok(self.wait_tx(timeout.as_millis() as u64)?)
+    }
+
+    fn stats(&mut self) -> IoStats {
+        self.folded_stats()
+    }
+}
+
+/// Number of RX queues of `iface`: ethtool's channel count (works in the
+/// caller's network namespace), else /sys/class/net/IF/queues, else 1.
+pub fn rx_queue_count(iface: &str) -> u32 {
+    ethtool_rx_queues(iface)
+        .or_else(|| sysfs_rx_queues(iface))
+        .unwrap_or(1)
+        .max(1)
+}
+
+fn sysfs_rx_queues(iface: &str) -> Option<u32> {
+    let dir = fs::read_dir(format!("/sys/class/net/{iface}/queues")).ok()?;
+    let n = dir
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+        .count() as u32;
+    (n > 0).then_some(n)
+}
+
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+const ETHTOOL_GCHANNELS: u32 = 0x3c;
+
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolChannels {
+    cmd: u32,
+    max_rx: u32,
+    max_tx: u32,
+    max_other: u32,
+    max_combined: u32,
+    rx_count: u32,
+    tx_count: u32,
+    other_count: u32,
+    combined_count: u32,
+}
+
+fn ethtool_rx_queues(iface: &str) -> Option<u32> {
+    let name = CString::new(iface).ok()?;
+    if name.as_bytes().len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    let mut ch = EthtoolChannels {
+        cmd: ETHTOOL_GCHANNELS,
+        ..Default::default()
+    };
+    // SAFETY: plain socket; ifreq is zeroed and its name NUL-terminated;
+    // the ioctl writes only into `ch`, which outlives the call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return None;
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(name.as_bytes()) {
+            *d = *s as libc::c_char;
+        }
+        ifr.ifr_ifru.ifru_data = (&mut ch as *mut EthtoolChannels).cast();
+        let rc = libc::ioctl(fd, SIOCETHTOOL as _, &mut ifr);
+        libc::close(fd);
+        if rc != 0 {
+            return None;
+        }
+    }
+    let n = ch.combined_count + ch.rx_count;
+    (n > 0).then_some(n)
+}
+
+/// One socket per RX queue of an interface, behind one [`PacketIo`]: frames
+/// from every queue are received; frames are sent on one queue (the first),
+/// which keeps each flow's order.
+pub struct XskMultiQueue {
+    sockets: Vec<XskSocket>,
+    pollfds: Vec<libc::pollfd>,
+    /// Queue whose socket receives first next time (fairness).
+    next_rx: usize,
+}
+
+impl XskMultiQueue {
+    /// Opens a socket on every RX queue of `iface` (see [`rx_queue_count`]).
+    pub fn open(iface: &str, config: XskConfig) -> Result<Self, XskError> {
+        let queues = rx_queue_count(iface);
+        Self::open_queues(iface, 0..queues, config)
+    }
+
+    /// Opens sockets on the given queues.
+    pub fn open_queues(
+        iface: &str,
+        queues: impl IntoIterator<Item = u32>,
+        config: XskConfig,
+    ) -> Result<Self, XskError> {
+        let sockets = queues
+            .into_iter()
+            .map(|q| XskSocket::open(iface, q, config))
+            .collect::<Result<Vec<_>, _>>()?;
+        if sockets.is_empty() {
+            return Err(setup_err(iface, 0, "no RX queues to open"));
+        }
+        let pollfds = sockets
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        Ok(Self {
+            sockets,
+            pollfds,
+            next_rx: 0,
+        })
+    }
+
+    pub fn sockets(&self) -> &[XskSocket] {
+        &self.sockets
+    }
+
+    /// Kernel counters summed over all queues.
+    pub fn xsk_stats(&self) -> Result<XskStats, XskError> {
+        let mut total = XskStats::default();
+        for s in &self.sockets {
+            total.add(&s.stats()?);
+        }
+        Ok(total)
+    }
+}
+
+impl PacketIo for XskMultiQueue {
+    fn name(&self) -> &'static str {
+        "afxdp"
+    }
+
+    fn max_frame_len(&self) -> usize {
+        self.sockets[0].max_frame_len()
+    }
+
+    fn recv_batch(
+        &mut self,
+        timeout: Duration,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> super::Result<usize> {
+        let count = self.sockets.len();
+        let mut total = 0;
+        for i in 0..count {
+            let q = (self.next_rx + i) % count;
+            total += self.sockets[q].recv_inner(0, on_frame)?;
+        }
+        self.next_rx = (self.next_rx + 1) % count;
+        if total > 0 || timeout.is_zero() {
+            return Ok(total);
+        }
+        if count == 1 {
+            return Ok(self.sockets[0].recv_inner(poll_ms(timeout), on_frame)?);
+        }
+        for p in &mut self.pollfds {
+            p.revents = 0;
+        }
+        // SAFETY: pollfds is a valid array of `count` entries.
+        let rc = unsafe {
+            libc::poll(
+                self.pollfds.as_mut_ptr(),
+                self.pollfds.len() as libc::nfds_t,
+                poll_ms(timeout),
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                return Ok(0);
+            }
+            return Err(e.into());
+        }
+        for q in 0..count {
+            if self.pollfds[q].revents & libc::POLLIN != 0 {
+                total += self.sockets[q].recv_inner(0, on_frame)?;
+            }
+        }
+        Ok(total)
+    }
+
+    fn transmit(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> super::Result<usize> {
+        Ok(self.sockets[0].transmit_inner(fill)?)
+    }
+
+    fn wait_writable(&mut self, timeout: Duration) -> super::Result<bool> {
+        PacketIo::wait_writable(&mut self.sockets[0], timeout)
+    }
+
+    fn stats(&mut self) -> IoStats {
+        let mut t = IoStats::default();
+        for s in &mut self.sockets {
+            let x = s.folded_stats();
+            t.rx_frames += x.rx_frames;
+            t.rx_bytes += x.rx_bytes;
+            t.tx_frames += x.tx_frames;
+            t.tx_bytes += x.tx_bytes;
+            t.rx_dropped += x.rx_dropped;
+            t.tx_errors += x.tx_errors;
+            t.tx_kicks += x.tx_kicks;
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_limits_and_queue_count_fallback() {
+        let c = XskConfig::default();
+        assert_eq!(c.max_frame_len(), 3840);
+        // RoCE path MTU 2048 frames fit; 4096 ones do not.
+        assert!(14 + 20 + 8 + 12 + 16 + 2048 + 4 <= c.max_frame_len());
+        assert!(14 + 20 + 8 + 12 + 4096 + 4 > c.max_frame_len());
+        assert_eq!(rx_queue_count("lo"), 1);
+        assert_eq!(rx_queue_count("no-such-if0"), 1);
+        let e: IoError = XskError::FrameTooBig {
+            len: 4200,
+            frame_size: 4096,
+        }
+        .into();
+        assert!(e.to_string().contains("multi-buffer"), "{e}");
     }
 }
