@@ -1,25 +1,39 @@
 //! xroce's XDP program.
 //!
 //! Parses Ethernet (+802.1Q/802.1ad) / IPv4 / IPv6 / UDP. Frames to UDP port
-//! 4791 (RoCEv2) are checked, counted and redirected into the AF_XDP socket of
-//! their RX queue; everything else (ARP, ICMP, the TCP used for connection
-//! setup) is passed to the kernel untouched.
+//! 4791 (RoCEv2) are validated (IP header, UDP length, BTH opcode), counted by
+//! opcode class and ECN codepoint, optionally filtered by destination QPN, and
+//! redirected into the AF_XDP socket of their RX queue. Malformed RoCEv2
+//! frames are dropped and counted, never passed up. Everything else (ARP,
+//! ICMP, the TCP used for connection setup) goes to the kernel untouched.
 #![no_std]
 #![no_main]
 
 use aya_ebpf::{
     bindings::xdp_action,
     macros::{map, xdp},
-    maps::{PerCpuArray, XskMap},
+    maps::{Array, HashMap, PerCpuArray, XskMap},
     programs::XdpContext,
 };
-use xroce_common::{Counter, COUNTER_SLOTS, MAX_QUEUES, ROCEV2_UDP_PORT};
+use xroce_common::{
+    config_flags,
+    ecn::{Ecn, OpcodeClass},
+    opcode_is_known, Counter, CONFIG_SLOTS, COUNTER_SLOTS, MAX_FILTERED_QPNS, MAX_QUEUES,
+    ROCEV2_UDP_PORT,
+};
 
 #[map(name = "XROCE_COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
 
 #[map(name = "XROCE_XSKS")]
 static XSKS: XskMap = XskMap::pinned(MAX_QUEUES, 0);
+
+#[map(name = "XROCE_CONFIG")]
+static CONFIG: Array<u32> = Array::pinned(CONFIG_SLOTS, 0);
+
+/// Destination QPNs the local stack owns (value unused).
+#[map(name = "XROCE_QPNS")]
+static QPNS: HashMap<u32, u8> = HashMap::pinned(MAX_FILTERED_QPNS, 0);
 
 const ETH_HLEN: usize = 14;
 const VLAN_HLEN: usize = 4;
@@ -30,24 +44,27 @@ const ETH_P_8021AD: u16 = 0x88a8;
 const IPPROTO_UDP: u8 = 17;
 const IPV6_HLEN: usize = 40;
 const UDP_HLEN: usize = 8;
-/// Smallest RoCEv2 payload: a BTH (12 bytes) and the ICRC (4 bytes).
-const MIN_ROCE_PAYLOAD: usize = 12 + 4;
+const BTH_LEN: usize = 12;
+const ICRC_LEN: usize = 4;
+const OPCODE_ACK: u8 = 0x11;
 
 #[xdp(frags)]
 pub fn xroce_xdp(ctx: XdpContext) -> u32 {
     count(Counter::Seen);
     let action = match classify(&ctx) {
         Class::Other => xdp_action::XDP_PASS,
-        Class::Malformed => {
-            count(Counter::Malformed);
+        Class::Drop(reason) => {
+            count(reason);
+            if reason != Counter::DropUnknownQpn {
+                count(Counter::Malformed);
+            }
             xdp_action::XDP_DROP
         }
         Class::Roce => {
             count(Counter::Roce);
-            let queue = ctx.rx_queue_index();
             // A missing socket makes the helper return the low bits of flags:
             // XDP_PASS, so the kernel treats it like any unbound UDP port.
-            match XSKS.redirect(queue, xdp_action::XDP_PASS as u64) {
+            match XSKS.redirect(ctx.rx_queue_index(), xdp_action::XDP_PASS as u64) {
                 Ok(action) => {
                     count(Counter::Redirected);
                     action
@@ -67,7 +84,7 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
 
 enum Class {
     Roce,
-    Malformed,
+    Drop(Counter),
     Other,
 }
 
@@ -102,78 +119,170 @@ fn byte(ctx: &XdpContext, offset: usize) -> Option<u8> {
     Some(unsafe { *p })
 }
 
+/// What the IP header says about the datagram that follows it.
+struct L3 {
+    /// Bytes after the IP header according to the IP header.
+    ip_payload: usize,
+    ecn: Ecn,
+    /// The IP header's lengths disagree with each other.
+    inconsistent: bool,
+}
+
+// Offsets are compile-time constants on every path (one copy of the parser
+// per VLAN depth and IP version): the verifier cannot follow a bounds check
+// on a variable packet offset once LLVM re-associates it. RoCEv2 never uses
+// IPv4 options, so an IHL other than 5 goes to the kernel.
 #[inline(always)]
 fn classify(ctx: &XdpContext) -> Class {
-    let Some(mut ethertype) = be16(ctx, 12) else {
+    let Some(ethertype) = be16(ctx, 12) else {
         return Class::Other;
     };
-    let mut l3 = ETH_HLEN;
-    // Up to two VLAN tags (802.1ad outer, 802.1Q inner).
-    if ethertype == ETH_P_8021AD || ethertype == ETH_P_8021Q {
-        let Some(inner) = be16(ctx, l3 + 2) else {
-            return Class::Other;
-        };
-        ethertype = inner;
-        l3 += VLAN_HLEN;
-        if ethertype == ETH_P_8021Q {
-            let Some(inner) = be16(ctx, l3 + 2) else {
-                return Class::Other;
-            };
-            ethertype = inner;
-            l3 += VLAN_HLEN;
-        }
-    }
-    let l4 = match ethertype {
-        ETH_P_IPV4 => match ipv4_udp(ctx, l3) {
-            Some(l4) => l4,
-            None => return Class::Other,
+    match ethertype {
+        ETH_P_IPV4 => ipv4::<ETH_HLEN>(ctx).map_or(Class::Other, |l3| roce::<34>(ctx, l3)),
+        ETH_P_IPV6 => ipv6::<ETH_HLEN>(ctx).map_or(Class::Other, |l3| roce::<54>(ctx, l3)),
+        ETH_P_8021Q | ETH_P_8021AD => match be16(ctx, ETH_HLEN + 2) {
+            Some(ETH_P_IPV4) => ipv4::<18>(ctx).map_or(Class::Other, |l3| roce::<38>(ctx, l3)),
+            Some(ETH_P_IPV6) => ipv6::<18>(ctx).map_or(Class::Other, |l3| roce::<58>(ctx, l3)),
+            Some(ETH_P_8021Q) => match be16(ctx, ETH_HLEN + VLAN_HLEN + 2) {
+                Some(ETH_P_IPV4) => {
+                    ipv4::<22>(ctx).map_or(Class::Other, |l3| roce::<42>(ctx, l3))
+                }
+                Some(ETH_P_IPV6) => {
+                    ipv6::<22>(ctx).map_or(Class::Other, |l3| roce::<62>(ctx, l3))
+                }
+                _ => Class::Other,
+            },
+            _ => Class::Other,
         },
-        ETH_P_IPV6 => {
-            // Next header must be UDP directly: RoCEv2 uses no extension headers.
-            match byte(ctx, l3 + 6) {
-                Some(IPPROTO_UDP) => l3 + IPV6_HLEN,
-                _ => return Class::Other,
-            }
-        }
-        _ => return Class::Other,
-    };
-    match be16(ctx, l4 + 2) {
-        Some(port) if port == ROCEV2_UDP_PORT => {}
+        _ => Class::Other,
+    }
+}
+
+/// Classifies a UDP datagram whose header is at `L4`.
+#[inline(always)]
+fn roce<const L4: usize>(ctx: &XdpContext, l3: L3) -> Class {
+    match be16(ctx, L4 + 2) {
+        Some(ROCEV2_UDP_PORT) => {}
         _ => return Class::Other,
     }
-    // From here on it claims to be RoCEv2: anything inconsistent is malformed.
-    let Some(udp_len) = be16(ctx, l4 + 4) else {
-        return Class::Malformed;
+    // From here on the frame claims to be RoCEv2: anything inconsistent is
+    // dropped and counted by reason.
+    if l3.inconsistent {
+        return Class::Drop(Counter::DropBadIp);
+    }
+    let Some(udp_len) = be16(ctx, L4 + 4) else {
+        return Class::Drop(Counter::DropTruncated);
     };
     let udp_len = udp_len as usize;
-    if udp_len < UDP_HLEN + MIN_ROCE_PAYLOAD {
-        return Class::Malformed;
+    if udp_len < UDP_HLEN + BTH_LEN + ICRC_LEN || udp_len > l3.ip_payload {
+        return Class::Drop(Counter::DropBadUdpLength);
     }
+    let bth = L4 + UDP_HLEN;
     // The BTH must be in the linear part of the frame.
-    if bytes_at(ctx, l4 + UDP_HLEN, 12).is_none() {
-        return Class::Malformed;
+    let Some(p) = bytes_at(ctx, bth, BTH_LEN) else {
+        return Class::Drop(Counter::DropTruncated);
+    };
+    // SAFETY: bytes_at checked that BTH_LEN bytes are there.
+    let (opcode, qpn) = unsafe { (*p, [*p.add(5), *p.add(6), *p.add(7)]) };
+    if !opcode_is_known(opcode) {
+        return Class::Drop(Counter::DropBadOpcode);
     }
+    let dest_qpn = u32::from_be_bytes([0, qpn[0], qpn[1], qpn[2]]);
+    if qpn_filter_on() && unsafe { QPNS.get(&dest_qpn) }.is_none() {
+        return Class::Drop(Counter::DropUnknownQpn);
+    }
+    // AETH syndrome (first byte after the BTH), for telling NAKs from ACKs.
+    count_class(opcode, byte(ctx, bth + BTH_LEN));
+    count(match l3.ecn {
+        Ecn::NotEct => Counter::EcnNotEct,
+        Ecn::Ect1 => Counter::EcnEct1,
+        Ecn::Ect0 => Counter::EcnEct0,
+        Ecn::Ce => Counter::EcnCe,
+    });
     Class::Roce
 }
 
-/// Offset of the UDP header if this is an unfragmented IPv4/UDP datagram.
 #[inline(always)]
-fn ipv4_udp(ctx: &XdpContext, l3: usize) -> Option<usize> {
-    let ver_ihl = byte(ctx, l3)?;
-    if ver_ihl >> 4 != 4 {
+fn qpn_filter_on() -> bool {
+    match CONFIG.get(0) {
+        Some(flags) => *flags & config_flags::QPN_FILTER != 0,
+        None => false,
+    }
+}
+
+#[inline(always)]
+fn count_class(opcode: u8, syndrome: Option<u8>) {
+    let counter = match OpcodeClass::of(opcode) {
+        OpcodeClass::Send => Counter::OpSend,
+        OpcodeClass::Write => Counter::OpWrite,
+        OpcodeClass::ReadRequest => Counter::OpReadRequest,
+        OpcodeClass::ReadResponse => Counter::OpReadResponse,
+        OpcodeClass::Atomic => Counter::OpAtomic,
+        OpcodeClass::Cnp => Counter::OpCnp,
+        OpcodeClass::Ack => {
+            // AETH syndrome bits 7:5: 000 ACK, 001 RNR NAK, 011 NAK.
+            match syndrome {
+                Some(syndrome) if opcode & 0x1f == OPCODE_ACK && syndrome >> 5 != 0 => {
+                    Counter::OpNak
+                }
+                _ => Counter::OpAck,
+            }
+        }
+        OpcodeClass::Other => return,
+    };
+    count(counter);
+}
+
+/// An unfragmented IPv4/UDP datagram with a 20-byte header at `L3`.
+#[inline(always)]
+fn ipv4<const L3: usize>(ctx: &XdpContext) -> Option<L3> {
+    let p = bytes_at(ctx, L3, 20)?;
+    // SAFETY: bytes_at checked that the 20-byte header is there.
+    let (ver_ihl, tos, total, frag, proto) = unsafe {
+        (
+            *p,
+            *p.add(1),
+            u16::from_be_bytes([*p.add(2), *p.add(3)]) as usize,
+            u16::from_be_bytes([*p.add(6), *p.add(7)]),
+            *p.add(9),
+        )
+    };
+    // Fragments: leave reassembly to the kernel (RoCEv2 sets DF).
+    if proto != IPPROTO_UDP || ver_ihl != 0x45 || frag & 0x3fff != 0 {
         return None;
     }
-    let ihl = ((ver_ihl & 0x0f) as usize) * 4;
-    if ihl < 20 || byte(ctx, l3 + 9)? != IPPROTO_UDP {
+    let inconsistent = total < 20 + UDP_HLEN;
+    Some(L3 {
+        ip_payload: if inconsistent { 0 } else { total - 20 },
+        ecn: Ecn::from_bits(tos),
+        inconsistent,
+    })
+}
+
+/// An IPv6 packet at `L3` whose next header is UDP (RoCEv2 uses no
+/// extension headers).
+#[inline(always)]
+fn ipv6<const L3: usize>(ctx: &XdpContext) -> Option<L3> {
+    let p = bytes_at(ctx, L3, IPV6_HLEN)?;
+    // SAFETY: bytes_at checked that the 40-byte header is there.
+    let (b0, b1, payload, next) = unsafe {
+        (
+            *p,
+            *p.add(1),
+            u16::from_be_bytes([*p.add(4), *p.add(5)]) as usize,
+            *p.add(6),
+        )
+    };
+    if next != IPPROTO_UDP || b0 >> 4 != 6 {
         return None;
     }
-    // Later fragments carry no UDP header; leave reassembly to the kernel.
-    let frag = be16(ctx, l3 + 6)?;
-    if frag & 0x1fff != 0 || frag & 0x2000 != 0 {
-        return None;
-    }
-    bytes_at(ctx, l3 + ihl, UDP_HLEN)?;
-    Some(l3 + ihl)
+    // Traffic class straddles bytes 0 and 1; ECN is its low two bits.
+    let tclass = ((b0 & 0x0f) << 4) | (b1 >> 4);
+    Some(L3 {
+        ip_payload: payload,
+        ecn: Ecn::from_bits(tclass),
+        inconsistent: payload < UDP_HLEN,
+    })
 }
 
 #[cfg(not(test))]

@@ -16,9 +16,42 @@ use xroce_common::Counter;
 use xroce_tests::{require_root, workspace_bin, VethPair};
 
 const ROCE_FRAMES: usize = 5000;
-const MALFORMED_FRAMES: usize = 10;
-/// Marker at the start of our UDP payload (where a BTH would be).
+/// Too short for a BTH and an ICRC.
+const RUNT_FRAMES: usize = 10;
+/// BTH opcode 0x1f: reserved in RC.
+const BAD_OPCODE_FRAMES: usize = 7;
+/// Marker after the 12-byte BTH, so the receiver can tell our frames.
 const MARK: &[u8; 4] = b"XRT1";
+/// Offset of the marker in the Ethernet frame: 14 + 20 + 8 + 12.
+const MARK_AT: usize = 54;
+/// BTH opcode RC SEND ONLY.
+const SEND_ONLY: u8 = 0x04;
+
+/// A UDP payload that starts with a BTH for `opcode` to `qpn`.
+fn roce_payload(opcode: u8, qpn: u32, seq: u32) -> [u8; 64] {
+    let mut p = [0u8; 64];
+    p[0] = opcode;
+    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    p[12..16].copy_from_slice(MARK);
+    p[16..20].copy_from_slice(&seq.to_be_bytes());
+    p
+}
+
+/// Sets the ECN bits of outgoing datagrams (TOS 2 = ECT(0)).
+fn set_tos(udp: &UdpSocket, tos: i32) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: IP_TOS takes an int; the fd is a live UDP socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            udp.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_TOS,
+            &tos as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as u32,
+        )
+    };
+    assert_eq!(rc, 0, "IP_TOS: {}", std::io::Error::last_os_error());
+}
 
 /// Detaches the program when the test ends, however it ends.
 struct Attached<'a> {
@@ -85,8 +118,7 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
         while ours < ROCE_FRAMES && Instant::now() < deadline {
             socket
                 .recv(100, |frame| {
-                    // 14 Ethernet + 20 IPv4 + 8 UDP.
-                    if frame.len() >= 46 && &frame[42..46] == MARK {
+                    if frame.len() >= MARK_AT + 4 && &frame[MARK_AT..MARK_AT + 4] == MARK {
                         ours += 1;
                     } else {
                         other += 1;
@@ -102,24 +134,28 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
         .recv_timeout(Duration::from_secs(10))
         .expect("AF_XDP socket did not open");
 
-    // Senders in namespace a: RoCEv2-port UDP in paced bursts, then runts.
+    // Senders in namespace a: RoCEv2 SEND ONLY frames (ECT(0)) in paced
+    // bursts, then runts and frames with a reserved opcode.
     let ns_a = pair.a.name.clone();
     let dst = SocketAddrV4::new(pair.addr_b, xroce_common::ROCEV2_UDP_PORT);
     thread::spawn(move || {
         xroce_tests::enter_netns(&ns_a);
         let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
-        let mut payload = [0u8; 64];
-        payload[..4].copy_from_slice(MARK);
+        set_tos(&udp, 2);
         for i in 0..ROCE_FRAMES {
-            payload[4..8].copy_from_slice(&(i as u32).to_be_bytes());
-            udp.send_to(&payload, dst).unwrap();
+            udp.send_to(&roce_payload(SEND_ONLY, 0x11, i as u32), dst)
+                .unwrap();
             if i % 128 == 127 {
                 thread::sleep(Duration::from_millis(1));
             }
         }
-        // Too short to hold a BTH and ICRC: malformed, must be dropped.
-        for _ in 0..MALFORMED_FRAMES {
-            udp.send_to(&payload[..4], dst).unwrap();
+        for i in 0..RUNT_FRAMES {
+            udp.send_to(&roce_payload(SEND_ONLY, 0x11, i as u32)[..8], dst)
+                .unwrap();
+        }
+        for i in 0..BAD_OPCODE_FRAMES {
+            udp.send_to(&roce_payload(0x1f, 0x11, i as u32), dst)
+                .unwrap();
         }
     })
     .join()
@@ -174,9 +210,14 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
     assert_eq!(get(Counter::Redirected), ROCE_FRAMES as u64, "{counters:?}");
     assert_eq!(
         get(Counter::Malformed),
-        MALFORMED_FRAMES as u64,
+        (RUNT_FRAMES + BAD_OPCODE_FRAMES) as u64,
         "{counters:?}"
     );
+    assert_eq!(get(Counter::DropBadUdpLength), RUNT_FRAMES as u64);
+    assert_eq!(get(Counter::DropBadOpcode), BAD_OPCODE_FRAMES as u64);
+    assert_eq!(get(Counter::OpSend), ROCE_FRAMES as u64, "{counters:?}");
+    assert_eq!(get(Counter::EcnEct0), ROCE_FRAMES as u64, "{counters:?}");
+    assert_eq!(get(Counter::EcnCe), 0, "{counters:?}");
     assert_eq!(get(Counter::NoSocket), 0, "{counters:?}");
     // ARP, ICMP and TCP all went to the kernel.
     assert!(get(Counter::Passed) >= 3 + 3 + 4, "{counters:?}");
@@ -199,6 +240,65 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
         json.contains(&format!("\"redirected\":{ROCE_FRAMES}")),
         "stats --json: {json}"
     );
+}
+
+#[test]
+fn qpn_filter_drops_frames_for_unregistered_qps() {
+    require_root();
+    let pair = VethPair::new(1500);
+    let xroce = workspace_bin("xroce");
+    pair.b
+        .exec(&[xroce.to_str().unwrap(), "attach", "--iface", &pair.if_b]);
+    let _attached = Attached { pair: &pair };
+    xroce::xdp::set_qpn_filter(&pair.if_b, true).unwrap();
+    xroce::xdp::register_qpn(&pair.if_b, 0x123).unwrap();
+    pair.a
+        .exec(&["ping", "-c", "1", "-W", "2", &pair.addr_b.to_string()]);
+
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (ns_b, if_b) = (pair.b.name.clone(), pair.if_b.clone());
+    let receiver = thread::spawn(move || {
+        xroce_tests::enter_netns(&ns_b);
+        let mut socket = XskSocket::open(&if_b, 0, XskConfig::default()).expect("open AF_XDP");
+        ready_tx.send(()).unwrap();
+        let mut qpns = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            socket
+                .recv(100, |frame| {
+                    let bth = &frame[42..54];
+                    qpns.push(u32::from_be_bytes([0, bth[5], bth[6], bth[7]]));
+                })
+                .unwrap();
+        }
+        qpns
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let ns_a = pair.a.name.clone();
+    let dst = SocketAddrV4::new(pair.addr_b, xroce_common::ROCEV2_UDP_PORT);
+    thread::spawn(move || {
+        xroce_tests::enter_netns(&ns_a);
+        let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+        for i in 0..20 {
+            let qpn = if i % 2 == 0 { 0x123 } else { 0x456 };
+            udp.send_to(&roce_payload(SEND_ONLY, qpn, i), dst).unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+    let qpns = receiver.join().unwrap();
+    assert_eq!(
+        qpns,
+        vec![0x123; 10],
+        "only the registered QP's frames arrive"
+    );
+    let counters = xroce::xdp::read_counters(&pair.if_b).unwrap();
+    assert_eq!(counters.get(Counter::DropUnknownQpn), 10, "{counters:?}");
+    assert_eq!(counters.get(Counter::Malformed), 0, "{counters:?}");
+
+    // Unregistering closes the door; turning the filter off opens it again.
+    xroce::xdp::unregister_qpn(&pair.if_b, 0x123).unwrap();
+    xroce::xdp::set_qpn_filter(&pair.if_b, false).unwrap();
 }
 
 #[test]

@@ -15,11 +15,19 @@ pub mod names {
     pub const PROGRAM: &str = "xroce_xdp";
     pub const COUNTERS: &str = "XROCE_COUNTERS";
     pub const XSKS: &str = "XROCE_XSKS";
+    pub const CONFIG: &str = "XROCE_CONFIG";
+    pub const QPNS: &str = "XROCE_QPNS";
     /// Directory under bpffs where one interface's maps and link are pinned.
     pub const PIN_ROOT: &str = "/sys/fs/bpf/xroce";
     /// Name of the pinned XDP link inside an interface's pin directory.
     pub const LINK_PIN: &str = "link";
 }
+
+/// Slots in the `XROCE_CONFIG` array (slot 0: [`config_flags`]).
+pub const CONFIG_SLOTS: u32 = 4;
+
+/// Largest number of QPNs the XDP QPN filter can hold.
+pub const MAX_FILTERED_QPNS: u32 = 65536;
 
 /// Maximum number of RX queues (one AF_XDP socket each) per interface.
 pub const MAX_QUEUES: u32 = 64;
@@ -30,27 +38,72 @@ pub const MAX_QUEUES: u32 = 64;
 pub enum Counter {
     /// Every frame the program looked at.
     Seen = 0,
-    /// Well-formed RoCEv2 frames (UDP/4791 with room for a BTH).
+    /// Well-formed RoCEv2 frames (UDP/4791 that pass every check).
     Roce,
     /// RoCEv2 frames handed to an AF_XDP socket.
     Redirected,
     /// Frames left to the kernel stack (everything that is not RoCEv2 and
     /// RoCEv2 frames with no socket bound on their queue).
     Passed,
-    /// UDP/4791 frames that fail a length or header check: dropped.
+    /// UDP/4791 frames that fail a check: dropped (sum of the drop_* reasons
+    /// below that concern the frame itself).
     Malformed,
     /// RoCEv2 frames whose RX queue has no AF_XDP socket: passed to the kernel.
     NoSocket,
+    // RoCEv2 frames by opcode class.
+    OpSend,
+    OpWrite,
+    OpReadRequest,
+    OpReadResponse,
+    OpAtomic,
+    /// ACKNOWLEDGE with an ACK syndrome, and ATOMIC ACKNOWLEDGE.
+    OpAck,
+    /// ACKNOWLEDGE carrying an RNR NAK or a NAK.
+    OpNak,
+    OpCnp,
+    // ECN codepoint of RoCEv2 frames as they arrived.
+    EcnNotEct,
+    EcnEct1,
+    EcnEct0,
+    EcnCe,
+    // Why frames were dropped.
+    /// IP header inconsistent (IHL, total length beyond the frame).
+    DropBadIp,
+    /// UDP length inconsistent with the IP payload or too short for RoCEv2.
+    DropBadUdpLength,
+    /// Frame ends before the BTH.
+    DropTruncated,
+    /// BTH opcode that no transport defines.
+    DropBadOpcode,
+    /// Destination QPN not registered while the QPN filter is on.
+    DropUnknownQpn,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 6] = [
+    pub const ALL: [Counter; 23] = [
         Counter::Seen,
         Counter::Roce,
         Counter::Redirected,
         Counter::Passed,
         Counter::Malformed,
         Counter::NoSocket,
+        Counter::OpSend,
+        Counter::OpWrite,
+        Counter::OpReadRequest,
+        Counter::OpReadResponse,
+        Counter::OpAtomic,
+        Counter::OpAck,
+        Counter::OpNak,
+        Counter::OpCnp,
+        Counter::EcnNotEct,
+        Counter::EcnEct1,
+        Counter::EcnEct0,
+        Counter::EcnCe,
+        Counter::DropBadIp,
+        Counter::DropBadUdpLength,
+        Counter::DropTruncated,
+        Counter::DropBadOpcode,
+        Counter::DropUnknownQpn,
     ];
 
     /// Stable snake_case name used in `xroce stats` output and JSON keys.
@@ -62,8 +115,43 @@ impl Counter {
             Counter::Passed => "passed",
             Counter::Malformed => "malformed",
             Counter::NoSocket => "no_socket",
+            Counter::OpSend => "op_send",
+            Counter::OpWrite => "op_write",
+            Counter::OpReadRequest => "op_read_request",
+            Counter::OpReadResponse => "op_read_response",
+            Counter::OpAtomic => "op_atomic",
+            Counter::OpAck => "op_ack",
+            Counter::OpNak => "op_nak",
+            Counter::OpCnp => "op_cnp",
+            Counter::EcnNotEct => "ecn_not_ect",
+            Counter::EcnEct1 => "ecn_ect1",
+            Counter::EcnEct0 => "ecn_ect0",
+            Counter::EcnCe => "ecn_ce",
+            Counter::DropBadIp => "drop_bad_ip",
+            Counter::DropBadUdpLength => "drop_bad_udp_length",
+            Counter::DropTruncated => "drop_truncated",
+            Counter::DropBadOpcode => "drop_bad_opcode",
+            Counter::DropUnknownQpn => "drop_unknown_qpn",
         }
     }
+}
+
+/// True for every BTH opcode IBTA defines for RC (with 1.5's FLUSH and ATOMIC
+/// WRITE), UC and UD, plus the RoCEv2
+/// CNP. The XDP program drops anything else; a test in xroce-wire checks this
+/// against the codec's opcode table.
+#[inline(always)]
+pub const fn opcode_is_known(opcode: u8) -> bool {
+    matches!(
+        opcode,
+        0x00..=0x14 | 0x16 | 0x17 | 0x1c | 0x1d | 0x20..=0x2b | 0x64 | 0x65 | 0x81
+    )
+}
+
+/// Flags in slot 0 of the `XROCE_CONFIG` array map.
+pub mod config_flags {
+    /// Only redirect frames whose destination QPN is in `XROCE_QPNS`.
+    pub const QPN_FILTER: u32 = 1;
 }
 
 /// Number of slots in the counter array.

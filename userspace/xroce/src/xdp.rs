@@ -13,7 +13,7 @@ use aya::{
     programs::{links::FdLink, links::PinnedLink, Xdp, XdpMode},
     Ebpf, EbpfLoader,
 };
-use xroce_common::{names, Counter};
+use xroce_common::{config_flags, names, Counter};
 
 /// The XDP object built from ebpf/ by build.rs.
 static XDP_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xroce-xdp"));
@@ -282,4 +282,42 @@ pub fn read_counters(iface: &str) -> Result<XdpCounters, XdpError> {
 pub fn xsk_map(iface: &str) -> Result<XskMap<MapData>, XdpError> {
     let map = open_pinned(iface, names::XSKS)?;
     XskMap::try_from(aya::maps::Map::XskMap(map)).map_err(|e| bpf_err("XSK map")(&e))
+}
+
+/// Turns the destination-QPN filter on or off: when on, RoCEv2 frames whose
+/// QPN was not registered with [`register_qpn`] are dropped in the kernel.
+pub fn set_qpn_filter(iface: &str, on: bool) -> Result<(), XdpError> {
+    let map = open_pinned(iface, names::CONFIG)?;
+    let mut config = aya::maps::Array::<MapData, u32>::try_from(aya::maps::Map::Array(map))
+        .map_err(|e| bpf_err("config map")(&e))?;
+    let flags = config
+        .get(&0, 0)
+        .map_err(|e| bpf_err("read XDP config")(&e))?;
+    let flags = if on {
+        flags | config_flags::QPN_FILTER
+    } else {
+        flags & !config_flags::QPN_FILTER
+    };
+    config
+        .set(0, flags, 0)
+        .map_err(|e| bpf_err("write XDP config")(&e))
+}
+
+fn qpn_map(iface: &str) -> Result<aya::maps::HashMap<MapData, u32, u8>, XdpError> {
+    let map = open_pinned(iface, names::QPNS)?;
+    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(map)).map_err(|e| bpf_err("QPN map")(&e))
+}
+
+/// Lets frames for local QP `qpn` through the QPN filter.
+pub fn register_qpn(iface: &str, qpn: u32) -> Result<(), XdpError> {
+    qpn_map(iface)?
+        .insert(qpn & 0x00ff_ffff, 1, 0)
+        .map_err(|e| bpf_err(format!("register QPN {qpn:#x}"))(&e))
+}
+
+/// Removes `qpn` from the filter (a destroyed QP).
+pub fn unregister_qpn(iface: &str, qpn: u32) -> Result<(), XdpError> {
+    qpn_map(iface)?
+        .remove(&(qpn & 0x00ff_ffff))
+        .map_err(|e| bpf_err(format!("unregister QPN {qpn:#x}"))(&e))
 }
