@@ -5,3 +5,5 @@
 pub mod cc;
 pub mod io;
 pub mod xdp;
+pub mod verbs;
+pub mod engine;

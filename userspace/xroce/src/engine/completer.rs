@@ -1,0 +1,282 @@
+//! Completer: matches ACKs, READ responses and atomic ACKs to send WQEs,
+//! completes them in order and maps errors to WC status (IBTA 9.7.5 /
+//! rxe_comp.c).
+
+use super::codec::{op, PktHdr};
+use super::psn;
+use super::qp::{sgl_write, QpCtx};
+use super::timers;
+use super::Env;
+use crate::verbs::wc::WcStatus;
+
+impl QpCtx {
+    /// Complete the front WQE with `status` (an error) and move to ERR.
+    pub(crate) fn fail_front(&mut self, env: &mut Env<'_>, status: WcStatus) {
+        if let Some(w) = self.sq.pop_front() {
+            let wc = self.send_wc(&w, status);
+            self.complete(env, true, wc);
+        }
+        self.go_error = true;
+    }
+
+    /// Pop the (finished) front WQE, with a completion if signaled.
+    fn complete_front_ok(&mut self, env: &mut Env<'_>) {
+        let Some(w) = self.sq.pop_front() else {
+            return;
+        };
+        if w.op.is_read_or_atomic() {
+            self.req.rd_atomic_outstanding = self.req.rd_atomic_outstanding.saturating_sub(1);
+        }
+        if self.req.idx > 0 {
+            self.req.idx -= 1;
+        } else {
+            self.req.offset = 0;
+        }
+        if w.signaled {
+            let wc = self.send_wc(&w, WcStatus::Success);
+            self.complete(env, true, wc);
+        }
+    }
+
+    /// Everything before `end` (exclusive) is acknowledged: complete SEND and
+    /// WRITE WQEs ending before it. Stops at a READ/atomic still waiting for
+    /// its response. Returns true if the completer's PSN advanced.
+    fn ack_up_to(&mut self, env: &mut Env<'_>, end: u32, now: u64) -> bool {
+        let old = self.req.comp_psn;
+        while let Some(w) = self.sq.front() {
+            if !w.started {
+                break;
+            }
+            if w.op.is_read_or_atomic() {
+                break;
+            }
+            if psn::lt(w.last_psn, end) {
+                let next = psn::add(w.last_psn, 1);
+                if psn::lt(self.req.comp_psn, next) {
+                    self.req.comp_psn = next;
+                }
+                self.complete_front_ok(env);
+            } else {
+                if psn::lt(self.req.comp_psn, end) {
+                    self.req.comp_psn = end; // part of a multi-packet message
+                }
+                break;
+            }
+        }
+        let advanced = self.req.comp_psn != old;
+        if advanced {
+            self.on_progress(env, old, now);
+        }
+        advanced
+    }
+
+    /// The completer PSN moved forward from `old`.
+    fn on_progress(&mut self, env: &mut Env<'_>, old: u32, now: u64) {
+        self.req.retry_left = self.attr.retry_cnt;
+        self.req.rnr_left = self.attr.rnr_retry;
+        self.req.started_retry = false;
+        let acked = psn::diff(self.req.comp_psn, old).max(0) as usize;
+        let mut rtt = None;
+        if let Some((p, t)) = self.req.rtt_sample {
+            if psn::lt(p, self.req.comp_psn) {
+                rtt = Some(now.saturating_sub(t));
+                self.req.rtt_sample = None;
+            }
+        }
+        self.cc.on_ack(now, acked * self.mtu as usize, rtt);
+        self.req.rto_deadline = if self.psn_outstanding() {
+            self.rto_ns().map(|t| now + t)
+        } else {
+            None
+        };
+        if psn::lt(self.req.psn, self.req.comp_psn) {
+            let p = self.req.comp_psn;
+            self.seek_req(p);
+        }
+        let _ = env;
+    }
+
+    /// After completions: a WQE at the front that failed local checks at
+    /// post time completes now, in order, with its error.
+    fn complete_local_errors(&mut self, env: &mut Env<'_>) {
+        if let Some(w) = self.sq.front() {
+            if !w.started {
+                if let Some(st) = w.local_err {
+                    self.fail_front(env, st);
+                }
+            }
+        }
+    }
+
+    /// Retry from the completer PSN unless a retry for it already started.
+    fn retry_if_new(&mut self, env: &mut Env<'_>) {
+        if self.req.started_retry && self.req.retry_psn == self.req.comp_psn {
+            return;
+        }
+        self.start_retry(env, false);
+    }
+
+    pub(crate) fn comp_handle(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8], now: u64) {
+        let p = h.psn;
+        // Valid responses are for PSNs we have sent and not yet completed.
+        if !psn::lt(p, self.req.max_psn) {
+            env.stats.rx_ghost_response += 1;
+            return;
+        }
+        if psn::lt(p, self.req.comp_psn) && h.opcode != op::ACK {
+            env.stats.rx_duplicate += 1;
+            return;
+        }
+        match h.opcode {
+            op::ACK => self.on_ack(env, h, now),
+            op::ATOMIC_ACK => {
+                self.ack_up_to(env, p, now);
+                if self.req.comp_psn != p {
+                    self.retry_if_new(env);
+                    return;
+                }
+                let Some(w) = self.sq.front() else {
+                    env.stats.rx_bad_response += 1;
+                    return;
+                };
+                if !w.op.is_atomic() || !w.started || w.first_psn != p {
+                    env.stats.rx_bad_response += 1;
+                    return;
+                }
+                let orig = h.atomic_ack.unwrap_or(0);
+                if !sgl_write(&w.sges, 0, &orig.to_ne_bytes()) {
+                    self.fail_front(env, WcStatus::LocProtErr);
+                    return;
+                }
+                let old = self.req.comp_psn;
+                self.req.comp_psn = psn::add(p, 1);
+                self.complete_front_ok(env);
+                self.on_progress(env, old, now);
+            }
+            _ => self.on_read_response(env, h, payload, now),
+        }
+        self.complete_local_errors(env);
+    }
+
+    fn on_read_response(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8], now: u64) {
+        let p = h.psn;
+        self.ack_up_to(env, p, now);
+        if self.req.comp_psn != p {
+            // A response beyond the next expected one: something was lost.
+            env.stats.rx_out_of_sequence += 1;
+            self.retry_if_new(env);
+            return;
+        }
+        let mtu = self.mtu as usize;
+        let Some(w) = self.sq.front() else {
+            env.stats.rx_bad_response += 1;
+            return;
+        };
+        if !matches!(w.op, crate::verbs::wr::WrOpcode::RdmaRead { .. })
+            || !w.started
+            || !psn::le(w.first_psn, p)
+            || !psn::le(p, w.last_psn)
+        {
+            env.stats.rx_bad_response += 1;
+            return;
+        }
+        let k = psn::diff(p, w.first_psn) as usize;
+        let offset = k * mtu;
+        let final_pkt = matches!(h.opcode, op::READ_RESP_LAST | op::READ_RESP_ONLY);
+        let is_last_psn = p == w.last_psn;
+        let len = w.len as usize;
+        let ok_len = if final_pkt {
+            is_last_psn && offset + payload.len() == len
+        } else {
+            !is_last_psn && payload.len() == mtu
+        };
+        if !ok_len {
+            env.stats.rx_bad_response += 1;
+            return;
+        }
+        if !sgl_write(&w.sges, offset, payload) {
+            self.fail_front(env, WcStatus::LocProtErr);
+            return;
+        }
+        let old = self.req.comp_psn;
+        self.req.comp_psn = psn::add(p, 1);
+        if final_pkt {
+            self.complete_front_ok(env);
+        }
+        self.on_progress(env, old, now);
+    }
+
+    fn on_ack(&mut self, env: &mut Env<'_>, h: &PktHdr, now: u64) {
+        let p = h.psn;
+        let Some((syn, _msn)) = h.aeth else {
+            env.stats.rx_bad_response += 1;
+            return;
+        };
+        match syn >> 5 {
+            0 => {
+                // ACK: everything up to and including p is done.
+                if psn::lt(p, self.req.comp_psn) {
+                    env.stats.rx_duplicate += 1;
+                    return;
+                }
+                self.ack_up_to(env, psn::add(p, 1), now);
+                // An ACK covering a READ/atomic whose response we have not
+                // seen means the response was lost: retry it.
+                if let Some(w) = self.sq.front() {
+                    if w.started && w.op.is_read_or_atomic() && psn::le(self.req.comp_psn, p) {
+                        self.retry_if_new(env);
+                    }
+                }
+            }
+            1 => {
+                // RNR NAK for PSN p.
+                env.stats.rx_rnr_naks += 1;
+                if psn::lt(p, self.req.comp_psn) {
+                    return;
+                }
+                self.ack_up_to(env, p, now);
+                if self.req.rnr_until.is_some() {
+                    return;
+                }
+                if self.req.rnr_left == 0 {
+                    self.fail_front(env, WcStatus::RnrRetryExcErr);
+                    return;
+                }
+                if self.req.rnr_left != 7 {
+                    self.req.rnr_left -= 1;
+                }
+                self.req.rnr_until = Some(now + timers::rnr_timer_ns(syn & 0x1f));
+                self.req.rto_deadline = None;
+                // Stop sending now; the retry starts when the timer fires.
+                let cp = self.req.comp_psn;
+                self.seek_req(cp);
+            }
+            3 => {
+                if psn::lt(p, self.req.comp_psn) {
+                    env.stats.rx_duplicate += 1;
+                    return;
+                }
+                let code = syn & 0x1f;
+                self.ack_up_to(env, p, now);
+                if code == 0 {
+                    env.stats.rx_seq_naks += 1;
+                    self.retry_if_new(env);
+                    return;
+                }
+                let st = match code {
+                    1 | 4 => WcStatus::RemInvReqErr,
+                    2 => WcStatus::RemAccessErr,
+                    3 => WcStatus::RemOpErr,
+                    _ => {
+                        env.stats.rx_bad_response += 1;
+                        return;
+                    }
+                };
+                if self.sq.front().is_some_and(|w| w.started) {
+                    self.fail_front(env, st);
+                }
+            }
+            _ => env.stats.rx_bad_response += 1,
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Requester: turns send WQEs into request packets (IBTA 9.7, rxe_req.c).
+//!
+//! - segmentation into FIRST/MIDDLE/LAST/ONLY by the path MTU, PSNs assigned
+//!   per packet (a READ consumes one PSN per expected response packet);
+//! - AckReq on the last packet of every message, every `ack_every` packets
+//!   and when the in-flight window fills;
+//! - at most `max_rd_atomic` READ/atomic WQEs outstanding; FENCE waits for
+//!   every earlier READ/atomic to complete;
+//! - go-back-N: a retry restarts transmission at the completer's PSN; the
+//!   WQE and byte offset are recomputed from the PSN;
+//! - pacing by the congestion controller's rate (token bucket) and its hooks.
+
+use super::codec::{self, op, AtomicEth, PktHdr, Reth};
+use super::psn;
+use super::qp::QpCtx;
+use super::Env;
+use crate::verbs::qp::QpState;
+use crate::verbs::wr::{SendFlags, WrOpcode};
+
+impl QpCtx {
+    /// Point the requester at `p` (a PSN the completer has not yet seen
+    /// acknowledged): find the started WQE containing it and the offset.
+    pub(crate) fn seek_req(&mut self, p: u32) {
+        let mtu = self.mtu as usize;
+        for (i, w) in self.sq.iter().enumerate() {
+            if !w.started {
+                break;
+            }
+            if psn::le(w.first_psn, p) && psn::le(p, w.last_psn) {
+                self.req.idx = i;
+                self.req.offset = psn::diff(p, w.first_psn) as usize * mtu;
+                self.req.psn = p;
+                return;
+            }
+        }
+        // Everything started is acknowledged: continue with the first
+        // unstarted WQE at the highest PSN sent.
+        self.req.idx = self.sq.iter().take_while(|w| w.started).count();
+        self.req.offset = 0;
+        self.req.psn = self.req.max_psn;
+    }
+
+    /// Start a go-back-N retransmission from the completer's PSN.
+    pub(crate) fn start_retry(&mut self, env: &mut Env<'_>, _count: bool) {
+        env.stats.retries_started += 1;
+        self.req.started_retry = true;
+        self.req.retry_psn = self.req.comp_psn;
+        self.req.rtt_sample = None;
+        self.req.noack = 0;
+        let p = self.req.comp_psn;
+        self.seek_req(p);
+    }
+
+    pub(crate) fn on_retransmit_timeout(&mut self, env: &mut Env<'_>, now: u64) {
+        if !self.psn_outstanding() && self.sq.front().is_none_or(|w| !w.started) {
+            self.req.rto_deadline = None;
+            return;
+        }
+        env.stats.retry_timeouts += 1;
+        if self.req.retry_left == 0 {
+            self.fail_front(env, crate::verbs::wc::WcStatus::RetryExcErr);
+            return;
+        }
+        if self.req.retry_left != 7 {
+            self.req.retry_left -= 1;
+        }
+        self.start_retry(env, true);
+        self.req.rto_deadline = self.rto_ns().map(|t| now + t);
+    }
+
+    /// Produce the next request packet, if the window, the READ/atomic
+    /// limit, fences, RNR back-off and the pacer allow one.
+    pub(crate) fn req_poll(
+        &mut self,
+        env: &mut Env<'_>,
+        now: u64,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if self.req.rnr_until.is_some() {
+            return None;
+        }
+        let idx = self.req.idx;
+        let w = self.sq.get(idx)?;
+        let window = env.cfg.max_inflight_pkts.max(1);
+        if psn::diff(self.req.psn, self.req.comp_psn) >= window as i32 {
+            return None;
+        }
+        let mtu = self.mtu;
+        if !w.started {
+            if self.state == QpState::Sqd || w.local_err.is_some() {
+                return None;
+            }
+            if w.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_outstanding > 0 {
+                return None;
+            }
+            if w.op.is_read_or_atomic()
+                && self.req.rd_atomic_outstanding >= (self.attr.max_rd_atomic.max(1)) as u32
+            {
+                return None;
+            }
+        }
+        self.pacer_refill(env, now);
+        if self.pacer.tokens <= 0 {
+            return None;
+        }
+        let first_psn_new = self.req.psn;
+        let w = &mut self.sq[idx];
+        if !w.started {
+            w.started = true;
+            w.first_psn = first_psn_new;
+            w.npkts = if w.op.is_atomic() {
+                1
+            } else {
+                w.len.div_ceil(mtu).max(1)
+            };
+            w.last_psn = psn::add(w.first_psn, w.npkts - 1);
+            if w.op.is_read_or_atomic() {
+                self.req.rd_atomic_outstanding += 1;
+            }
+        }
+        let w = &self.sq[idx];
+        let k = psn::diff(self.req.psn, w.first_psn) as u32;
+        let offset = self.req.offset;
+        let mut h = PktHdr {
+            psn: self.req.psn,
+            se: w.flags.contains(SendFlags::SOLICITED),
+            ..self.tmpl
+        };
+        let last_pkt;
+        let mut payload_len = 0usize;
+        let mut consumed = 1u32;
+        match w.op {
+            WrOpcode::RdmaRead { remote_addr, rkey } => {
+                h.opcode = op::READ_REQ;
+                h.reth = Some(Reth {
+                    va: remote_addr + offset as u64,
+                    rkey,
+                    len: w.len - offset as u32,
+                });
+                consumed = w.npkts - k;
+                last_pkt = true;
+            }
+            WrOpcode::AtomicCmpAndSwp {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                h.opcode = op::CMP_SWAP;
+                h.atomic = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                last_pkt = true;
+            }
+            WrOpcode::AtomicFetchAndAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                h.opcode = op::FETCH_ADD;
+                h.atomic = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                last_pkt = true;
+            }
+            _ => {
+                payload_len = (w.len as usize - offset).min(mtu as usize);
+                let first = k == 0;
+                last_pkt = k + 1 >= w.npkts;
+                let (only_op, first_op, mid_op, last_op) = match w.op {
+                    WrOpcode::Send => (
+                        op::SEND_ONLY,
+                        op::SEND_FIRST,
+                        op::SEND_MIDDLE,
+                        op::SEND_LAST,
+                    ),
+                    WrOpcode::SendWithImm { imm } => {
+                        if last_pkt {
+                            h.imm = Some(imm);
+                        }
+                        (
+                            op::SEND_ONLY_IMM,
+                            op::SEND_FIRST,
+                            op::SEND_MIDDLE,
+                            op::SEND_LAST_IMM,
+                        )
+                    }
+                    WrOpcode::SendWithInv { invalidate_rkey } => {
+                        if last_pkt {
+                            h.ieth = Some(invalidate_rkey);
+                        }
+                        (
+                            op::SEND_ONLY_INV,
+                            op::SEND_FIRST,
+                            op::SEND_MIDDLE,
+                            op::SEND_LAST_INV,
+                        )
+                    }
+                    WrOpcode::RdmaWrite { remote_addr, rkey } => {
+                        if first {
+                            h.reth = Some(Reth {
+                                va: remote_addr,
+                                rkey,
+                                len: w.len,
+                            });
+                        }
+                        (
+                            op::WRITE_ONLY,
+                            op::WRITE_FIRST,
+                            op::WRITE_MIDDLE,
+                            op::WRITE_LAST,
+                        )
+                    }
+                    WrOpcode::RdmaWriteWithImm {
+                        remote_addr,
+                        rkey,
+                        imm,
+                    } => {
+                        if first {
+                            h.reth = Some(Reth {
+                                va: remote_addr,
+                                rkey,
+                                len: w.len,
+                            });
+                        }
+                        if last_pkt {
+                            h.imm = Some(imm);
+                        }
+                        (
+                            op::WRITE_ONLY_IMM,
+                            op::WRITE_FIRST,
+                            op::WRITE_MIDDLE,
+                            op::WRITE_LAST_IMM,
+                        )
+                    }
+                    _ => unreachable!(),
+                };
+                h.opcode = match (first, last_pkt) {
+                    (true, true) => only_op,
+                    (true, false) => first_op,
+                    (false, true) => last_op,
+                    (false, false) => mid_op,
+                };
+            }
+        }
+        let window_fill =
+            psn::diff(psn::add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
+        h.ack_req = last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill;
+        let n = {
+            let scratch = &mut *env.scratch;
+            if scratch.len() < payload_len {
+                scratch.resize(payload_len, 0);
+            }
+            if payload_len > 0 && !w.read_payload(offset, &mut scratch[..payload_len]) {
+                // Cannot happen for checked SGLs; treat as local error.
+                self.fail_front(env, crate::verbs::wc::WcStatus::LocProtErr);
+                return None;
+            }
+            codec::emit(&h, payload_len, buf, |p| {
+                p.copy_from_slice(&scratch[..payload_len])
+            })?
+        };
+        // Advance.
+        let sent_psn = self.req.psn;
+        let retransmission = psn::lt(sent_psn, self.req.max_psn);
+        self.req.psn = psn::add(self.req.psn, consumed);
+        if psn::lt(self.req.max_psn, self.req.psn) {
+            self.req.max_psn = self.req.psn;
+        }
+        if last_pkt {
+            self.req.idx += 1;
+            self.req.offset = 0;
+        } else {
+            self.req.offset += payload_len;
+        }
+        self.req.noack = if h.ack_req { 0 } else { self.req.noack + 1 };
+        if h.ack_req && self.req.rtt_sample.is_none() && !retransmission {
+            self.req.rtt_sample = Some((sent_psn, now));
+        }
+        if self.req.rto_deadline.is_none() {
+            self.req.rto_deadline = self.rto_ns().map(|t| now + t);
+        }
+        env.stats.tx_data_packets += 1;
+        if retransmission {
+            env.stats.tx_retransmitted += 1;
+        }
+        self.pacer.tokens -= n as i64;
+        self.cc.on_send(now, n);
+        Some(n)
+    }
+}

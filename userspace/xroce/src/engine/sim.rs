@@ -1,0 +1,433 @@
+//! A deterministic simulated link between two devices: loss, duplication,
+//! reordering, delay, jitter, serialization rate and ECN CE marking, driven
+//! by a seeded RNG and simulated nanoseconds. Used by the tests and the
+//! engine-only benchmark; also handy for experiments.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::net::Ipv4Addr;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::EngineConfig;
+use crate::verbs::{
+    AccessFlags, AddressVector, CompletionQueue, Device, Mtu, ProtectionDomain, QpAttr, QpInitAttr,
+    QueuePair, RemoteQp,
+};
+
+/// Link impairments (per direction, same for both).
+#[derive(Debug, Clone, Copy)]
+pub struct LinkConfig {
+    /// Probability a frame is dropped.
+    pub loss: f64,
+    /// Probability a frame is delivered twice.
+    pub dup: f64,
+    /// Probability a frame is held back by up to `reorder_ns` extra.
+    pub reorder: f64,
+    pub reorder_ns: u64,
+    /// One-way propagation delay.
+    pub delay_ns: u64,
+    /// Uniform extra delay in 0..jitter_ns (also reorders).
+    pub jitter_ns: u64,
+    /// Serialization rate in bits/s (0 = infinitely fast).
+    pub rate_bps: u64,
+    /// Probability a frame gets its IP ECN field set to CE.
+    pub ce_mark: f64,
+    /// Probability one random byte of a frame is flipped.
+    pub corrupt: f64,
+}
+
+impl Default for LinkConfig {
+    fn default() -> Self {
+        Self {
+            loss: 0.0,
+            dup: 0.0,
+            reorder: 0.0,
+            reorder_ns: 20_000,
+            delay_ns: 5_000,
+            jitter_ns: 0,
+            rate_bps: 100_000_000_000,
+            ce_mark: 0.0,
+            corrupt: 0.0,
+        }
+    }
+}
+
+impl LinkConfig {
+    /// `loss` loss with 1/4 of that as duplication and reordering.
+    pub fn lossy(loss: f64) -> Self {
+        Self {
+            loss,
+            dup: loss / 4.0,
+            reorder: loss / 2.0,
+            jitter_ns: 1_000,
+            ..Default::default()
+        }
+    }
+}
+
+struct InFlight {
+    at: u64,
+    seq: u64,
+    to_b: bool,
+    data: Vec<u8>,
+}
+impl PartialEq for InFlight {
+    fn eq(&self, o: &Self) -> bool {
+        self.at == o.at && self.seq == o.seq
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (o.at, o.seq).cmp(&(self.at, self.seq)) // min-heap
+    }
+}
+
+/// Counters of what the link did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinkStats {
+    pub sent: u64,
+    pub delivered: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub bytes: u64,
+}
+
+/// The link: frames in flight in both directions.
+pub struct SimLink {
+    pub cfg: LinkConfig,
+    rng: StdRng,
+    q: BinaryHeap<InFlight>,
+    seq: u64,
+    busy_until: [u64; 2],
+    pool: Vec<Vec<u8>>,
+    pub stats: LinkStats,
+    /// Drop everything (peer gone).
+    pub cut: bool,
+}
+
+impl SimLink {
+    pub fn new(cfg: LinkConfig, seed: u64) -> Self {
+        Self {
+            cfg,
+            rng: StdRng::seed_from_u64(seed),
+            q: BinaryHeap::new(),
+            seq: 0,
+            busy_until: [0; 2],
+            pool: Vec::new(),
+            stats: LinkStats::default(),
+            cut: false,
+        }
+    }
+
+    fn enqueue(&mut self, to_b: bool, at: u64, frame: &[u8]) {
+        let mut v = self.pool.pop().unwrap_or_default();
+        v.clear();
+        v.extend_from_slice(frame);
+        self.seq += 1;
+        self.q.push(InFlight {
+            at,
+            seq: self.seq,
+            to_b,
+            data: v,
+        });
+    }
+
+    /// Put a frame on the link at `now`.
+    pub fn send(&mut self, to_b: bool, frame: &[u8], now: u64) {
+        self.stats.sent += 1;
+        self.stats.bytes += frame.len() as u64;
+        let d = to_b as usize;
+        let start = now.max(self.busy_until[d]);
+        let ser = if self.cfg.rate_bps == 0 {
+            0
+        } else {
+            (frame.len() as u64 * 8 * 1_000_000_000).div_ceil(self.cfg.rate_bps)
+        };
+        self.busy_until[d] = start + ser;
+        if self.cut || self.rng.random_bool(self.cfg.loss.clamp(0.0, 1.0)) {
+            self.stats.dropped += 1;
+            return;
+        }
+        let mut at = start + ser + self.cfg.delay_ns;
+        if self.cfg.jitter_ns > 0 {
+            at += self.rng.random_range(0..self.cfg.jitter_ns);
+        }
+        if self.cfg.reorder > 0.0 && self.rng.random_bool(self.cfg.reorder.clamp(0.0, 1.0)) {
+            self.stats.reordered += 1;
+            at += self.rng.random_range(0..self.cfg.reorder_ns.max(1));
+        }
+        if self.cfg.ce_mark > 0.0 && self.rng.random_bool(self.cfg.ce_mark.clamp(0.0, 1.0)) {
+            let mut f = frame.to_vec();
+            mark_ce(&mut f);
+            self.enqueue(to_b, at, &f);
+        } else if self.cfg.corrupt > 0.0 && self.rng.random_bool(self.cfg.corrupt.clamp(0.0, 1.0)) {
+            let mut f = frame.to_vec();
+            let i = self.rng.random_range(0..f.len());
+            f[i] ^= 1 << self.rng.random_range(0..8);
+            self.enqueue(to_b, at, &f);
+        } else {
+            self.enqueue(to_b, at, frame);
+        }
+        if self.cfg.dup > 0.0 && self.rng.random_bool(self.cfg.dup.clamp(0.0, 1.0)) {
+            self.stats.duplicated += 1;
+            let extra = self.rng.random_range(0..self.cfg.reorder_ns.max(1));
+            self.enqueue(to_b, at + extra, frame);
+        }
+    }
+
+    /// Arrival time of the next frame.
+    pub fn next_arrival(&self) -> Option<u64> {
+        self.q.peek().map(|p| p.at)
+    }
+
+    /// Pop the next frame due at or before `now`: (to_b, frame). Give the
+    /// buffer back with [`SimLink::recycle`].
+    pub fn pop_due(&mut self, now: u64) -> Option<(bool, Vec<u8>)> {
+        if self.q.peek()?.at > now {
+            return None;
+        }
+        let p = self.q.pop()?;
+        self.stats.delivered += 1;
+        Some((p.to_b, p.data))
+    }
+
+    pub fn recycle(&mut self, v: Vec<u8>) {
+        if self.pool.len() < 4096 {
+            self.pool.push(v);
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.q.len()
+    }
+}
+
+/// Set ECN=CE in an IPv4 frame and fix the IP header checksum (RFC 1624).
+pub fn mark_ce(f: &mut [u8]) {
+    if f.len() < 34 || f[12] != 0x08 || f[13] != 0x00 {
+        return;
+    }
+    let old = u16::from_be_bytes([f[14], f[15]]);
+    f[15] |= 3;
+    let new = u16::from_be_bytes([f[14], f[15]]);
+    let hc = u16::from_be_bytes([f[24], f[25]]);
+    let mut s = (!hc as u32) + (!old as u32 & 0xffff) + new as u32;
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    let c = !(s as u16);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+}
+
+/// Two devices joined by a [`SimLink`], in simulated time.
+pub struct Sim {
+    pub a: Device,
+    pub b: Device,
+    pub link: SimLink,
+    pub now: u64,
+    buf: Vec<u8>,
+    /// Engine events processed (frames + timer runs).
+    pub events: u64,
+}
+
+impl Sim {
+    pub fn new(a: Device, b: Device, link: SimLink) -> Self {
+        Self {
+            a,
+            b,
+            link,
+            now: 1_000_000,
+            buf: vec![0; 9000],
+            events: 0,
+        }
+    }
+
+    /// Two devices with default configs (10.0.0.1 / 10.0.0.2).
+    pub fn pair(link: LinkConfig, seed: u64) -> Self {
+        let (ca, cb) = sim_configs();
+        Self::new(Device::new(ca), Device::new(cb), SimLink::new(link, seed))
+    }
+
+    fn flush_tx(&mut self) {
+        for to_b in [true, false] {
+            let dev = if to_b { &self.a } else { &self.b };
+            let mut g = dev.lock();
+            while let Some(n) = g.poll_transmit(self.now, &mut self.buf) {
+                self.link.send(to_b, &self.buf[..n], self.now);
+            }
+        }
+    }
+
+    /// Run one round: send what is ready, advance to the next event,
+    /// deliver/fire it. Returns false when nothing is pending anywhere.
+    pub fn step(&mut self) -> bool {
+        self.flush_tx();
+        let ta = self.a.poll_timeout();
+        let tb = self.b.poll_timeout();
+        let next = [self.link.next_arrival(), ta, tb]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(t) = next else {
+            return false;
+        };
+        self.now = self.now.max(t);
+        while let Some((to_b, f)) = self.link.pop_due(self.now) {
+            let dev = if to_b { &self.b } else { &self.a };
+            dev.handle_frame(&f, self.now);
+            self.events += 1;
+            self.link.recycle(f);
+        }
+        if ta.is_some_and(|t| t <= self.now) {
+            self.a.handle_timeout(self.now);
+            self.events += 1;
+        }
+        if tb.is_some_and(|t| t <= self.now) {
+            self.b.handle_timeout(self.now);
+            self.events += 1;
+        }
+        true
+    }
+
+    /// Step until `done()` or until simulated time passes `deadline_ns`
+    /// (absolute) or the system is idle. Returns whether `done()` held.
+    pub fn run_until(&mut self, deadline_ns: u64, mut done: impl FnMut(&mut Self) -> bool) -> bool {
+        loop {
+            if done(self) {
+                return true;
+            }
+            if self.now > deadline_ns || !self.step() {
+                return done(self);
+            }
+        }
+    }
+}
+
+/// Engine configs for the two simulated hosts.
+pub fn sim_configs() -> (EngineConfig, EngineConfig) {
+    let a = EngineConfig {
+        mac: [2, 0, 0, 0, 0, 1],
+        ip: Ipv4Addr::new(10, 0, 0, 1),
+        ..Default::default()
+    };
+    let b = EngineConfig {
+        mac: [2, 0, 0, 0, 0, 2],
+        ip: Ipv4Addr::new(10, 0, 0, 2),
+        ..Default::default()
+    };
+    (a, b)
+}
+
+/// One connected endpoint: PD, CQ, QP and a data MR.
+pub struct Endpoint {
+    pub pd: ProtectionDomain,
+    pub cq: CompletionQueue,
+    pub qp: QueuePair,
+    pub mr: crate::verbs::MemoryRegion,
+}
+
+/// QP parameters both sides use in [`connect_pair`].
+#[derive(Debug, Clone, Copy)]
+pub struct PairParams {
+    pub mtu: Mtu,
+    pub psn_a: u32,
+    pub psn_b: u32,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub mr_len: usize,
+    pub cq_depth: usize,
+    pub max_wr: u32,
+    pub access: AccessFlags,
+}
+
+impl Default for PairParams {
+    fn default() -> Self {
+        Self {
+            mtu: Mtu::Mtu1024,
+            psn_a: 0,
+            psn_b: 0,
+            timeout: 8, // ~1 ms
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1, // 10 us
+            max_rd_atomic: 8,
+            mr_len: 1 << 20,
+            cq_depth: 4096,
+            max_wr: 1024,
+            access: AccessFlags::LOCAL_WRITE
+                | AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+        }
+    }
+}
+
+fn endpoint(dev: &Device, p: &PairParams) -> Endpoint {
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(p.cq_depth).expect("cq");
+    let mut init = QpInitAttr::rc(&cq);
+    init.cap.max_send_wr = p.max_wr;
+    init.cap.max_recv_wr = p.max_wr;
+    let qp = dev.create_qp(&pd, &init).expect("qp");
+    let mr = pd.reg_mr(p.mr_len, p.access).expect("mr");
+    Endpoint { pd, cq, qp, mr }
+}
+
+fn local_attr(p: &PairParams, sq_psn: u32) -> QpAttr {
+    QpAttr {
+        qp_access_flags: p.access,
+        path_mtu: p.mtu,
+        sq_psn,
+        timeout: p.timeout,
+        retry_cnt: p.retry_cnt,
+        rnr_retry: p.rnr_retry,
+        min_rnr_timer: p.min_rnr_timer,
+        max_rd_atomic: p.max_rd_atomic,
+        max_dest_rd_atomic: p.max_rd_atomic,
+        ..Default::default()
+    }
+}
+
+/// Create an endpoint on each device of `sim` and connect their RC QPs.
+pub fn connect_pair(sim: &Sim, p: &PairParams) -> (Endpoint, Endpoint) {
+    let ea = endpoint(&sim.a, p);
+    let eb = endpoint(&sim.b, p);
+    let (ca, cb) = (sim.a.lock().config().clone(), sim.b.lock().config().clone());
+    let ra = RemoteQp {
+        qpn: ea.qp.qp_num(),
+        psn: p.psn_a,
+        av: AddressVector {
+            dest_mac: ca.mac,
+            dest_ip: ca.ip,
+            ..Default::default()
+        },
+    };
+    let rb = RemoteQp {
+        qpn: eb.qp.qp_num(),
+        psn: p.psn_b,
+        av: AddressVector {
+            dest_mac: cb.mac,
+            dest_ip: cb.ip,
+            ..Default::default()
+        },
+    };
+    ea.qp
+        .connect(&local_attr(p, p.psn_a), &rb)
+        .expect("connect a");
+    eb.qp
+        .connect(&local_attr(p, p.psn_b), &ra)
+        .expect("connect b");
+    (ea, eb)
+}

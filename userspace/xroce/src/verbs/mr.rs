@@ -1,0 +1,320 @@
+//! Memory regions: registration with access flags, lkey/rkey with random key
+//! bits, bounds/permission checks, deregistration safe while traffic is in
+//! flight.
+//!
+//! An MR owns its memory (allocated at registration, 8-byte aligned so that
+//! atomics work). The engine holds `Arc<MrInner>` references while it uses a
+//! region, so dropping/deregistering the user's [`MemoryRegion`] only removes
+//! its keys from the table (new accesses fail with access errors) and marks it
+//! invalid; the memory itself is freed when the last in-flight user lets go.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use super::error::{Result, VerbsError};
+use super::wr::Sge;
+
+bitflags::bitflags! {
+    /// `ibv_access_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AccessFlags: u32 {
+        const LOCAL_WRITE = 1;
+        const REMOTE_WRITE = 2;
+        const REMOTE_READ = 4;
+        const REMOTE_ATOMIC = 8;
+    }
+}
+
+/// The registered memory and its keys.
+pub struct MrInner {
+    buf: Box<[UnsafeCell<u64>]>,
+    len: usize,
+    pub(crate) pd: u32,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    pub(crate) access: AccessFlags,
+    valid: AtomicBool,
+}
+
+// SAFETY: the memory is only accessed through raw copies and atomics, like
+// RDMA memory is: concurrent user access to bytes the network is writing is
+// the application's race, exactly as with ibv_reg_mr.
+unsafe impl Send for MrInner {}
+unsafe impl Sync for MrInner {}
+
+/// Why an access to an MR failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MrCheck {
+    /// Key unknown, wrong PD or deregistered.
+    BadKey,
+    /// Range outside the region.
+    Bounds,
+    /// Access flags do not allow it.
+    Perm,
+}
+
+impl MrInner {
+    #[inline]
+    pub fn addr(&self) -> u64 {
+        self.buf.as_ptr() as u64
+    }
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    #[inline]
+    pub fn is_valid(&self) -> bool {
+        self.valid.load(Ordering::Acquire)
+    }
+    #[inline]
+    fn base(&self) -> *mut u8 {
+        self.buf.as_ptr() as *mut u8
+    }
+
+    /// Check `[va, va+len)` against the region and `need`; returns the offset.
+    pub fn check(&self, pd: u32, va: u64, len: u64, need: AccessFlags) -> Result<usize, MrCheck> {
+        if !self.is_valid() || self.pd != pd {
+            return Err(MrCheck::BadKey);
+        }
+        if !self.access.contains(need) {
+            return Err(MrCheck::Perm);
+        }
+        let start = va.checked_sub(self.addr()).ok_or(MrCheck::Bounds)?;
+        let end = start.checked_add(len).ok_or(MrCheck::Bounds)?;
+        if end > self.len as u64 {
+            return Err(MrCheck::Bounds);
+        }
+        Ok(start as usize)
+    }
+
+    /// Copy `src` into the region at `off`. Panics if out of range (callers
+    /// check bounds first).
+    #[inline]
+    pub fn write_at(&self, off: usize, src: &[u8]) {
+        assert!(off.checked_add(src.len()).is_some_and(|e| e <= self.len));
+        // SAFETY: in bounds (checked above); UnsafeCell storage.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.base().add(off), src.len()) }
+    }
+
+    /// Copy from the region at `off` into `dst`.
+    #[inline]
+    pub fn read_at(&self, off: usize, dst: &mut [u8]) {
+        assert!(off.checked_add(dst.len()).is_some_and(|e| e <= self.len));
+        // SAFETY: in bounds (checked above).
+        unsafe { std::ptr::copy_nonoverlapping(self.base().add(off), dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// The 64-bit word at `off` (must be 8-byte aligned and in bounds).
+    pub fn atomic_at(&self, off: usize) -> Option<&AtomicU64> {
+        if off % 8 != 0 || off.checked_add(8).is_none_or(|e| e > self.len) {
+            return None;
+        }
+        // SAFETY: aligned (the buffer is u64-aligned and off % 8 == 0), in
+        // bounds, and the storage lives as long as `self`.
+        Some(unsafe { AtomicU64::from_ptr(self.base().add(off) as *mut u64) })
+    }
+}
+
+#[derive(Default)]
+struct Slots {
+    entries: Vec<Option<Arc<MrInner>>>,
+    free: Vec<u32>,
+}
+
+/// Device-wide key -> MR table. Keys are `(slot + 1) << 12 | random 12 bits`
+/// for the lkey and, independently, for the rkey... see [`MrTable::insert`].
+#[derive(Default)]
+pub struct MrTable {
+    slots: RwLock<Slots>,
+}
+
+const KEY_BITS: u32 = 12;
+const MAX_MRS: usize = (1 << (32 - KEY_BITS)) - 2;
+
+impl MrTable {
+    fn insert(&self, pd: u32, len: usize, access: AccessFlags) -> Result<Arc<MrInner>> {
+        let mut s = self.slots.write().unwrap();
+        let idx = match s.free.pop() {
+            Some(i) => i as usize,
+            None => {
+                if s.entries.len() >= MAX_MRS {
+                    return Err(VerbsError::NoResources("memory region keys"));
+                }
+                s.entries.push(None);
+                s.entries.len() - 1
+            }
+        };
+        let words = len.div_ceil(8).max(1);
+        let buf: Box<[UnsafeCell<u64>]> = (0..words).map(|_| UnsafeCell::new(0)).collect();
+        let slot = ((idx as u32) + 1) << KEY_BITS;
+        let mask = (1u32 << KEY_BITS) - 1;
+        let lkey = slot | (rand::random::<u32>() & mask);
+        let mut rkey = slot | (rand::random::<u32>() & mask);
+        if rkey == lkey {
+            rkey = slot | ((lkey + 1) & mask);
+        }
+        let mr = Arc::new(MrInner {
+            buf,
+            len,
+            pd,
+            lkey,
+            rkey,
+            access,
+            valid: AtomicBool::new(true),
+        });
+        s.entries[idx] = Some(mr.clone());
+        Ok(mr)
+    }
+
+    fn slot_of(key: u32) -> Option<usize> {
+        (key >> KEY_BITS).checked_sub(1).map(|i| i as usize)
+    }
+
+    /// Look up a local key.
+    pub fn by_lkey(&self, lkey: u32) -> Option<Arc<MrInner>> {
+        let s = self.slots.read().unwrap();
+        let mr = s.entries.get(Self::slot_of(lkey)?)?.as_ref()?;
+        (mr.lkey == lkey).then(|| mr.clone())
+    }
+
+    /// Look up a remote key.
+    pub fn by_rkey(&self, rkey: u32) -> Option<Arc<MrInner>> {
+        let s = self.slots.read().unwrap();
+        let mr = s.entries.get(Self::slot_of(rkey)?)?.as_ref()?;
+        (mr.rkey == rkey).then(|| mr.clone())
+    }
+
+    fn remove(&self, mr: &MrInner) {
+        mr.valid.store(false, Ordering::Release);
+        let mut s = self.slots.write().unwrap();
+        if let Some(i) = Self::slot_of(mr.lkey) {
+            if let Some(e) = s.entries.get_mut(i) {
+                if e.as_ref().is_some_and(|m| m.lkey == mr.lkey) {
+                    *e = None;
+                    s.free.push(i as u32);
+                }
+            }
+        }
+    }
+
+    /// Number of registered regions.
+    pub fn count(&self) -> usize {
+        let s = self.slots.read().unwrap();
+        s.entries.iter().filter(|e| e.is_some()).count()
+    }
+}
+
+/// A registered memory region (`ibv_mr`). Dropping it deregisters it
+/// (`ibv_dereg_mr`); in-flight operations keep the memory alive but fail
+/// their access checks from then on.
+pub struct MemoryRegion {
+    pub(crate) inner: Arc<MrInner>,
+    table: Arc<MrTable>,
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey()))
+            .field("rkey", &format_args!("{:#x}", self.rkey()))
+            .field("access", &self.inner.access)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    pub(crate) fn register(
+        table: &Arc<MrTable>,
+        pd: u32,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !access.contains(AccessFlags::LOCAL_WRITE)
+        {
+            // IBTA 10.6.3.1 / ibv_reg_mr: remote write/atomic need local write.
+            return Err(VerbsError::InvalidArgument(
+                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
+            ));
+        }
+        Ok(Self {
+            inner: table.insert(pd, len, access)?,
+            table: table.clone(),
+        })
+    }
+    /// The region's address (the iova remote peers use in RETH / AtomicETH).
+    pub fn addr(&self) -> u64 {
+        self.inner.addr()
+    }
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+    pub fn lkey(&self) -> u32 {
+        self.inner.lkey
+    }
+    pub fn rkey(&self) -> u32 {
+        self.inner.rkey
+    }
+    pub fn access(&self) -> AccessFlags {
+        self.inner.access
+    }
+    /// An SGE covering `len` bytes at `offset` into this region.
+    pub fn sge(&self, offset: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.addr() + offset as u64,
+            length: len as u32,
+            lkey: self.lkey(),
+        }
+    }
+    /// Copy `src` into the region at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        if offset.checked_add(src.len()).is_none_or(|e| e > self.len()) {
+            return Err(VerbsError::InvalidArgument(
+                "write outside the memory region",
+            ));
+        }
+        self.inner.write_at(offset, src);
+        Ok(())
+    }
+    /// Copy `dst.len()` bytes from the region at `offset`.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        if offset.checked_add(dst.len()).is_none_or(|e| e > self.len()) {
+            return Err(VerbsError::InvalidArgument(
+                "read outside the memory region",
+            ));
+        }
+        self.inner.read_at(offset, dst);
+        Ok(())
+    }
+    /// A copy of `len` bytes at `offset`.
+    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+    /// Atomically load the 64-bit word at `offset` (8-byte aligned).
+    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+        self.inner
+            .atomic_at(offset)
+            .map(|a| a.load(Ordering::SeqCst))
+            .ok_or(VerbsError::InvalidArgument("unaligned or out-of-range u64"))
+    }
+    /// Deregister (`ibv_dereg_mr`); same as dropping.
+    pub fn dereg(self) {}
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        self.table.remove(&self.inner);
+    }
+}

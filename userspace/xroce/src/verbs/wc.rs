@@ -1,0 +1,59 @@
+//! Work completions (`ibv_wc`).
+
+/// `ibv_wc_status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WcStatus {
+    #[default]
+    Success,
+    LocLenErr,
+    LocQpOpErr,
+    LocProtErr,
+    WrFlushErr,
+    BadRespErr,
+    LocAccessErr,
+    RemInvReqErr,
+    RemAccessErr,
+    RemOpErr,
+    RetryExcErr,
+    RnrRetryExcErr,
+    FatalErr,
+    GeneralErr,
+}
+
+/// `ibv_wc_opcode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum WcOpcode {
+    #[default]
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    CompSwap,
+    FetchAdd,
+    Recv,
+    RecvRdmaWithImm,
+}
+
+bitflags::bitflags! {
+    /// `ibv_wc_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcFlags: u32 {
+        const WITH_IMM = 2;
+        const WITH_INV = 4;
+    }
+}
+
+/// A work completion (`ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Wc {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    pub byte_len: u32,
+    /// Valid when `flags` has WITH_IMM (host order).
+    pub imm_data: u32,
+    /// Valid when `flags` has WITH_INV.
+    pub invalidated_rkey: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub flags: WcFlags,
+}

@@ -1,0 +1,110 @@
+//! Work requests (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`).
+
+/// One scatter/gather element (`ibv_sge`): `addr` is an address inside the
+/// MR named by `lkey` (see [`super::MemoryRegion::sge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+bitflags::bitflags! {
+    /// `ibv_send_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Wait for all prior READ/atomic operations to complete first.
+        const FENCE = 1;
+        /// Generate a work completion on success.
+        const SIGNALED = 2;
+        /// Set the solicited-event bit.
+        const SOLICITED = 4;
+        /// Copy the data at post time (sg_list addresses are then read
+        /// immediately; no lkey check).
+        const INLINE = 8;
+    }
+}
+
+/// The operation of a send work request (`ibv_wr_opcode` plus its fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrOpcode {
+    Send,
+    SendWithImm {
+        imm: u32,
+    },
+    SendWithInv {
+        invalidate_rkey: u32,
+    },
+    RdmaWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    RdmaWriteWithImm {
+        remote_addr: u64,
+        rkey: u32,
+        imm: u32,
+    },
+    RdmaRead {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    AtomicCmpAndSwp {
+        remote_addr: u64,
+        rkey: u32,
+        compare: u64,
+        swap: u64,
+    },
+    AtomicFetchAndAdd {
+        remote_addr: u64,
+        rkey: u32,
+        add: u64,
+    },
+}
+
+impl WrOpcode {
+    pub fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            WrOpcode::RdmaRead { .. }
+                | WrOpcode::AtomicCmpAndSwp { .. }
+                | WrOpcode::AtomicFetchAndAdd { .. }
+        )
+    }
+    pub fn is_atomic(&self) -> bool {
+        matches!(
+            self,
+            WrOpcode::AtomicCmpAndSwp { .. } | WrOpcode::AtomicFetchAndAdd { .. }
+        )
+    }
+}
+
+/// A send work request (`ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub opcode: WrOpcode,
+    pub sg_list: Vec<Sge>,
+    pub flags: SendFlags,
+}
+
+impl SendWr {
+    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: Vec<Sge>) -> Self {
+        Self {
+            wr_id,
+            opcode,
+            sg_list,
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    pub fn flags(mut self, flags: SendFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+}
+
+/// A receive work request (`ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sg_list: Vec<Sge>,
+}
