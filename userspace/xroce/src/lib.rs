@@ -7,3 +7,4 @@ pub mod io;
 pub mod xdp;
 pub mod verbs;
 pub mod engine;
+pub mod device;
