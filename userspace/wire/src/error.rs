@@ -51,7 +51,8 @@ pub enum Error {
     UnknownOpcode(u8),
     /// BTH transport header version is not 0.
     BadTver(u8),
-    /// BTH pad count larger than the bytes that follow the headers.
+    /// BTH pad count larger than the bytes that follow the headers, or
+    /// payload + pad not a whole number of 4-byte words.
     BadPad(u8),
     /// A transport repr's optional headers do not match the set its opcode carries.
     HeaderMismatch(u8),
@@ -98,7 +99,10 @@ impl fmt::Display for Error {
             Error::BadLength(l) => write!(f, "{l:?} length field disagrees with the packet"),
             Error::UnknownOpcode(o) => write!(f, "BTH opcode {o:#04x} is reserved or unsupported"),
             Error::BadTver(v) => write!(f, "BTH TVer {v} (must be 0)"),
-            Error::BadPad(p) => write!(f, "BTH pad count {p} exceeds the bytes after the headers"),
+            Error::BadPad(p) => write!(
+                f,
+                "BTH pad count {p} does not fit the packet (payload + pad must fill 4-byte words)"
+            ),
             Error::HeaderMismatch(o) => {
                 write!(
                     f,

@@ -115,8 +115,10 @@ impl TransportRepr {
             return Err(Error::Truncated(Layer::Icrc));
         }
         let body = &buf[off..buf.len() - ICRC_LEN];
+        // Payload + pad fill whole 4-byte words (IBTA: the pad aligns the
+        // payload), so the pad count is the one `pad_count` gives.
         let pad = pad as usize;
-        if pad > body.len() {
+        if pad > body.len() || body.len() % 4 != 0 {
             return Err(Error::BadPad(pad as u8));
         }
         let payload = &body[..body.len() - pad];

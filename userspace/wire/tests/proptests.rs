@@ -617,3 +617,17 @@ fn udp_sport_examples() {
         flow_label_to_udp_sport(0x12345)
     );
 }
+
+/// Found by the fuzzer: a packet whose payload + pad is not a whole number
+/// of 4-byte words is rejected (it could not be re-emitted identically).
+#[test]
+fn unaligned_payload_is_rejected() {
+    let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_SEND_LAST, 1, 1));
+    t.bth.mig_req = false;
+    let mut b = vec![0u8; t.buffer_len(4)];
+    t.emit(&[1, 2, 3, 4], &mut b).unwrap();
+    assert!(parse_transport(&b).is_ok());
+    let mut short = b.clone();
+    short.remove(12);
+    assert_eq!(parse_transport(&short), Err(Error::BadPad(0)));
+}
