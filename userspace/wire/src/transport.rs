@@ -118,7 +118,7 @@ impl TransportRepr {
         // Payload + pad fill whole 4-byte words (IBTA: the pad aligns the
         // payload), so the pad count is the one `pad_count` gives.
         let pad = pad as usize;
-        if pad > body.len() || body.len() % 4 != 0 {
+        if pad > body.len() || body.len() & 3 != 0 {
             return Err(Error::BadPad(pad as u8));
         }
         let payload = &body[..body.len() - pad];
