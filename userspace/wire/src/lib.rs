@@ -37,6 +37,30 @@
 //! [`ext::FethHeader`]; each header also has a `*Repr` with `parse`/`emit`.
 //!
 //! Errors: [`Error`] ([`Error::is_not_roce`] separates "not RoCEv2" from malformed).
+//!
+//! # Example
+//!
+//! ```
+//! use xroce_wire::{emit_frame, parse_frame_checked, ext::RethRepr, BthRepr, FrameRepr, Gid,
+//!                  Opcode, TransportRepr, rocev2_src_port};
+//!
+//! let (lqpn, rqpn) = (0x11, 0x12);
+//! let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_RDMA_WRITE_ONLY, rqpn, 0x00ff_fffe));
+//! t.bth.ack_req = true;
+//! t.reth = Some(RethRepr { va: 0x1000, rkey: 0x42, dma_len: 5 });
+//! let repr = FrameRepr::new(
+//!     [2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2],
+//!     Gid::from_ipv4([10, 0, 0, 1]), Gid::from_ipv4([10, 0, 0, 2]),
+//!     rocev2_src_port(0, lqpn, rqpn), t,
+//! );
+//! let mut buf = [0u8; 128];
+//! let n = emit_frame(&repr, b"hello", &mut buf)?;      // pad 3, ICRC filled
+//! assert_eq!(n, repr.frame_len(5));
+//! let (back, payload) = parse_frame_checked(&buf[..n])?; // ICRC verified
+//! assert_eq!(payload, b"hello");
+//! assert_eq!(back.transport, repr.transport);
+//! # Ok::<(), xroce_wire::Error>(())
+//! ```
 #![no_std]
 #![forbid(unsafe_code)]
 

@@ -1,7 +1,7 @@
 //! The transport level: BTH + extension headers + payload + pad + ICRC slot,
 //! i.e. the UDP payload of a RoCEv2 packet, with no L2-L4 headers.
 
-use crate::aeth::AethRepr;
+use crate::aeth::{AethRepr, Syndrome};
 use crate::bth::{self, pad_count, BthRepr};
 use crate::error::{Error, Layer, Result};
 use crate::ext::{
@@ -9,7 +9,7 @@ use crate::ext::{
     CNP_RESERVED_LEN,
 };
 use crate::icrc::ICRC_LEN;
-use crate::opcode::HeaderSet;
+use crate::opcode::{HeaderSet, Opcode};
 
 /// BTH plus the extension headers its opcode carries. Exactly the headers in
 /// `bth.opcode.headers()` must be `Some` (checked by `emit`; `parse` yields
@@ -43,6 +43,22 @@ impl TransportRepr {
             imm_data: None,
             invalidate_rkey: None,
         }
+    }
+
+    /// An RC ACKNOWLEDGE (or NAK / RNR NAK, by `syndrome`) for `psn`.
+    pub const fn ack(dest_qp: u32, psn: u32, syndrome: Syndrome, msn: u32) -> Self {
+        let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_ACKNOWLEDGE, dest_qp, psn));
+        t.aeth = Some(AethRepr { syndrome, msn });
+        t
+    }
+
+    /// A RoCEv2 CNP to `dest_qp` (the QP whose packet arrived CE-marked):
+    /// opcode 0x81, BECN set, PSN 0, P_Key 0xffff (annex A17.9.3).
+    pub const fn cnp(dest_qp: u32) -> Self {
+        let mut bth = BthRepr::new(Opcode::CNP, dest_qp, 0);
+        bth.mig_req = false;
+        bth.becn = true;
+        TransportRepr::new(bth)
     }
 
     /// The set of extension headers that are `Some` (CNP's reserved block

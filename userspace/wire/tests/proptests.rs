@@ -631,3 +631,70 @@ fn unaligned_payload_is_rejected() {
     short.remove(12);
     assert_eq!(parse_transport(&short), Err(Error::BadPad(0)));
 }
+
+/// An independent spelling of the ICRC input for IPv6 (rxe_icrc.c: the
+/// first 4 bytes become version|0xfffffff, hop limit 0xff) and a check that
+/// VLAN tags (not covered) leave the ICRC unchanged.
+#[test]
+fn icrc_ipv6_and_vlan_reference() {
+    let a = Gid::from_hex("fd000000000000000000000000000011").unwrap();
+    let b = Gid::from_hex("fd000000000000000000000000000012").unwrap();
+    let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, 0x12, 7));
+    t.bth.becn = true;
+    let mut r = FrameRepr::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], a, b, 0xc0de, t);
+    if let IpRepr::V6(v6) = &mut r.ip {
+        v6.traffic_class = 0x6a;
+        v6.flow_label = 0xabcde;
+        v6.hop_limit = 3;
+    }
+    let payload = [9u8; 13];
+    let mut f = vec![0u8; r.frame_len(payload.len())];
+    emit_frame(&r, &payload, &mut f).unwrap();
+    let mut input = vec![0xffu8; 8];
+    let mut ip = f[14..54].to_vec();
+    ip[0] = 0x6f;
+    ip[1..4].fill(0xff);
+    ip[7] = 0xff;
+    input.extend_from_slice(&ip);
+    let mut rest = f[54..f.len() - 4].to_vec();
+    rest[6..8].fill(0xff);
+    rest[12] = 0xff;
+    input.extend_from_slice(&rest);
+    let want = crc32fast::hash(&input);
+    assert_eq!(
+        u32::from_le_bytes(f[f.len() - 4..].try_into().unwrap()),
+        want
+    );
+
+    let mut tagged = r;
+    tagged.eth.svlan = Some(VlanTag {
+        tpid: TPID_8021AD,
+        pcp: 1,
+        dei: false,
+        vid: 10,
+    });
+    tagged.eth.vlan = Some(VlanTag::dot1q(5, 200));
+    let mut g = vec![0u8; tagged.frame_len(payload.len())];
+    emit_frame(&tagged, &payload, &mut g).unwrap();
+    assert_eq!(g.len(), f.len() + 8);
+    assert_eq!(g[g.len() - 4..], f[f.len() - 4..]);
+    assert_eq!(
+        parse_frame_checked(&g).unwrap().0,
+        parse_frame(&g).unwrap().0
+    );
+}
+
+#[test]
+fn ack_and_cnp_constructors() {
+    let ack = TransportRepr::ack(5, 100, Syndrome::ACK, 3);
+    let mut b = [0u8; 64];
+    let n = ack.emit(&[], &mut b).unwrap();
+    assert_eq!(n, 12 + 4 + 4);
+    assert_eq!(b[12], 0x1f);
+    let cnp = TransportRepr::cnp(0x42);
+    let n = cnp.emit(&[], &mut b).unwrap();
+    assert_eq!(n, 12 + 16 + 4);
+    assert_eq!(b[0], 0x81);
+    assert_eq!(b[4], 0x40, "BECN");
+    assert_eq!(parse_transport(&b[..n]).unwrap().0, cnp);
+}
