@@ -176,3 +176,334 @@ fn basic_every_opcode_no_loss() {
     assert_eq!(a.mr.load_u64(200_008).unwrap(), 5);
     assert_eq!(b.mr.load_u64(200_000).unwrap(), 77);
 }
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Send(usize),
+    SendImm(usize),
+    Write(usize),
+    WriteImm(usize),
+    Read(usize),
+    Faa(u64),
+    Cas,
+}
+
+const SIZES: &[usize] = &[
+    0,
+    1,
+    3,
+    8,
+    255,
+    256,
+    257,
+    1023,
+    1024,
+    1025,
+    2048,
+    4095,
+    4096,
+    4097,
+    9000,
+    65536,
+    100_003,
+    262_144,
+    1 << 20,
+];
+
+fn gen_ops(rng: &mut StdRng, n: usize, max_size: usize) -> Vec<Op> {
+    let mut budget: usize = 3 << 20; // bytes per round, so buffers fit
+    (0..n)
+        .map(|_| {
+            let sz = loop {
+                let s = if rng.random_bool(0.2) {
+                    rng.random_range(0..=max_size)
+                } else {
+                    SIZES[rng.random_range(0..SIZES.len())]
+                };
+                if s <= max_size {
+                    break s.min(budget);
+                }
+            };
+            budget -= sz;
+            match rng.random_range(0..7) {
+                0 => Op::Send(sz),
+                1 => Op::SendImm(sz),
+                2 => Op::Write(sz),
+                3 => Op::WriteImm(sz),
+                4 => Op::Read(sz),
+                5 => Op::Faa(rng.random_range(1..1000)),
+                _ => Op::Cas,
+            }
+        })
+        .collect()
+}
+
+struct Stress {
+    loss: f64,
+    seed: u64,
+    rounds: usize,
+    ops: usize,
+    max_size: usize,
+    mtu: Mtu,
+}
+
+fn stress(s: Stress) -> (u64, u64) {
+    const REGION: usize = 4 << 20;
+    let mut rng = StdRng::seed_from_u64(s.seed);
+    let link = LinkConfig::lossy(s.loss);
+    let mut sim = Sim::pair(link, s.seed);
+    let psn_a = (1 << 24) - 1 - rng.random_range(0..64u32);
+    let psn_b = (1 << 24) - 1 - rng.random_range(0..64u32);
+    let p = PairParams {
+        mtu: s.mtu,
+        psn_a,
+        psn_b,
+        mr_len: 2 * REGION,
+        timeout: 6,
+        ..Default::default()
+    };
+    let (a, b) = connect_pair(&sim, &p);
+    let acc = p.access;
+    let a_res = a.pd.reg_mr(1 << 16, acc).unwrap();
+    let b_ctr = b.pd.reg_mr(64, acc).unwrap();
+    let a_src = pattern(s.seed ^ 1, REGION);
+    let b_src = pattern(s.seed ^ 2, REGION);
+    a.mr.write(0, &a_src).unwrap();
+    b.mr.write(0, &b_src).unwrap();
+    let mut counter = 0u64;
+    for round in 0..s.rounds {
+        let ops = gen_ops(&mut rng, s.ops, s.max_size);
+        // Assign buffers.
+        let mut b_dst = REGION; // B: recv slots and WRITE targets
+        let mut a_dst = REGION; // A: READ targets
+        let mut expect_recv = Vec::new(); // (slot offset, src offset, len, imm)
+        let mut checks_b = Vec::new(); // (b offset, a src offset, len)
+        let mut checks_a = Vec::new(); // (a offset, b src offset, len)
+        let mut atomics = Vec::new(); // (res offset, expected orig)
+        let mut n_recv_wc = 0;
+        for (i, op) in ops.iter().enumerate() {
+            let wr_id = (round * 1000 + i) as u64;
+            let src_off = rng.random_range(0..REGION / 2);
+            let wr = match *op {
+                Op::Send(n) | Op::SendImm(n) => {
+                    let slot = b_dst;
+                    b_dst += n;
+                    b.qp.post_recv(&RecvWr {
+                        wr_id,
+                        sg_list: vec![b.mr.sge(slot, n)],
+                    })
+                    .unwrap();
+                    let imm = matches!(op, Op::SendImm(_)).then_some(wr_id as u32);
+                    expect_recv.push((wr_id, slot, src_off, n, imm, WcOpcode::Recv));
+                    n_recv_wc += 1;
+                    let opc = match imm {
+                        Some(imm) => WrOpcode::SendWithImm { imm },
+                        None => WrOpcode::Send,
+                    };
+                    SendWr::new(wr_id, opc, vec![a.mr.sge(src_off, n)])
+                }
+                Op::Write(n) | Op::WriteImm(n) => {
+                    let dst = b_dst;
+                    b_dst += n;
+                    checks_b.push((dst, src_off, n));
+                    let remote_addr = b.mr.addr() + dst as u64;
+                    let rkey = b.mr.rkey();
+                    let opc = if matches!(op, Op::WriteImm(_)) {
+                        b.qp.post_recv(&RecvWr {
+                            wr_id,
+                            sg_list: vec![],
+                        })
+                        .unwrap();
+                        expect_recv.push((
+                            wr_id,
+                            0,
+                            0,
+                            n,
+                            Some(wr_id as u32),
+                            WcOpcode::RecvRdmaWithImm,
+                        ));
+                        n_recv_wc += 1;
+                        WrOpcode::RdmaWriteWithImm {
+                            remote_addr,
+                            rkey,
+                            imm: wr_id as u32,
+                        }
+                    } else {
+                        WrOpcode::RdmaWrite { remote_addr, rkey }
+                    };
+                    SendWr::new(wr_id, opc, vec![a.mr.sge(src_off, n)])
+                }
+                Op::Read(n) => {
+                    let dst = a_dst;
+                    a_dst += n;
+                    checks_a.push((dst, src_off, n));
+                    let opc = WrOpcode::RdmaRead {
+                        remote_addr: b.mr.addr() + src_off as u64,
+                        rkey: b.mr.rkey(),
+                    };
+                    SendWr::new(wr_id, opc, vec![a.mr.sge(dst, n)])
+                }
+                Op::Faa(add) => {
+                    let res = atomics.len() * 8;
+                    atomics.push((res, counter));
+                    counter = counter.wrapping_add(add);
+                    let opc = WrOpcode::AtomicFetchAndAdd {
+                        remote_addr: b_ctr.addr(),
+                        rkey: b_ctr.rkey(),
+                        add,
+                    };
+                    SendWr::new(wr_id, opc, vec![a_res.sge(res, 8)])
+                }
+                Op::Cas => {
+                    let res = atomics.len() * 8;
+                    atomics.push((res, counter));
+                    let swap = counter.wrapping_mul(3) + 1;
+                    let opc = WrOpcode::AtomicCmpAndSwp {
+                        remote_addr: b_ctr.addr(),
+                        rkey: b_ctr.rkey(),
+                        compare: counter,
+                        swap,
+                    };
+                    counter = swap;
+                    SendWr::new(wr_id, opc, vec![a_res.sge(res, 8)])
+                }
+            };
+            assert!(b_dst <= 2 * REGION && a_dst <= 2 * REGION);
+            // Mix signaled and unsignaled: every third is unsignaled except the last.
+            let wr = if i % 3 == 1 && i + 1 != ops.len() {
+                wr.flags(SendFlags::empty())
+            } else {
+                wr
+            };
+            a.qp.post_send(&wr).unwrap();
+        }
+        // One spare receive: a duplicated SEND would consume it.
+        b.qp.post_recv(&RecvWr {
+            wr_id: u64::MAX,
+            sg_list: vec![b.mr.sge(2 * REGION - 4096, 4096)],
+        })
+        .unwrap();
+        let signaled: Vec<u64> = (0..ops.len())
+            .filter(|i| !(i % 3 == 1 && i + 1 != ops.len()))
+            .map(|i| (round * 1000 + i) as u64)
+            .collect();
+        let (wa, wb) = run(&mut sim, &a, &b, signaled.len(), n_recv_wc);
+        assert!(
+            wa.iter().all(|w| w.status == WcStatus::Success),
+            "round {round}: {wa:?}"
+        );
+        assert_eq!(
+            wa.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            signaled,
+            "send completions out of order"
+        );
+        assert_eq!(
+            wb.len(),
+            n_recv_wc,
+            "extra receive completions (duplicate delivery?)"
+        );
+        for (w, (wr_id, slot, src, n, imm, opc)) in wb.iter().zip(&expect_recv) {
+            assert_eq!(w.status, WcStatus::Success);
+            assert_eq!(w.wr_id, *wr_id);
+            assert_eq!(w.opcode, *opc);
+            assert_eq!(w.byte_len as usize, *n);
+            assert_eq!(w.flags.contains(WcFlags::WITH_IMM), imm.is_some());
+            if let Some(imm) = imm {
+                assert_eq!(w.imm_data, *imm);
+            }
+            if *opc == WcOpcode::Recv {
+                assert!(
+                    b.mr.to_vec(*slot, *n).unwrap() == a_src[*src..*src + *n],
+                    "SEND {wr_id} data mismatch"
+                );
+            }
+        }
+        for (dst, src, n) in checks_b {
+            assert!(
+                b.mr.to_vec(dst, n).unwrap() == a_src[src..src + n],
+                "WRITE data mismatch"
+            );
+        }
+        for (dst, src, n) in checks_a {
+            assert!(
+                a.mr.to_vec(dst, n).unwrap() == b_src[src..src + n],
+                "READ data mismatch"
+            );
+        }
+        for (res, orig) in atomics {
+            assert_eq!(a_res.load_u64(res).unwrap(), orig, "atomic result");
+        }
+        assert_eq!(
+            b_ctr.load_u64(0).unwrap(),
+            counter,
+            "atomic executed twice or not at all"
+        );
+        // Consume the spare receive for the next round's accounting.
+        let drain_wr = SendWr::new(u64::MAX - 1, WrOpcode::Send, vec![]);
+        a.qp.post_send(&drain_wr).unwrap();
+        let (wa, wb) = run(&mut sim, &a, &b, 1, 1);
+        assert_eq!(wa[0].wr_id, u64::MAX - 1);
+        assert_eq!(wb[0].wr_id, u64::MAX);
+    }
+    assert_eq!(a.qp.state(), QpState::Rts);
+    assert_eq!(b.qp.state(), QpState::Rts);
+    let st = sim.a.stats();
+    eprintln!(
+        "loss {}: A sent {} data packets ({} retransmitted), {} link frames, {} engine events, {:.3} s simulated",
+        s.loss,
+        st.tx_data_packets,
+        st.tx_retransmitted,
+        sim.link.stats.sent,
+        sim.events,
+        sim.now as f64 / 1e9
+    );
+    (st.tx_data_packets, st.tx_retransmitted)
+}
+
+#[test]
+fn stress_no_loss() {
+    stress(Stress {
+        loss: 0.0,
+        seed: 11,
+        rounds: 3,
+        ops: 40,
+        max_size: 1 << 20,
+        mtu: Mtu::Mtu1024,
+    });
+}
+
+#[test]
+fn stress_1pct_loss() {
+    stress(Stress {
+        loss: 0.01,
+        seed: 12,
+        rounds: 3,
+        ops: 30,
+        max_size: 1 << 20,
+        mtu: Mtu::Mtu1024,
+    });
+}
+
+#[test]
+fn stress_5pct_loss() {
+    stress(Stress {
+        loss: 0.05,
+        seed: 13,
+        rounds: 3,
+        ops: 30,
+        max_size: 1 << 20,
+        mtu: Mtu::Mtu4096,
+    });
+}
+
+#[test]
+fn stress_20pct_loss() {
+    stress(Stress {
+        loss: 0.20,
+        seed: 14,
+        rounds: 2,
+        ops: 20,
+        max_size: 1 << 20,
+        mtu: Mtu::Mtu4096,
+    });
+}

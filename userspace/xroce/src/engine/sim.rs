@@ -28,7 +28,8 @@ pub struct LinkConfig {
     pub reorder_ns: u64,
     /// One-way propagation delay.
     pub delay_ns: u64,
-    /// Uniform extra delay in 0..jitter_ns (also reorders).
+    /// Uniform extra delay in 0..jitter_ns (FIFO order is kept: a frame
+    /// never overtakes an earlier one unless `reorder` picks it).
     pub jitter_ns: u64,
     /// Serialization rate in bits/s (0 = infinitely fast).
     pub rate_bps: u64,
@@ -108,6 +109,7 @@ pub struct SimLink {
     q: BinaryHeap<InFlight>,
     seq: u64,
     busy_until: [u64; 2],
+    last_at: [u64; 2],
     pool: Vec<Vec<u8>>,
     pub stats: LinkStats,
     /// Drop everything (peer gone).
@@ -122,6 +124,7 @@ impl SimLink {
             q: BinaryHeap::new(),
             seq: 0,
             busy_until: [0; 2],
+            last_at: [0; 2],
             pool: Vec::new(),
             stats: LinkStats::default(),
             cut: false,
@@ -161,6 +164,8 @@ impl SimLink {
         if self.cfg.jitter_ns > 0 {
             at += self.rng.random_range(0..self.cfg.jitter_ns);
         }
+        at = at.max(self.last_at[d]);
+        self.last_at[d] = at;
         if self.cfg.reorder > 0.0 && self.rng.random_bool(self.cfg.reorder.clamp(0.0, 1.0)) {
             self.stats.reordered += 1;
             at += self.rng.random_range(0..self.cfg.reorder_ns.max(1));
