@@ -11,13 +11,18 @@
 
 use aya_ebpf::{
     bindings::xdp_action,
-    macros::{map, xdp},
+    btf_maps,
+    helpers::{bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    macros::{btf_map, map, xdp},
     maps::{Array, HashMap, PerCpuArray, XskMap},
     programs::XdpContext,
 };
 use xroce_common::{
     config_flags,
-    ecn::{Ecn, OpcodeClass},
+    ecn::{
+        congestion_point, fault_should_drop, ipv4_ce_update, ipv6_ecn, DropReason, Ecn,
+        EcnConfig, FaultConfig, FaultRng, OpcodeClass, Verdict, VirtualQueue,
+    },
     opcode_is_known, Counter, CONFIG_SLOTS, COUNTER_SLOTS, MAX_FILTERED_QPNS, MAX_QUEUES,
     ROCEV2_UDP_PORT,
 };
@@ -34,6 +39,20 @@ static CONFIG: Array<u32> = Array::pinned(CONFIG_SLOTS, 0);
 /// Destination QPNs the local stack owns (value unused).
 #[map(name = "XROCE_QPNS")]
 static QPNS: HashMap<u32, u8> = HashMap::pinned(MAX_FILTERED_QPNS, 0);
+
+// The congestion point and loss injection. BTF maps: the queue's value holds
+// a bpf_spin_lock, which the kernel only accepts in a BTF-described map.
+#[btf_map(name = "XROCE_ECN_CFG")]
+static ECN_CONFIG: btf_maps::Array<EcnConfig, 1> = btf_maps::Array::new();
+
+#[btf_map(name = "XROCE_ECN_Q")]
+static ECN_QUEUE: btf_maps::Array<VirtualQueue, 1> = btf_maps::Array::new();
+
+#[btf_map(name = "XROCE_FAULT")]
+static FAULT_CONFIG: btf_maps::Array<FaultConfig, 1> = btf_maps::Array::new();
+
+#[btf_map(name = "XROCE_FAULT_RNG")]
+static FAULT_RNG: btf_maps::PerCpuArray<FaultRng, 1> = btf_maps::PerCpuArray::new();
 
 const ETH_HLEN: usize = 14;
 const VLAN_HLEN: usize = 4;
@@ -55,7 +74,7 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
         Class::Other => xdp_action::XDP_PASS,
         Class::Drop(reason) => {
             count(reason);
-            if reason != Counter::DropUnknownQpn {
+            if reason.is_malformed() {
                 count(Counter::Malformed);
             }
             xdp_action::XDP_DROP
@@ -120,7 +139,7 @@ fn byte(ctx: &XdpContext, offset: usize) -> Option<u8> {
 }
 
 /// What the IP header says about the datagram that follows it.
-struct L3 {
+struct IpInfo {
     /// Bytes after the IP header according to the IP header.
     ip_payload: usize,
     ecn: Ecn,
@@ -138,17 +157,21 @@ fn classify(ctx: &XdpContext) -> Class {
         return Class::Other;
     };
     match ethertype {
-        ETH_P_IPV4 => ipv4::<ETH_HLEN>(ctx).map_or(Class::Other, |l3| roce::<34>(ctx, l3)),
-        ETH_P_IPV6 => ipv6::<ETH_HLEN>(ctx).map_or(Class::Other, |l3| roce::<54>(ctx, l3)),
+        ETH_P_IPV4 => ipv4::<14>(ctx).map_or(Class::Other, |l3| roce::<14, 34, false>(ctx, l3)),
+        ETH_P_IPV6 => ipv6::<14>(ctx).map_or(Class::Other, |l3| roce::<14, 54, true>(ctx, l3)),
         ETH_P_8021Q | ETH_P_8021AD => match be16(ctx, ETH_HLEN + 2) {
-            Some(ETH_P_IPV4) => ipv4::<18>(ctx).map_or(Class::Other, |l3| roce::<38>(ctx, l3)),
-            Some(ETH_P_IPV6) => ipv6::<18>(ctx).map_or(Class::Other, |l3| roce::<58>(ctx, l3)),
+            Some(ETH_P_IPV4) => {
+                ipv4::<18>(ctx).map_or(Class::Other, |l3| roce::<18, 38, false>(ctx, l3))
+            }
+            Some(ETH_P_IPV6) => {
+                ipv6::<18>(ctx).map_or(Class::Other, |l3| roce::<18, 58, true>(ctx, l3))
+            }
             Some(ETH_P_8021Q) => match be16(ctx, ETH_HLEN + VLAN_HLEN + 2) {
                 Some(ETH_P_IPV4) => {
-                    ipv4::<22>(ctx).map_or(Class::Other, |l3| roce::<42>(ctx, l3))
+                    ipv4::<22>(ctx).map_or(Class::Other, |l3| roce::<22, 42, false>(ctx, l3))
                 }
                 Some(ETH_P_IPV6) => {
-                    ipv6::<22>(ctx).map_or(Class::Other, |l3| roce::<62>(ctx, l3))
+                    ipv6::<22>(ctx).map_or(Class::Other, |l3| roce::<22, 62, true>(ctx, l3))
                 }
                 _ => Class::Other,
             },
@@ -158,9 +181,11 @@ fn classify(ctx: &XdpContext) -> Class {
     }
 }
 
-/// Classifies a UDP datagram whose header is at `L4`.
+/// Classifies a UDP datagram whose header is at `L4` behind an IP header at
+/// `L3` (IPv6 if `V6`), and runs RoCEv2 frames through loss injection and
+/// the congestion point.
 #[inline(always)]
-fn roce<const L4: usize>(ctx: &XdpContext, l3: L3) -> Class {
+fn roce<const L3: usize, const L4: usize, const V6: bool>(ctx: &XdpContext, l3: IpInfo) -> Class {
     match be16(ctx, L4 + 2) {
         Some(ROCEV2_UDP_PORT) => {}
         _ => return Class::Other,
@@ -191,8 +216,22 @@ fn roce<const L4: usize>(ctx: &XdpContext, l3: L3) -> Class {
     if qpn_filter_on() && unsafe { QPNS.get(&dest_qpn) }.is_none() {
         return Class::Drop(Counter::DropUnknownQpn);
     }
+    if fault_injected(opcode, dest_qpn) {
+        return Class::Drop(Counter::DropFault);
+    }
+    match congestion(l3.ecn, (L4 + udp_len) as u64) {
+        Verdict::Pass => {}
+        Verdict::Mark => {
+            if mark_ce::<L3, V6>(ctx) {
+                count(Counter::EcnMarked);
+            }
+        }
+        Verdict::Drop(DropReason::TailDrop) => return Class::Drop(Counter::DropTail),
+        Verdict::Drop(DropReason::NotEct) => return Class::Drop(Counter::DropCongestion),
+    }
     // AETH syndrome (first byte after the BTH), for telling NAKs from ACKs.
     count_class(opcode, byte(ctx, bth + BTH_LEN));
+    // The codepoint as the frame arrived, before any marking here.
     count(match l3.ecn {
         Ecn::NotEct => Counter::EcnNotEct,
         Ecn::Ect1 => Counter::EcnEct1,
@@ -200,6 +239,87 @@ fn roce<const L4: usize>(ctx: &XdpContext, l3: L3) -> Class {
         Ecn::Ce => Counter::EcnCe,
     });
     Class::Roce
+}
+
+/// Loss injection (`xroce fault`): seeded per CPU when a seed is set.
+#[inline(always)]
+fn fault_injected(opcode: u8, dest_qpn: u32) -> bool {
+    let Some(cfg) = FAULT_CONFIG.get(0) else {
+        return false;
+    };
+    if cfg.enabled == 0 {
+        return false;
+    }
+    let rand = if cfg.seed != 0 {
+        match FAULT_RNG.get_ptr_mut(0) {
+            // SAFETY: per-CPU value; XDP runs with preemption off.
+            Some(rng) => unsafe { (*rng).next(cfg.seed, bpf_get_smp_processor_id()) },
+            None => return false,
+        }
+    } else {
+        // SAFETY: plain helper call.
+        unsafe { bpf_get_prandom_u32() }
+    };
+    fault_should_drop(cfg, opcode, dest_qpn, rand)
+}
+
+/// The virtual bottleneck (`xroce ecn`), shared by every CPU under its lock.
+#[inline(always)]
+fn congestion(ecn: Ecn, frame_bytes: u64) -> Verdict {
+    let (Some(cfg), Some(queue)) = (ECN_CONFIG.get(0), ECN_QUEUE.get_ptr_mut(0)) else {
+        return Verdict::Pass;
+    };
+    if cfg.enabled == 0 {
+        return Verdict::Pass;
+    }
+    // Helpers other than the lock ones may not run while it is held.
+    // SAFETY: plain helper calls.
+    let (rand, now) = unsafe { (bpf_get_prandom_u32(), bpf_ktime_get_ns()) };
+    // SAFETY: the map value lives as long as the program; the lock makes the
+    // read-modify-write of the queue exclusive across CPUs.
+    unsafe {
+        let lock = core::ptr::addr_of_mut!((*queue).lock).cast();
+        aya_ebpf::helpers::bpf_spin_lock(lock);
+        let verdict = congestion_point(&mut *queue, cfg, now, frame_bytes, ecn, rand);
+        aya_ebpf::helpers::bpf_spin_unlock(lock);
+        verdict
+    }
+}
+
+/// Sets CE in the IP header at `L3`; false if the frame is not ECN-capable.
+#[inline(always)]
+fn mark_ce<const L3: usize, const V6: bool>(ctx: &XdpContext) -> bool {
+    let Some(p) = bytes_at(ctx, L3, 12) else {
+        return false;
+    };
+    let p = p as *mut u8;
+    // SAFETY: bytes_at checked the 12 bytes; XDP may write the packet.
+    unsafe {
+        if V6 {
+            // The traffic class's ECN bits are bits 5:4 of byte 1; IPv6 has
+            // no header checksum to fix.
+            match ipv6_ecn(*p.add(1)) {
+                Ecn::Ect0 | Ecn::Ect1 => {
+                    *p.add(1) |= 0b11 << 4;
+                    true
+                }
+                Ecn::NotEct | Ecn::Ce => false,
+            }
+        } else {
+            let word0 = u16::from_be_bytes([*p, *p.add(1)]);
+            let check = u16::from_be_bytes([*p.add(10), *p.add(11)]);
+            match ipv4_ce_update(word0, check) {
+                Some((new, check)) => {
+                    let (w, c) = (new.to_be_bytes(), check.to_be_bytes());
+                    *p.add(1) = w[1];
+                    *p.add(10) = c[0];
+                    *p.add(11) = c[1];
+                    true
+                }
+                None => false,
+            }
+        }
+    }
 }
 
 #[inline(always)]
@@ -235,7 +355,7 @@ fn count_class(opcode: u8, syndrome: Option<u8>) {
 
 /// An unfragmented IPv4/UDP datagram with a 20-byte header at `L3`.
 #[inline(always)]
-fn ipv4<const L3: usize>(ctx: &XdpContext) -> Option<L3> {
+fn ipv4<const L3: usize>(ctx: &XdpContext) -> Option<IpInfo> {
     let p = bytes_at(ctx, L3, 20)?;
     // SAFETY: bytes_at checked that the 20-byte header is there.
     let (ver_ihl, tos, total, frag, proto) = unsafe {
@@ -252,7 +372,7 @@ fn ipv4<const L3: usize>(ctx: &XdpContext) -> Option<L3> {
         return None;
     }
     let inconsistent = total < 20 + UDP_HLEN;
-    Some(L3 {
+    Some(IpInfo {
         ip_payload: if inconsistent { 0 } else { total - 20 },
         ecn: Ecn::from_bits(tos),
         inconsistent,
@@ -262,7 +382,7 @@ fn ipv4<const L3: usize>(ctx: &XdpContext) -> Option<L3> {
 /// An IPv6 packet at `L3` whose next header is UDP (RoCEv2 uses no
 /// extension headers).
 #[inline(always)]
-fn ipv6<const L3: usize>(ctx: &XdpContext) -> Option<L3> {
+fn ipv6<const L3: usize>(ctx: &XdpContext) -> Option<IpInfo> {
     let p = bytes_at(ctx, L3, IPV6_HLEN)?;
     // SAFETY: bytes_at checked that the 40-byte header is there.
     let (b0, b1, payload, next) = unsafe {
@@ -278,7 +398,7 @@ fn ipv6<const L3: usize>(ctx: &XdpContext) -> Option<L3> {
     }
     // Traffic class straddles bytes 0 and 1; ECN is its low two bits.
     let tclass = ((b0 & 0x0f) << 4) | (b1 >> 4);
-    Some(L3 {
+    Some(IpInfo {
         ip_payload: payload,
         ecn: Ecn::from_bits(tclass),
         inconsistent: payload < UDP_HLEN,

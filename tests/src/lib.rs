@@ -13,6 +13,8 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
+pub mod datagram;
+
 /// Fails the test (never skips it) unless we are root with the tools we need.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.
@@ -176,4 +178,94 @@ pub fn workspace_bin(name: &str) -> PathBuf {
         bin.display()
     );
     bin
+}
+
+/// xroce's XDP program attached to `iface` in namespace `ns` with the
+/// `xroce` binary; detached (and its pins removed) on drop.
+pub struct AttachedXdp {
+    ns: String,
+    iface: String,
+}
+
+impl AttachedXdp {
+    pub fn new(ns: &Netns, iface: &str, mode: &str) -> Self {
+        let xroce = workspace_bin("xroce");
+        ns.exec(&[
+            xroce.to_str().unwrap(),
+            "attach",
+            "--iface",
+            iface,
+            "--mode",
+            mode,
+        ]);
+        Self {
+            ns: ns.name.clone(),
+            iface: iface.to_string(),
+        }
+    }
+
+    /// Runs `xroce ARGS...` in the namespace; panics on failure.
+    pub fn xroce(&self, args: &[&str]) -> Output {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", self.ns))
+            .arg("--")
+            .arg(workspace_bin("xroce"))
+            .args(args);
+        run(&mut cmd)
+    }
+}
+
+impl Drop for AttachedXdp {
+    fn drop(&mut self) {
+        let _ = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.ns))
+            .arg("--")
+            .arg(workspace_bin("xroce"))
+            .args(["detach", "--iface", &self.iface])
+            .output();
+        let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(&self.iface));
+    }
+}
+
+/// Opens an AF_XDP socket on queue 0 of `iface` inside `ns` on a thread of
+/// its own and collects the frames that arrive until `stop` says so (it is
+/// asked after each batch with the frames so far) or `timeout` passes.
+/// Returns once the socket is open.
+pub fn collect_frames(
+    ns: &str,
+    iface: &str,
+    timeout: std::time::Duration,
+    stop: impl Fn(&[Vec<u8>]) -> bool + Send + 'static,
+) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+    use xroce::io::afxdp::{XskConfig, XskSocket};
+    let (ns, iface) = (ns.to_string(), iface.to_string());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        enter_netns(&ns);
+        let mut socket = XskSocket::open(&iface, 0, XskConfig::default()).expect("open AF_XDP");
+        ready_tx.send(()).unwrap();
+        let deadline = std::time::Instant::now() + timeout;
+        let mut frames = Vec::new();
+        while std::time::Instant::now() < deadline && !stop(&frames) {
+            socket
+                .recv(50, |f| frames.push(f.to_vec()))
+                .expect("AF_XDP recv");
+        }
+        frames
+    });
+    ready_rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("AF_XDP socket did not open");
+    handle
+}
+
+/// Runs `f` on a thread inside namespace `ns` and returns its result.
+pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        enter_netns(&ns);
+        f()
+    })
+    .join()
+    .expect("thread in namespace panicked")
 }

@@ -13,44 +13,19 @@ use std::{
 
 use xroce::io::afxdp::{XskConfig, XskSocket};
 use xroce_common::Counter;
-use xroce_tests::{require_root, workspace_bin, VethPair};
+use xroce_tests::{
+    datagram::{self as roce, set_tos, RC_SEND_ONLY as SEND_ONLY},
+    require_root, workspace_bin, VethPair,
+};
 
 const ROCE_FRAMES: usize = 5000;
 /// Too short for a BTH and an ICRC.
 const RUNT_FRAMES: usize = 10;
 /// BTH opcode 0x1f: reserved in RC.
 const BAD_OPCODE_FRAMES: usize = 7;
-/// Marker after the 12-byte BTH, so the receiver can tell our frames.
-const MARK: &[u8; 4] = b"XRT1";
-/// Offset of the marker in the Ethernet frame: 14 + 20 + 8 + 12.
-const MARK_AT: usize = 54;
-/// BTH opcode RC SEND ONLY.
-const SEND_ONLY: u8 = 0x04;
 
-/// A UDP payload that starts with a BTH for `opcode` to `qpn`.
-fn roce_payload(opcode: u8, qpn: u32, seq: u32) -> [u8; 64] {
-    let mut p = [0u8; 64];
-    p[0] = opcode;
-    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
-    p[12..16].copy_from_slice(MARK);
-    p[16..20].copy_from_slice(&seq.to_be_bytes());
-    p
-}
-
-/// Sets the ECN bits of outgoing datagrams (TOS 2 = ECT(0)).
-fn set_tos(udp: &UdpSocket, tos: i32) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: IP_TOS takes an int; the fd is a live UDP socket.
-    let rc = unsafe {
-        libc::setsockopt(
-            udp.as_raw_fd(),
-            libc::IPPROTO_IP,
-            libc::IP_TOS,
-            &tos as *const i32 as *const libc::c_void,
-            std::mem::size_of::<i32>() as u32,
-        )
-    };
-    assert_eq!(rc, 0, "IP_TOS: {}", std::io::Error::last_os_error());
+fn roce_payload(opcode: u8, qpn: u32, seq: u32) -> Vec<u8> {
+    roce::payload(opcode, qpn, seq, 64)
 }
 
 /// Detaches the program when the test ends, however it ends.
@@ -118,7 +93,7 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
         while ours < ROCE_FRAMES && Instant::now() < deadline {
             socket
                 .recv(100, |frame| {
-                    if frame.len() >= MARK_AT + 4 && &frame[MARK_AT..MARK_AT + 4] == MARK {
+                    if roce::is_ours(frame) {
                         ours += 1;
                     } else {
                         other += 1;

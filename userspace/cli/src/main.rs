@@ -4,6 +4,7 @@
 //! stdout; human-readable output goes to stderr or a table on stdout.
 
 mod capture;
+mod congestion;
 mod decode;
 mod stats;
 
@@ -37,6 +38,10 @@ enum Command {
     },
     /// Show the XDP program's counters for an interface
     Stats(stats::StatsArgs),
+    /// Program the XDP congestion point (virtual bottleneck, ECN marking)
+    Ecn(congestion::EcnArgs),
+    /// Inject loss into RoCEv2 traffic in the XDP program
+    Fault(congestion::FaultArgs),
     /// Receive RoCEv2 frames on an AF_XDP socket and count them
     Capture(capture::CaptureArgs),
     /// Decode RoCEv2 frames in a pcap file and verify their ICRC
@@ -59,6 +64,8 @@ fn main() {
             .map_err(anyhow::Error::from),
         Command::Stats(args) => stats::run(&args),
         Command::Capture(args) => capture::run(&args),
+        Command::Ecn(args) => congestion::ecn(&args),
+        Command::Fault(args) => congestion::fault(&args),
         Command::Decode(args) => decode::run(&args),
     };
     if let Err(e) = result {

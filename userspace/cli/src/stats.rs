@@ -1,4 +1,8 @@
-//! `xroce stats --iface IF [--json]`: the pinned XDP counters of an interface.
+//! `xroce stats --iface IF [--json]`: the pinned XDP counters of an
+//! interface, the congestion point's settings and virtual queue, and the
+//! loss-injection settings.
+
+use crate::congestion::{describe_ecn, describe_fault};
 
 #[derive(clap::Args, Debug)]
 pub struct StatsArgs {
@@ -9,20 +13,70 @@ pub struct StatsArgs {
     pub json: bool,
 }
 
+/// CLOCK_MONOTONIC in ns: the clock bpf_ktime_get_ns reads.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub fn run(args: &StatsArgs) -> anyhow::Result<()> {
-    let counters = xroce::xdp::read_counters(&args.iface)?;
+    let iface = &args.iface;
+    let counters = xroce::xdp::read_counters(iface)?;
+    let ecn = xroce::xdp::ecn_config(iface)?;
+    let fault = xroce::xdp::fault_config(iface)?;
+    let queue = xroce::xdp::virtual_queue(iface)?;
+    let backlog = if ecn.enabled != 0 {
+        queue.backlog_at(monotonic_ns(), ecn.link_rate_bps)
+    } else {
+        0
+    };
     if args.json {
         let mut xdp = serde_json::Map::new();
         for (counter, value) in &counters.values {
             xdp.insert(counter.name().into(), (*value).into());
         }
-        let out = serde_json::json!({ "iface": args.iface, "xdp": xdp });
+        let out = serde_json::json!({
+            "iface": iface,
+            "xdp": xdp,
+            "ecn": {
+                "enabled": ecn.enabled != 0,
+                "policy": xroce_common::ecn::EcnPolicy::from_u32(ecn.policy).name(),
+                "link_rate_bps": ecn.link_rate_bps,
+                "kmin": ecn.kmin,
+                "kmax": ecn.kmax,
+                "pmax": xroce_common::ecn::fixed_to_fraction(ecn.pmax_fixed),
+                "buffer_bytes": ecn.buffer_bytes,
+                "queue_bytes": backlog,
+                "queue_peak_bytes": queue.peak_bytes,
+                "queue_enqueued_bytes": queue.enqueued_bytes,
+            },
+            "fault": {
+                "enabled": fault.enabled != 0,
+                "drop": xroce_common::ecn::fixed_to_fraction(fault.drop_fixed),
+                "opcode_mask": fault.opcode_mask,
+                "qpn": (fault.qpn != xroce_common::ecn::ANY_QPN).then_some(fault.qpn),
+                "seed": fault.seed,
+            },
+        });
         println!("{out}");
     } else {
-        println!("XDP counters on {}", args.iface);
+        println!("XDP counters on {iface}");
         for (counter, value) in &counters.values {
-            println!("  {:<12} {value:>14}", counter.name());
+            println!("  {:<20} {value:>14}", counter.name());
         }
+        println!("congestion point: {}", describe_ecn(&ecn));
+        if ecn.enabled != 0 {
+            println!(
+                "  virtual queue: {backlog} B now, peak {} B, {} B admitted",
+                queue.peak_bytes, queue.enqueued_bytes
+            );
+        }
+        println!("loss injection: {}", describe_fault(&fault));
     }
     Ok(())
 }

@@ -17,6 +17,12 @@ pub mod names {
     pub const XSKS: &str = "XROCE_XSKS";
     pub const CONFIG: &str = "XROCE_CONFIG";
     pub const QPNS: &str = "XROCE_QPNS";
+    pub const ECN_CONFIG: &str = "XROCE_ECN_CFG";
+    pub const ECN_QUEUE: &str = "XROCE_ECN_Q";
+    pub const FAULT_CONFIG: &str = "XROCE_FAULT";
+    pub const FAULT_RNG: &str = "XROCE_FAULT_RNG";
+    /// BTF-defined maps: aya pins them only when told each path by name.
+    pub const BTF_MAPS: [&str; 4] = [ECN_CONFIG, ECN_QUEUE, FAULT_CONFIG, FAULT_RNG];
     /// Directory under bpffs where one interface's maps and link are pinned.
     pub const PIN_ROOT: &str = "/sys/fs/bpf/xroce";
     /// Name of the pinned XDP link inside an interface's pin directory.
@@ -77,10 +83,19 @@ pub enum Counter {
     DropBadOpcode,
     /// Destination QPN not registered while the QPN filter is on.
     DropUnknownQpn,
+    // The congestion point and loss injection (`xroce ecn`, `xroce fault`).
+    /// ECN-capable frames the congestion point marked CE.
+    EcnMarked,
+    /// Not-ECT frames dropped because the queue was over the threshold.
+    DropCongestion,
+    /// Frames dropped because the virtual buffer was full.
+    DropTail,
+    /// Frames dropped by loss injection.
+    DropFault,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 23] = [
+    pub const ALL: [Counter; 27] = [
         Counter::Seen,
         Counter::Roce,
         Counter::Redirected,
@@ -104,7 +119,23 @@ impl Counter {
         Counter::DropTruncated,
         Counter::DropBadOpcode,
         Counter::DropUnknownQpn,
+        Counter::EcnMarked,
+        Counter::DropCongestion,
+        Counter::DropTail,
+        Counter::DropFault,
     ];
+
+    /// Drops for what the frame itself is (summed in [`Counter::Malformed`]),
+    /// as opposed to drops by policy (filter, congestion, fault injection).
+    pub const fn is_malformed(self) -> bool {
+        matches!(
+            self,
+            Counter::DropBadIp
+                | Counter::DropBadUdpLength
+                | Counter::DropTruncated
+                | Counter::DropBadOpcode
+        )
+    }
 
     /// Stable snake_case name used in `xroce stats` output and JSON keys.
     pub const fn name(self) -> &'static str {
@@ -132,6 +163,10 @@ impl Counter {
             Counter::DropTruncated => "drop_truncated",
             Counter::DropBadOpcode => "drop_bad_opcode",
             Counter::DropUnknownQpn => "drop_unknown_qpn",
+            Counter::EcnMarked => "ecn_marked",
+            Counter::DropCongestion => "drop_congestion",
+            Counter::DropTail => "drop_tail",
+            Counter::DropFault => "drop_fault",
         }
     }
 }

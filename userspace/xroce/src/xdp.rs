@@ -13,7 +13,11 @@ use aya::{
     programs::{links::FdLink, links::PinnedLink, Xdp, XdpMode},
     Ebpf, EbpfLoader,
 };
-use xroce_common::{config_flags, names, Counter};
+use xroce_common::{
+    config_flags,
+    ecn::{EcnConfig, FaultConfig, VirtualQueue},
+    names, Counter,
+};
 
 /// The XDP object built from ebpf/ by build.rs.
 static XDP_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xroce-xdp"));
@@ -168,8 +172,16 @@ pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
 }
 
 fn load_and_attach(iface: &str, mode: Mode, dir: &Path, link_pin: &Path) -> Result<(), XdpError> {
-    let mut ebpf: Ebpf = EbpfLoader::new()
-        .default_map_pin_directory(dir)
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(dir);
+    let btf_pins: Vec<(&str, PathBuf)> = names::BTF_MAPS
+        .iter()
+        .map(|name| (*name, dir.join(name)))
+        .collect();
+    for (name, path) in &btf_pins {
+        loader.map_pin_path(name, path.as_path());
+    }
+    let mut ebpf: Ebpf = loader
         .load(XDP_OBJECT)
         .map_err(|e| bpf_err("load the xroce XDP object")(&e))?;
     let program: &mut Xdp = ebpf
@@ -320,4 +332,52 @@ pub fn unregister_qpn(iface: &str, qpn: u32) -> Result<(), XdpError> {
     qpn_map(iface)?
         .remove(&(qpn & 0x00ff_ffff))
         .map_err(|e| bpf_err(format!("unregister QPN {qpn:#x}"))(&e))
+}
+
+/// A one-entry array map of `T` pinned for `iface`.
+fn single<T: aya::Pod>(iface: &str, name: &str) -> Result<aya::maps::Array<MapData, T>, XdpError> {
+    let map = open_pinned(iface, name)?;
+    aya::maps::Array::try_from(aya::maps::Map::Array(map))
+        .map_err(|e| bpf_err(name.to_string())(&e))
+}
+
+fn read_single<T: aya::Pod>(iface: &str, name: &str) -> Result<T, XdpError> {
+    single::<T>(iface, name)?
+        .get(&0, 0)
+        .map_err(|e| bpf_err(format!("read {name}"))(&e))
+}
+
+fn write_single<T: aya::Pod>(iface: &str, name: &str, value: T) -> Result<(), XdpError> {
+    single::<T>(iface, name)?
+        .set(0, value, 0)
+        .map_err(|e| bpf_err(format!("write {name}"))(&e))
+}
+
+/// The congestion point's settings on `iface`.
+pub fn ecn_config(iface: &str) -> Result<EcnConfig, XdpError> {
+    read_single(iface, names::ECN_CONFIG)
+}
+
+/// Configures (or, with `enabled == 0`, turns off) the congestion point.
+/// The virtual queue restarts empty so old state does not leak into a new
+/// experiment. Writing the queue while packets flow is safe: the XDP side
+/// only ever sees a whole old or a whole new value of each field it reads.
+pub fn set_ecn(iface: &str, config: EcnConfig) -> Result<(), XdpError> {
+    write_single(iface, names::ECN_QUEUE, VirtualQueue::default())?;
+    write_single(iface, names::ECN_CONFIG, config)
+}
+
+/// The virtual queue as the XDP program last left it.
+pub fn virtual_queue(iface: &str) -> Result<VirtualQueue, XdpError> {
+    read_single(iface, names::ECN_QUEUE)
+}
+
+/// Loss injection settings on `iface`.
+pub fn fault_config(iface: &str) -> Result<FaultConfig, XdpError> {
+    read_single(iface, names::FAULT_CONFIG)
+}
+
+/// Configures (or, with `enabled == 0`, turns off) loss injection.
+pub fn set_fault(iface: &str, config: FaultConfig) -> Result<(), XdpError> {
+    write_single(iface, names::FAULT_CONFIG, config)
 }
