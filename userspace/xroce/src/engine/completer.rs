@@ -98,7 +98,7 @@ impl QpCtx {
 
     /// After completions: a WQE at the front that failed local checks at
     /// post time completes now, in order, with its error.
-    fn complete_local_errors(&mut self, env: &mut Env<'_>) {
+    pub(crate) fn complete_local_errors(&mut self, env: &mut Env<'_>) {
         if let Some(w) = self.sq.front() {
             if !w.started {
                 if let Some(st) = w.local_err {

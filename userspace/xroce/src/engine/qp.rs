@@ -349,6 +349,9 @@ impl QpCtx {
 
     /// Called after every event: applies deferred transitions to ERR.
     pub(crate) fn after_event(&mut self, env: &mut Env<'_>) {
+        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            self.complete_local_errors(env);
+        }
         if self.go_error {
             self.go_error = false;
             if self.state != QpState::Err {

@@ -76,6 +76,13 @@ impl QpCtx {
         }
     }
 
+    /// RNR NAK for the packet at the expected PSN (sent for every retry of
+    /// it; the requester backs off by the encoded timer).
+    fn rnr_nak(&mut self, env: &mut Env<'_>, p: u32) {
+        let t = aeth::RNR_NAK | (self.attr.min_rnr_timer & 0x1f);
+        self.queue_nak(env, p, t, false);
+    }
+
     fn take_recv_wqe(&mut self) -> Option<RecvWqe> {
         match &self.srq {
             Some(srq) => srq.pop(),
@@ -267,11 +274,7 @@ impl QpCtx {
         let last = !matches!(o, op::SEND_FIRST | op::SEND_MIDDLE);
         if first {
             let Some(r) = self.take_recv_wqe() else {
-                if !self.resp.nak_sent {
-                    self.resp.nak_sent = true;
-                    let t = aeth::RNR_NAK | (self.attr.min_rnr_timer & 0x1f);
-                    self.queue_nak(env, h.psn, t, false);
-                }
+                self.rnr_nak(env, h.psn);
                 return;
             };
             self.resp.recv = Some(r);
@@ -324,11 +327,7 @@ impl QpCtx {
         let last = !matches!(o, op::WRITE_FIRST | op::WRITE_MIDDLE);
         let with_imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
         if with_imm && !self.have_recv_wqe() {
-            if !self.resp.nak_sent {
-                self.resp.nak_sent = true;
-                let t = aeth::RNR_NAK | (self.attr.min_rnr_timer & 0x1f);
-                self.queue_nak(env, h.psn, t, false);
-            }
+            self.rnr_nak(env, h.psn);
             return;
         }
         if first {

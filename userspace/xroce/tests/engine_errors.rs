@@ -1,0 +1,615 @@
+//! Error paths, QP state machine, CQ behaviour, pacing and ECN/CNP over the
+//! simulated link.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use xroce::cc::CongestionControl;
+use xroce::engine::sim::{
+    connect_pair, sim_configs, Endpoint, LinkConfig, PairParams, Sim, SimLink,
+};
+use xroce::engine::timers;
+use xroce::verbs::*;
+
+const MS: u64 = 1_000_000;
+
+fn drain(cq: &CompletionQueue) -> Vec<Wc> {
+    let mut out = Vec::new();
+    let mut buf = [Wc::default(); 32];
+    while let Ok(n) = cq.poll(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    out
+}
+
+/// Run until `n` completions are on `cq` (or `limit_ns` of simulated time).
+fn wait_wcs(sim: &mut Sim, cq: &CompletionQueue, n: usize, limit_ns: u64) -> Vec<Wc> {
+    let mut got = Vec::new();
+    let deadline = sim.now + limit_ns;
+    sim.run_until(deadline, |_| {
+        got.extend(drain(cq));
+        got.len() >= n
+    });
+    got.extend(drain(cq));
+    got
+}
+
+fn write_wr(id: u64, a: &Endpoint, len: usize, remote_addr: u64, rkey: u32) -> SendWr {
+    SendWr::new(
+        id,
+        WrOpcode::RdmaWrite { remote_addr, rkey },
+        vec![a.mr.sge(0, len)],
+    )
+}
+
+#[test]
+fn bad_rkey_is_remote_access_error_and_flushes() {
+    let mut sim = Sim::pair(LinkConfig::default(), 1);
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    b.qp.post_recv(&RecvWr {
+        wr_id: 9,
+        sg_list: vec![b.mr.sge(0, 64)],
+    })
+    .unwrap();
+    a.qp.post_send(&write_wr(1, &a, 100, b.mr.addr(), b.mr.rkey() ^ 0x5a5))
+        .unwrap();
+    a.qp.post_send(&write_wr(2, &a, 100, b.mr.addr(), b.mr.rkey()))
+        .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 2, 100 * MS);
+    assert_eq!(w[0].wr_id, 1);
+    assert_eq!(w[0].status, WcStatus::RemAccessErr);
+    assert_eq!(w[1].wr_id, 2);
+    assert_eq!(w[1].status, WcStatus::WrFlushErr);
+    assert_eq!(a.qp.state(), QpState::Err);
+    // The responder took a class C error too and flushed its receive queue.
+    assert_eq!(b.qp.state(), QpState::Err);
+    let wb = drain(&b.cq);
+    assert_eq!(wb.len(), 1);
+    assert_eq!(wb[0].status, WcStatus::WrFlushErr);
+    assert_eq!(wb[0].wr_id, 9);
+}
+
+#[test]
+fn out_of_bounds_and_missing_permission() {
+    // READ past the end of the MR.
+    let mut sim = Sim::pair(LinkConfig::default(), 2);
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    let wr = SendWr::new(
+        1,
+        WrOpcode::RdmaRead {
+            remote_addr: b.mr.addr() + b.mr.len() as u64 - 10,
+            rkey: b.mr.rkey(),
+        },
+        vec![a.mr.sge(0, 20)],
+    );
+    a.qp.post_send(&wr).unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 1, 100 * MS);
+    assert_eq!(w[0].status, WcStatus::RemAccessErr);
+
+    // WRITE to an MR without REMOTE_WRITE, atomic to one without REMOTE_ATOMIC.
+    for (i, atomic) in [false, true].into_iter().enumerate() {
+        let mut sim = Sim::pair(LinkConfig::default(), 3 + i as u64);
+        let (a, b) = connect_pair(&sim, &PairParams::default());
+        let ro =
+            b.pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+                .unwrap();
+        let wr = if atomic {
+            SendWr::new(
+                1,
+                WrOpcode::AtomicFetchAndAdd {
+                    remote_addr: ro.addr(),
+                    rkey: ro.rkey(),
+                    add: 1,
+                },
+                vec![a.mr.sge(0, 8)],
+            )
+        } else {
+            write_wr(1, &a, 10, ro.addr(), ro.rkey())
+        };
+        a.qp.post_send(&wr).unwrap();
+        let w = wait_wcs(&mut sim, &a.cq, 1, 100 * MS);
+        assert_eq!(w[0].status, WcStatus::RemAccessErr, "atomic={atomic}");
+        assert_eq!(ro.load_u64(0).unwrap(), 0);
+    }
+
+    // Misaligned atomic: invalid request.
+    let mut sim = Sim::pair(LinkConfig::default(), 5);
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    let wr = SendWr::new(
+        1,
+        WrOpcode::AtomicCmpAndSwp {
+            remote_addr: b.mr.addr() + 4,
+            rkey: b.mr.rkey(),
+            compare: 0,
+            swap: 1,
+        },
+        vec![a.mr.sge(0, 8)],
+    );
+    a.qp.post_send(&wr).unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 1, 100 * MS);
+    assert_eq!(w[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn local_protection_errors() {
+    let mut sim = Sim::pair(LinkConfig::default(), 6);
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    // A good WRITE first, then a bad lkey: the good one completes, the bad
+    // one completes in order with LOC_PROT_ERR.
+    a.qp.post_send(&write_wr(1, &a, 100, b.mr.addr(), b.mr.rkey()))
+        .unwrap();
+    let mut bad = a.mr.sge(0, 10);
+    bad.lkey ^= 0x777;
+    a.qp.post_send(&SendWr::new(
+        2,
+        WrOpcode::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        vec![bad],
+    ))
+    .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 2, 100 * MS);
+    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::Success));
+    assert_eq!((w[1].wr_id, w[1].status), (2, WcStatus::LocProtErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+
+    // SGE out of the MR's bounds; READ into an MR without LOCAL_WRITE.
+    let mut sim = Sim::pair(LinkConfig::default(), 7);
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    let ro = a.pd.reg_mr(4096, AccessFlags::empty()).unwrap();
+    a.qp.post_send(&SendWr::new(
+        1,
+        WrOpcode::RdmaRead {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        vec![ro.sge(0, 64)],
+    ))
+    .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 1, 100 * MS);
+    assert_eq!(w[0].status, WcStatus::LocProtErr);
+    let mut sim = Sim::pair(LinkConfig::default(), 8);
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    let mut oob = a.mr.sge(a.mr.len() - 8, 16);
+    oob.length = 16;
+    a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![oob]))
+        .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 1, 100 * MS);
+    assert_eq!(w[0].status, WcStatus::LocProtErr);
+    let _ = b;
+}
+
+#[test]
+fn rnr_then_success_once_posted() {
+    let mut sim = Sim::pair(LinkConfig::default(), 9);
+    let p = PairParams {
+        rnr_retry: 7,
+        min_rnr_timer: 14,
+        ..Default::default()
+    }; // 1.28 ms
+    let (a, b) = connect_pair(&sim, &p);
+    a.mr.write(0, b"hello rnr").unwrap();
+    a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 9)]))
+        .unwrap();
+    // Nothing posted: RNR NAKs, no completion for 5 ms.
+    let w = wait_wcs(&mut sim, &a.cq, 1, 5 * MS);
+    assert!(w.is_empty(), "{w:?}");
+    assert!(sim.a.stats().rx_rnr_naks >= 2);
+    assert!(sim.b.stats().tx_naks_rnr >= 2);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 5,
+        sg_list: vec![b.mr.sge(0, 64)],
+    })
+    .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 1, 10 * MS);
+    assert_eq!(w[0].status, WcStatus::Success);
+    let wb = drain(&b.cq);
+    assert_eq!(wb[0].byte_len, 9);
+    assert_eq!(b.mr.to_vec(0, 9).unwrap(), b"hello rnr");
+}
+
+#[test]
+fn rnr_retry_exhausted() {
+    let mut sim = Sim::pair(LinkConfig::default(), 10);
+    let p = PairParams {
+        rnr_retry: 2,
+        min_rnr_timer: 1,
+        ..Default::default()
+    };
+    let (a, _b) = connect_pair(&sim, &p);
+    a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 9)]))
+        .unwrap();
+    a.qp.post_send(&SendWr::new(2, WrOpcode::Send, vec![a.mr.sge(0, 9)]))
+        .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 2, 100 * MS);
+    assert_eq!((w[0].wr_id, w[0].status), (1, WcStatus::RnrRetryExcErr));
+    assert_eq!((w[1].wr_id, w[1].status), (2, WcStatus::WrFlushErr));
+    assert_eq!(sim.a.stats().rx_rnr_naks, 3); // first try + 2 retries
+}
+
+#[test]
+fn peer_gone_retry_exceeded_within_timeout() {
+    let mut sim = Sim::pair(LinkConfig::default(), 11);
+    let p = PairParams {
+        timeout: 10,
+        retry_cnt: 3,
+        ..Default::default()
+    };
+    let (a, b) = connect_pair(&sim, &p);
+    sim.link.cut = true;
+    let t0 = sim.now;
+    a.qp.post_send(&write_wr(1, &a, 5000, b.mr.addr(), b.mr.rkey()))
+        .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 1, 1000 * MS);
+    assert_eq!(w[0].status, WcStatus::RetryExcErr);
+    let rto = timers::ack_timeout_ns(10).unwrap();
+    let took = sim.now - t0;
+    // First transmission + 3 retries, each waiting one timeout.
+    assert!(
+        took >= 4 * rto && took <= 4 * rto + rto / 2,
+        "took {took} ns, rto {rto}"
+    );
+    assert_eq!(a.qp.state(), QpState::Err);
+}
+
+#[test]
+fn qp_to_err_mid_transfer_flushes() {
+    let mut sim = Sim::pair(
+        LinkConfig {
+            rate_bps: 10_000_000_000,
+            ..Default::default()
+        },
+        12,
+    );
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    for i in 0..4 {
+        a.qp.post_send(&write_wr(i, &a, 256 * 1024, b.mr.addr(), b.mr.rkey()))
+            .unwrap();
+    }
+    for i in 0..3 {
+        b.qp.post_recv(&RecvWr {
+            wr_id: 100 + i,
+            sg_list: vec![b.mr.sge(0, 64)],
+        })
+        .unwrap();
+    }
+    // Let about one message go through.
+    let stop = sim.now + 300_000;
+    sim.run_until(stop, |s| s.now >= stop);
+    let first = drain(&a.cq);
+    assert!(first.len() < 4);
+    let mut attr = QpAttr {
+        qp_state: QpState::Err,
+        ..Default::default()
+    };
+    a.qp.modify(&attr, QpAttrMask::STATE).unwrap();
+    let rest = drain(&a.cq);
+    assert_eq!(first.len() + rest.len(), 4);
+    assert!(!rest.is_empty());
+    assert!(rest.iter().all(|w| w.status == WcStatus::WrFlushErr));
+    // Posting in ERR completes immediately with a flush error.
+    a.qp.post_send(&write_wr(9, &a, 10, b.mr.addr(), b.mr.rkey()))
+        .unwrap();
+    assert_eq!(drain(&a.cq)[0].status, WcStatus::WrFlushErr);
+    attr.qp_state = QpState::Err;
+    b.qp.modify(&attr, QpAttrMask::STATE).unwrap();
+    let wb = drain(&b.cq);
+    assert_eq!(wb.len(), 3);
+    assert!(wb
+        .iter()
+        .all(|w| w.status == WcStatus::WrFlushErr && w.opcode == WcOpcode::Recv));
+    // The engine keeps running without panics.
+    sim.run_until(sim.now + 10 * MS, |_| false);
+    // ERR -> RESET -> INIT is legal again.
+    attr.qp_state = QpState::Reset;
+    a.qp.modify(&attr, QpAttrMask::STATE).unwrap();
+    attr.qp_state = QpState::Init;
+    a.qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS)
+        .unwrap();
+}
+
+#[test]
+fn state_machine_rejects_illegal_transitions() {
+    let sim = Sim::pair(LinkConfig::default(), 13);
+    let pd = sim.a.alloc_pd();
+    let cq = sim.a.create_cq(16).unwrap();
+    let qp = sim.a.create_qp(&pd, &QpInitAttr::rc(&cq)).unwrap();
+    let mut attr = QpAttr {
+        qp_state: QpState::Rts,
+        ..Default::default()
+    };
+    let e = qp.modify(&attr, QpAttrMask::all()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            VerbsError::IllegalTransition {
+                from: QpState::Reset,
+                to: QpState::Rts
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("RESET -> INIT"));
+    // Posting before RTS is refused.
+    let e = qp
+        .post_send(&SendWr::new(1, WrOpcode::Send, vec![]))
+        .unwrap_err();
+    assert!(matches!(e, VerbsError::BadQpState(QpState::Reset)));
+    attr.qp_state = QpState::Init;
+    qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS)
+        .unwrap();
+    attr.qp_state = QpState::Rtr;
+    let e = qp
+        .modify(&attr, QpAttrMask::STATE | QpAttrMask::AV)
+        .unwrap_err();
+    assert!(matches!(e, VerbsError::MissingAttributes { .. }), "{e}");
+    assert_eq!(qp.state(), QpState::Init);
+    // UD/UC are not provided yet and say so.
+    let mut init = QpInitAttr::rc(&cq);
+    init.qp_type = QpType::Ud;
+    assert!(matches!(
+        sim.a.create_qp(&pd, &init),
+        Err(VerbsError::Unsupported("UD"))
+    ));
+    // A PD of another device is refused.
+    let pd_b = sim.b.alloc_pd();
+    assert!(sim.a.create_qp(&pd_b, &QpInitAttr::rc(&cq)).is_err());
+}
+
+#[test]
+fn cq_overflow_is_an_error() {
+    let mut sim = Sim::pair(LinkConfig::default(), 14);
+    let p = PairParams {
+        cq_depth: 2,
+        ..Default::default()
+    };
+    let (a, b) = connect_pair(&sim, &p);
+    for i in 0..5 {
+        a.qp.post_send(&write_wr(i, &a, 10, b.mr.addr(), b.mr.rkey()))
+            .unwrap();
+    }
+    sim.run_until(sim.now + 10 * MS, |_| false);
+    assert!(a.cq.overflowed());
+    let mut buf = [Wc::default(); 8];
+    assert_eq!(a.cq.poll(&mut buf).unwrap(), 2);
+    assert!(matches!(a.cq.poll(&mut buf), Err(VerbsError::CqOverflow)));
+    assert_eq!(a.qp.state(), QpState::Err);
+    assert!(sim.a.stats().cq_overflows > 0);
+}
+
+#[test]
+fn cq_wait_with_eventfd() {
+    let mut sim = Sim::pair(LinkConfig::default(), 15);
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    assert!(a.cq.event_fd().is_some());
+    assert!(!a.cq.wait(Duration::from_millis(1)).unwrap());
+    let cq = a.cq.clone();
+    let waiter = std::thread::spawn(move || cq.wait(Duration::from_secs(10)).unwrap());
+    a.qp.post_send(&write_wr(1, &a, 10, b.mr.addr(), b.mr.rkey()))
+        .unwrap();
+    sim.run_until(sim.now + 10 * MS, |s| {
+        s.a.stats().tx_data_packets > 0 && a.cq.len() > 0
+    });
+    assert!(waiter.join().unwrap());
+    assert_eq!(a.cq.poll_one().unwrap().unwrap().status, WcStatus::Success);
+}
+
+#[test]
+fn dereg_while_in_flight_is_safe() {
+    let mut sim = Sim::pair(
+        LinkConfig {
+            rate_bps: 1_000_000_000,
+            ..Default::default()
+        },
+        16,
+    );
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    let target = b.pd.reg_mr(1 << 20, PairParams::default().access).unwrap();
+    let (addr, rkey) = (target.addr(), target.rkey());
+    a.qp.post_send(&write_wr(1, &a, 1 << 20, addr, rkey))
+        .unwrap();
+    // Local side: deregister the source MR while the WRITE is in flight too.
+    let stop = sim.now + 200_000;
+    sim.run_until(stop, |s| s.now >= stop);
+    target.dereg();
+    let w = wait_wcs(&mut sim, &a.cq, 1, 100 * MS);
+    assert_eq!(w[0].status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn srq_feeds_two_qps_and_fences_order_reads() {
+    let mut sim = Sim::pair(LinkConfig::lossy(0.02), 17);
+    let p = PairParams {
+        max_rd_atomic: 1,
+        ..Default::default()
+    };
+    let (a, b) = connect_pair(&sim, &p);
+    // SRQ on B for a second QP pair.
+    let srq = b.pd.create_srq(16, 4);
+    let cq_b = sim.b.create_cq(64).unwrap();
+    let mut init = QpInitAttr::rc(&cq_b);
+    init.srq = Some(srq.clone());
+    let qp_b2 = sim.b.create_qp(&b.pd, &init).unwrap();
+    assert!(qp_b2
+        .post_recv(&RecvWr {
+            wr_id: 1,
+            sg_list: vec![]
+        })
+        .is_err());
+    let cq_a2 = sim.a.create_cq(64).unwrap();
+    let qp_a2 = sim.a.create_qp(&a.pd, &QpInitAttr::rc(&cq_a2)).unwrap();
+    let (ca, cb) = sim_configs();
+    let local = QpAttr {
+        qp_access_flags: p.access,
+        path_mtu: Mtu::Mtu1024,
+        timeout: 8,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        ..Default::default()
+    };
+    let av = |c: &xroce::engine::EngineConfig| AddressVector {
+        dest_mac: c.mac,
+        dest_ip: c.ip,
+        ..Default::default()
+    };
+    qp_a2
+        .connect(
+            &local,
+            &RemoteQp {
+                qpn: qp_b2.qp_num(),
+                psn: 0,
+                av: av(&cb),
+            },
+        )
+        .unwrap();
+    qp_b2
+        .connect(
+            &local,
+            &RemoteQp {
+                qpn: qp_a2.qp_num(),
+                psn: 0,
+                av: av(&ca),
+            },
+        )
+        .unwrap();
+    for i in 0..4 {
+        srq.post_recv(&RecvWr {
+            wr_id: 50 + i,
+            sg_list: vec![b.mr.sge(i as usize * 2048, 2048)],
+        })
+        .unwrap();
+    }
+    a.mr.write(0, &[7u8; 2000]).unwrap();
+    for i in 0..4u64 {
+        qp_a2
+            .post_send(&SendWr::new(i, WrOpcode::Send, vec![a.mr.sge(0, 1500)]))
+            .unwrap();
+    }
+    let w = wait_wcs(&mut sim, &cq_b, 4, 500 * MS);
+    assert_eq!(
+        w.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![50, 51, 52, 53]
+    );
+    assert!(w
+        .iter()
+        .all(|w| w.qp_num == qp_b2.qp_num() && w.byte_len == 1500));
+    assert!(srq.is_empty());
+
+    // READs limited to one outstanding, then a fenced WRITE of what was read.
+    b.mr.write(100_000, &[9u8; 5000]).unwrap();
+    for i in 0..3u64 {
+        a.qp.post_send(&SendWr::new(
+            i,
+            WrOpcode::RdmaRead {
+                remote_addr: b.mr.addr() + 100_000,
+                rkey: b.mr.rkey(),
+            },
+            vec![a.mr.sge(10_000 + i as usize * 5000, 5000)],
+        ))
+        .unwrap();
+    }
+    a.qp.post_send(
+        &SendWr::new(
+            3,
+            WrOpcode::RdmaWrite {
+                remote_addr: b.mr.addr() + 200_000,
+                rkey: b.mr.rkey(),
+            },
+            vec![a.mr.sge(10_000, 15_000)],
+        )
+        .flags(SendFlags::SIGNALED | SendFlags::FENCE),
+    )
+    .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 4, 500 * MS);
+    assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
+    assert_eq!(b.mr.to_vec(200_000, 15_000).unwrap(), vec![9u8; 15_000]);
+}
+
+/// A fixed-rate controller that counts CNPs.
+struct FixedRate {
+    rate: u64,
+    cnps: Arc<AtomicU64>,
+    acks: Arc<AtomicU64>,
+}
+
+impl CongestionControl for FixedRate {
+    fn name(&self) -> &'static str {
+        "fixed"
+    }
+    fn on_send(&mut self, _now_ns: u64, _bytes: usize) {}
+    fn on_ack(&mut self, _now_ns: u64, _acked_bytes: usize, rtt_ns: Option<u64>) {
+        if rtt_ns.is_some() {
+            self.acks.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    fn on_cnp(&mut self, _now_ns: u64) {
+        self.cnps.fetch_add(1, Ordering::Relaxed);
+    }
+    fn on_timer(&mut self, _now_ns: u64) {}
+    fn next_timer_ns(&self) -> Option<u64> {
+        None
+    }
+    fn rate_bps(&self) -> u64 {
+        self.rate
+    }
+}
+
+#[test]
+fn pacing_follows_cc_rate_and_ce_marks_produce_rate_limited_cnps() {
+    let cnps = Arc::new(AtomicU64::new(0));
+    let acks = Arc::new(AtomicU64::new(0));
+    let (mut ca, cb) = sim_configs();
+    let (c2, a2) = (cnps.clone(), acks.clone());
+    ca.cc = Some(Arc::new(move || {
+        Box::new(FixedRate {
+            rate: 2_000_000_000,
+            cnps: c2.clone(),
+            acks: a2.clone(),
+        }) as Box<dyn CongestionControl>
+    }));
+    ca.pacing_burst_bytes = 8192;
+    let link = LinkConfig {
+        ce_mark: 0.5,
+        ..Default::default()
+    };
+    let mut sim = Sim::new(Device::new(ca), Device::new(cb), SimLink::new(link, 18));
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    let len = 4 << 20;
+    let big = a.pd.reg_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let t0 = sim.now;
+    a.qp.post_send(&SendWr::new(
+        1,
+        WrOpcode::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        vec![big.sge(0, 1 << 20)],
+    ))
+    .unwrap();
+    let w = wait_wcs(&mut sim, &a.cq, 1, 1000 * MS);
+    assert_eq!(w[0].status, WcStatus::Success);
+    let secs = (sim.now - t0) as f64 / 1e9;
+    let gbps = (1u64 << 20) as f64 * 8.0 / secs / 1e9;
+    // Paced at 2 Gb/s of frame bytes: goodput a little below.
+    assert!(gbps > 1.7 && gbps < 2.1, "goodput {gbps} Gb/s");
+    let sb = sim.b.stats();
+    assert!(sb.rx_ce_marked > 100);
+    // At most one CNP per 50 us per QP.
+    let max_cnps = ((sim.now - t0) / 50_000 + 1) as u64;
+    assert!(
+        sb.tx_cnps > 0 && sb.tx_cnps <= max_cnps,
+        "{} CNPs, max {max_cnps}",
+        sb.tx_cnps
+    );
+    assert_eq!(cnps.load(Ordering::Relaxed), sim.a.stats().rx_cnps);
+    assert!(cnps.load(Ordering::Relaxed) > 0);
+    assert!(acks.load(Ordering::Relaxed) > 0);
+}
