@@ -476,6 +476,39 @@ mod tests {
     }
 
     #[test]
+    fn dropped_request_shows_as_psn_gap() {
+        let p = pcaps()
+            .into_iter()
+            .find(|p| p.to_string_lossy().contains("ref_06"))
+            .unwrap();
+        let data = std::fs::read(&p).unwrap();
+        let (mut r, link, _) = PcapReader::new(&data).unwrap();
+        assert_eq!(link, LINKTYPE_ETHERNET);
+        let mut rep = Report::default();
+        let (mut n, mut dropped) = (0, 0);
+        while let Some((pkt, _)) = r.next_record().unwrap() {
+            n += 1;
+            let is_write = parse_frame(pkt)
+                .map(|(f, _)| f.transport.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY)
+                .unwrap_or(false);
+            // Drop the 10th and 11th RDMA WRITE: one gap of two PSNs.
+            if is_write {
+                dropped += 1;
+                if dropped == 10 || dropped == 11 {
+                    continue;
+                }
+            }
+            rep.frames += 1;
+            rep.add_frame(n, pkt);
+        }
+        assert_eq!(rep.psn_gaps(), 1);
+        let q = rep.qps.values().find(|q| q.requests > 0).unwrap();
+        assert_eq!(q.psns_missing, 2);
+        assert_eq!(q.psn_repeats, 0);
+        assert_eq!(rep.icrc_bad + rep.malformed, 0);
+    }
+
+    #[test]
     fn sll_and_nanosecond_pcaps_decode() {
         let p = &pcaps()[0];
         let data = std::fs::read(p).unwrap();

@@ -41,8 +41,11 @@ pub enum Error {
     BadIpVersion(u8),
     /// IPv4 header with options (IHL != 5); RoCEv2 (and rxe) never sends them.
     Ipv4Options(u8),
-    /// IPv4 fragment (MF set or fragment offset != 0).
+    /// First IPv4 fragment of a UDP/4791 datagram: RoCEv2 is never fragmented.
     Ipv4Fragment,
+    /// A later IPv4 fragment (offset != 0): its ports are unknown, so it is
+    /// counted as not RoCEv2.
+    Ipv4LaterFragment,
     /// IPv4 header checksum does not verify.
     BadIpv4Checksum,
     /// IP / UDP length fields disagree with each other or with the buffer.
@@ -66,11 +69,12 @@ pub enum Error {
 
 impl Error {
     /// True when the frame is simply not RoCEv2 (other ethertype, not UDP,
-    /// other UDP port), as opposed to a malformed RoCEv2 frame.
+    /// other UDP port, a later IPv4 fragment), as opposed to a malformed
+    /// RoCEv2 frame.
     pub fn is_not_roce(&self) -> bool {
         matches!(
             self,
-            Error::NotIp(_) | Error::NotUdp(_) | Error::NotRoceV2Port(_)
+            Error::NotIp(_) | Error::NotUdp(_) | Error::NotRoceV2Port(_) | Error::Ipv4LaterFragment
         )
     }
 }
@@ -95,6 +99,7 @@ impl fmt::Display for Error {
                 write!(f, "IPv4 IHL {ihl}: options are not supported in RoCEv2")
             }
             Error::Ipv4Fragment => write!(f, "IPv4 fragment: RoCEv2 packets are never fragmented"),
+            Error::Ipv4LaterFragment => write!(f, "later IPv4 fragment (not RoCEv2)"),
             Error::BadIpv4Checksum => write!(f, "IPv4 header checksum does not verify"),
             Error::BadLength(l) => write!(f, "{l:?} length field disagrees with the packet"),
             Error::UnknownOpcode(o) => write!(f, "BTH opcode {o:#04x} is reserved or unsupported"),

@@ -139,11 +139,20 @@ impl Ipv4Repr {
         if p.ihl() != 5 {
             return Err(Error::Ipv4Options(p.ihl()));
         }
-        if p.more_frags() || p.frag_offset() != 0 {
-            return Err(Error::Ipv4Fragment);
-        }
         if p.protocol() != PROTO_UDP {
             return Err(Error::NotUdp(p.protocol()));
+        }
+        if p.frag_offset() != 0 {
+            return Err(Error::Ipv4LaterFragment);
+        }
+        if p.more_frags() {
+            // First fragment: RoCEv2 if it is for port 4791 (then malformed).
+            return match buf.get(HEADER_LEN + 2..HEADER_LEN + 4) {
+                Some(&[a, b]) if u16::from_be_bytes([a, b]) != crate::udp::ROCEV2_PORT => {
+                    Err(Error::NotRoceV2Port(u16::from_be_bytes([a, b])))
+                }
+                _ => Err(Error::Ipv4Fragment),
+            };
         }
         let tl = p.total_len() as usize;
         if tl < HEADER_LEN {
