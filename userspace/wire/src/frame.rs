@@ -141,6 +141,7 @@ impl FrameRepr {
 pub fn parse_frame(buf: &[u8]) -> Result<(FrameRepr, &[u8])> {
     let (mut eth, off) = EthRepr::parse(buf)?;
     let rest = &buf[off..];
+    classify(eth.ethertype, rest)?;
     let (ip, l4) = match eth.ethertype {
         ETHERTYPE_IPV4 => {
             let r = Ipv4Repr::parse(rest)?;
@@ -176,6 +177,36 @@ pub fn parse_frame(buf: &[u8]) -> Result<(FrameRepr, &[u8])> {
         },
         payload,
     ))
+}
+
+/// Reject what is plainly not RoCEv2 (other protocol, other UDP port) before
+/// validating anything, so that e.g. a TCP packet with IP options or a UDP
+/// packet with a bad IPv4 checksum is "not RoCEv2" rather than "malformed".
+fn classify(ethertype: u16, ip: &[u8]) -> Result<()> {
+    let (proto, l4) = match ethertype {
+        ETHERTYPE_IPV4 => {
+            let (Some(&vihl), Some(&proto)) = (ip.first(), ip.get(9)) else {
+                return Ok(());
+            };
+            (proto, (vihl & 0x0f) as usize * 4)
+        }
+        ETHERTYPE_IPV6 => match ip.get(6) {
+            Some(&nh) => (nh, ipv6::HEADER_LEN),
+            None => return Ok(()),
+        },
+        t => return Err(Error::NotIp(t)),
+    };
+    if proto != ipv4::PROTO_UDP {
+        return Err(Error::NotUdp(proto));
+    }
+    match ip.get(l4 + 2..l4 + 4) {
+        Some(&[a, b]) if u16::from_be_bytes([a, b]) != ROCEV2_PORT => {
+            // Later IPv4 fragments have no UDP header at l4: leave them to
+            // Ipv4Repr::parse (which calls them not RoCEv2 as well).
+            Err(Error::NotRoceV2Port(u16::from_be_bytes([a, b])))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// [`parse_frame`], then check the ICRC.

@@ -772,3 +772,32 @@ fn every_opcode_roundtrips() {
             .unwrap_or_else(|e| panic!("{op}: {e}"));
     }
 }
+
+#[test]
+fn not_roce_is_decided_before_validation() {
+    let t = TransportRepr::ack(1, 2, Syndrome::ACK, 3);
+    let r = FrameRepr::new(
+        [0; 6],
+        [0; 6],
+        Gid::from_ipv4([1, 2, 3, 4]),
+        Gid::from_ipv4([5, 6, 7, 8]),
+        0xc000,
+        t,
+    );
+    let mut f = vec![0u8; r.frame_len(0)];
+    emit_frame(&r, &[], &mut f).unwrap();
+    // Other UDP port with a broken IPv4 checksum: not RoCE, not malformed.
+    let mut g = f.clone();
+    g[36..38].copy_from_slice(&53u16.to_be_bytes());
+    g[24] ^= 1;
+    assert_eq!(parse_frame(&g).unwrap_err(), Error::NotRoceV2Port(53));
+    // TCP: not RoCE.
+    let mut g = f.clone();
+    g[23] = 6;
+    assert_eq!(parse_frame(&g).unwrap_err(), Error::NotUdp(6));
+    // RoCE with a broken IPv4 checksum: malformed.
+    let mut g = f.clone();
+    g[24] ^= 1;
+    assert_eq!(parse_frame(&g).unwrap_err(), Error::BadIpv4Checksum);
+    assert!(!Error::BadIpv4Checksum.is_not_roce());
+}
