@@ -489,13 +489,10 @@ impl QpCtx {
 
     fn build_template(&mut self, env: &Env<'_>) {
         let av = &self.attr.ah_attr;
-        let sport = av.udp_sport.unwrap_or_else(|| {
-            // rxe-style: hash of the QP numbers into the dynamic range.
-            let h = ((self.qpn as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-                ^ (self.attr.dest_qp_num as u64).wrapping_mul(0xc2b2_ae3d_27d4_eb4f))
-                >> 50;
-            0xc000 | (h as u16 & 0x3fff)
-        });
+        // rxe's choice (rdma_get_udp_sport): a hash of the two QPNs.
+        let sport = av
+            .udp_sport
+            .unwrap_or_else(|| xroce_wire::rocev2_src_port(0, self.qpn, self.attr.dest_qp_num));
         self.tmpl = PktHdr {
             dst_mac: av.dest_mac,
             src_mac: env.cfg.mac,
@@ -505,6 +502,7 @@ impl QpCtx {
             dscp: av.dscp & 0x3f,
             udp_sport: sport,
             pkey: 0xffff,
+            mig: true,
             dqpn: self.attr.dest_qp_num,
             ..Default::default()
         };
@@ -662,11 +660,12 @@ impl QpCtx {
             let h = PktHdr {
                 opcode: codec::op::CNP,
                 becn: true,
+                mig: false,
                 ecn: 0,
                 psn: 0,
                 ..self.tmpl
             };
-            if let Some(n) = codec::emit(&h, 0, buf, |_| {}) {
+            if let Some(n) = codec::emit(&h, &[], buf) {
                 env.stats.tx_cnps += 1;
                 return Some(n);
             }

@@ -252,20 +252,15 @@ impl QpCtx {
         let window_fill =
             psn::diff(psn::add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
         h.ack_req = last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill;
-        let n = {
-            let scratch = &mut *env.scratch;
-            if scratch.len() < payload_len {
-                scratch.resize(payload_len, 0);
-            }
-            if payload_len > 0 && !w.read_payload(offset, &mut scratch[..payload_len]) {
-                // Cannot happen for checked SGLs; treat as local error.
-                self.fail_front(env, crate::verbs::wc::WcStatus::LocProtErr);
-                return None;
-            }
-            codec::emit(&h, payload_len, buf, |p| {
-                p.copy_from_slice(&scratch[..payload_len])
-            })?
-        };
+        if env.scratch.len() < payload_len {
+            env.scratch.resize(payload_len, 0);
+        }
+        if payload_len > 0 && !w.read_payload(offset, &mut env.scratch[..payload_len]) {
+            // Cannot happen for checked SGLs; treat as a local error.
+            self.fail_front(env, crate::verbs::wc::WcStatus::LocProtErr);
+            return None;
+        }
+        let n = codec::emit(&h, &env.scratch[..payload_len], buf)?;
         // Advance.
         let sent_psn = self.req.psn;
         let retransmission = psn::lt(sent_psn, self.req.max_psn);

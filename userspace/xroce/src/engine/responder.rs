@@ -496,7 +496,7 @@ impl QpCtx {
                 };
                 let fatal = *fatal;
                 let syn = *syndrome;
-                let n = codec::emit(&h, 0, buf, |_| {})?;
+                let n = codec::emit(&h, &[], buf)?;
                 self.resp.out.pop_front();
                 if syn == aeth::ACK_UNLIMITED {
                     env.stats.tx_acks += 1;
@@ -514,7 +514,7 @@ impl QpCtx {
                     atomic_ack: Some(*orig),
                     ..tmpl
                 };
-                let n = codec::emit(&h, 0, buf, |_| {})?;
+                let n = codec::emit(&h, &[], buf)?;
                 self.resp.out.pop_front();
                 env.stats.tx_atomic_acks += 1;
                 Some(n)
@@ -551,7 +551,11 @@ impl QpCtx {
                 };
                 let src = &*mr;
                 let at = *off + o;
-                let n = codec::emit(&h, plen, buf, |p| src.read_at(at, p))?;
+                if env.scratch.len() < plen {
+                    env.scratch.resize(plen, 0);
+                }
+                src.read_at(at, &mut env.scratch[..plen]);
+                let n = codec::emit(&h, &env.scratch[..plen], buf)?;
                 *sent += 1;
                 if *sent >= *npkts {
                     self.resp.out.pop_front();
