@@ -393,7 +393,7 @@ fn cq_wait_with_eventfd() {
     a.qp.post_send(&write_wr(1, &a, 10, b.mr.addr(), b.mr.rkey()))
         .unwrap();
     sim.run_until(sim.now + 10 * MS, |s| {
-        s.a.stats().tx_data_packets > 0 && a.cq.len() > 0
+        s.a.stats().tx_data_packets > 0 && !a.cq.is_empty()
     });
     assert!(waiter.join().unwrap());
     assert_eq!(a.cq.poll_one().unwrap().unwrap().status, WcStatus::Success);
@@ -603,7 +603,7 @@ fn pacing_follows_cc_rate_and_ce_marks_produce_rate_limited_cnps() {
     let sb = sim.b.stats();
     assert!(sb.rx_ce_marked > 100);
     // At most one CNP per 50 us per QP.
-    let max_cnps = ((sim.now - t0) / 50_000 + 1) as u64;
+    let max_cnps = (sim.now - t0) / 50_000 + 1;
     assert!(
         sb.tx_cnps > 0 && sb.tx_cnps <= max_cnps,
         "{} CNPs, max {max_cnps}",

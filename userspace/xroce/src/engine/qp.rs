@@ -355,13 +355,13 @@ impl QpCtx {
         if self.go_error {
             self.go_error = false;
             if self.state != QpState::Err {
-                self.to_error(env);
+                self.enter_error(env);
             }
         }
     }
 
     /// Move to ERR and flush every outstanding WR with WR_FLUSH_ERR.
-    pub(crate) fn to_error(&mut self, env: &mut Env<'_>) {
+    pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
         self.state = QpState::Err;
         while let Some(w) = self.sq.pop_front() {
             let wc = self.send_wc(&w, WcStatus::WrFlushErr);
@@ -459,7 +459,7 @@ impl QpCtx {
             (_, QpState::Reset) => self.reset(),
             (_, QpState::Err) => {
                 if from != QpState::Err {
-                    self.to_error(env);
+                    self.enter_error(env);
                 }
             }
             (QpState::Init, QpState::Rtr) => {
@@ -571,7 +571,7 @@ impl QpCtx {
         }
         self.sq.push_back(w);
         if self.state == QpState::Err {
-            self.to_error(env);
+            self.enter_error(env);
         }
         Ok(())
     }
@@ -596,7 +596,7 @@ impl QpCtx {
         }
         self.rq.push_back(RecvWqe::new(env.mrs, self.pd, wr));
         if self.state == QpState::Err {
-            self.to_error(env);
+            self.enter_error(env);
         }
         Ok(())
     }

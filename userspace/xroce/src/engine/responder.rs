@@ -433,7 +433,7 @@ impl QpCtx {
             self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
             return;
         };
-        if a.va % 8 != 0 {
+        if !a.va.is_multiple_of(8) {
             self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
             return;
         }

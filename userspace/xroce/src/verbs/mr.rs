@@ -111,7 +111,7 @@ impl MrInner {
 
     /// The 64-bit word at `off` (must be 8-byte aligned and in bounds).
     pub fn atomic_at(&self, off: usize) -> Option<&AtomicU64> {
-        if off % 8 != 0 || off.checked_add(8).is_none_or(|e| e > self.len) {
+        if !off.is_multiple_of(8) || off.checked_add(8).is_none_or(|e| e > self.len) {
             return None;
         }
         // SAFETY: aligned (the buffer is u64-aligned and off % 8 == 0), in
