@@ -5,6 +5,8 @@
 //! drops, on success and on panic alike. Addresses are only ever assigned
 //! inside those namespaces.
 
+pub mod roce;
+
 use std::{
     fs::File,
     os::fd::AsRawFd,

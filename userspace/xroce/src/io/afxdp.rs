@@ -423,6 +423,8 @@ impl XskSocket {
         timeout_ms: i32,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> std::io::Result<usize> {
+        // TX progresses in the same loop that receives.
+        self.complete_tx()?;
         self.refill()?;
         // SAFETY: rx_batch descriptors are only written by the ring here.
         let mut n = unsafe { self.rx.consume(&mut self.rx_batch) };
@@ -517,7 +519,7 @@ impl XskSocket {
         &mut self,
         fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
     ) -> Result<usize, XskError> {
-        self.reclaim();
+        self.complete_tx()?;
         self.tx_batch.clear();
         let max = self.max_frame_len();
         let mut too_big = None;
@@ -577,8 +579,25 @@ impl XskSocket {
         self.io_stats.tx_frames += done as u64;
         self.tx_batch.clear();
         if done > 0 && (!self.need_wakeup || self.tx.needs_wakeup()) {
+            // Copy mode sends at most 32 frames per kick (the kernel's TX
+            // batch); kick once per 32 so the whole batch leaves now.
+            for _ in 0..done.div_ceil(32) {
+                self.io_stats.tx_kicks += 1;
+                kick(self.raw_fd(), false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kicks the kernel if frames wait on the TX ring and it asks for it
+    /// (in copy mode it always does: TX only progresses inside sendto),
+    /// then reclaims completed frames.
+    fn complete_tx(&mut self) -> std::io::Result<()> {
+        self.reclaim();
+        if self.tx_free.len() < self.tx_total && (!self.need_wakeup || self.tx.needs_wakeup()) {
             self.io_stats.tx_kicks += 1;
             kick(self.raw_fd(), false)?;
+            self.reclaim();
         }
         Ok(())
     }
@@ -599,14 +618,7 @@ impl XskSocket {
     fn wait_tx(&mut self, timeout_ms: u64) -> Result<bool, XskError> {
         let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         loop {
-            self.reclaim();
-            if !self.tx_free.is_empty() {
-                return Ok(true);
-            }
-            // Copy mode completes TX inside the kick; make sure one happens.
-            self.io_stats.tx_kicks += 1;
-            kick(self.raw_fd(), false)?;
-            self.reclaim();
+            self.complete_tx()?;
             if !self.tx_free.is_empty() {
                 return Ok(true);
             }
@@ -619,7 +631,7 @@ impl XskSocket {
 
     /// Frames in flight (queued on the TX ring, not yet completed).
     pub fn tx_in_flight(&mut self) -> usize {
-        self.reclaim();
+        let _ = self.complete_tx();
         self.tx_total - self.tx_free.len()
     }
 
@@ -653,6 +665,10 @@ impl PacketIo for XskSocket {
 
     fn max_frame_len(&self) -> usize {
         XskSocket::max_frame_len(self)
+    }
+
+    fn oversize_hint(&self) -> &'static str {
+        MTU4096_HINT
     }
 
     fn recv_batch(
@@ -811,6 +827,10 @@ impl PacketIo for XskMultiQueue {
 
     fn max_frame_len(&self) -> usize {
         self.sockets[0].max_frame_len()
+    }
+
+    fn oversize_hint(&self) -> &'static str {
+        MTU4096_HINT
     }
 
     fn recv_batch(

@@ -35,6 +35,10 @@ pub mod afxdp;
 pub mod channel;
 pub mod udp;
 
+/// The RoCEv2 codec the frames are made of (re-exported so that users of
+/// the I/O layer, such as the end-to-end tests, need no second dependency).
+pub use xroce_wire as wire;
+
 use std::time::Duration;
 
 /// Counters every backend keeps (monotonic since it was opened).
@@ -97,6 +101,11 @@ pub trait PacketIo: Send {
     /// A length of 0 skips the buffer.
     fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize>;
 
+    /// Appended to [`IoError::FrameTooBig`] messages: how to get bigger frames.
+    fn oversize_hint(&self) -> &'static str {
+        ""
+    }
+
     /// Sends copies of `frames` in order; returns how many were queued (fewer
     /// than `frames.len()` when the backend is full). A frame larger than
     /// [`max_frame_len`](Self::max_frame_len) is an error, before anything is sent.
@@ -106,7 +115,7 @@ pub trait PacketIo: Send {
             return Err(IoError::FrameTooBig {
                 len: f.len(),
                 max,
-                hint: "",
+                hint: self.oversize_hint(),
             });
         }
         let mut next = frames.iter();
