@@ -30,7 +30,7 @@ const SIZES: [usize; 5] = [0, 3, 256, 1024, 1400];
 
 /// The IPv4 id the AF_XDP side puts on frame `psn` (like rxe: mostly random).
 fn xdp_ip_id(psn: u32) -> u16 {
-    if psn % 2 == 0 {
+    if psn.is_multiple_of(2) {
         0
     } else {
         (psn.wrapping_mul(40503) >> 3) as u16 | 1
