@@ -502,7 +502,8 @@ impl QpCtx {
             dscp: av.dscp & 0x3f,
             udp_sport: sport,
             pkey: 0xffff,
-            mig: true,
+            // rxe (6.1) sends M=0 (seen in the reference captures).
+            mig: false,
             dqpn: self.attr.dest_qp_num,
             ..Default::default()
         };
