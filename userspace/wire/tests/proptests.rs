@@ -801,3 +801,61 @@ fn not_roce_is_decided_before_validation() {
     assert_eq!(parse_frame(&g).unwrap_err(), Error::BadIpv4Checksum);
     assert!(!Error::BadIpv4Checksum.is_not_roce());
 }
+
+/// What a congestion point does in flight — set ECN CE, fix the IPv4
+/// checksum, decrement TTL — and what a receiver's CNP logic may do to the
+/// BTH (BECN/FECN) leaves the ICRC valid; changing the PSN through the view
+/// breaks it.
+#[test]
+fn views_in_flight_edits_keep_icrc() {
+    use xroce_wire::bth::BthHeader;
+    use xroce_wire::ipv4::Ipv4Packet;
+    use xroce_wire::ipv6::Ipv6Packet;
+    for gids in [
+        (Gid::from_ipv4([10, 0, 0, 1]), Gid::from_ipv4([10, 0, 0, 2])),
+        (
+            Gid::from_hex("fd000000000000000000000000000001").unwrap(),
+            Gid::from_hex("fd000000000000000000000000000002").unwrap(),
+        ),
+    ] {
+        let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_RDMA_WRITE_MIDDLE, 0x33, 0xff_ffff));
+        t.bth.ack_req = true;
+        let r = FrameRepr::new(
+            [2, 0, 0, 0, 0, 1],
+            [2, 0, 0, 0, 0, 2],
+            gids.0,
+            gids.1,
+            0xc555,
+            t,
+        );
+        let payload = [0xabu8; 1024];
+        let mut f = vec![0u8; r.frame_len(payload.len())];
+        emit_frame(&r, &payload, &mut f).unwrap();
+        let ip_len = r.ip.header_len();
+        match r.ip {
+            IpRepr::V4(_) => {
+                let mut ip = Ipv4Packet::new_checked(&mut f[14..]).unwrap();
+                ip.set_ecn(3);
+                ip.set_ttl(63);
+                ip.fill_checksum();
+                assert!(ip.verify_checksum());
+            }
+            IpRepr::V6(_) => Ipv6Packet::new_checked(&mut f[14..]).unwrap().set_ecn(3),
+        }
+        let bth_off = 14 + ip_len + 8;
+        let mut bth = BthHeader::new_checked(&mut f[bth_off..]).unwrap();
+        bth.set_becn(true);
+        bth.set_fecn(true);
+        assert_eq!(bth.psn(), 0xff_ffff);
+        assert_eq!(bth.dest_qp(), 0x33);
+        assert!(bth.ack_req());
+        let (p, _) = parse_frame_checked(&f).unwrap();
+        assert_eq!(p.ip.ecn(), 3);
+        assert!(p.transport.bth.becn && p.transport.bth.fecn);
+        BthHeader::new_unchecked(&mut f[bth_off..]).set_psn(0);
+        assert!(matches!(
+            parse_frame_checked(&f),
+            Err(Error::BadIcrc { .. })
+        ));
+    }
+}
