@@ -181,6 +181,7 @@ fn basic_every_opcode_no_loss() {
 enum Op {
     Send(usize),
     SendImm(usize),
+    SendInv(usize),
     Write(usize),
     WriteImm(usize),
     Read(usize),
@@ -225,7 +226,8 @@ fn gen_ops(rng: &mut StdRng, n: usize, max_size: usize) -> Vec<Op> {
                 }
             };
             budget -= sz;
-            match rng.random_range(0..7) {
+            match rng.random_range(0..8) {
+                7 => Op::SendInv(sz),
                 0 => Op::Send(sz),
                 1 => Op::SendImm(sz),
                 2 => Op::Write(sz),
@@ -245,12 +247,17 @@ struct Stress {
     ops: usize,
     max_size: usize,
     mtu: Mtu,
+    max_rd_atomic: u8,
+    dup: Option<f64>,
 }
 
 fn stress(s: Stress) -> (u64, u64) {
     const REGION: usize = 4 << 20;
     let mut rng = StdRng::seed_from_u64(s.seed);
-    let link = LinkConfig::lossy(s.loss);
+    let mut link = LinkConfig::lossy(s.loss);
+    if let Some(d) = s.dup {
+        link.dup = d;
+    }
     let mut sim = Sim::pair(link, s.seed);
     let psn_a = (1 << 24) - 1 - rng.random_range(0..64u32);
     let psn_b = (1 << 24) - 1 - rng.random_range(0..64u32);
@@ -260,6 +267,7 @@ fn stress(s: Stress) -> (u64, u64) {
         psn_b,
         mr_len: 2 * REGION,
         timeout: 6,
+        max_rd_atomic: s.max_rd_atomic,
         ..Default::default()
     };
     let (a, b) = connect_pair(&sim, &p);
@@ -285,7 +293,7 @@ fn stress(s: Stress) -> (u64, u64) {
             let wr_id = (round * 1000 + i) as u64;
             let src_off = rng.random_range(0..REGION / 2);
             let wr = match *op {
-                Op::Send(n) | Op::SendImm(n) => {
+                Op::Send(n) | Op::SendImm(n) | Op::SendInv(n) => {
                     let slot = b_dst;
                     b_dst += n;
                     b.qp.post_recv(&RecvWr {
@@ -296,9 +304,12 @@ fn stress(s: Stress) -> (u64, u64) {
                     let imm = matches!(op, Op::SendImm(_)).then_some(wr_id as u32);
                     expect_recv.push((wr_id, slot, src_off, n, imm, WcOpcode::Recv));
                     n_recv_wc += 1;
-                    let opc = match imm {
-                        Some(imm) => WrOpcode::SendWithImm { imm },
-                        None => WrOpcode::Send,
+                    let opc = match (imm, op) {
+                        (Some(imm), _) => WrOpcode::SendWithImm { imm },
+                        (None, Op::SendInv(_)) => WrOpcode::SendWithInv {
+                            invalidate_rkey: wr_id as u32,
+                        },
+                        _ => WrOpcode::Send,
                     };
                     SendWr::new(wr_id, opc, vec![a.mr.sge(src_off, n)])
                 }
@@ -411,6 +422,9 @@ fn stress(s: Stress) -> (u64, u64) {
             if let Some(imm) = imm {
                 assert_eq!(w.imm_data, *imm);
             }
+            if w.flags.contains(WcFlags::WITH_INV) {
+                assert_eq!(w.invalidated_rkey, *wr_id as u32);
+            }
             if *opc == WcOpcode::Recv {
                 assert!(
                     b.mr.to_vec(*slot, *n).unwrap() == a_src[*src..*src + *n],
@@ -469,6 +483,8 @@ fn stress_no_loss() {
         ops: 40,
         max_size: 1 << 20,
         mtu: Mtu::Mtu1024,
+        max_rd_atomic: 8,
+        dup: None,
     });
 }
 
@@ -481,6 +497,8 @@ fn stress_1pct_loss() {
         ops: 30,
         max_size: 1 << 20,
         mtu: Mtu::Mtu1024,
+        max_rd_atomic: 8,
+        dup: None,
     });
 }
 
@@ -493,6 +511,8 @@ fn stress_5pct_loss() {
         ops: 30,
         max_size: 1 << 20,
         mtu: Mtu::Mtu4096,
+        max_rd_atomic: 8,
+        dup: None,
     });
 }
 
@@ -505,5 +525,23 @@ fn stress_20pct_loss() {
         ops: 20,
         max_size: 1 << 20,
         mtu: Mtu::Mtu4096,
+        max_rd_atomic: 8,
+        dup: None,
+    });
+}
+
+#[test]
+fn stress_heavy_duplication_one_rd_atomic() {
+    // Duplicated READ/atomic requests must neither execute twice nor eat
+    // the responder's single READ/atomic resource.
+    stress(Stress {
+        loss: 0.02,
+        seed: 15,
+        rounds: 2,
+        ops: 40,
+        max_size: 20_000,
+        mtu: Mtu::Mtu256,
+        max_rd_atomic: 1,
+        dup: Some(0.3),
     });
 }

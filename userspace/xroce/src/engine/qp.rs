@@ -206,11 +206,14 @@ pub(crate) enum RespItem {
         sent: u32,
         npkts: u32,
         msn: u32,
+        /// Re-execution of a duplicate request (does not use a resource).
+        dup: bool,
     },
     Atomic {
         psn: u32,
         orig: u64,
         msn: u32,
+        dup: bool,
     },
 }
 
@@ -265,6 +268,8 @@ pub(crate) struct QpCtx {
     pub tmpl: PktHdr,
     pub mtu: u32,
     pub cnp_due: bool,
+    /// Next data packet: the requester's turn (vs READ responses).
+    pub prefer_req: bool,
     pub last_cnp_ns: Option<u64>,
     /// Set when a CQ overflowed or a fatal error happened: move to ERR.
     pub go_error: bool,
@@ -305,6 +310,7 @@ impl QpCtx {
             tmpl: PktHdr::default(),
             mtu: 1024,
             cnp_due: false,
+            prefer_req: false,
             last_cnp_ns: None,
             go_error: false,
         }
@@ -671,11 +677,24 @@ impl QpCtx {
                 return Some(n);
             }
         }
-        if let Some(n) = self.resp_poll(env, now, buf) {
-            return Some(n);
+        // ACK/NAK/atomic responses go first; READ response data and request
+        // data alternate so neither direction starves the other.
+        let read_first = matches!(self.resp.out.front(), Some(RespItem::Read { .. }));
+        let req_turn = read_first && self.prefer_req;
+        if !req_turn {
+            if let Some(n) = self.resp_poll(env, now, buf) {
+                self.prefer_req = read_first;
+                return Some(n);
+            }
         }
         if matches!(self.state, QpState::Rts | QpState::Sqd) {
-            return self.req_poll(env, now, buf);
+            if let Some(n) = self.req_poll(env, now, buf) {
+                self.prefer_req = false;
+                return Some(n);
+            }
+        }
+        if req_turn {
+            return self.resp_poll(env, now, buf);
         }
         None
     }

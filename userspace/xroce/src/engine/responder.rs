@@ -166,6 +166,7 @@ impl QpCtx {
                     sent: 0,
                     npkts,
                     msn: self.resp.msn,
+                    dup: true,
                 });
             }
             op::CMP_SWAP | op::FETCH_ADD => {
@@ -177,6 +178,7 @@ impl QpCtx {
                             psn: p,
                             orig,
                             msn: self.resp.msn,
+                            dup: true,
                         });
                     }
                 }
@@ -400,7 +402,12 @@ impl QpCtx {
             .resp
             .out
             .iter()
-            .filter(|i| !matches!(i, RespItem::Ack { .. }))
+            .filter(|i| {
+                matches!(
+                    i,
+                    RespItem::Read { dup: false, .. } | RespItem::Atomic { dup: false, .. }
+                )
+            })
             .count();
         if outstanding >= self.attr.max_dest_rd_atomic.max(1) as usize {
             self.class_c(env, h.psn, aeth::NAK_INV_RD_REQ, None);
@@ -425,6 +432,7 @@ impl QpCtx {
             sent: 0,
             npkts,
             msn: self.resp.msn,
+            dup: false,
         });
     }
 
@@ -468,6 +476,7 @@ impl QpCtx {
             psn: h.psn,
             orig,
             msn: self.resp.msn,
+            dup: false,
         });
     }
 
@@ -506,7 +515,7 @@ impl QpCtx {
                 }
                 Some(n)
             }
-            RespItem::Atomic { psn, orig, msn } => {
+            RespItem::Atomic { psn, orig, msn, .. } => {
                 let h = PktHdr {
                     opcode: op::ATOMIC_ACK,
                     psn: *psn,
@@ -527,6 +536,7 @@ impl QpCtx {
                 sent,
                 npkts,
                 msn,
+                ..
             } => {
                 if !mr.is_valid() {
                     let p = psn::add(*first, *sent);
