@@ -8,3 +8,4 @@ pub mod xdp;
 pub mod verbs;
 pub mod engine;
 pub mod device;
+pub mod connect;
