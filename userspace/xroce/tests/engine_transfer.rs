@@ -212,7 +212,7 @@ const SIZES: &[usize] = &[
 ];
 
 fn gen_ops(rng: &mut StdRng, n: usize, max_size: usize) -> Vec<Op> {
-    let mut budget: usize = 3 << 20; // bytes per round, so buffers fit
+    let mut budget: usize = 3 << 19; // bytes per round (plus two forced big ones), so buffers fit
     (0..n)
         .map(|_| {
             let sz = loop {
@@ -280,7 +280,16 @@ fn stress(s: Stress) -> (u64, u64) {
     b.mr.write(0, &b_src).unwrap();
     let mut counter = 0u64;
     for round in 0..s.rounds {
-        let ops = gen_ops(&mut rng, s.ops, s.max_size);
+        let mut ops = gen_ops(&mut rng, s.ops, s.max_size);
+        // Every run moves at least one maximum-size message of each kind.
+        let big = s.max_size.min(1 << 20);
+        if round == 0 {
+            ops[0] = Op::Send(big);
+            ops[1] = Op::Read(big);
+        } else if round == 1 {
+            ops[0] = Op::Write(big);
+            ops[1] = Op::WriteImm(big);
+        }
         // Assign buffers.
         let mut b_dst = REGION; // B: recv slots and WRITE targets
         let mut a_dst = REGION; // A: READ targets
