@@ -12,10 +12,11 @@
 //! Frame size: a chunk holds `frame_size - 256` bytes of frame (the kernel
 //! keeps XDP_PACKET_HEADROOM in front), so 4096-byte chunks carry RoCE path
 //! MTU 2048 (2122-byte frames) but not path MTU 4096 (~4.2 KB frames). Those
-//! need AF_XDP multi-buffer (XDP_USE_SG, frames spread over chunks with
-//! XDP_PKT_CONTD) and a frags-aware XDP program; that is not implemented:
-//! sending such a frame is [`IoError::FrameTooBig`] with that explanation,
-//! and on receive the kernel drops them (counted in `rx_dropped`).
+//! need AF_XDP multi-buffer ([`XskConfig::multi_buffer`]: XDP_USE_SG, frames
+//! spread over chunks with XDP_PKT_CONTD, and xroce's frags-aware XDP
+//! program). Without it, sending such a frame is [`IoError::FrameTooBig`]
+//! with that explanation, and the kernel drops received ones (counted in
+//! `rx_dropped`).
 //!
 //! Wake-ups: sockets bind with XDP_USE_NEED_WAKEUP, so a kick (sendto /
 //! recvfrom with MSG_DONTWAIT) happens only when the kernel flags the ring.
@@ -26,6 +27,7 @@
 use std::{
     ffi::CString,
     fs,
+    io::Write,
     num::NonZeroU32,
     os::fd::AsRawFd,
     time::{Duration, Instant},
@@ -42,12 +44,14 @@ use crate::xdp;
 /// Bytes the kernel reserves in front of every received frame.
 pub const XDP_PACKET_HEADROOM: u32 = 256;
 
+/// Descriptor option: more fragments of this frame follow.
+const XDP_PKT_CONTD: u32 = 1;
 const SO_BUSY_POLL: libc::c_int = 46;
 const SO_PREFER_BUSY_POLL: libc::c_int = 69;
 const SO_BUSY_POLL_BUDGET: libc::c_int = 70;
 
-const MTU4096_HINT: &str = " (RoCE path MTU 4096 needs AF_XDP multi-buffer, XDP_USE_SG, which \
-     xroce does not implement yet: use path MTU 2048 or the udp backend)";
+const MTU4096_HINT: &str = " (frames larger than one UMEM chunk, as RoCE path MTU 4096 makes, \
+     need AF_XDP multi-buffer: set XskConfig::multi_buffer)";
 
 /// Busy-poll settings (see the kernel's Documentation/networking/af_xdp.rst).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +98,14 @@ pub struct XskConfig {
     pub busy_poll: Option<BusyPoll>,
     /// Most frames handed over per `recv_batch` (RX descriptors per batch).
     pub batch: u32,
+    /// AF_XDP multi-buffer (XDP_USE_SG): frames larger than a chunk span
+    /// several chunks (RoCE path MTU 4096 needs it). Needs a frags-aware
+    /// XDP program (xroce's is) and kernel 6.6+. Costs one copy per frame
+    /// on TX (frames are staged, then spread over chunks) and one per
+    /// multi-chunk frame on RX (reassembled).
+    pub multi_buffer: bool,
+    /// Largest frame in multi-buffer mode.
+    pub multi_buffer_max_frame: usize,
 }
 
 impl Default for XskConfig {
@@ -105,14 +117,25 @@ impl Default for XskConfig {
             need_wakeup: true,
             busy_poll: None,
             batch: 64,
+            multi_buffer: false,
+            multi_buffer_max_frame: 9216,
         }
     }
 }
 
 impl XskConfig {
+    /// Bytes of frame one UMEM chunk holds.
+    pub fn chunk_capacity(&self) -> usize {
+        self.frame_size.saturating_sub(XDP_PACKET_HEADROOM) as usize
+    }
+
     /// Largest frame a socket with this configuration carries.
     pub fn max_frame_len(&self) -> usize {
-        self.frame_size.saturating_sub(XDP_PACKET_HEADROOM) as usize
+        if self.multi_buffer {
+            self.multi_buffer_max_frame
+        } else {
+            self.chunk_capacity()
+        }
     }
 }
 
@@ -128,7 +151,7 @@ pub enum XskError {
     },
     #[error("AF_XDP I/O: {0}")]
     Io(#[from] std::io::Error),
-    #[error("frame of {len} bytes does not fit a {frame_size}-byte UMEM frame{MTU4096_HINT}")]
+    #[error("frame of {len} bytes is larger than this socket carries ({frame_size}-byte UMEM chunks){MTU4096_HINT}")]
     FrameTooBig { len: usize, frame_size: u32 },
 }
 
@@ -192,6 +215,13 @@ pub struct XskSocket {
     tx_total: usize,
     frame_size: u32,
     need_wakeup: bool,
+    /// Multi-buffer mode: staging buffer for TX, reassembly buffer for RX.
+    multi_buffer: bool,
+    mb_max: usize,
+    tx_stage: Vec<u8>,
+    rx_reasm: Vec<u8>,
+    /// The frame being reassembled outgrew `mb_max`: drop it at its end.
+    rx_reasm_bad: bool,
     busy_poll: BusyPollStatus,
     iface: String,
     queue: u32,
@@ -332,6 +362,9 @@ impl XskSocket {
         if config.need_wakeup {
             bind |= BindFlags::XDP_USE_NEED_WAKEUP;
         }
+        if config.multi_buffer {
+            bind |= BindFlags::XDP_USE_SG;
+        }
         let socket_config = SocketConfig::builder()
             .rx_queue_size(ring)
             .tx_queue_size(ring)
@@ -386,6 +419,19 @@ impl XskSocket {
             iface: iface.into(),
             queue,
             io_stats: IoStats::default(),
+            multi_buffer: config.multi_buffer,
+            mb_max: config.multi_buffer_max_frame,
+            tx_stage: if config.multi_buffer {
+                vec![0; config.multi_buffer_max_frame]
+            } else {
+                Vec::new()
+            },
+            rx_reasm: Vec::with_capacity(if config.multi_buffer {
+                config.multi_buffer_max_frame
+            } else {
+                0
+            }),
+            rx_reasm_bad: false,
         })
     }
 
@@ -445,17 +491,42 @@ impl XskSocket {
                 n = unsafe { self.rx.consume(&mut self.rx_batch) };
             }
         }
+        let mut frames = 0;
         for desc in &self.rx_batch[..n] {
             // SAFETY: the kernel handed this frame to us; nothing else reads it.
             let data = unsafe { self.umem.data(desc) };
-            on_frame(data.contents());
-            self.io_stats.rx_frames += 1;
-            self.io_stats.rx_bytes += data.contents().len() as u64;
+            let part = data.contents();
+            // XDP_PKT_CONTD: more fragments of this frame follow.
+            let contd = desc.options() & XDP_PKT_CONTD != 0;
+            if !contd && self.rx_reasm.is_empty() && !self.rx_reasm_bad {
+                on_frame(part);
+                frames += 1;
+                self.io_stats.rx_frames += 1;
+                self.io_stats.rx_bytes += part.len() as u64;
+                continue;
+            }
+            if self.rx_reasm.len() + part.len() <= self.mb_max {
+                self.rx_reasm.extend_from_slice(part);
+            } else {
+                self.rx_reasm_bad = true;
+            }
+            if !contd {
+                if self.rx_reasm_bad {
+                    self.io_stats.rx_dropped += 1;
+                } else {
+                    on_frame(&self.rx_reasm);
+                    frames += 1;
+                    self.io_stats.rx_frames += 1;
+                    self.io_stats.rx_bytes += self.rx_reasm.len() as u64;
+                }
+                self.rx_reasm.clear();
+                self.rx_reasm_bad = false;
+            }
         }
         // Give the frames straight back for new arrivals.
         self.fill_pending.extend_from_slice(&self.rx_batch[..n]);
         self.refill()?;
-        Ok(n)
+        Ok(frames)
     }
 
     /// Puts RX frames back on the fill ring and wakes the kernel if it asks.
@@ -512,7 +583,61 @@ impl XskSocket {
     }
 
     fn max_frame_len(&self) -> usize {
+        if self.multi_buffer {
+            self.mb_max
+        } else {
+            self.chunk_capacity()
+        }
+    }
+
+    fn chunk_capacity(&self) -> usize {
         (self.frame_size - XDP_PACKET_HEADROOM) as usize
+    }
+
+    /// Multi-buffer TX: the frame is staged, then spread over chunks.
+    fn transmit_mb(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<usize, XskError> {
+        let cap = self.chunk_capacity();
+        let worst = self.mb_max.div_ceil(cap);
+        let mut queued = 0;
+        let mut too_big = None;
+        // Offer a buffer only while a largest frame would still fit.
+        while self.tx_free.len() >= worst {
+            let len = match fill(&mut self.tx_stage[..self.mb_max]) {
+                None => break,
+                Some(0) => continue,
+                Some(len) if len > self.mb_max => {
+                    too_big = Some(len);
+                    break;
+                }
+                Some(len) => len,
+            };
+            let pieces = len.div_ceil(cap);
+            for (j, chunk) in self.tx_stage[..len].chunks(cap).enumerate() {
+                let mut desc = self.tx_free.pop().expect("counted above");
+                // SAFETY: the descriptor came from the free list.
+                let mut data = unsafe { self.umem.data_mut(&mut desc) };
+                let mut c = data.cursor();
+                c.set_pos(0);
+                c.write_all(chunk)?;
+                desc.set_options(if j + 1 < pieces { XDP_PKT_CONTD } else { 0 });
+                self.tx_batch.push(desc);
+            }
+            self.io_stats.tx_bytes += len as u64;
+            queued += 1;
+        }
+        self.flush_tx()?;
+        self.io_stats.tx_frames += queued as u64;
+        if let Some(len) = too_big {
+            self.io_stats.tx_errors += 1;
+            return Err(XskError::FrameTooBig {
+                len,
+                frame_size: self.frame_size,
+            });
+        }
+        Ok(queued)
     }
 
     fn transmit_inner(
@@ -521,6 +646,9 @@ impl XskSocket {
     ) -> Result<usize, XskError> {
         self.complete_tx()?;
         self.tx_batch.clear();
+        if self.multi_buffer {
+            return self.transmit_mb(fill);
+        }
         let max = self.max_frame_len();
         let mut too_big = None;
         while let Some(mut desc) = self.tx_free.pop() {
@@ -538,6 +666,7 @@ impl XskSocket {
                     // The length must be set every time: a descriptor back
                     // from the completion ring has none.
                     data.cursor().set_pos(len);
+                    desc.set_options(0);
                     self.io_stats.tx_bytes += len as u64;
                     self.tx_batch.push(desc);
                 }
@@ -555,6 +684,7 @@ impl XskSocket {
         }
         let queued = self.tx_batch.len();
         self.flush_tx()?;
+        self.io_stats.tx_frames += queued as u64;
         if let Some(len) = too_big {
             self.io_stats.tx_errors += 1;
             return Err(XskError::FrameTooBig {
@@ -576,7 +706,6 @@ impl XskSocket {
         debug_assert_eq!(done, self.tx_batch.len());
         // Anything the ring did not take goes back to the free list.
         self.tx_free.extend_from_slice(&self.tx_batch[done..]);
-        self.io_stats.tx_frames += done as u64;
         self.tx_batch.clear();
         if done > 0 && (!self.need_wakeup || self.tx.needs_wakeup()) {
             // Copy mode sends at most 32 frames per kick (the kernel's TX
