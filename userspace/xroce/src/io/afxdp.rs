@@ -822,6 +822,10 @@ impl PacketIo for XskSocket {
     fn stats(&mut self) -> IoStats {
         self.folded_stats()
     }
+
+    fn poll_fd(&self) -> Option<i32> {
+        Some(self.raw_fd())
+    }
 }
 
 /// Number of RX queues of `iface`: ethtool's channel count (works in the

@@ -131,6 +131,13 @@ pub trait PacketIo: Send {
 
     /// Counters so far (cheap; backends with kernel counters fold them in).
     fn stats(&mut self) -> IoStats;
+
+    /// A descriptor that polls readable when frames arrive, for runtimes
+    /// that wait on several sources (epoll with timers, eventfds); `None`
+    /// if the backend has no single one.
+    fn poll_fd(&self) -> Option<i32> {
+        None
+    }
 }
 
 /// Sends all of `frames`, waiting for room up to `timeout` in all; returns

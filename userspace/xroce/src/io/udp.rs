@@ -804,6 +804,10 @@ impl PacketIo for UdpBackend {
     fn stats(&mut self) -> IoStats {
         self.stats
     }
+
+    fn poll_fd(&self) -> Option<i32> {
+        Some(self.fd.as_raw_fd())
+    }
 }
 
 #[cfg(test)]
@@ -906,6 +910,32 @@ mod tests {
         assert_eq!(b.udp_stats().icrc_unmatched, 0);
         // The kernel sent IPv4 id 0 with DF, as the sender assumed.
         assert_eq!(b.udp_stats().ip_id_recovered, 0);
+    }
+
+    #[test]
+    fn ipv6_loopback_roundtrip_keeps_the_icrc_and_traffic_class() {
+        let lo: IpAddr = Ipv6Addr::LOCALHOST.into();
+        let mut cfg = UdpConfig::new(lo);
+        cfg.port = 47960 + (std::process::id() % 30) as u16;
+        let mut a = UdpBackend::open(cfg.clone()).expect("bind [::1]");
+        let mut cfg_b = cfg.clone();
+        cfg_b.port += 1;
+        let mut b = UdpBackend::open(cfg_b.clone()).expect("bind [::1] again");
+        let mut frame = send_only(lo, lo, 0x77, 5, b"over IPv6");
+        // Traffic class with ECN CE; UDP at 14 + 40.
+        frame[14] = (frame[14] & 0xf0) | 0x0b;
+        frame[15] = (frame[15] & 0x0f) | 0x80;
+        frame[54 + 2..54 + 4].copy_from_slice(&cfg_b.port.to_be_bytes());
+        assert_eq!(a.send_batch(&[&frame]).unwrap(), 1);
+        let mut got = Vec::new();
+        b.recv_batch(Duration::from_secs(1), &mut |f| got = f.to_vec())
+            .unwrap();
+        assert_eq!(&got[12..14], &[0x86, 0xdd]);
+        icrc::verify_frame(&got).expect("ICRC over the rebuilt IPv6 headers");
+        let tclass = (got[14] << 4) | (got[15] >> 4);
+        assert_eq!(tclass, 0xb8, "traffic class from IPV6_TCLASS");
+        assert_eq!(&got[62..got.len() - 4], &frame[62..frame.len() - 4]);
+        assert_eq!(b.udp_stats().icrc_unmatched, 0);
     }
 
     #[test]
