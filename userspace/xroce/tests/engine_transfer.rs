@@ -554,3 +554,91 @@ fn stress_heavy_duplication_one_rd_atomic() {
         dup: Some(0.3),
     });
 }
+
+fn uc_run(loss: f64, seed: u64) -> usize {
+    let link = LinkConfig::lossy(loss);
+    let mut sim = Sim::pair(link, seed);
+    let p = PairParams {
+        qp_type: QpType::Uc,
+        psn_a: 0xff_fff0,
+        mtu: Mtu::Mtu1024,
+        mr_len: 2 << 20,
+        ..Default::default()
+    };
+    let (a, b) = connect_pair(&sim, &p);
+    let src = pattern(seed, 512 * 1024);
+    a.mr.write(0, &src).unwrap();
+    // READ/atomics are not UC operations.
+    let rd = SendWr::new(
+        0,
+        WrOpcode::RdmaRead {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        vec![],
+    );
+    assert!(a.qp.post_send(&rd).is_err());
+    let n = 60u64;
+    let size = |i: u64| [0usize, 1, 100, 1024, 1025, 3000, 9000][i as usize % 7];
+    for i in 0..n {
+        b.qp.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: vec![b.mr.sge(i as usize * 10_000, 10_000)],
+        })
+        .unwrap();
+    }
+    for i in 0..n {
+        let off = i as usize * 1000;
+        let opc = if i % 3 == 2 {
+            WrOpcode::RdmaWriteWithImm {
+                remote_addr: b.mr.addr() + 600_000 + i * 10_000,
+                rkey: b.mr.rkey(),
+                imm: i as u32,
+            }
+        } else {
+            WrOpcode::SendWithImm { imm: i as u32 }
+        };
+        a.qp.post_send(&SendWr::new(i, opc, vec![a.mr.sge(off, size(i))]))
+            .unwrap();
+    }
+    let (wa, mut wb) = run(&mut sim, &a, &b, n as usize, 0);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success));
+    // Drain the receiver.
+    let until = sim.now + 10_000_000;
+    sim.run_until(until, |_| false);
+    drain(&b.cq, &mut wb);
+    let mut last = None;
+    for (k, w) in wb.iter().enumerate() {
+        assert_eq!(w.status, WcStatus::Success);
+        assert_eq!(
+            w.wr_id, k as u64,
+            "receive WQEs are used in order, none skipped"
+        );
+        let i = w.imm_data as u64;
+        assert!(last.is_none_or(|l| i > l), "in order, no duplicates");
+        last = Some(i);
+        let len = size(i);
+        assert_eq!(w.byte_len as usize, len);
+        let data = if i % 3 == 2 {
+            b.mr.to_vec(600_000 + i as usize * 10_000, len).unwrap()
+        } else {
+            b.mr.to_vec(k * 10_000, len).unwrap()
+        };
+        assert!(
+            data == src[i as usize * 1000..i as usize * 1000 + len],
+            "message {i} intact"
+        );
+    }
+    if loss == 0.0 {
+        assert_eq!(wb.len(), n as usize);
+    }
+    assert_eq!(b.qp.state(), QpState::Rts);
+    wb.len()
+}
+
+#[test]
+fn uc_delivers_whole_messages_or_nothing() {
+    uc_run(0.0, 30);
+    let got = uc_run(0.10, 31);
+    assert!(got > 10 && got < 60, "{got} of 60 delivered at 10 % loss");
+}

@@ -35,6 +35,7 @@ mod requester;
 mod responder;
 pub mod sim;
 pub mod timers;
+mod uc;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -43,7 +44,7 @@ use crate::cc::{CongestionControl, NoCc};
 use crate::verbs::cq::CqInner;
 use crate::verbs::error::{Result, VerbsError};
 use crate::verbs::mr::MrTable;
-use crate::verbs::qp::{check_modify, QpAttr, QpAttrMask, QpCap, QpType};
+use crate::verbs::qp::{check_modify_for, QpAttr, QpAttrMask, QpCap, QpType};
 use crate::verbs::srq::SrqInner;
 use crate::verbs::wr::{RecvWr, SendWr};
 
@@ -227,11 +228,8 @@ impl Engine {
     }
 
     pub(crate) fn create_qp(&mut self, c: QpCreate) -> Result<u32> {
-        if c.qp_type != QpType::Rc {
-            return Err(VerbsError::Unsupported(match c.qp_type {
-                QpType::Uc => "UC",
-                _ => "UD",
-            }));
+        if c.qp_type == QpType::Ud {
+            return Err(VerbsError::Unsupported("UD"));
         }
         let idx = match self.free_qps.pop() {
             Some(i) => i,
@@ -283,7 +281,7 @@ impl Engine {
     /// `ibv_modify_qp`.
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         self.with_qp(qpn, |qp, env| {
-            let to = check_modify(qp.state, attr, mask)?;
+            let to = check_modify_for(qp.qp_type, qp.state, attr, mask)?;
             qp.apply_modify(env, to, attr, mask);
             Ok(())
         })

@@ -251,6 +251,7 @@ pub(crate) struct Pacer {
 
 pub(crate) struct QpCtx {
     pub qpn: u32,
+    pub qp_type: QpType,
     pub pd: u32,
     pub state: QpState,
     pub attr: QpAttr,
@@ -277,9 +278,9 @@ pub(crate) struct QpCtx {
 
 impl QpCtx {
     pub(crate) fn new(qpn: u32, c: QpCreate, cc: Box<dyn CongestionControl>) -> Self {
-        debug_assert_eq!(c.qp_type, QpType::Rc);
         Self {
             qpn,
+            qp_type: c.qp_type,
             pd: c.pd,
             state: QpState::Reset,
             attr: QpAttr::default(),
@@ -529,6 +530,13 @@ impl QpCtx {
                 max: self.cap.max_send_sge as usize,
             });
         }
+        if self.qp_type == QpType::Uc
+            && (wr.opcode.is_read_or_atomic() || matches!(wr.opcode, WrOpcode::SendWithInv { .. }))
+        {
+            return Err(VerbsError::InvalidArgument(
+                "UC QPs carry only SEND, SEND_WITH_IMM, RDMA_WRITE and RDMA_WRITE_WITH_IMM",
+            ));
+        }
         let signaled = self.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
         let mut w = SendWqe {
             wr_id: wr.wr_id,
@@ -621,8 +629,19 @@ impl QpCtx {
             self.cc.on_cnp(now);
             return;
         }
-        if h.opcode >> 5 != 0 {
-            env.stats.rx_unsupported += 1; // UC opcodes to an RC QP
+        let service = if self.qp_type == QpType::Uc { 1 } else { 0 };
+        if h.opcode >> 5 != service {
+            env.stats.rx_unsupported += 1; // UC opcodes to an RC QP or v.v.
+            return;
+        }
+        if self.qp_type == QpType::Uc {
+            if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                let mut n = *h;
+                n.opcode &= 0x1f;
+                self.uc_recv(env, &n, payload);
+            } else {
+                env.stats.rx_bad_state += 1;
+            }
             return;
         }
         let is_response = matches!(h.opcode, codec::op::READ_RESP_FIRST..=codec::op::ATOMIC_ACK);

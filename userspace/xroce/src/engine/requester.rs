@@ -251,7 +251,11 @@ impl QpCtx {
         }
         let window_fill =
             psn::diff(psn::add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
-        h.ack_req = last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill;
+        let uc = self.qp_type == crate::verbs::qp::QpType::Uc;
+        h.ack_req = !uc && (last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill);
+        if uc {
+            h.opcode |= 0x20;
+        }
         if env.scratch.len() < payload_len {
             env.scratch.resize(payload_len, 0);
         }
@@ -278,7 +282,13 @@ impl QpCtx {
         if h.ack_req && self.req.rtt_sample.is_none() && !retransmission {
             self.req.rtt_sample = Some((sent_psn, now));
         }
-        if self.req.rto_deadline.is_none() {
+        if uc {
+            // UC: nothing is acknowledged; a WQE completes once sent.
+            self.req.comp_psn = self.req.psn;
+            if last_pkt {
+                self.uc_complete_sent(env);
+            }
+        } else if self.req.rto_deadline.is_none() {
             self.req.rto_deadline = self.rto_ns().map(|t| now + t);
         }
         env.stats.tx_data_packets += 1;

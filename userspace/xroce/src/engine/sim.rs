@@ -13,7 +13,7 @@ use rand::{Rng, SeedableRng};
 use super::EngineConfig;
 use crate::verbs::{
     AccessFlags, AddressVector, CompletionQueue, Device, Mtu, ProtectionDomain, QpAttr, QpInitAttr,
-    QueuePair, RemoteQp,
+    QpType, QueuePair, RemoteQp,
 };
 
 /// Link impairments (per direction, same for both).
@@ -355,6 +355,7 @@ pub struct PairParams {
     pub cq_depth: usize,
     pub max_wr: u32,
     pub access: AccessFlags,
+    pub qp_type: QpType,
 }
 
 impl Default for PairParams {
@@ -375,6 +376,7 @@ impl Default for PairParams {
                 | AccessFlags::REMOTE_WRITE
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
+            qp_type: QpType::Rc,
         }
     }
 }
@@ -383,6 +385,7 @@ fn endpoint(dev: &Device, p: &PairParams) -> Endpoint {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(p.cq_depth).expect("cq");
     let mut init = QpInitAttr::rc(&cq);
+    init.qp_type = p.qp_type;
     init.cap.max_send_wr = p.max_wr;
     init.cap.max_recv_wr = p.max_wr;
     let qp = dev.create_qp(&pd, &init).expect("qp");

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use super::error::{Result, VerbsError};
 use super::mr::AccessFlags;
 
-/// `ibv_qp_type`. RC is implemented; UC/UD are rejected at creation.
+/// `ibv_qp_type`. RC and UC are implemented; UD is rejected at creation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {
     Rc,
@@ -196,6 +196,17 @@ fn req(mask: QpAttrMask, need: QpAttrMask, from: QpState, to: QpState) -> Result
 /// target state. Mirrors the kernel's `ib_modify_qp_is_ok` table for RC:
 /// required attributes must be present, illegal transitions are refused.
 pub fn check_modify(cur: QpState, attr: &QpAttr, mask: QpAttrMask) -> Result<QpState> {
+    check_modify_for(QpType::Rc, cur, attr, mask)
+}
+
+/// [`check_modify`] for a QP of type `t` (UC needs no READ/atomic or RNR
+/// attributes and no retry/timeout attributes).
+pub fn check_modify_for(
+    t: QpType,
+    cur: QpState,
+    attr: &QpAttr,
+    mask: QpAttrMask,
+) -> Result<QpState> {
     let to = if mask.contains(QpAttrMask::STATE) {
         attr.qp_state
     } else {
@@ -226,6 +237,16 @@ pub fn check_modify(cur: QpState, attr: &QpAttr, mask: QpAttrMask) -> Result<QpS
         | (QpState::Sqd, QpState::Rts)
         | (QpState::Sqe, QpState::Rts) => QpAttrMask::empty(),
         (from, to) => return Err(VerbsError::IllegalTransition { from, to }),
+    };
+    let need = if t == QpType::Uc {
+        need - (QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC)
+    } else {
+        need
     };
     req(mask, need, cur, to)?;
     if mask.contains(QpAttrMask::TIMEOUT) && attr.timeout > 31 {

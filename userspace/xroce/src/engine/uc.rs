@@ -1,0 +1,206 @@
+//! Unreliable Connected service (IBTA 9.8.4 / rxe): the RC machinery
+//! without ACKs, retransmission, READ or atomics. The requester completes a
+//! WQE once its last packet is sent; the responder accepts packets in PSN
+//! order only and silently drops a whole message on a gap, an error or a
+//! missing receive WQE (the receive WQE is reused for the next message),
+//! resynchronising on the next FIRST/ONLY packet.
+
+use super::codec::{op, PktHdr};
+use super::psn;
+use super::qp::{sgl_write, InMsg, QpCtx, WriteCtx};
+use super::Env;
+use crate::verbs::mr::AccessFlags;
+use crate::verbs::wc::{WcFlags, WcOpcode, WcStatus};
+
+impl QpCtx {
+    pub(crate) fn uc_complete_sent(&mut self, env: &mut Env<'_>) {
+        if let Some(w) = self.sq.pop_front() {
+            self.req.idx = self.req.idx.saturating_sub(1);
+            if w.signaled {
+                let wc = self.send_wc(&w, WcStatus::Success);
+                self.complete(env, true, wc);
+            }
+        }
+    }
+
+    fn uc_drop_msg(&mut self, env: &mut Env<'_>) {
+        env.stats.rx_dropped_other += 1;
+        self.resp.in_msg = InMsg::None;
+        self.resp.write = None;
+        self.resp.recv_off = 0;
+        self.resp.nak_sent = true; // "drop until the next FIRST/ONLY"
+    }
+
+    /// One UC request packet (opcode already reduced to its operation).
+    pub(crate) fn uc_recv(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8]) {
+        let o = h.opcode;
+        let first = matches!(
+            o,
+            op::SEND_FIRST
+                | op::SEND_ONLY
+                | op::SEND_ONLY_IMM
+                | op::WRITE_FIRST
+                | op::WRITE_ONLY
+                | op::WRITE_ONLY_IMM
+        );
+        let d = psn::diff(h.psn, self.resp.epsn);
+        if d < 0 {
+            // Behind: a duplicate (rxe would accept a duplicated FIRST/ONLY
+            // and deliver the message twice; we drop it).
+            env.stats.rx_duplicate += 1;
+            return;
+        }
+        if d > 0 {
+            env.stats.rx_out_of_sequence += 1;
+            // Lost packets: abandon the message in progress, resync here.
+            self.uc_drop_msg(env);
+            self.resp.epsn = h.psn;
+        }
+        if self.resp.nak_sent && !first {
+            env.stats.rx_dropped_other += 1;
+            self.resp.epsn = psn::add(h.psn, 1);
+            return;
+        }
+        self.resp.nak_sent = false;
+        self.resp.epsn = psn::add(h.psn, 1);
+        let mtu = self.mtu as usize;
+        let in_seq = match self.resp.in_msg {
+            InMsg::Send => matches!(o, op::SEND_MIDDLE | op::SEND_LAST | op::SEND_LAST_IMM),
+            InMsg::Write => matches!(o, op::WRITE_MIDDLE | op::WRITE_LAST | op::WRITE_LAST_IMM),
+            InMsg::None => first,
+        };
+        let last = !matches!(
+            o,
+            op::SEND_FIRST | op::SEND_MIDDLE | op::WRITE_FIRST | op::WRITE_MIDDLE
+        );
+        let len_ok = if last {
+            payload.len() <= mtu
+        } else {
+            payload.len() == mtu
+        };
+        if !in_seq || !len_ok {
+            self.uc_drop_msg(env);
+            return;
+        }
+        let is_send = matches!(
+            o,
+            op::SEND_FIRST
+                | op::SEND_MIDDLE
+                | op::SEND_LAST
+                | op::SEND_LAST_IMM
+                | op::SEND_ONLY
+                | op::SEND_ONLY_IMM
+        );
+        if is_send {
+            if first {
+                if self.resp.recv.is_none() {
+                    let r = match &self.srq {
+                        Some(srq) => srq.pop(),
+                        None => self.rq.pop_front(),
+                    };
+                    match r {
+                        Some(r) => self.resp.recv = Some(r),
+                        None => {
+                            self.uc_drop_msg(env);
+                            return;
+                        }
+                    }
+                }
+                self.resp.recv_off = 0;
+            }
+            let Some(r) = self.resp.recv.as_ref() else {
+                self.uc_drop_msg(env);
+                return;
+            };
+            if r.local_err.is_some() || self.resp.recv_off + payload.len() > r.len {
+                // The receive WQE cannot take it: complete it in error.
+                let r = self.resp.recv.take().expect("checked");
+                let st = r.local_err.unwrap_or(WcStatus::LocLenErr);
+                let wc = self.recv_wc(r.wr_id, st);
+                self.complete(env, false, wc);
+                self.uc_drop_msg(env);
+                return;
+            }
+            if !sgl_write(&r.sges, self.resp.recv_off, payload) {
+                self.uc_drop_msg(env);
+                return;
+            }
+            self.resp.recv_off += payload.len();
+            if last {
+                let r = self.resp.recv.take().expect("checked");
+                let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
+                wc.byte_len = self.resp.recv_off as u32;
+                if let Some(imm) = h.imm {
+                    wc.imm_data = imm;
+                    wc.flags |= WcFlags::WITH_IMM;
+                }
+                self.resp.in_msg = InMsg::None;
+                self.complete(env, false, wc);
+            } else {
+                self.resp.in_msg = InMsg::Send;
+            }
+            return;
+        }
+        // RDMA WRITE.
+        if first {
+            let ok = h.reth.and_then(|r| {
+                let mr = env.mrs.by_rkey(r.rkey)?;
+                let off = mr
+                    .check(self.pd, r.va, r.len as u64, AccessFlags::REMOTE_WRITE)
+                    .ok()?;
+                Some(WriteCtx {
+                    mr,
+                    off,
+                    remaining: r.len as u64,
+                    total: r.len,
+                })
+            });
+            if ok.is_none()
+                || !self
+                    .attr
+                    .qp_access_flags
+                    .contains(AccessFlags::REMOTE_WRITE)
+            {
+                self.uc_drop_msg(env);
+                return;
+            }
+            self.resp.write = ok;
+        }
+        let with_imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
+        let Some(w) = self.resp.write.as_mut() else {
+            self.uc_drop_msg(env);
+            return;
+        };
+        let n = payload.len() as u64;
+        if n > w.remaining || (last && n != w.remaining) || !w.mr.is_valid() {
+            self.uc_drop_msg(env);
+            return;
+        }
+        w.mr.write_at(w.off, payload);
+        w.off += payload.len();
+        w.remaining -= n;
+        let total = w.total;
+        if !last {
+            self.resp.in_msg = InMsg::Write;
+            return;
+        }
+        self.resp.write = None;
+        self.resp.in_msg = InMsg::None;
+        if with_imm {
+            // A receive WQE kept from a dropped SEND is the oldest: use it.
+            let r = match (self.resp.recv.take(), &self.srq) {
+                (Some(r), _) => Some(r),
+                (None, Some(srq)) => srq.pop(),
+                (None, None) => self.rq.pop_front(),
+            };
+            if let Some(r) = r {
+                let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
+                wc.opcode = WcOpcode::RecvRdmaWithImm;
+                wc.byte_len = total;
+                wc.imm_data = h.imm.unwrap_or(0);
+                wc.flags |= WcFlags::WITH_IMM;
+                self.complete(env, false, wc);
+            }
+        }
+    }
+}
