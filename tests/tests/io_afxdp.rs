@@ -392,3 +392,115 @@ fn afxdp_multi_buffer_carries_path_mtu_4096_frames() {
         assert_eq!(xsk.rx_dropped, 0, "{name}: {xsk:?}");
     }
 }
+
+/// A veth with two RX queues: `XskMultiQueue` finds both (ethtool, in the
+/// namespace), registers a socket per queue, and receives the frames the
+/// kernel spread over them.
+#[test]
+fn multi_queue_wrapper_receives_from_every_queue() {
+    use std::net::{Ipv4Addr, UdpSocket};
+    use xroce_tests::{run, unique_tag, Netns};
+    require_root();
+    let tag = unique_tag();
+    let a = Netns::new(format!("xr{tag}a"));
+    let b = Netns::new(format!("xr{tag}b"));
+    let (if_a, if_b) = (format!("xr{tag}a"), format!("xr{tag}b"));
+    let _pins = PinGuard(vec![if_b.clone()]);
+    run(std::process::Command::new("ip").args([
+        "link",
+        "add",
+        &if_a,
+        "numtxqueues",
+        "2",
+        "numrxqueues",
+        "2",
+        "netns",
+        &a.name,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &if_b,
+        "numtxqueues",
+        "2",
+        "numrxqueues",
+        "2",
+        "netns",
+        &b.name,
+    ]));
+    let octet = (std::process::id() % 200) as u8 + 20;
+    let addr_a = Ipv4Addr::new(10, 79, octet, 1);
+    let addr_b = Ipv4Addr::new(10, 79, octet, 2);
+    for (ns, ifname, addr) in [(&a, &if_a, addr_a), (&b, &if_b, addr_b)] {
+        ns.exec(&["ip", "addr", "add", &format!("{addr}/24"), "dev", ifname]);
+        ns.exec(&["ip", "link", "set", ifname, "up"]);
+    }
+    const SOCKETS: u32 = 16;
+    const EACH: u32 = 50;
+    let barrier = Arc::new(Barrier::new(2));
+    let bar = barrier.clone();
+    let ifb = if_b.clone();
+    let rx = spawn_in(&b.name, move || {
+        assert_eq!(
+            xroce::io::afxdp::rx_queue_count(&ifb),
+            2,
+            "ethtool channels"
+        );
+        let dev = Device::open(&ifb, DeviceConfig::default()).unwrap();
+        let mut io = XskMultiQueue::open(&ifb, XskConfig::default()).unwrap();
+        assert_eq!(io.sockets().len(), 2);
+        bar.wait();
+        let mut got = 0u32;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got < SOCKETS * EACH && Instant::now() < deadline {
+            got += io
+                .recv_batch(Duration::from_millis(20), &mut |f| {
+                    assert!(f.len() > 42 + 12);
+                })
+                .unwrap() as u32;
+        }
+        let per_queue: Vec<u64> = io
+            .sockets_mut()
+            .iter_mut()
+            .map(|s| PacketIo::stats(s).rx_frames)
+            .collect();
+        drop(io);
+        drop(dev);
+        (got, per_queue)
+    });
+    spawn_in(&a.name, move || {
+        barrier.wait();
+        let payload = roce_frame(
+            [0; 6],
+            [0; 6],
+            addr_a.into(),
+            addr_b.into(),
+            FrameSpec {
+                qpn: 3,
+                psn: 0,
+                len: 64,
+                ecn: 0,
+                ip_id: 0,
+            },
+        );
+        // Many sockets: the kernel hashes each flow to a TX queue, and veth
+        // delivers on the peer's RX queue of the same index.
+        for _ in 0..SOCKETS {
+            let s = UdpSocket::bind((addr_a, 0)).unwrap();
+            for _ in 0..EACH {
+                s.send_to(&payload[42..], (addr_b, 4791)).unwrap();
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    })
+    .join()
+    .unwrap();
+    let (got, per_queue) = rx.join().unwrap();
+    assert_eq!(got, SOCKETS * EACH, "per queue {per_queue:?}");
+    assert_eq!(per_queue.iter().sum::<u64>(), (SOCKETS * EACH) as u64);
+    assert!(
+        per_queue.iter().all(|&n| n > 0),
+        "frames arrived on both queues: {per_queue:?}"
+    );
+    eprintln!("multi-queue: frames per RX queue {per_queue:?}");
+}

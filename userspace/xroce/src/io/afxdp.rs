@@ -943,6 +943,11 @@ impl XskMultiQueue {
         &self.sockets
     }
 
+    /// The sockets, one per queue (e.g. for per-queue counters).
+    pub fn sockets_mut(&mut self) -> &mut [XskSocket] {
+        &mut self.sockets
+    }
+
     /// Kernel counters summed over all queues.
     pub fn xsk_stats(&self) -> Result<XskStats, XskError> {
         let mut total = XskStats::default();
