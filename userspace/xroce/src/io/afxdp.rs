@@ -607,7 +607,7 @@ impl XskSocket {
         while self.tx_free.len() >= worst {
             let len = match fill(&mut self.tx_stage[..self.mb_max]) {
                 None => break,
-                Some(0) => continue,
+                Some(0) => break,
                 Some(len) if len > self.mb_max => {
                     too_big = Some(len);
                     break;
@@ -670,7 +670,10 @@ impl XskSocket {
                     self.io_stats.tx_bytes += len as u64;
                     self.tx_batch.push(desc);
                 }
-                Some(0) => self.tx_free.push(desc),
+                Some(0) => {
+                    self.tx_free.push(desc);
+                    break;
+                }
                 Some(len) => {
                     self.tx_free.push(desc);
                     too_big = Some(len);

@@ -147,7 +147,10 @@ impl PacketIo for ChannelIo {
                         hint: "",
                     });
                 }
-                Some(_) => pipe.free.push(buf),
+                Some(_) => {
+                    pipe.free.push(buf);
+                    break;
+                }
                 None => {
                     pipe.free.push(buf);
                     break;

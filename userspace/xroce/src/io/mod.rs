@@ -98,7 +98,7 @@ pub trait PacketIo: Send {
     /// at a time; `fill` writes one frame and returns its length, or `None`
     /// when it has nothing more to send. Stops early when the backend has no
     /// free buffer (without blocking); returns how many frames were queued.
-    /// A length of 0 skips the buffer.
+    /// `Some(0)` means the same as `None` (nothing written, stop).
     fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize>;
 
     /// Appended to [`IoError::FrameTooBig`] messages: how to get bigger frames.

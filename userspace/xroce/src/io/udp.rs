@@ -768,7 +768,7 @@ impl PacketIo for UdpBackend {
                 break;
             };
             if len == 0 {
-                continue;
+                break;
             }
             if len > ml {
                 bad = Some(IoError::FrameTooBig {
