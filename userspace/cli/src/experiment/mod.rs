@@ -1,0 +1,476 @@
+//! `xroce experiment incast`: a reproducible congestion experiment on one
+//! machine. N senders and one receiver, each in a network namespace of its
+//! own, meet at a Linux bridge in another; the receiver's interface runs the
+//! XDP congestion point (a virtual bottleneck at `--link-rate` with ECN
+//! marking, see `xroce ecn`) and optionally loss injection. Every flow is an
+//! RDMA WRITE stream from `xroce bench write` with the chosen congestion
+//! control; the receiver is one `xroce bench write --listen` process
+//! serving all of them.
+//!
+//! While it runs, the virtual queue and XDP counters are sampled every bin
+//! into DIR/queue.csv; at the end the senders' per-bin traces become
+//! DIR/flows.csv, and DIR/summary.json and SVG plots are written.
+//! Namespaces, XDP pins and processes are removed on every exit path
+//! (errors, panics, Ctrl-C).
+
+mod plot;
+mod procs;
+mod report;
+mod sampler;
+mod topology;
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use xroce::cc::units::{parse_duration_ns, parse_rate_bps, parse_size_bytes};
+
+use self::{
+    procs::Proc,
+    report::{FlowResult, Report},
+    sampler::Sampler,
+    topology::Topology,
+};
+
+#[derive(clap::Args, Debug)]
+pub struct ExperimentArgs {
+    #[command(subcommand)]
+    pub kind: ExperimentKind,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ExperimentKind {
+    /// N senders WRITE to one receiver through a virtual bottleneck
+    Incast(IncastArgs),
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct IncastArgs {
+    /// Number of sender hosts (one flow each)
+    #[arg(long, default_value_t = 4)]
+    pub senders: usize,
+    /// Congestion control of every sender
+    #[arg(long, default_value = "dcqcn", value_parser = ["dcqcn", "timely", "none"])]
+    pub cc: String,
+    /// Drain rate of the virtual bottleneck at the receiver, e.g. 1gbit
+    #[arg(long, default_value = "1gbit")]
+    pub link_rate: String,
+    /// Line rate each sender's pacer and congestion control start from
+    /// (default: the link rate, so every sender alone could fill the link)
+    #[arg(long)]
+    pub line_rate: Option<String>,
+    /// How long each sender sends: seconds ("5") or with a unit ("500ms")
+    #[arg(long, default_value = "5")]
+    pub duration: String,
+    /// Folder for flows.csv, queue.csv, summary.json, the plots and logs
+    #[arg(long)]
+    pub out: PathBuf,
+    /// RED: no marking up to this queue length (step: the threshold K)
+    #[arg(long, default_value = "5KB")]
+    pub kmin: String,
+    /// RED: marking probability reaches --pmax here
+    #[arg(long, default_value = "200KB")]
+    pub kmax: String,
+    /// RED: marking probability at kmax
+    #[arg(long, default_value = "0.01")]
+    pub pmax: String,
+    /// red (DCQCN switch) or step (DCTCP)
+    #[arg(long, default_value = "red", value_parser = ["red", "step"])]
+    pub policy: String,
+    /// Virtual buffer: frames beyond it are tail-dropped (default: unlimited)
+    #[arg(long)]
+    pub buffer: Option<String>,
+    /// Loss injection: fraction of RoCEv2 frames to drop at the receiver
+    #[arg(long)]
+    pub drop: Option<String>,
+    /// Loss injection: only this opcode class (send, write, ack, ...)
+    #[arg(long, requires = "drop")]
+    pub opcode: Option<String>,
+    /// Loss injection: seed of the drop pattern (0: kernel randomness)
+    #[arg(long, default_value_t = 0, requires = "drop")]
+    pub seed: u64,
+    /// Message size of the WRITEs
+    #[arg(long, default_value = "64KiB")]
+    pub size: String,
+    /// Bin width of flows.csv and queue.csv, in ms (1 or 10 are typical)
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub bin_ms: u32,
+    /// MTU of every interface in the topology
+    #[arg(long, default_value_t = 1500)]
+    pub mtu: u32,
+    /// TCP port the receiver listens on for the senders' connections
+    #[arg(long, default_value_t = 18515)]
+    pub port: u16,
+}
+
+pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
+    match &args.kind {
+        ExperimentKind::Incast(a) => incast(a),
+    }
+}
+
+/// Seconds from "5", "2.5", "500ms", "2s".
+fn parse_seconds(s: &str) -> anyhow::Result<f64> {
+    let secs = match s.trim().parse::<f64>() {
+        Ok(v) => v,
+        Err(_) => parse_duration_ns(s).context("--duration")? as f64 / 1e9,
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        bail!("--duration must be positive, e.g. --duration 5");
+    }
+    Ok(secs)
+}
+
+/// Parsed and checked settings.
+struct Plan {
+    link_rate_bps: u64,
+    line_rate: String,
+    duration_s: f64,
+    buffer_bytes: Option<u64>,
+}
+
+fn check(a: &IncastArgs) -> anyhow::Result<Plan> {
+    if a.senders == 0 || a.senders > topology::MAX_SENDERS {
+        bail!("--senders must be 1..={}", topology::MAX_SENDERS);
+    }
+    let link_rate_bps = parse_rate_bps(&a.link_rate).context("--link-rate")?;
+    let line_rate = a.line_rate.clone().unwrap_or_else(|| a.link_rate.clone());
+    parse_rate_bps(&line_rate).context("--line-rate")?;
+    parse_size_bytes(&a.size).context("--size")?;
+    parse_size_bytes(&a.kmin).context("--kmin")?;
+    parse_size_bytes(&a.kmax).context("--kmax")?;
+    let buffer_bytes = match &a.buffer {
+        Some(b) => Some(parse_size_bytes(b).context("--buffer")?),
+        None => None,
+    };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
+    }
+    for tool in ["ip", "nsenter"] {
+        if std::process::Command::new(tool).arg("-V").output().is_err() {
+            bail!("`{tool}` is missing; install iproute2 and util-linux (`cargo xtask setup`)");
+        }
+    }
+    Ok(Plan {
+        link_rate_bps,
+        line_rate,
+        duration_s: parse_seconds(&a.duration)?,
+        buffer_bytes,
+    })
+}
+
+/// The `xroce` binary the processes run: this one, or `$XROCE_BIN` (e.g. a
+/// release build driven by a debug one).
+fn xroce_bin() -> anyhow::Result<PathBuf> {
+    match std::env::var_os("XROCE_BIN") {
+        Some(bin) => Ok(PathBuf::from(bin)),
+        None => std::env::current_exe().context("find the xroce binary (current_exe)"),
+    }
+}
+
+fn incast(a: &IncastArgs) -> anyhow::Result<()> {
+    let plan = check(a)?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
+    procs::install_signal_handlers();
+    topology::sweep_stale();
+    let exe = xroce_bin()?;
+    eprintln!(
+        "xroce: incast of {} senders ({}) into a {} bottleneck for {} s; output in {}",
+        a.senders,
+        a.cc,
+        a.link_rate,
+        plan.duration_s,
+        a.out.display()
+    );
+    let topo = Topology::build(a.senders, a.mtu).context("build the namespaces")?;
+    let result = run_in(a, &plan, &topo, &exe);
+    drop(topo);
+    result
+}
+
+/// `xroce attach --iface IF --mode native` inside the host's namespace.
+fn attach(exe: &Path, host: &topology::Host) -> anyhow::Result<()> {
+    let out = host
+        .command(exe)
+        .args(["attach", "--iface", &host.iface, "--mode", "native"])
+        .output()
+        .context("run xroce attach")?;
+    if !out.status.success() {
+        bail!(
+            "attach XDP natively to {}: {}",
+            host.iface,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Programs the congestion point and loss injection of the receiver.
+fn program_receiver(a: &IncastArgs, iface: &str) -> anyhow::Result<()> {
+    crate::congestion::ecn(&crate::congestion::EcnArgs {
+        iface: iface.to_string(),
+        off: false,
+        link_rate: Some(a.link_rate.clone()),
+        kmin: Some(a.kmin.clone()),
+        kmax: Some(a.kmax.clone()),
+        pmax: a.pmax.clone(),
+        policy: a.policy.clone(),
+        buffer: a.buffer.clone(),
+    })?;
+    match &a.drop {
+        Some(drop) => crate::congestion::fault(&crate::congestion::FaultArgs {
+            iface: iface.to_string(),
+            off: false,
+            drop: Some(drop.clone()),
+            opcode: a.opcode.clone(),
+            qpn: None,
+            seed: a.seed,
+        }),
+        None => xroce::xdp::set_fault(iface, xroce_common::ecn::FaultConfig::default())
+            .map_err(Into::into),
+    }
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" | ")
+}
+
+fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::Result<()> {
+    let out = &a.out;
+    for host in std::iter::once(&topo.receiver).chain(&topo.senders) {
+        attach(exe, host)?;
+    }
+    let rx = &topo.receiver;
+    program_receiver(a, &rx.iface)?;
+    let ecn = xroce::xdp::ecn_config(&rx.iface)?;
+    let fault = xroce::xdp::fault_config(&rx.iface)?;
+
+    // The receiver: one process, one AF_XDP socket, all the connections.
+    let listen = format!("{}:{}", rx.addr, a.port);
+    let mut cmd = rx.command(exe);
+    cmd.args(["bench", "write", "--iface", &rx.iface, "--listen", &listen])
+        .args([
+            "--peers",
+            &a.senders.to_string(),
+            "--backend",
+            "afxdp",
+            "--json",
+        ]);
+    let receiver_log = out.join("receiver.log");
+    let mut receiver = Proc::spawn("receiver", cmd, &receiver_log)?;
+    let ready_by = Instant::now() + Duration::from_secs(15);
+    while !procs::listening(receiver.pid(), a.port) {
+        if let Some(status) = receiver.poll() {
+            bail!(
+                "the receiver exited ({status}) before listening on {listen}: {}",
+                tail(&receiver_log)
+            );
+        }
+        if procs::stop_requested() {
+            bail!("interrupted");
+        }
+        if Instant::now() > ready_by {
+            bail!(
+                "the receiver did not listen on {listen} within 15 s: {}",
+                tail(&receiver_log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let sender_ifaces: Vec<String> = topo.senders.iter().map(|h| h.iface.clone()).collect();
+    let mut sampler = Sampler::new(
+        &rx.iface,
+        &sender_ifaces,
+        plan.link_rate_bps,
+        &out.join("queue.csv"),
+    )?;
+    let duration_arg = format_seconds(plan.duration_s);
+    let t0 = Instant::now();
+    let mut senders = Vec::with_capacity(topo.senders.len());
+    for (i, host) in topo.senders.iter().enumerate() {
+        let trace = out.join(format!("trace{i}.csv"));
+        let _ = std::fs::remove_file(&trace);
+        let mut cmd = host.command(exe);
+        cmd.args([
+            "bench",
+            "write",
+            "--iface",
+            &host.iface,
+            "--connect",
+            &listen,
+        ])
+        .args(["--size", &a.size, "--duration", &duration_arg, "--qps", "1"])
+        .args(["--cc", &a.cc, "--rate", &plan.line_rate])
+        .args(["--bin-ms", &a.bin_ms.to_string(), "--json"])
+        .arg("--trace")
+        .arg(&trace);
+        senders.push(Proc::spawn(
+            &format!("sender {i}"),
+            cmd,
+            &out.join(format!("sender{i}.log")),
+        )?);
+    }
+
+    let bar = progress_bar(plan.duration_s);
+    let bin = Duration::from_millis(a.bin_ms as u64);
+    // Senders that hang past this are killed.
+    let deadline = t0 + Duration::from_secs_f64(plan.duration_s + 30.0);
+    let mut samples = Vec::new();
+    let mut errors = Vec::new();
+    let mut next = t0;
+    let mut interrupted = false;
+    loop {
+        next += bin;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else if now - next > bin {
+            // Fell behind (a busy machine): sample now, keep the grid.
+            next += (now - next).div_duration_f64(bin).floor() as u32 * bin;
+        }
+        let t_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let s = sampler.sample(t_ms)?;
+        samples.push(s);
+        bar.set_position((t_ms as u64).min(bar.length().unwrap_or(0)));
+        bar.set_message(format!(
+            "queue {:>7.1} KB (peak {:.1} KB) marks {} CNPs {} drops {}",
+            s.queue_bytes as f64 / 1e3,
+            s.peak_bytes as f64 / 1e3,
+            s.marks,
+            s.cnps_seen,
+            s.drop_tail + s.drop_congestion + s.drop_fault
+        ));
+        let running = senders
+            .iter_mut()
+            .map(|p| p.poll())
+            .filter(Option::is_none)
+            .count();
+        if running == 0 {
+            break;
+        }
+        if procs::stop_requested() {
+            interrupted = true;
+            errors.push("interrupted (signal)".to_string());
+            break;
+        }
+        if Instant::now() > deadline {
+            errors.push(format!(
+                "{running} sender(s) still running {:.0} s after the end: killed",
+                plan.duration_s + 30.0
+            ));
+            break;
+        }
+    }
+    let active_until_ms = t0.elapsed().as_secs_f64() * 1e3;
+    bar.finish_and_clear();
+    for p in &mut senders {
+        p.kill();
+    }
+    // The receiver exits once every connection is done.
+    if !interrupted && receiver.wait_for(Duration::from_secs(15)).is_none() {
+        errors.push("the receiver did not exit within 15 s of the senders: killed".into());
+    }
+    receiver.kill();
+    // A last sample after the queue had time to drain.
+    let final_sample = sampler.sample(t0.elapsed().as_secs_f64() * 1e3)?;
+    sampler.finish()?;
+
+    let mut flows = Vec::new();
+    for (i, (p, host)) in senders.iter_mut().zip(&topo.senders).enumerate() {
+        let status = p.poll();
+        let stdout = p.stdout();
+        let flow = FlowResult::collect(
+            i,
+            host.addr,
+            status,
+            &stdout,
+            &out.join(format!("trace{i}.csv")),
+            p.started.duration_since(t0).as_secs_f64() * 1e3,
+            p.exited.map(|e| e.duration_since(t0).as_secs_f64() * 1e3),
+        );
+        if let Some(e) = &flow.error {
+            errors.push(format!(
+                "sender {i}: {e}: {}",
+                tail(&out.join(format!("sender{i}.log")))
+            ));
+        }
+        flows.push(flow);
+    }
+    let receiver_status = receiver.poll();
+    let receiver_json = serde_json::from_str::<serde_json::Value>(receiver.stdout().trim()).ok();
+    if !receiver_status.is_some_and(|s| s.success()) {
+        errors.push(format!(
+            "receiver: exited {}: {}",
+            receiver_status.map_or("(killed)".to_string(), |s| s.to_string()),
+            tail(&receiver_log)
+        ));
+    }
+
+    let report = Report {
+        args: a,
+        link_rate_bps: plan.link_rate_bps,
+        duration_s: plan.duration_s,
+        buffer_bytes: plan.buffer_bytes,
+        ecn,
+        fault,
+        samples: &samples,
+        final_sample,
+        active_until_ms,
+        flows: &flows,
+        receiver: receiver_json,
+        errors: &errors,
+    };
+    report.write(out)?;
+    if let Err(e) = plot::all(&report, out) {
+        eprintln!("xroce: plots not drawn: {e:#}");
+    }
+    report.print_brief();
+    if !errors.is_empty() {
+        bail!(
+            "the experiment had errors (outputs in {} are partial): {}",
+            out.display(),
+            errors.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// Seconds as bench takes them: "5" or "0.5".
+fn format_seconds(s: f64) -> String {
+    if s.fract() == 0.0 {
+        format!("{}", s as u64)
+    } else {
+        format!("{s}")
+    }
+}
+
+fn progress_bar(duration_s: f64) -> ProgressBar {
+    let bar = ProgressBar::new((duration_s * 1e3) as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{bar:30}] {pos:>6}/{len} ms  {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_seconds("5").unwrap(), 5.0);
+        assert_eq!(parse_seconds("500ms").unwrap(), 0.5);
+        assert!(parse_seconds("0").is_err());
+        assert_eq!(format_seconds(5.0), "5");
+        assert_eq!(format_seconds(0.5), "0.5");
+    }
+}

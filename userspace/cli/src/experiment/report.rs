@@ -1,0 +1,471 @@
+//! Results of an incast: the senders' traces turned into flows.csv, the
+//! summary (goodput, Jain's fairness index, queue, marks, CNPs, drops,
+//! retransmits, settings) into summary.json.
+
+use std::{io::Write, net::Ipv4Addr, path::Path, process::ExitStatus};
+
+use anyhow::Context;
+use serde_json::{json, Value};
+use xroce_common::ecn::{fixed_to_fraction, EcnConfig, EcnPolicy, FaultConfig, ANY_QPN};
+
+use super::{sampler::Sample, IncastArgs};
+
+/// One row of a sender's `--trace` CSV.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TraceRow {
+    pub t_ms: f64,
+    /// Bytes completed in this bin.
+    pub bytes: u64,
+    /// The congestion control's rate at the end of the bin.
+    pub rate_bps: f64,
+    /// Cumulative CNPs received.
+    pub cnps: u64,
+    /// Cumulative retransmissions.
+    pub retransmits: u64,
+}
+
+/// Parses `t_ms,bytes,rate_bps,cnps,retransmits` (columns found by name in
+/// the header; extra columns are ignored).
+pub fn parse_trace(text: &str) -> anyhow::Result<Vec<TraceRow>> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let header: Vec<&str> = lines
+        .next()
+        .context("empty trace")?
+        .split(',')
+        .map(str::trim)
+        .collect();
+    let col = |name: &str| header.iter().position(|h| *h == name);
+    let t = col("t_ms").context("trace has no t_ms column")?;
+    let bytes = col("bytes").context("trace has no bytes column")?;
+    let (rate, cnps, retx) = (col("rate_bps"), col("cnps"), col("retransmits"));
+    let mut rows = Vec::new();
+    for (n, line) in lines.enumerate() {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let num = |i: Option<usize>| -> anyhow::Result<f64> {
+            match i {
+                Some(i) => f
+                    .get(i)
+                    .context("short row")?
+                    .parse::<f64>()
+                    .with_context(|| format!("trace row {}: {line:?}", n + 2)),
+                None => Ok(0.0),
+            }
+        };
+        rows.push(TraceRow {
+            t_ms: num(Some(t))?,
+            bytes: num(Some(bytes))? as u64,
+            rate_bps: num(rate)?,
+            cnps: num(cnps)? as u64,
+            retransmits: num(retx)? as u64,
+        });
+    }
+    Ok(rows)
+}
+
+/// What one sender reported.
+#[derive(Debug, Default)]
+pub struct FlowResult {
+    pub index: usize,
+    pub addr: Option<Ipv4Addr>,
+    /// When the sender was started, ms after the experiment's t0.
+    pub offset_ms: f64,
+    pub trace: Vec<TraceRow>,
+    pub json: Option<Value>,
+    pub error: Option<String>,
+}
+
+impl FlowResult {
+    pub fn collect(
+        index: usize,
+        addr: Ipv4Addr,
+        status: Option<ExitStatus>,
+        stdout: &str,
+        trace_path: &Path,
+        spawned_ms: f64,
+        exited_ms: Option<f64>,
+    ) -> Self {
+        let mut errors = Vec::new();
+        match status {
+            Some(s) if s.success() => {}
+            Some(s) => errors.push(format!("exited {s}")),
+            None => errors.push("killed".to_string()),
+        }
+        let json = match serde_json::from_str::<Value>(stdout.trim()) {
+            Ok(v) => Some(v),
+            Err(_) => {
+                errors.push("no JSON result on stdout".to_string());
+                None
+            }
+        };
+        let trace = match std::fs::read_to_string(trace_path) {
+            Ok(text) => parse_trace(&text).unwrap_or_else(|e| {
+                errors.push(format!("bad trace {}: {e:#}", trace_path.display()));
+                Vec::new()
+            }),
+            Err(e) => {
+                errors.push(format!("no trace {}: {e}", trace_path.display()));
+                Vec::new()
+            }
+        };
+        // The sender's clock starts after its setup (AF_XDP socket, the
+        // connection exchange), not at spawn: it ran `seconds` up to about
+        // when it exited, which places its trace on the experiment clock.
+        let seconds = json
+            .as_ref()
+            .and_then(|j| j.get("seconds"))
+            .and_then(Value::as_f64);
+        let offset_ms = match (exited_ms, seconds) {
+            (Some(end), Some(s)) if end - s * 1e3 >= spawned_ms => end - s * 1e3,
+            _ => spawned_ms,
+        };
+        Self {
+            index,
+            addr: Some(addr),
+            offset_ms,
+            trace,
+            json,
+            error: (!errors.is_empty()).then(|| errors.join(", ")),
+        }
+    }
+
+    fn field(&self, name: &str) -> Option<f64> {
+        self.json.as_ref()?.get(name)?.as_f64()
+    }
+
+    /// Average goodput in Gbit/s: the sender's own figure, else its trace.
+    pub fn gbps(&self) -> f64 {
+        if let Some(g) = self.field("gbps") {
+            return g;
+        }
+        let bytes: u64 = self.trace.iter().map(|r| r.bytes).sum();
+        let span_ms = self.trace.last().map_or(0.0, |r| r.t_ms);
+        if span_ms > 0.0 {
+            bytes as f64 * 8.0 / (span_ms * 1e6)
+        } else {
+            0.0
+        }
+    }
+
+    pub fn cnps(&self) -> u64 {
+        self.field("cnps")
+            .map(|v| v as u64)
+            .or_else(|| self.trace.last().map(|r| r.cnps))
+            .unwrap_or(0)
+    }
+
+    pub fn retransmits(&self) -> u64 {
+        self.field("retransmits")
+            .map(|v| v as u64)
+            .or_else(|| self.trace.last().map(|r| r.retransmits))
+            .unwrap_or(0)
+    }
+
+    /// (end of the bin in ms on the experiment clock, goodput Gbit/s, CC
+    /// rate Gbit/s) per bin of the trace. A row's `t_ms` is the end of its
+    /// bin; bins may run a little over `bin_ms`, so each is divided by its
+    /// own width.
+    pub fn series(&self, bin_ms: u32) -> Vec<(f64, f64, f64)> {
+        let mut prev = 0.0;
+        self.trace
+            .iter()
+            .map(|r| {
+                let width = if r.t_ms > prev {
+                    r.t_ms - prev
+                } else {
+                    bin_ms as f64
+                };
+                prev = r.t_ms;
+                (
+                    self.offset_ms + r.t_ms,
+                    r.bytes as f64 * 8.0 / (width * 1e6),
+                    r.rate_bps / 1e9,
+                )
+            })
+            .collect()
+    }
+}
+
+/// Jain's fairness index (sum x)^2 / (n sum x^2): 1 when all are equal,
+/// 1/n when one has everything. 1 for no flows or all zero.
+pub fn jain(xs: &[f64]) -> f64 {
+    let sum: f64 = xs.iter().sum();
+    let sq: f64 = xs.iter().map(|x| x * x).sum();
+    if xs.is_empty() || sq == 0.0 {
+        1.0
+    } else {
+        sum * sum / (xs.len() as f64 * sq)
+    }
+}
+
+/// Window of the short-term fairness index.
+pub const SHORT_TERM_WINDOW_MS: f64 = 100.0;
+
+/// Mean over [`SHORT_TERM_WINDOW_MS`] windows of the index across flows,
+/// over the time every flow was running (short-term unfairness, which
+/// averages over a whole run hide). None if the flows never overlapped.
+pub fn jain_short_term(flows: &[FlowResult]) -> Option<f64> {
+    let span = |f: &FlowResult| {
+        let first = f.trace.first()?;
+        let last = f.trace.last()?;
+        Some((f.offset_ms, f.offset_ms + last.t_ms.max(first.t_ms)))
+    };
+    let spans: Vec<(f64, f64)> = flows.iter().map(span).collect::<Option<_>>()?;
+    let start = spans.iter().map(|s| s.0).fold(f64::MIN, f64::max);
+    let end = spans.iter().map(|s| s.1).fold(f64::MAX, f64::min);
+    let windows = ((end - start) / SHORT_TERM_WINDOW_MS).floor();
+    if flows.is_empty() || windows < 1.0 {
+        return None;
+    }
+    let windows = windows as usize;
+    let mut bytes = vec![vec![0.0f64; flows.len()]; windows];
+    for (i, f) in flows.iter().enumerate() {
+        for r in &f.trace {
+            let k = ((f.offset_ms + r.t_ms - start) / SHORT_TERM_WINDOW_MS).floor();
+            if k >= 0.0 && (k as usize) < windows {
+                bytes[k as usize][i] += r.bytes as f64;
+            }
+        }
+    }
+    Some(bytes.iter().map(|w| jain(w)).sum::<f64>() / windows as f64)
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+pub struct Report<'a> {
+    pub args: &'a IncastArgs,
+    pub link_rate_bps: u64,
+    pub duration_s: f64,
+    pub buffer_bytes: Option<u64>,
+    pub ecn: EcnConfig,
+    pub fault: FaultConfig,
+    pub samples: &'a [Sample],
+    /// Taken after every process ended.
+    pub final_sample: Sample,
+    /// When the last sender ended (ms on the experiment clock).
+    pub active_until_ms: f64,
+    pub flows: &'a [FlowResult],
+    pub receiver: Option<Value>,
+    pub errors: &'a [String],
+}
+
+impl Report<'_> {
+    pub fn aggregate_gbps(&self) -> f64 {
+        self.flows.iter().map(FlowResult::gbps).sum()
+    }
+
+    pub fn jain(&self) -> f64 {
+        jain(&self.flows.iter().map(FlowResult::gbps).collect::<Vec<_>>())
+    }
+
+    /// Queue samples while traffic ran (from the first admitted byte).
+    fn active_queue(&self) -> Vec<u64> {
+        self.samples
+            .iter()
+            .skip_while(|s| s.arrived_bytes == 0)
+            .filter(|s| s.t_ms <= self.active_until_ms)
+            .map(|s| s.queue_bytes)
+            .collect()
+    }
+
+    pub fn summary(&self) -> Value {
+        let a = self.args;
+        let f = &self.final_sample;
+        let mut queue = self.active_queue();
+        let mean = if queue.is_empty() {
+            0.0
+        } else {
+            queue.iter().sum::<u64>() as f64 / queue.len() as f64
+        };
+        queue.sort_unstable();
+        let cnps: u64 = self.flows.iter().map(FlowResult::cnps).sum();
+        let retransmits: u64 = self.flows.iter().map(FlowResult::retransmits).sum();
+        let aggregate = self.aggregate_gbps();
+        let flows: Vec<Value> = self
+            .flows
+            .iter()
+            .map(|fl| {
+                json!({
+                    "flow": fl.index,
+                    "addr": fl.addr.map(|a| a.to_string()),
+                    "gbps": fl.gbps(),
+                    "bytes": fl.field("bytes"),
+                    "seconds": fl.field("seconds"),
+                    "cnps": fl.cnps(),
+                    "retransmits": fl.retransmits(),
+                    "min_rate_gbps": fl.trace.iter().map(|r| r.rate_bps / 1e9).reduce(f64::min),
+                    "verified": fl.json.as_ref().and_then(|j| j.get("verified")).cloned(),
+                    "error": fl.error,
+                    "bench": fl.json,
+                })
+            })
+            .collect();
+        json!({
+            "experiment": "incast",
+            "settings": {
+                "senders": a.senders,
+                "cc": a.cc,
+                "link_rate": a.link_rate,
+                "link_rate_bps": self.link_rate_bps,
+                "duration_s": self.duration_s,
+                "size": a.size,
+                "bin_ms": a.bin_ms,
+                "mtu": a.mtu,
+                "ecn": {
+                    "enabled": self.ecn.enabled != 0,
+                    "policy": EcnPolicy::from_u32(self.ecn.policy).name(),
+                    "kmin_bytes": self.ecn.kmin,
+                    "kmax_bytes": self.ecn.kmax,
+                    "pmax": fixed_to_fraction(self.ecn.pmax_fixed),
+                    "buffer_bytes": self.buffer_bytes,
+                },
+                "fault": {
+                    "enabled": self.fault.enabled != 0,
+                    "drop": fixed_to_fraction(self.fault.drop_fixed),
+                    "opcode_mask": self.fault.opcode_mask,
+                    "qpn": (self.fault.qpn != ANY_QPN).then_some(self.fault.qpn),
+                    "seed": self.fault.seed,
+                },
+            },
+            "aggregate_gbps": aggregate,
+            "link_utilisation": aggregate * 1e9 / self.link_rate_bps as f64,
+            "jain_index": self.jain(),
+            "jain_short_term": jain_short_term(self.flows),
+            "jain_short_term_window_ms": SHORT_TERM_WINDOW_MS,
+            "queue": {
+                "peak_bytes": f.peak_bytes,
+                "mean_bytes": mean,
+                "p50_bytes": percentile(&queue, 0.5),
+                "p99_bytes": percentile(&queue, 0.99),
+                "buffer_bytes": self.buffer_bytes,
+                "arrived_bytes": f.arrived_bytes,
+                "samples": self.samples.len(),
+            },
+            "marks": f.marks,
+            "cnps": cnps,
+            "cnps_seen_at_senders": f.cnps_seen,
+            "drops": {
+                "tail": f.drop_tail,
+                "congestion": f.drop_congestion,
+                "fault": f.drop_fault,
+                "total": f.drop_tail + f.drop_congestion + f.drop_fault,
+            },
+            "retransmits": retransmits,
+            "roce_frames_at_receiver": f.roce_frames,
+            "flows": flows,
+            "receiver": self.receiver,
+            "errors": self.errors,
+        })
+    }
+
+    pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
+        let path = dir.join("flows.csv");
+        let mut out = std::io::BufWriter::new(
+            std::fs::File::create(&path).with_context(|| format!("create {}", path.display()))?,
+        );
+        writeln!(out, "t_ms,flow,gbps,cc_rate_gbps")?;
+        let mut rows: Vec<(f64, usize, f64, f64)> = self
+            .flows
+            .iter()
+            .flat_map(|f| {
+                f.series(self.args.bin_ms)
+                    .into_iter()
+                    .map(move |(t, g, r)| (t, f.index, g, r))
+            })
+            .collect();
+        rows.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        for (t, flow, g, r) in rows {
+            writeln!(out, "{t:.3},{flow},{g:.6},{r:.6}")?;
+        }
+        out.flush()?;
+        let path = dir.join("summary.json");
+        let text = serde_json::to_string_pretty(&self.summary())?;
+        std::fs::write(&path, text + "\n").with_context(|| format!("write {}", path.display()))
+    }
+
+    /// A few lines on stderr.
+    pub fn print_brief(&self) {
+        let s = self.summary();
+        eprintln!(
+            "xroce: {} senders, cc {}: aggregate {:.3} Gbit/s ({:.0}% of the link), Jain {:.3}",
+            self.args.senders,
+            self.args.cc,
+            self.aggregate_gbps(),
+            s["link_utilisation"].as_f64().unwrap_or(0.0) * 100.0,
+            self.jain()
+        );
+        eprintln!(
+            "xroce: queue peak {} B, mean {:.0} B; marks {}, CNPs {}, drops {}, retransmits {}",
+            s["queue"]["peak_bytes"],
+            s["queue"]["mean_bytes"].as_f64().unwrap_or(0.0),
+            s["marks"],
+            s["cnps"],
+            s["drops"]["total"],
+            s["retransmits"]
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_by_hand() {
+        assert_eq!(jain(&[1.0, 1.0, 1.0, 1.0]), 1.0);
+        assert!((jain(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        // (1+2+3)^2 / (3 * (1+4+9)) = 36/42
+        assert!((jain(&[1.0, 2.0, 3.0]) - 36.0 / 42.0).abs() < 1e-12);
+        assert_eq!(jain(&[]), 1.0);
+    }
+
+    #[test]
+    fn short_term_fairness_sees_alternation() {
+        // Two flows taking turns every 100 ms: fair on average, not per window.
+        let trace = |odd: bool| -> Vec<TraceRow> {
+            (1..=10)
+                .map(|k| TraceRow {
+                    t_ms: k as f64 * 100.0 - 50.0,
+                    bytes: if (k % 2 == 1) == odd { 1000 } else { 0 },
+                    ..Default::default()
+                })
+                .collect()
+        };
+        let flows: Vec<FlowResult> = [true, false]
+            .iter()
+            .map(|&odd| FlowResult {
+                trace: trace(odd),
+                ..Default::default()
+            })
+            .collect();
+        assert!((jain_short_term(&flows).unwrap() - 0.5).abs() < 1e-12);
+        let even: Vec<f64> = flows.iter().map(FlowResult::gbps).collect();
+        assert!((jain(&even) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn trace_columns_by_name() {
+        let rows =
+            parse_trace("t_ms,bytes,rate_bps,cnps,retransmits\n10,1250,1e9,0,0\n25,2500,5e8,3,1\n")
+                .unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1].bytes, 2500);
+        assert_eq!(rows[1].rate_bps, 5e8);
+        assert_eq!(rows[1].cnps, 3);
+        let flow = FlowResult {
+            trace: rows,
+            ..Default::default()
+        };
+        // 1250 B in 10 ms = 1 Mbit/s; 2500 B in the next 15 ms.
+        let series = flow.series(10);
+        assert!((series[0].1 - 0.001).abs() < 1e-12);
+        assert!((series[1].1 - 2500.0 * 8.0 / 15e6).abs() < 1e-12);
+        assert_eq!(flow.cnps(), 3);
+        assert!(parse_trace("bytes\n1\n").is_err());
+    }
+}

@@ -1,0 +1,326 @@
+//! The incast topology: N sender namespaces and one receiver namespace, each
+//! with one veth whose peer sits in a bridge namespace.
+//!
+//! ```text
+//!   ns s0: s0 10.201.0.2 ──┐
+//!   ns s1: s1 10.201.0.3 ──┤ ns br: bridge br ── r-peer ── ns r: r 10.201.0.1
+//!   ...                   ──┘
+//! ```
+//!
+//! Names carry this process's PID (base 36), so several experiments (and a
+//! crashed one's leftovers) never collide; interface names are globally
+//! unique too because XDP pins live under `/sys/fs/bpf/xroce/<iface>/` in
+//! the one bpffs every namespace shares. The 10.201.0.0/24 addresses exist
+//! only inside these namespaces. [`Topology`] deletes everything on drop,
+//! which runs on every exit path but SIGKILL; [`sweep_stale`] removes what a
+//! killed run left behind.
+
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context};
+
+/// Prefix of every namespace an experiment makes.
+const NS_PREFIX: &str = "xroce-exp-";
+/// Prefix of every interface an experiment makes.
+const IF_PREFIX: &str = "xe";
+/// Largest sender count: one /24 with the receiver at .1.
+pub const MAX_SENDERS: usize = 250;
+
+/// `n` in base 36 (a PID fits in 5 digits).
+fn base36(mut n: u32) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).expect("ASCII digits")
+}
+
+/// One endpoint: its namespace, its interface inside it, the interface's
+/// peer in the bridge namespace, and its address.
+#[derive(Clone, Debug)]
+pub struct Host {
+    pub netns: String,
+    pub iface: String,
+    pub peer: String,
+    pub addr: Ipv4Addr,
+}
+
+impl Host {
+    /// `/run/netns/<name>`, for `nsenter --net=`.
+    pub fn netns_path(&self) -> PathBuf {
+        netns_path(&self.netns)
+    }
+
+    /// A command that runs `program` in this host's network namespace while
+    /// keeping the host's mounts (so the pins in /sys/fs/bpf are shared;
+    /// `ip netns exec` would mount a fresh /sys and hide them).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.netns_path().display()))
+            .arg("--")
+            .arg(program);
+        cmd
+    }
+}
+
+fn netns_path(name: &str) -> PathBuf {
+    Path::new("/run/netns").join(name)
+}
+
+/// The namespaces, bridge and veth pairs of one experiment; all deleted on
+/// drop (and the XDP pins of its interfaces removed).
+pub struct Topology {
+    pub bridge_netns: String,
+    pub receiver: Host,
+    pub senders: Vec<Host>,
+    /// Namespaces made so far, deleted on drop.
+    made: Vec<String>,
+}
+
+fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("cannot run {cmd:?} (is iproute2 installed?)"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    run(Command::new("ip").args(args))
+}
+
+/// `ip -n NS ARGS...`: iproute2 inside a namespace without entering it.
+fn ip_in(netns: &str, args: &[&str]) -> anyhow::Result<()> {
+    run(Command::new("ip").arg("-n").arg(netns).args(args))
+}
+
+impl Topology {
+    /// Builds the topology for `senders` senders with interface MTU `mtu`.
+    pub fn build(senders: usize, mtu: u32) -> anyhow::Result<Self> {
+        if senders == 0 || senders > MAX_SENDERS {
+            bail!("--senders must be 1..={MAX_SENDERS}, not {senders}");
+        }
+        let tag = base36(std::process::id());
+        let ns = |what: &str| format!("{NS_PREFIX}{tag}-{what}");
+        let host = |what: &str, last_octet: u8| Host {
+            netns: ns(what),
+            iface: format!("{IF_PREFIX}{tag}{what}"),
+            peer: format!("{IF_PREFIX}{tag}{what}b"),
+            addr: Ipv4Addr::new(10, 201, 0, last_octet),
+        };
+        let mut topo = Topology {
+            bridge_netns: ns("br"),
+            receiver: host("r", 1),
+            senders: (0..senders)
+                .map(|i| host(&format!("s{i}"), i as u8 + 2))
+                .collect(),
+            made: Vec::new(),
+        };
+        // On error, `topo` drops here and removes what was made.
+        topo.make(mtu)?;
+        Ok(topo)
+    }
+
+    fn add_netns(&mut self, name: &str) -> anyhow::Result<()> {
+        ip(&["netns", "add", name])?;
+        self.made.push(name.to_string());
+        ip_in(name, &["link", "set", "lo", "up"])
+    }
+
+    fn make(&mut self, mtu: u32) -> anyhow::Result<()> {
+        let br_ns = self.bridge_netns.clone();
+        self.add_netns(&br_ns)?;
+        let bridge = format!("{IF_PREFIX}{}br", base36(std::process::id()));
+        ip_in(&br_ns, &["link", "add", &bridge, "type", "bridge"])?;
+        // No STP and no forwarding delay: ports forward as soon as they are up.
+        ip_in(
+            &br_ns,
+            &[
+                "link",
+                "set",
+                &bridge,
+                "type",
+                "bridge",
+                "stp_state",
+                "0",
+                "forward_delay",
+                "0",
+            ],
+        )?;
+        ip_in(&br_ns, &["link", "set", &bridge, "mtu", &mtu.to_string()])?;
+        ip_in(&br_ns, &["link", "set", &bridge, "up"])?;
+        let hosts: Vec<Host> = std::iter::once(self.receiver.clone())
+            .chain(self.senders.iter().cloned())
+            .collect();
+        let mtu = mtu.to_string();
+        for h in &hosts {
+            self.add_netns(&h.netns)?;
+            ip(&[
+                "link", "add", &h.iface, "netns", &h.netns, "type", "veth", "peer", "name",
+                &h.peer, "netns", &br_ns,
+            ])?;
+            ip_in(&br_ns, &["link", "set", &h.peer, "mtu", &mtu])?;
+            ip_in(&br_ns, &["link", "set", &h.peer, "master", &bridge])?;
+            ip_in(&br_ns, &["link", "set", &h.peer, "up"])?;
+            ip_in(&h.netns, &["link", "set", &h.iface, "mtu", &mtu])?;
+            ip_in(
+                &h.netns,
+                &["addr", "add", &format!("{}/24", h.addr), "dev", &h.iface],
+            )?;
+            ip_in(&h.netns, &["link", "set", &h.iface, "up"])?;
+        }
+        // Static neighbours: no ARP at the start of a flow, and none lost
+        // to a congested virtual queue later.
+        let macs: Vec<String> = hosts
+            .iter()
+            .map(|h| mac_of(&h.netns, &h.iface))
+            .collect::<anyhow::Result<_>>()?;
+        for h in &hosts {
+            for (other, mac) in hosts.iter().zip(&macs) {
+                if other.iface != h.iface {
+                    ip_in(
+                        &h.netns,
+                        &[
+                            "neigh",
+                            "replace",
+                            &other.addr.to_string(),
+                            "lladdr",
+                            mac,
+                            "dev",
+                            &h.iface,
+                            "nud",
+                            "permanent",
+                        ],
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every interface of the experiment that may have XDP pins.
+    pub fn interfaces(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.receiver.iface.as_str())
+            .chain(self.senders.iter().map(|h| h.iface.as_str()))
+    }
+}
+
+/// The MAC address of `iface` in `netns`, from `ip -o link`.
+fn mac_of(netns: &str, iface: &str) -> anyhow::Result<String> {
+    let out = Command::new("ip")
+        .args(["-n", netns, "-o", "link", "show", "dev", iface])
+        .output()
+        .context("ip link show")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .map(str::to_string)
+        .with_context(|| format!("no MAC address for {iface} in {netns}: {text}"))
+}
+
+/// Detaches xroce's XDP program from `iface` (if pinned) and removes its
+/// pin directory; the interface itself may already be gone.
+pub fn remove_pins(iface: &str) {
+    if xroce::xdp::is_attached(iface) {
+        let _ = xroce::xdp::detach(iface);
+    }
+    let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(iface));
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let ifaces: Vec<String> = self.interfaces().map(str::to_string).collect();
+        for iface in &ifaces {
+            remove_pins(iface);
+        }
+        // Deleting a namespace deletes the veth ends in it, and with them
+        // their peers and so the bridge's ports; the bridge namespace last.
+        for ns in self.made.iter().rev() {
+            let _ = Command::new("ip").args(["netns", "delete", ns]).output();
+        }
+    }
+}
+
+/// Removes namespaces and XDP pins left by experiments whose process no
+/// longer exists (killed with SIGKILL, or a machine crash). Never touches a
+/// running experiment's.
+pub fn sweep_stale() {
+    let alive = |tag: &str| {
+        u32::from_str_radix(tag, 36)
+            .map(|pid| Path::new(&format!("/proc/{pid}")).exists())
+            .unwrap_or(true)
+    };
+    if let Ok(dir) = std::fs::read_dir("/run/netns") {
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix(NS_PREFIX) else {
+                continue;
+            };
+            let tag = rest.split('-').next().unwrap_or_default();
+            if !alive(tag) {
+                let _ = Command::new("ip").args(["netns", "delete", &name]).output();
+            }
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir(xroce_common::names::PIN_ROOT) {
+        for entry in dir.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix(IF_PREFIX) else {
+                continue;
+            };
+            // Interface names are xe<tag><r|sN>: base 36 cannot tell the
+            // role letter from a tag digit, so try each split and remove the
+            // pins only if no split names a live experiment.
+            let tags: Vec<&str> = (1..rest.len())
+                .map(|i| &rest[..i])
+                .filter(|tag| is_role(&rest[tag.len()..]))
+                .collect();
+            let looks_ours = !tags.is_empty();
+            let owned_by_live = tags.iter().any(|tag| alive(tag));
+            if looks_ours && !owned_by_live {
+                remove_pins(&name);
+            }
+        }
+    }
+}
+
+/// The role part of an interface name: `r` (receiver) or `s<N>` (sender).
+fn is_role(role: &str) -> bool {
+    role == "r"
+        || role
+            .strip_prefix('s')
+            .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_fit_ifnamsiz() {
+        assert_eq!(base36(0), "0");
+        assert_eq!(base36(35), "z");
+        assert_eq!(base36(36), "10");
+        // The largest PID Linux hands out (pid_max <= 2^22).
+        let tag = base36(4_194_304);
+        let longest = format!("{IF_PREFIX}{tag}s{}b", MAX_SENDERS - 1);
+        assert!(longest.len() <= 15, "{longest}");
+    }
+}
