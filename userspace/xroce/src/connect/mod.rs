@@ -262,8 +262,8 @@ const BLOB_MAGIC: [u8; 4] = *b"XRBL";
 pub const MAX_BLOB: usize = 1 << 20;
 
 impl ConnInfo {
-    /// Big-endian fixed layout: qpn u32, psn u32, gid [16], mac [6],
-    /// mtu u16, mr_addr u64, rkey u32, mr_len u64, reserved [4].
+    /// Big-endian fixed layout: qpn u32, psn u32, gid 16 bytes, mac 6 bytes,
+    /// mtu u16, mr_addr u64, rkey u32, mr_len u64, 4 reserved bytes.
     pub fn encode(&self, out: &mut [u8; INFO_LEN]) {
         out[0..4].copy_from_slice(&self.qpn.to_be_bytes());
         out[4..8].copy_from_slice(&self.psn.to_be_bytes());

@@ -16,14 +16,23 @@
 //!
 //! ```ignore
 //! loop {
-//!     let now = clock.now();
-//!     // Wait for frames no longer than the engine's next timer.
-//!     let timeout = engine.poll_timeout(now).map_or(MAX_WAIT, |t| t - now);
-//!     io.recv_batch(timeout, &mut |frame| engine.handle(frame, now))?;
-//!     // Let the engine write frames straight into the backend's buffers.
+//!     let now = clock_ns();
+//!     // Let the engine write frames straight into the backend's buffers
+//!     // (it keeps what does not fit for the next round).
 //!     io.transmit(&mut |buf| engine.poll_transmit(now, buf))?;
+//!     // Wait for frames no longer than the engine's next timer.
+//!     let wait = engine
+//!         .poll_timeout()
+//!         .map_or(MAX_WAIT, |t| Duration::from_nanos(t.saturating_sub(now)))
+//!         .min(MAX_WAIT);
+//!     let now = clock_ns();
+//!     io.recv_batch(wait, &mut |frame| engine.handle_frame(frame, now))?;
+//!     engine.handle_timeout(clock_ns());
 //! }
 //! ```
+//!
+//! A runtime that also waits on other sources (a CQ eventfd, a timerfd)
+//! epolls [`PacketIo::poll_fd`] and calls `recv_batch` with a zero wait.
 //!
 //! Neither call allocates per packet: RX frames are borrowed from the
 //! backend's buffers for the duration of the callback, TX frames are
