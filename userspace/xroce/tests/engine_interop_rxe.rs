@@ -331,3 +331,120 @@ fn ib_write_bw_4k_acks_match_rxe() {
 fn ib_write_bw_8b_acks_match_rxe() {
     replay_write_bw("ref_06_ib_write_bw_8B_x1000.pcap");
 }
+
+/// The other side of `ib_write_bw`: our requester posts the same WRITEs
+/// (same remote address, rkey and data) and is fed rxe's ACKs; every
+/// request frame must match the rxe client's (opcode, PSN, AckReq, RETH,
+/// payload, UDP source port).
+fn replay_write_bw_requester(file: &str) {
+    let Some(dir) = pcap_dir() else {
+        eprintln!("reference captures not found; skipping");
+        return;
+    };
+    let frames: Vec<(u64, PktHdr, Vec<u8>, Vec<u8>)> = read_pcap(&dir.join(file))
+        .into_iter()
+        .filter_map(|(t, f)| codec::parse(&f).ok().map(|(h, r)| (t, h, f[r].to_vec(), f)))
+        .collect();
+    let server_ip = [10, 99, 0, 11];
+    let first = frames.iter().find(|f| f.1.src_ip != server_ip).unwrap();
+    let ack = frames.iter().find(|f| f.1.src_ip == server_ip).unwrap();
+    let dev = Device::new(EngineConfig {
+        mac: first.1.src_mac,
+        ip: Ipv4Addr::from(first.1.src_ip),
+        ecn_capable: false,
+        ..Default::default()
+    });
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(2048).unwrap();
+    let mut init = QpInitAttr::rc(&cq);
+    init.cap.max_send_wr = 2048;
+    let mut qps = Vec::new();
+    let qp = loop {
+        let qp = dev.create_qp(&pd, &init).unwrap();
+        if qp.qp_num() == ack.1.dqpn {
+            break qp;
+        }
+        qps.push(qp);
+    };
+    let msgs = frames.iter().filter(|f| f.1.reth.is_some()).count();
+    let mr = pd
+        .reg_mr(msgs * 4096 + 4096, AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let local = QpAttr {
+        qp_access_flags: AccessFlags::LOCAL_WRITE,
+        path_mtu: Mtu::Mtu1024,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 12,
+        max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
+        sq_psn: first.1.psn,
+        ..Default::default()
+    };
+    let remote = RemoteQp {
+        qpn: first.1.dqpn,
+        psn: ack.1.psn, // unused: the server sends no requests
+        av: AddressVector {
+            dest_mac: first.1.dst_mac,
+            dest_ip: Ipv4Addr::from(first.1.dst_ip),
+            ..Default::default()
+        },
+    };
+    qp.connect(&local, &remote).unwrap();
+    let mut buf = vec![0u8; 9000];
+    let mut msg = 0usize;
+    let mut compared = 0;
+    for (i, (t, h, payload, raw)) in frames.iter().enumerate() {
+        if h.src_ip == server_ip {
+            dev.handle_frame(raw, *t);
+            continue;
+        }
+        if let Some(r) = h.reth {
+            // The application posts the WRITE this FIRST/ONLY packet starts.
+            let mut data = Vec::new();
+            for (_, h2, p2, _) in &frames[i..] {
+                if h2.src_ip != server_ip {
+                    data.extend_from_slice(p2);
+                    if data.len() >= r.len as usize {
+                        break;
+                    }
+                }
+            }
+            let off = msg * 4096;
+            mr.write(off, &data).unwrap();
+            let wr = SendWr::new(
+                msg as u64,
+                WrOpcode::RdmaWrite {
+                    remote_addr: r.va,
+                    rkey: r.rkey,
+                },
+                vec![mr.sge(off, r.len as usize)],
+            )
+            .flags(SendFlags::empty());
+            qp.post_send(&wr).unwrap();
+            msg += 1;
+        }
+        let n = dev
+            .poll_transmit(*t, &mut buf)
+            .unwrap_or_else(|| panic!("frame {i}: rxe sent {h:?}, we sent nothing"));
+        let (o, or) = codec::parse(&buf[..n]).unwrap();
+        assert_eq!(
+            (o.opcode, o.psn, o.ack_req, o.reth, o.dqpn, o.udp_sport),
+            (h.opcode, h.psn, h.ack_req, h.reth, h.dqpn, h.udp_sport),
+            "frame {i}"
+        );
+        assert_eq!(&buf[or], &payload[..], "frame {i} payload");
+        compared += 1;
+    }
+    let st = dev.stats();
+    assert_eq!(st.tx_retransmitted, 0);
+    assert_eq!(qp.state(), QpState::Rts);
+    eprintln!("{file}: {compared} request frames identical to rxe's client");
+}
+
+#[test]
+fn ib_write_bw_requests_match_rxe() {
+    replay_write_bw_requester("ref_05_ib_write_bw_4KiB_x1000.pcap");
+    replay_write_bw_requester("ref_06_ib_write_bw_8B_x1000.pcap");
+}
