@@ -55,6 +55,7 @@ fn side(iface: String, me: IpAddr, peer: IpAddr, frames: u32, barrier: Arc<Barri
         ..XskConfig::default()
     };
     let mut sock = XskSocket::open(&iface, 0, config).expect("open AF_XDP");
+    assert!(!sock.zero_copy().unwrap(), "veth has no zero-copy AF_XDP");
     // Both sockets registered before anyone sends.
     barrier.wait();
     let peer_mac = dev

@@ -450,6 +450,29 @@ impl XskSocket {
         self.rx.fd().as_raw_fd()
     }
 
+    /// Whether the kernel bound the socket in zero-copy mode (getsockopt
+    /// XDP_OPTIONS); veth and skb-mode XDP are always copy mode.
+    pub fn zero_copy(&self) -> std::io::Result<bool> {
+        const XDP_OPTIONS: libc::c_int = 8;
+        const XDP_OPTIONS_ZEROCOPY: u32 = 1;
+        let mut flags: u32 = 0;
+        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+        // SAFETY: `flags` is a valid u32 buffer of `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.raw_fd(),
+                libc::SOL_XDP,
+                XDP_OPTIONS,
+                (&mut flags as *mut u32).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(flags & XDP_OPTIONS_ZEROCOPY != 0)
+    }
+
     /// Receives up to one batch, waiting at most `timeout_ms` for the first
     /// frame; calls `on_frame` for each and returns how many arrived.
     pub fn recv(
