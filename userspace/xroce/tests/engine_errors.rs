@@ -703,3 +703,67 @@ fn bidirectional_traffic_under_loss() {
     assert_eq!(a.mr.to_vec(600_000, 200_000).unwrap(), pb);
     assert_eq!(b.mr.to_vec(600_000, 200_000).unwrap(), pa);
 }
+
+#[test]
+fn sixteen_qps_share_a_device_under_loss() {
+    let mut sim = Sim::pair(LinkConfig::lossy(0.02), 22);
+    let p = PairParams {
+        mr_len: 256 * 1024,
+        timeout: 6,
+        ..Default::default()
+    };
+    let pairs: Vec<(Endpoint, Endpoint)> = (0..16).map(|_| connect_pair(&sim, &p)).collect();
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        let data: Vec<u8> = (0..100_000u32)
+            .map(|k| (k as usize * 31 + i) as u8)
+            .collect();
+        a.mr.write(0, &data).unwrap();
+        b.qp.post_recv(&RecvWr {
+            wr_id: i as u64,
+            sg_list: vec![b.mr.sge(0, 100_000)],
+        })
+        .unwrap();
+        a.qp.post_send(&SendWr::new(
+            i as u64,
+            WrOpcode::Send,
+            vec![a.mr.sge(0, 100_000)],
+        ))
+        .unwrap();
+        a.qp.post_send(&SendWr::new(
+            100 + i as u64,
+            WrOpcode::RdmaWrite {
+                remote_addr: b.mr.addr() + 120_000,
+                rkey: b.mr.rkey(),
+            },
+            vec![a.mr.sge(0, 100_000)],
+        ))
+        .unwrap();
+    }
+    let deadline = sim.now + 10_000 * MS;
+    let mut done = vec![0usize; 16];
+    let mut recvd = vec![false; 16];
+    assert!(sim.run_until(deadline, |_| {
+        for (i, (a, b)) in pairs.iter().enumerate() {
+            for w in drain(&a.cq) {
+                assert_eq!(w.status, WcStatus::Success);
+                assert_eq!(w.qp_num, a.qp.qp_num());
+                done[i] += 1;
+            }
+            for w in drain(&b.cq) {
+                assert_eq!(
+                    (w.status, w.wr_id, w.byte_len),
+                    (WcStatus::Success, i as u64, 100_000)
+                );
+                recvd[i] = true;
+            }
+        }
+        done.iter().all(|&d| d == 2) && recvd.iter().all(|&r| r)
+    }));
+    for (i, (_, b)) in pairs.iter().enumerate() {
+        let data: Vec<u8> = (0..100_000u32)
+            .map(|k| (k as usize * 31 + i) as u8)
+            .collect();
+        assert_eq!(b.mr.to_vec(0, 100_000).unwrap(), data);
+        assert_eq!(b.mr.to_vec(120_000, 100_000).unwrap(), data);
+    }
+}
