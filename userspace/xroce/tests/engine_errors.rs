@@ -740,8 +740,8 @@ fn sixteen_qps_share_a_device_under_loss() {
         .unwrap();
     }
     let deadline = sim.now + 10_000 * MS;
-    let mut done = vec![0usize; 16];
-    let mut recvd = vec![false; 16];
+    let mut done = [0usize; 16];
+    let mut recvd = [false; 16];
     assert!(sim.run_until(deadline, |_| {
         for (i, (a, b)) in pairs.iter().enumerate() {
             for w in drain(&a.cq) {
