@@ -306,3 +306,114 @@ fn udp_backend_blast_rate() {
         udp.socket_drops
     );
 }
+
+/// The same over IPv6 (GIDs are the addresses themselves): the UDP side's
+/// ICRC over the kernel's IPv6 header, the AF_XDP side's UDP checksum
+/// accepted by the kernel, traffic class (ECN) both ways, NDP lookups.
+#[test]
+fn udp_backend_interoperates_with_afxdp_over_ipv6() {
+    use std::net::Ipv6Addr;
+    require_root();
+    const M: u32 = 1000;
+    let pair = VethPair::new(1500);
+    let _pins = PinGuard(vec![pair.if_b.clone()]);
+    let octet = (std::process::id() % 250) as u16 + 1;
+    let a_ip = Ipv6Addr::new(0xfd77, octet, 0, 0, 0, 0, 0, 1);
+    let b_ip = Ipv6Addr::new(0xfd77, octet, 0, 0, 0, 0, 0, 2);
+    for (ns, ifname, addr) in [(&pair.a, &pair.if_a, a_ip), (&pair.b, &pair.if_b, b_ip)] {
+        ns.exec(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{addr}/64"),
+            "dev",
+            ifname,
+            "nodad",
+        ]);
+    }
+    let (a_ip, b_ip): (IpAddr, IpAddr) = (a_ip.into(), b_ip.into());
+    let barrier = Arc::new(Barrier::new(2));
+    let spec = |qpn: u32, psn: u32| FrameSpec {
+        qpn,
+        psn,
+        len: SIZES[psn as usize % SIZES.len()],
+        ecn: ecn_of(psn),
+        ip_id: 0,
+    };
+
+    let (if_a, bar) = (pair.if_a.clone(), barrier.clone());
+    let a = spawn_in(&pair.a.name, move || {
+        let mac = device::interface_mac(&if_a).unwrap();
+        let mut cfg = UdpConfig::new(a_ip);
+        cfg.local_mac = mac;
+        let mut io = UdpBackend::open(cfg).expect("bind [a]:4791");
+        bar.wait();
+        let peer_mac = device::neighbour_mac(&if_a, b_ip, Duration::from_secs(5)).expect("NDP");
+        let frames: Vec<Vec<u8>> = (0..M)
+            .map(|psn| roce_frame(mac, peer_mac, a_ip, b_ip, spec(0x22, psn)))
+            .collect();
+        let ex = exchange(
+            &mut io,
+            &frames,
+            M as usize,
+            32,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        );
+        (ex, io.udp_stats())
+    });
+    let (if_b, bar) = (pair.if_b.clone(), barrier);
+    let b = spawn_in(&pair.b.name, move || {
+        let dev = Device::open(&if_b, DeviceConfig::default()).expect("open b");
+        assert!(dev.ipv6().contains(&match b_ip {
+            IpAddr::V6(v6) => v6,
+            _ => unreachable!(),
+        }));
+        let mut sock = XskSocket::open(&if_b, 0, XskConfig::default()).unwrap();
+        bar.wait();
+        let peer_mac = dev
+            .neighbour_mac(a_ip, Duration::from_secs(5))
+            .expect("NDP");
+        let frames: Vec<Vec<u8>> = (0..M)
+            .map(|psn| roce_frame(dev.mac(), peer_mac, b_ip, a_ip, spec(0x32, psn)))
+            .collect();
+        let ex = exchange(
+            &mut sock,
+            &frames,
+            M as usize,
+            32,
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        );
+        drop(sock);
+        drop(dev);
+        ex
+    });
+    let (a_ex, a_udp) = a.join().expect("udp side");
+    let b_ex = b.join().expect("afxdp side");
+    for (name, ex, qpn) in [("afxdp side", &b_ex, 0x22), ("udp side", &a_ex, 0x32)] {
+        let bad: Vec<_> = ex
+            .received
+            .iter()
+            .filter_map(|c| c.as_ref().err())
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{name}: bad frames {:?}",
+            &bad[..bad.len().min(5)]
+        );
+        let got: Vec<_> = ex.received.iter().map(|c| *c.as_ref().unwrap()).collect();
+        assert_eq!(got.len(), M as usize, "{name}");
+        assert!(got.iter().map(|c| c.psn).eq(0..M), "{name}: in order");
+        for c in &got {
+            assert_eq!(c.ecn, ecn_of(c.psn), "{name}: traffic class ECN");
+            assert_eq!(c.qpn, qpn);
+        }
+    }
+    assert!(b_ex
+        .received
+        .iter()
+        .all(|c| c.as_ref().unwrap().udp_src_port == 4791));
+    assert_eq!(a_udp.icrc_unmatched, 0, "{a_udp:?}");
+}
