@@ -268,6 +268,11 @@ impl MemoryRegion {
     pub fn access(&self) -> AccessFlags {
         self.inner.access
     }
+    /// Raw pointer to the registered memory (for zero-copy users; the
+    /// network may write it concurrently, as with any RDMA buffer).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.base()
+    }
     /// An SGE covering `len` bytes at `offset` into this region.
     pub fn sge(&self, offset: usize, len: usize) -> Sge {
         Sge {
