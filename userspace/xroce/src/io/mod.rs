@@ -54,8 +54,10 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IoStats {
     pub rx_frames: u64,
+    /// Whole-frame bytes (Ethernet header to ICRC), as the engine sees them.
     pub rx_bytes: u64,
     pub tx_frames: u64,
+    /// Whole-frame bytes handed to the backend and sent.
     pub tx_bytes: u64,
     /// Frames the backend threw away on receive (not RoCEv2, truncated,
     /// bigger than a buffer, socket/ring drops reported by the kernel).

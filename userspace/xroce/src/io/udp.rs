@@ -117,6 +117,8 @@ pub struct UdpBackend {
     tx_names: Vec<libc::sockaddr_storage>,
     tx_cmsg: Vec<u8>,
     tx_hdrs: Vec<libc::mmsghdr>,
+    /// Engine frame length of each prepared datagram (for byte counters).
+    tx_frame_len: Vec<usize>,
     stats: IoStats,
     udp_stats: UdpStats,
     last_ovfl: u32,
@@ -399,6 +401,7 @@ impl UdpBackend {
             tx_names: vec![unsafe { mem::zeroed() }; batch],
             tx_cmsg: vec![0; CMSG_ROOM * batch],
             tx_hdrs: vec![unsafe { mem::zeroed() }; batch],
+            tx_frame_len: vec![0; batch],
             cfg,
             stats: IoStats::default(),
             udp_stats: UdpStats::default(),
@@ -683,6 +686,7 @@ impl UdpBackend {
             std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, tos as libc::c_int);
         }
         self.tx_hdrs[i].msg_len = 0;
+        self.tx_frame_len[i] = len;
         Ok(())
     }
 
@@ -725,7 +729,7 @@ impl UdpBackend {
             }
             for k in done..done + rc as usize {
                 self.stats.tx_frames += 1;
-                self.stats.tx_bytes += self.tx_hdrs[k].msg_len as u64;
+                self.stats.tx_bytes += self.tx_frame_len[k] as u64;
             }
             done += rc as usize;
         }
