@@ -69,18 +69,25 @@ fn setup(seed: u64) -> (Sim, Endpoint, Endpoint) {
     (sim, a, b)
 }
 
-/// Valid frames the two engines produce right now.
-fn corpus(sim: &mut Sim) -> Vec<(bool, Vec<u8>)> {
-    let mut out = Vec::new();
+/// A connected pair plus valid frames both engines produced (they are
+/// also put on the link, so the engines' state stays consistent).
+fn setup_with_corpus(seed: u64) -> (Sim, Endpoint, Endpoint, Vec<(bool, Vec<u8>)>) {
+    let (mut sim, a, b) = setup(seed);
+    let mut corp = Vec::new();
     let mut buf = vec![0u8; 9000];
-    for (to_b, dev) in [(true, sim.a.clone()), (false, sim.b.clone())] {
-        for _ in 0..8 {
-            if let Some(n) = dev.poll_transmit(sim.now, &mut buf) {
-                out.push((to_b, buf[..n].to_vec()));
+    for _ in 0..50 {
+        for (to_b, dev) in [(true, sim.a.clone()), (false, sim.b.clone())] {
+            while let Some(n) = dev.poll_transmit(sim.now, &mut buf) {
+                corp.push((to_b, buf[..n].to_vec()));
+                sim.link.send(to_b, &buf[..n], sim.now);
             }
         }
+        if corp.len() >= 16 {
+            break;
+        }
+        sim.step();
     }
-    out
+    (sim, a, b, corp)
 }
 
 fn fix_icrc(f: &mut [u8]) {
@@ -107,9 +114,8 @@ proptest! {
 
     #[test]
     fn mutated_valid_frames(muts in proptest::collection::vec((any::<usize>(), any::<usize>(), any::<u8>(), 0u8..4), 1..24), seed in 0u64..4) {
-        let (mut sim, _a, _b) = setup(seed);
-        let corp = corpus(&mut sim);
-        prop_assume!(!corp.is_empty());
+        let (mut sim, _a, _b, corp) = setup_with_corpus(seed);
+        assert!(!corp.is_empty());
         for (pick, pos, val, kind) in muts {
             let (to_b, mut f) = corp[pick % corp.len()].clone();
             match kind {
@@ -172,6 +178,164 @@ proptest! {
             let dev = if to_b { &sim.b } else { &sim.a };
             dev.handle_frame(&buf[..n], sim.now);
             sim.step();
+        }
+        finish(&mut sim);
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Modify {
+        a_side: bool,
+        state: u8,
+        mask: u32,
+        val: u8,
+        psn: u32,
+    },
+    Post {
+        a_side: bool,
+        op: u8,
+        addr_off: u64,
+        len: u32,
+        key_ok: bool,
+        flags: u32,
+        remote_ok: bool,
+    },
+    Recv {
+        a_side: bool,
+        len: u32,
+        key_ok: bool,
+    },
+    Step(u8),
+    Poll,
+    DropMr,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        (
+            any::<bool>(),
+            0u8..7,
+            any::<u32>(),
+            any::<u8>(),
+            any::<u32>()
+        )
+            .prop_map(|(a_side, state, mask, val, psn)| Action::Modify {
+                a_side,
+                state,
+                mask,
+                val,
+                psn
+            }),
+        (
+            any::<bool>(),
+            0u8..8,
+            0u64..70_000,
+            prop_oneof![0u32..5000, any::<u32>()],
+            any::<bool>(),
+            0u32..16,
+            any::<bool>()
+        )
+            .prop_map(|(a_side, op, addr_off, len, key_ok, flags, remote_ok)| {
+                Action::Post {
+                    a_side,
+                    op,
+                    addr_off,
+                    len,
+                    key_ok,
+                    flags,
+                    remote_ok,
+                }
+            }),
+        (any::<bool>(), 0u32..70_000, any::<bool>()).prop_map(|(a_side, len, key_ok)| {
+            Action::Recv {
+                a_side,
+                len,
+                key_ok,
+            }
+        }),
+        (1u8..50).prop_map(Action::Step),
+        Just(Action::Poll),
+        Just(Action::DropMr),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Random verbs calls (legal and illegal transitions and attributes,
+    /// bad keys, huge lengths, posting in every state, deregistering MRs
+    /// with traffic in flight) interleaved with a lossy link: errors are
+    /// returned or completed, nothing panics.
+    #[test]
+    fn random_verbs_sequences(actions in proptest::collection::vec(action(), 1..60), seed in 0u64..8) {
+        let (mut sim, a, b) = setup(seed);
+        let mut extra = vec![
+            a.pd.reg_mr(4096, AccessFlags::all()).unwrap(),
+            b.pd.reg_mr(4096, AccessFlags::all()).unwrap(),
+        ];
+        let mut wcs = [Wc::default(); 16];
+        for act in actions {
+            match act {
+                Action::Modify { a_side, state, mask, val, psn } => {
+                    let ep = if a_side { &a } else { &b };
+                    let st = [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Err][state as usize];
+                    let attr = QpAttr {
+                        qp_state: st,
+                        qp_access_flags: AccessFlags::from_bits_truncate(val as u32),
+                        path_mtu: [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096][val as usize % 5],
+                        dest_qp_num: psn % 64,
+                        rq_psn: psn,
+                        sq_psn: psn.rotate_left(7),
+                        timeout: val % 40,
+                        retry_cnt: val % 9,
+                        rnr_retry: val % 9,
+                        min_rnr_timer: val % 33,
+                        max_rd_atomic: val % 20,
+                        max_dest_rd_atomic: val % 20,
+                        ..Default::default()
+                    };
+                    let _ = ep.qp.modify(&attr, QpAttrMask::from_bits_truncate(mask) | QpAttrMask::STATE);
+                }
+                Action::Post { a_side, op, addr_off, len, key_ok, flags, remote_ok } => {
+                    let (ep, peer) = if a_side { (&a, &b) } else { (&b, &a) };
+                    let mut sge = ep.mr.sge(0, 0);
+                    sge.addr = ep.mr.addr() + addr_off;
+                    sge.length = len;
+                    if !key_ok { sge.lkey = sge.lkey.rotate_left(3); }
+                    let (raddr, rkey) = if remote_ok {
+                        (peer.mr.addr() + addr_off, peer.mr.rkey())
+                    } else {
+                        (addr_off, addr_off as u32)
+                    };
+                    let opc = match op {
+                        0 => WrOpcode::Send,
+                        1 => WrOpcode::SendWithImm { imm: len },
+                        2 => WrOpcode::SendWithInv { invalidate_rkey: rkey },
+                        3 => WrOpcode::RdmaWrite { remote_addr: raddr, rkey },
+                        4 => WrOpcode::RdmaWriteWithImm { remote_addr: raddr, rkey, imm: 1 },
+                        5 => WrOpcode::RdmaRead { remote_addr: raddr, rkey },
+                        6 => WrOpcode::AtomicCmpAndSwp { remote_addr: raddr, rkey, compare: 0, swap: 1 },
+                        _ => WrOpcode::AtomicFetchAndAdd { remote_addr: raddr, rkey, add: 1 },
+                    };
+                    let wr = SendWr::new(1, opc, vec![sge]).flags(SendFlags::from_bits_truncate(flags));
+                    let _ = ep.qp.post_send(&wr);
+                }
+                Action::Recv { a_side, len, key_ok } => {
+                    let ep = if a_side { &a } else { &b };
+                    let mut sge = ep.mr.sge(0, len as usize);
+                    if !key_ok { sge.lkey ^= 1; }
+                    let _ = ep.qp.post_recv(&RecvWr { wr_id: 3, sg_list: vec![sge] });
+                }
+                Action::Step(n) => {
+                    for _ in 0..n { if !sim.step() { break; } }
+                }
+                Action::Poll => {
+                    let _ = a.cq.poll(&mut wcs);
+                    let _ = b.cq.poll(&mut wcs);
+                }
+                Action::DropMr => { extra.pop(); }
+            }
         }
         finish(&mut sim);
     }

@@ -11,7 +11,7 @@ use crate::cc::CongestionControl;
 use crate::verbs::cq::CqInner;
 use crate::verbs::error::{Result, VerbsError};
 use crate::verbs::mr::{AccessFlags, MrInner, MrTable};
-use crate::verbs::qp::{QpAttr, QpAttrMask, QpCap, QpState, QpType};
+use crate::verbs::qp::{Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 use crate::verbs::srq::SrqInner;
 use crate::verbs::wc::{Wc, WcFlags, WcOpcode, WcStatus};
 use crate::verbs::wr::{RecvWr, SendFlags, SendWr, Sge, WrOpcode};
@@ -486,9 +486,9 @@ impl QpCtx {
                 self.req.rnr_left = self.attr.rnr_retry;
             }
             _ => {
-                if mask.contains(QpAttrMask::PATH_MTU) && to != QpState::Init {
-                    self.mtu = self.attr.path_mtu.bytes();
-                }
+                // The path MTU only takes effect at INIT -> RTR (segments in
+                // flight are numbered with it).
+                self.attr.path_mtu = Mtu::from_bytes(self.mtu).unwrap_or_default();
                 self.state = to;
             }
         }

@@ -135,7 +135,7 @@ impl QpCtx {
                 h.reth = Some(Reth {
                     va: remote_addr + offset as u64,
                     rkey,
-                    len: w.len - offset as u32,
+                    len: w.len.saturating_sub(offset as u32),
                 });
                 consumed = w.npkts - k;
                 last_pkt = true;
@@ -170,7 +170,7 @@ impl QpCtx {
                 last_pkt = true;
             }
             _ => {
-                payload_len = (w.len as usize - offset).min(mtu as usize);
+                payload_len = (w.len as usize).saturating_sub(offset).min(mtu as usize);
                 let first = k == 0;
                 last_pkt = k + 1 >= w.npkts;
                 let (only_op, first_op, mid_op, last_op) = match w.op {
