@@ -53,6 +53,16 @@ fn device_reports_the_interface_and_respects_existing_attachments() {
                 .unwrap();
             let shown: Vec<String> = mac.iter().map(|b| format!("{b:02x}")).collect();
             assert_eq!(shown.join(":"), mac_b);
+            // The rtnetlink lookup itself (not a fallback) found it.
+            assert_eq!(
+                device::netlink_neighbour(dev.ifindex(), addr_b.into()).unwrap(),
+                Some(mac)
+            );
+            assert_eq!(
+                device::netlink_neighbour(dev.ifindex(), IpAddr::from([10, 255, 255, 254]))
+                    .unwrap(),
+                None
+            );
             // An address on the link that nobody has: bounded, named error.
             let ghost = std::net::Ipv4Addr::from(u32::from(addr_a) + 100);
             let t0 = std::time::Instant::now();

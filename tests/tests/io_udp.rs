@@ -375,6 +375,11 @@ fn udp_backend_interoperates_with_afxdp_over_ipv6() {
         let peer_mac = dev
             .neighbour_mac(a_ip, Duration::from_secs(5))
             .expect("NDP");
+        assert_eq!(
+            device::netlink_neighbour(dev.ifindex(), a_ip).unwrap(),
+            Some(peer_mac),
+            "rtnetlink NDP entry"
+        );
         let frames: Vec<Vec<u8>> = (0..M)
             .map(|psn| roce_frame(dev.mac(), peer_mac, b_ip, a_ip, spec(0x32, psn)))
             .collect();

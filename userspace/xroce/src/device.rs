@@ -257,22 +257,146 @@ fn ndp_lookup(out: &str, peer: Ipv6Addr) -> Option<[u8; 6]> {
     })
 }
 
-/// Looks up the MAC of `peer` on `iface`, sending one small UDP datagram
-/// (to the discard port) to make the kernel resolve it when it is not
-/// known, and polling until `timeout`.
+/// The neighbour table entry of `peer` on interface `ifindex`, from an
+/// RTM_GETNEIGH dump over rtnetlink (this thread's namespace). `Ok(None)`:
+/// no usable entry (absent, incomplete or failed).
+pub fn netlink_neighbour(ifindex: u32, peer: IpAddr) -> std::io::Result<Option<[u8; 6]>> {
+    const RTM_NEWNEIGH: u16 = 28;
+    const RTM_GETNEIGH: u16 = 30;
+    const NDA_DST: u16 = 1;
+    const NDA_LLADDR: u16 = 2;
+    const NUD_INCOMPLETE: u16 = 0x01;
+    const NUD_FAILED: u16 = 0x20;
+    let family = if peer.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    } as u8;
+    let want: Vec<u8> = match peer {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    // SAFETY: plain socket(2); closed by OwnedFd.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    // nlmsghdr (16) + ndmsg (12).
+    let mut req = [0u8; 28];
+    req[0..4].copy_from_slice(&28u32.to_ne_bytes());
+    req[4..6].copy_from_slice(&RTM_GETNEIGH.to_ne_bytes());
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
+    req[6..8].copy_from_slice(&flags.to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    req[16] = family;
+    // SAFETY: sending a buffer we own to the kernel (nl_pid 0).
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    let rc = unsafe {
+        libc::sendto(
+            raw,
+            req.as_ptr().cast(),
+            req.len(),
+            0,
+            (&sa as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut buf = vec![0u8; 32 * 1024];
+    let mut found = None;
+    loop {
+        // SAFETY: receiving into a buffer we own.
+        let n = unsafe { libc::recv(raw, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut msgs = &buf[..n as usize];
+        while msgs.len() >= 16 {
+            let len = u32::from_ne_bytes(msgs[0..4].try_into().unwrap()) as usize;
+            let ty = u16::from_ne_bytes(msgs[4..6].try_into().unwrap());
+            if len < 16 || len > msgs.len() {
+                return Ok(found);
+            }
+            if ty == libc::NLMSG_DONE as u16 {
+                return Ok(found);
+            }
+            if ty == libc::NLMSG_ERROR as u16 {
+                let errno = i32::from_ne_bytes(msgs[16..20].try_into().unwrap_or([0; 4]));
+                return Err(std::io::Error::from_raw_os_error(-errno));
+            }
+            if ty == RTM_NEWNEIGH && len >= 28 {
+                let nd = &msgs[16..28];
+                let if_ok = i32::from_ne_bytes(nd[4..8].try_into().unwrap()) as u32 == ifindex;
+                let state = u16::from_ne_bytes(nd[8..10].try_into().unwrap());
+                let usable = state & (NUD_INCOMPLETE | NUD_FAILED) == 0 && state != 0;
+                let (mut dst, mut ll) = (None, None);
+                let mut attrs = &msgs[28..len];
+                while attrs.len() >= 4 {
+                    let alen = u16::from_ne_bytes(attrs[0..2].try_into().unwrap()) as usize;
+                    let aty = u16::from_ne_bytes(attrs[2..4].try_into().unwrap());
+                    if alen < 4 || alen > attrs.len() {
+                        break;
+                    }
+                    let data = &attrs[4..alen];
+                    match aty {
+                        NDA_DST => dst = Some(data),
+                        NDA_LLADDR if data.len() == 6 => ll = Some(data),
+                        _ => {}
+                    }
+                    attrs = &attrs[alen.div_ceil(4) * 4..];
+                    if attrs.len() < 4 {
+                        break;
+                    }
+                }
+                if if_ok && usable && dst == Some(&want[..]) {
+                    if let Some(mac) = ll {
+                        found = Some(mac.try_into().unwrap());
+                    }
+                }
+            }
+            let next = len.div_ceil(4) * 4;
+            if next >= msgs.len() {
+                break;
+            }
+            msgs = &msgs[next..];
+        }
+    }
+}
+
+/// Looks up the MAC of `peer` on `iface` in the neighbour table (rtnetlink
+/// RTM_GETNEIGH; /proc/net/arp or `ip -6 neigh` as fallbacks), sending one
+/// small UDP datagram (to the discard port) to make the kernel resolve it
+/// when it is not known, and polling until `timeout`.
 pub fn neighbour_mac(iface: &str, peer: IpAddr, timeout: Duration) -> Result<[u8; 6], DeviceError> {
+    let ifindex = xdp::if_index(iface).map_err(|_| DeviceError::NoSuchInterface(iface.into()))?;
     let deadline = Instant::now() + timeout;
     let mut poked = false;
     loop {
-        let found = match peer {
-            IpAddr::V4(p) => fs::read_to_string("/proc/thread-self/net/arp")
-                .ok()
-                .and_then(|t| arp_lookup(&t, p, iface)),
-            IpAddr::V6(p) => Command::new("ip")
-                .args(["-6", "neigh", "show", &p.to_string(), "dev", iface])
-                .output()
-                .ok()
-                .and_then(|o| ndp_lookup(&String::from_utf8_lossy(&o.stdout), p)),
+        // rtnetlink first; /proc/net/arp or `ip -6 neigh` if that fails.
+        let found = match netlink_neighbour(ifindex, peer) {
+            Ok(found) => found,
+            Err(_) => match peer {
+                IpAddr::V4(p) => fs::read_to_string("/proc/thread-self/net/arp")
+                    .ok()
+                    .and_then(|t| arp_lookup(&t, p, iface)),
+                IpAddr::V6(p) => Command::new("ip")
+                    .args(["-6", "neigh", "show", &p.to_string(), "dev", iface])
+                    .output()
+                    .ok()
+                    .and_then(|o| ndp_lookup(&String::from_utf8_lossy(&o.stdout), p)),
+            },
         };
         if let Some(mac) = found {
             return Ok(mac);
@@ -287,13 +411,27 @@ pub fn neighbour_mac(iface: &str, peer: IpAddr, timeout: Duration) -> Result<[u8
         }
         if !poked {
             poked = true;
-            let bind: SocketAddr = match peer {
-                IpAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-                IpAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+            let (bind, to): (SocketAddr, SocketAddr) = match peer {
+                IpAddr::V4(p) => ((Ipv4Addr::UNSPECIFIED, 0).into(), (p, 9).into()),
+                // A link-local peer needs the interface as its scope.
+                IpAddr::V6(p) => (
+                    (Ipv6Addr::UNSPECIFIED, 0).into(),
+                    std::net::SocketAddrV6::new(
+                        p,
+                        9,
+                        0,
+                        if p.segments()[0] & 0xffc0 == 0xfe80 {
+                            ifindex
+                        } else {
+                            0
+                        },
+                    )
+                    .into(),
+                ),
             };
             // Port 9 (discard): resolution happens on the first send.
             if let Ok(s) = UdpSocket::bind(bind) {
-                let _ = s.send_to(&[0], (peer, 9));
+                let _ = s.send_to(&[0], to);
             }
         }
         std::thread::sleep(Duration::from_millis(10));
