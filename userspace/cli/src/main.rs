@@ -6,6 +6,7 @@
 mod capture;
 mod congestion;
 mod decode;
+mod perf;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +43,10 @@ enum Command {
     Ecn(congestion::EcnArgs),
     /// Inject loss into RoCEv2 traffic in the XDP program
     Fault(congestion::FaultArgs),
+    /// Bandwidth between two xroce peers (perftest-style): write, read, send, atomic
+    Bench(perf::PerfArgs),
+    /// Latency between two xroce peers: write, read, send
+    Lat(perf::PerfArgs),
     /// Receive RoCEv2 frames on an AF_XDP socket and count them
     Capture(capture::CaptureArgs),
     /// Decode RoCEv2 frames in a pcap file and verify their ICRC
@@ -64,6 +69,8 @@ fn main() {
             .map_err(anyhow::Error::from),
         Command::Stats(args) => stats::run(&args),
         Command::Capture(args) => capture::run(&args),
+        Command::Bench(args) => perf::bench(&args),
+        Command::Lat(args) => perf::lat(&args),
         Command::Ecn(args) => congestion::ecn(&args),
         Command::Fault(args) => congestion::fault(&args),
         Command::Decode(args) => decode::run(&args),

@@ -1,11 +1,18 @@
 //! xroce: RDMA semantics in userspace over AF_XDP.
 //!
+//! - [`verbs`]: the ibv_*-like API: PDs, MRs, CQs, QPs, work requests.
+//! - [`engine`]: the sans-I/O RC transport (requester, responder, completer).
 //! - [`cc`]: congestion control (reaction point) behind one trait.
+//! - [`io`]: packet I/O backends (AF_XDP, kernel UDP, in-memory channel).
+//! - [`runtime`]: the thread that drives an engine from a backend.
+//! - [`device`]: an Ethernet interface opened for RoCEv2.
+//! - [`connect`]: out-of-band connection setup (xroce, rdma-core formats).
 //! - [`xdp`]: loads, attaches, pins and reads the XDP program.
 pub mod cc;
-pub mod io;
-pub mod xdp;
-pub mod verbs;
-pub mod engine;
-pub mod device;
 pub mod connect;
+pub mod device;
+pub mod engine;
+pub mod io;
+pub mod runtime;
+pub mod verbs;
+pub mod xdp;

@@ -1,0 +1,284 @@
+//! `xroce lat write|read|send`: one message in flight, latency per
+//! iteration. As perftest reports them: send and write are half the round
+//! trip (ping-pong), read is the whole round trip of a READ.
+//!
+//! Write ping-pong polls memory like ib_write_lat: each side writes the
+//! iteration number into the last 8 bytes of the other's buffer and spins
+//! until its own buffer shows the number it expects.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context};
+use xroce::verbs::{RecvWr, SendWr, Wc, WrOpcode};
+
+use super::{
+    bw::print_report,
+    conn::{
+        check_wc, client_setup_until_ready, percentiles, serve_clients, server_connect, ClientSide,
+        Conn,
+    },
+    pattern,
+    session::{Done, Endpoint, Hello, Session, Verdict},
+    stack::Stack,
+    Op, PerfArgs, RunLength,
+};
+
+const DEFAULT_ITERS: u64 = 1000;
+/// A message that does not come back in this time ends the run.
+const STALL: Duration = Duration::from_secs(5);
+
+pub fn run(args: &PerfArgs) -> anyhow::Result<()> {
+    if args.op == Op::Atomic {
+        bail!("lat measures write, read or send; use `xroce bench atomic` for atomics");
+    }
+    let size = args.size_bytes()?;
+    if args.op == Op::Write && size < 8 {
+        bail!("write latency needs --size 8 or more (the iteration number travels in the message)");
+    }
+    if args.listen.is_some() {
+        serve_clients(args, serve)
+    } else {
+        client(args, size)
+    }
+}
+
+/// Completions seen so far: sends acknowledged and messages received.
+#[derive(Default)]
+struct Seen {
+    sends: u64,
+    recvs: u64,
+}
+
+impl Seen {
+    /// Reaps the CQ; a received message gets its buffer reposted at once.
+    fn poll(&mut self, conn: &Conn, op: Op) -> anyhow::Result<()> {
+        let mut wcs = [Wc::default(); 8];
+        let n = conn.cq.poll(&mut wcs)?;
+        for wc in &wcs[..n] {
+            check_wc(wc, op.name())?;
+            if wc.opcode == xroce::verbs::WcOpcode::Recv {
+                self.recvs += 1;
+                post_recv(conn)?;
+            } else {
+                self.sends += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Spins until `done(self, conn)` or the stall limit.
+    fn until(
+        &mut self,
+        conn: &Conn,
+        stack: &Stack,
+        op: Op,
+        what: &str,
+        done: impl Fn(&Seen, &Conn) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + STALL;
+        loop {
+            self.poll(conn, op)?;
+            if done(self, conn)? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                stack.check_running()?;
+                bail!("{what} within {STALL:?}; is the peer alive?");
+            }
+            // Yield, do not spin: the I/O thread needs the CQ lock to deliver.
+            std::thread::yield_now();
+        }
+    }
+
+    /// Waits for the peer's message `i`.
+    fn message(
+        &mut self,
+        conn: &Conn,
+        stack: &Stack,
+        op: Op,
+        i: u64,
+        size: usize,
+    ) -> anyhow::Result<()> {
+        let what = format!("message {i} did not arrive");
+        match op {
+            Op::Write => {
+                let at = conn.slot_offset(0, 0) + size - 8;
+                self.until(conn, stack, op, &what, |_, c| {
+                    Ok(c.mr.load_u64(at)? == i + 1)
+                })
+            }
+            _ => self.until(conn, stack, op, &what, |s, _| Ok(s.recvs > i)),
+        }
+    }
+
+    /// Waits until `n` sends (or READs) have completed.
+    fn sends(&mut self, conn: &Conn, stack: &Stack, op: Op, n: u64) -> anyhow::Result<()> {
+        let what = format!("the {} was not acknowledged", op.name());
+        self.until(conn, stack, op, &what, |s, _| Ok(s.sends >= n))
+    }
+}
+
+fn post_recv(conn: &Conn) -> anyhow::Result<()> {
+    conn.qps[0].post_recv(&RecvWr {
+        wr_id: 0,
+        sg_list: vec![conn.mr.sge(conn.slot_offset(0, 0), conn.slot_len)],
+    })?;
+    Ok(())
+}
+
+/// Sends message `i`: a SEND, or a WRITE whose last 8 bytes carry `i + 1`.
+fn ping(conn: &Conn, remote: &Endpoint, op: Op, i: u64, size: usize) -> anyhow::Result<()> {
+    let src = conn.slot_offset(0, 1);
+    let opcode = match op {
+        Op::Write => {
+            conn.mr.write(src + size - 8, &(i + 1).to_le_bytes())?;
+            WrOpcode::RdmaWrite {
+                remote_addr: remote.mr_addr + conn.slot_offset(0, 0) as u64,
+                rkey: remote.rkey,
+            }
+        }
+        _ => WrOpcode::Send,
+    };
+    // Unsignaled would be cheaper, but a failed send must still surface.
+    conn.qps[0]
+        .post_send(&SendWr::new(1, opcode, vec![conn.mr.sge(src, size)]))
+        .context("post")?;
+    Ok(())
+}
+
+fn serve(stack: &Stack, mut session: Session, hello: Hello, peer: IpAddr) -> anyhow::Result<()> {
+    let op = Op::from_name(&hello.op)?;
+    let (conn, remote) = server_connect(stack, &mut session, &hello, peer)?;
+    if op == Op::Read {
+        conn.mr
+            .write(conn.slot_offset(0, 0), &pattern::make(0, 0, hello.size))?;
+    }
+    if op == Op::Send {
+        post_recv(&conn)?;
+    }
+    session.send(&serde_json::json!({ "ready": true }))?;
+    let iters: u64 = match op {
+        Op::Read => 0,
+        _ => session.recv::<u64>("the iteration count")?,
+    };
+    // Pong every ping.
+    let mut seen = Seen::default();
+    for i in 0..iters {
+        seen.message(&conn, stack, op, i, hello.size)?;
+        ping(&conn, &remote, op, i, hello.size)?;
+        seen.sends(&conn, stack, op, i + 1)?;
+    }
+    let _done: Done = session.recv("the end of the run")?;
+    session.send(&Verdict {
+        verified: true,
+        detail: String::new(),
+        cnps_sent: stack.device.stats().tx_cnps,
+        ce_marked: stack.device.stats().rx_ce_marked,
+    })
+}
+
+fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
+    let ClientSide {
+        mut session,
+        remote,
+        stack,
+        conn,
+        hello: _,
+    } = client_setup_lat(args, size)?;
+    let op = args.op;
+    let iters = match args.run_length(DEFAULT_ITERS) {
+        RunLength::Iters(n) => n,
+        RunLength::Duration(_) => bail!("lat runs a number of iterations: use --iters"),
+    };
+    if op != Op::Read {
+        session.send(&iters)?;
+    }
+    let mut samples = Vec::with_capacity(iters as usize);
+    let mut verified = true;
+    let mut seen = Seen::default();
+    let start = Instant::now();
+    for i in 0..iters {
+        let t0 = Instant::now();
+        match op {
+            Op::Read => {
+                conn.qps[0].post_send(&SendWr::new(
+                    i,
+                    WrOpcode::RdmaRead {
+                        remote_addr: remote.mr_addr + conn.slot_offset(0, 0) as u64,
+                        rkey: remote.rkey,
+                    },
+                    vec![conn.mr.sge(conn.slot_offset(0, 1), size)],
+                ))?;
+                seen.sends(&conn, &stack, op, i + 1)?;
+                samples.push(t0.elapsed().as_nanos() as u64);
+            }
+            _ => {
+                ping(&conn, &remote, op, i, size)?;
+                seen.message(&conn, &stack, op, i, size)?;
+                samples.push(t0.elapsed().as_nanos() as u64 / 2);
+                seen.sends(&conn, &stack, op, i + 1)?;
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if op == Op::Read {
+        let got = conn.mr.to_vec(conn.slot_offset(0, 1), size)?;
+        verified = got == pattern::make(0, 0, size);
+    }
+    session.send(&Done {
+        completed: vec![iters],
+    })?;
+    let _verdict: Verdict = session.recv("the server's verdict")?;
+    let stats = stack.device.stats();
+    let report = serde_json::json!({
+        "op": op.name(),
+        "size": size,
+        "iters": iters,
+        "qps": 1,
+        "mtu": stack.path_mtu.bytes(),
+        "backend": stack.backend,
+        "seconds": seconds,
+        "bytes": iters * size as u64,
+        "gbps": (iters * size as u64) as f64 * 8.0 / seconds / 1e9,
+        "msgs_per_sec": iters as f64 / seconds,
+        "verified": verified,
+        "retransmits": stats.tx_retransmitted,
+        "cnps": stats.rx_cnps,
+        "lat_us": percentiles(samples),
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        let l = &report["lat_us"];
+        print_report(false, &report);
+        println!(
+            " latency [us]: min {:.2}  p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}  avg {:.2}",
+            l["min"].as_f64().unwrap_or(0.0),
+            l["p50"].as_f64().unwrap_or(0.0),
+            l["p99"].as_f64().unwrap_or(0.0),
+            l["p999"].as_f64().unwrap_or(0.0),
+            l["max"].as_f64().unwrap_or(0.0),
+            l["avg"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if !verified {
+        bail!("READ data differs from the server's buffer");
+    }
+    Ok(())
+}
+
+/// The bandwidth client's setup with two slots (receive, send) and, for
+/// sends, a receive posted before the server may answer.
+fn client_setup_lat(args: &PerfArgs, size: usize) -> anyhow::Result<ClientSide> {
+    let mut side = client_setup_until_ready(args, "lat", size, 2, |conn| {
+        if args.op == Op::Send {
+            post_recv(conn)?;
+        }
+        Ok(())
+    })?;
+    let _ready: serde_json::Value = side.session.recv("ready")?;
+    Ok(side)
+}

@@ -1,0 +1,147 @@
+//! `xroce bench` and `xroce lat`: perftest-style bandwidth and latency
+//! between two xroce peers (`--listen` on one host, `--connect` on the
+//! other). Data is a pattern the receiving side checks ("verified").
+//!
+//! - `stack.rs`: interface, engine, packet-I/O backend and runtime.
+//! - `session.rs`: the out-of-band exchange over TCP.
+//! - `bw.rs` / `lat.rs`: the measurements.
+
+mod bw;
+mod conn;
+mod lat;
+mod pattern;
+mod session;
+mod stack;
+
+use std::{net::SocketAddr, time::Duration};
+
+use anyhow::bail;
+use xroce::cc::CcKind;
+
+pub use bw::run as bench;
+pub use lat::run as lat;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Write,
+    Read,
+    Send,
+    Atomic,
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+            Op::Atomic => "atomic",
+        }
+    }
+
+    pub fn from_name(s: &str) -> anyhow::Result<Op> {
+        Ok(match s {
+            "write" => Op::Write,
+            "read" => Op::Read,
+            "send" => Op::Send,
+            "atomic" => Op::Atomic,
+            other => bail!("unknown operation {other:?}; use write, read, send or atomic"),
+        })
+    }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// AF_XDP sockets fed by the XDP program
+    Afxdp,
+    /// A kernel UDP socket on port 4791 (no XDP needed)
+    Udp,
+}
+
+/// Flags shared by `bench` and `lat`, close to perftest's.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PerfArgs {
+    /// write, read, send or atomic (lat: write, read or send)
+    #[arg(value_enum)]
+    pub op: Op,
+    /// Interface to run RoCEv2 on
+    #[arg(long, short = 'd')]
+    pub iface: String,
+    /// Serve a peer on ADDR:PORT (the TCP port of the exchange)
+    #[arg(long, conflicts_with = "connect", required_unless_present = "connect")]
+    pub listen: Option<SocketAddr>,
+    /// Run against a peer listening on ADDR:PORT
+    #[arg(long)]
+    pub connect: Option<SocketAddr>,
+    /// With --listen: how many clients to serve (in parallel) before exiting
+    #[arg(long, default_value_t = 1)]
+    pub peers: usize,
+    /// Message size, e.g. 65536, 64KiB, 8
+    #[arg(long, short = 's', default_value = "65536")]
+    pub size: String,
+    /// Messages per QP (client)
+    #[arg(long, short = 'n', conflicts_with = "duration")]
+    pub iters: Option<u64>,
+    /// Run for this many seconds instead of --iters (client)
+    #[arg(long, short = 'D')]
+    pub duration: Option<f64>,
+    /// Queue pairs
+    #[arg(long, short = 'q', default_value_t = 1)]
+    pub qps: usize,
+    /// Path MTU: 256, 512, 1024, 2048, 4096 (default: the largest the interface allows)
+    #[arg(long, short = 'm')]
+    pub mtu: Option<u32>,
+    /// Outstanding work requests per QP
+    #[arg(long, short = 't', default_value_t = 128)]
+    pub tx_depth: usize,
+    /// Packet I/O: afxdp or udp
+    #[arg(long, value_enum, default_value = "afxdp")]
+    pub backend: Backend,
+    /// Congestion control: none, dcqcn, timely
+    #[arg(long, default_value = "none")]
+    pub cc: CcKind,
+    /// Line rate the pacer and congestion control start from, e.g. 10gbit
+    #[arg(long, default_value = "100gbit")]
+    pub rate: String,
+    /// Write a CSV of progress per time bin (t_ms,bytes,rate_bps,cnps,retransmits)
+    #[arg(long)]
+    pub trace: Option<std::path::PathBuf>,
+    /// Width of a --trace bin in milliseconds
+    #[arg(long, default_value_t = 10)]
+    pub bin_ms: u64,
+    /// Spin on the packet rings instead of sleeping (lowest latency)
+    #[arg(long)]
+    pub busy_poll: bool,
+    /// print one JSON object on stdout
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl PerfArgs {
+    pub fn size_bytes(&self) -> anyhow::Result<usize> {
+        let size = xroce::cc::units::parse_size_bytes(&self.size)
+            .map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+        if size > 1 << 30 {
+            bail!("--size {} is over the 1 GiB limit", self.size);
+        }
+        Ok(size as usize)
+    }
+
+    /// How long the client runs: --iters, --duration, or 5 s.
+    pub fn run_length(&self, default_iters: u64) -> RunLength {
+        match (self.iters, self.duration) {
+            (Some(n), _) => RunLength::Iters(n),
+            (None, Some(s)) => RunLength::Duration(Duration::from_secs_f64(s)),
+            (None, None) => RunLength::Iters(default_iters),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub enum RunLength {
+    Iters(u64),
+    Duration(Duration),
+}
+
+/// Timeout of each out-of-band read.
+const OOB_TIMEOUT: Duration = Duration::from_secs(30);
