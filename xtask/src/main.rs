@@ -7,6 +7,7 @@
 mod demo;
 mod setup;
 mod util;
+mod vm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -32,6 +33,8 @@ enum Cmd {
     },
     /// Two network namespaces, XDP attached, RoCEv2 traffic across, counters
     Demo,
+    /// VMs with Linux Soft-RoCE: build, boot, run, test
+    Vm(vm::VmArgs),
 }
 
 fn main() {
@@ -48,6 +51,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Build => build(),
         Cmd::Test { quick } => test(quick),
         Cmd::Demo => demo::demo(),
+        Cmd::Vm(args) => vm::run(&args),
     }
 }
 
@@ -75,5 +79,5 @@ fn test(quick: bool) -> Result<()> {
     if quick {
         util::step("--quick: slow suites skipped");
     }
-    Ok(())
+    vm::suite(quick)
 }

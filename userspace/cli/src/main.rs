@@ -6,6 +6,7 @@
 mod capture;
 mod congestion;
 mod decode;
+mod experiment;
 mod perf;
 mod stats;
 
@@ -51,6 +52,8 @@ enum Command {
     Capture(capture::CaptureArgs),
     /// Decode RoCEv2 frames in a pcap file and verify their ICRC
     Decode(decode::DecodeArgs),
+    /// Run a congestion experiment in namespaces of its own
+    Experiment(experiment::ExperimentArgs),
 }
 
 fn main() {
@@ -74,6 +77,7 @@ fn main() {
         Command::Ecn(args) => congestion::ecn(&args),
         Command::Fault(args) => congestion::fault(&args),
         Command::Decode(args) => decode::run(&args),
+        Command::Experiment(args) => experiment::run(&args),
     };
     if let Err(e) = result {
         // One line: what went wrong and, from the error itself, what to do.
