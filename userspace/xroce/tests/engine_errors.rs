@@ -349,13 +349,24 @@ fn state_machine_rejects_illegal_transitions() {
         .unwrap_err();
     assert!(matches!(e, VerbsError::MissingAttributes { .. }), "{e}");
     assert_eq!(qp.state(), QpState::Init);
-    // UD/UC are not provided yet and say so.
+    // UD needs a Q_Key to leave RESET.
     let mut init = QpInitAttr::rc(&cq);
     init.qp_type = QpType::Ud;
-    assert!(matches!(
-        sim.a.create_qp(&pd, &init),
-        Err(VerbsError::Unsupported("UD"))
-    ));
+    let ud = sim.a.create_qp(&pd, &init).unwrap();
+    attr.qp_state = QpState::Init;
+    let e = ud
+        .modify(&attr, QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            VerbsError::MissingAttributes {
+                missing: "QKEY",
+                ..
+            }
+        ),
+        "{e}"
+    );
     // A PD of another device is refused.
     let pd_b = sim.b.alloc_pd();
     assert!(sim.a.create_qp(&pd_b, &QpInitAttr::rc(&cq)).is_err());
@@ -766,4 +777,111 @@ fn sixteen_qps_share_a_device_under_loss() {
         assert_eq!(b.mr.to_vec(0, 100_000).unwrap(), data);
         assert_eq!(b.mr.to_vec(120_000, 100_000).unwrap(), data);
     }
+}
+
+fn ud_qp(dev: &Device, pd: &ProtectionDomain, cq: &CompletionQueue, qkey: u32) -> QueuePair {
+    let mut init = QpInitAttr::rc(cq);
+    init.qp_type = QpType::Ud;
+    let qp = dev.create_qp(pd, &init).unwrap();
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qkey,
+        ..Default::default()
+    };
+    qp.modify(
+        &a,
+        QpAttrMask::STATE | QpAttrMask::QKEY | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    qp.modify(&a, QpAttrMask::STATE).unwrap();
+    a.qp_state = QpState::Rts;
+    a.sq_psn = 0x123;
+    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
+        .unwrap();
+    qp
+}
+
+#[test]
+fn ud_datagrams_to_two_qps_with_qkey_check() {
+    let mut sim = Sim::pair(LinkConfig::default(), 23);
+    let (ca, cb) = sim_configs();
+    let (pd_a, pd_b) = (sim.a.alloc_pd(), sim.b.alloc_pd());
+    let (cq_a, cq_b) = (sim.a.create_cq(64).unwrap(), sim.b.create_cq(64).unwrap());
+    let qa = ud_qp(&sim.a, &pd_a, &cq_a, 0x1111);
+    let qb1 = ud_qp(&sim.b, &pd_b, &cq_b, 0x2222);
+    let qb2 = ud_qp(&sim.b, &pd_b, &cq_b, 0x3333);
+    let src = pd_a
+        .reg_mr_with(&[0xabu8; 1024], AccessFlags::LOCAL_WRITE)
+        .unwrap();
+    let rx = pd_b.reg_mr(8 * 2048, AccessFlags::LOCAL_WRITE).unwrap();
+    for i in 0..4u64 {
+        let q = if i < 2 { &qb1 } else { &qb2 };
+        q.post_recv(&RecvWr {
+            wr_id: i,
+            sg_list: vec![rx.sge(i as usize * 2048, 2048)],
+        })
+        .unwrap();
+    }
+    let av = AddressVector {
+        dest_mac: cb.mac,
+        dest_ip: cb.ip,
+        ..Default::default()
+    };
+    let to = |q: &QueuePair, qkey| UdAddress {
+        av,
+        remote_qpn: q.qp_num(),
+        remote_qkey: qkey,
+    };
+    // Larger than the path MTU: refused at post time.
+    let big = SendWr::new(9, WrOpcode::Send, vec![src.sge(0, 1024), src.sge(0, 1024)])
+        .ud(to(&qb1, 0x2222));
+    assert!(qa.post_send(&big).is_err());
+    // Without a destination: refused.
+    assert!(qa
+        .post_send(&SendWr::new(9, WrOpcode::Send, vec![]))
+        .is_err());
+    qa.post_send(
+        &SendWr::new(1, WrOpcode::SendWithImm { imm: 7 }, vec![src.sge(0, 100)])
+            .ud(to(&qb1, 0x2222)),
+    )
+    .unwrap();
+    qa.post_send(&SendWr::new(2, WrOpcode::Send, vec![src.sge(0, 1000)]).ud(to(&qb2, 0x3333)))
+        .unwrap();
+    // Wrong Q_Key: sent, completes locally, silently dropped by the receiver.
+    qa.post_send(&SendWr::new(3, WrOpcode::Send, vec![src.sge(0, 10)]).ud(to(&qb2, 0x9999)))
+        .unwrap();
+    qa.post_send(&SendWr::new(4, WrOpcode::Send, vec![src.sge(0, 0)]).ud(to(&qb1, 0x2222)))
+        .unwrap();
+    let wa = wait_wcs(&mut sim, &cq_a, 4, 10 * MS);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success),
+            (4, WcStatus::Success)
+        ]
+    );
+    let mut wb = wait_wcs(&mut sim, &cq_b, 3, 10 * MS);
+    wb.sort_by_key(|w| w.wr_id);
+    assert_eq!(wb.len(), 3, "{wb:?}");
+    assert_eq!(
+        (wb[0].wr_id, wb[0].qp_num, wb[0].byte_len, wb[0].imm_data),
+        (0, qb1.qp_num(), 140, 7)
+    );
+    assert!(wb[0].flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));
+    assert_eq!(wb[0].src_qp, qa.qp_num());
+    assert_eq!((wb[1].wr_id, wb[1].byte_len), (1, 40));
+    assert_eq!(
+        (wb[2].wr_id, wb[2].qp_num, wb[2].byte_len),
+        (2, qb2.qp_num(), 1040)
+    );
+    assert_eq!(rx.to_vec(40, 100).unwrap(), vec![0xab; 100]);
+    assert_eq!(rx.to_vec(2 * 2048 + 40, 1000).unwrap(), vec![0xab; 1000]);
+    // GRH: IPv4 header of the datagram in bytes 20..40.
+    let grh = rx.to_vec(0, 40).unwrap();
+    assert_eq!(grh[20], 0x45);
+    assert_eq!(&grh[32..36], &ca.ip.octets());
+    assert_eq!(sim.b.stats().rx_dropped_other, 1);
 }

@@ -340,3 +340,61 @@ proptest! {
         finish(&mut sim);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Random datagrams (opcodes, Q_Keys, sizes, ECN) to UD and UC QPs with
+    /// receive buffers of random sizes.
+    #[test]
+    fn ud_and_uc_receivers(
+        pkts in proptest::collection::vec((any::<u8>(), any::<bool>(), any::<u32>(), 0usize..5000, any::<u8>(), any::<u32>()), 1..40),
+        bufs in proptest::collection::vec(0usize..3000, 0..8),
+    ) {
+        let sim = Sim::pair(LinkConfig::default(), 1);
+        let pd = sim.b.alloc_pd();
+        let cq = sim.b.create_cq(16).unwrap();
+        let mr = pd.reg_mr(1 << 16, AccessFlags::all()).unwrap();
+        let mut qps = Vec::new();
+        for t in [QpType::Ud, QpType::Uc] {
+            let mut init = QpInitAttr::rc(&cq);
+            init.qp_type = t;
+            let qp = sim.b.create_qp(&pd, &init).unwrap();
+            let mut a = QpAttr { qp_state: QpState::Init, qkey: 5, qp_access_flags: AccessFlags::all(), ..Default::default() };
+            qp.modify(&a, QpAttrMask::STATE | QpAttrMask::QKEY | QpAttrMask::ACCESS_FLAGS).unwrap();
+            a.qp_state = QpState::Rtr;
+            let m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+            qp.modify(&a, m).unwrap();
+            for (i, len) in bufs.iter().enumerate() {
+                let _ = qp.post_recv(&RecvWr { wr_id: i as u64, sg_list: vec![mr.sge(i * 3000, *len)] });
+            }
+            qps.push(qp);
+        }
+        let mut buf = vec![0u8; 9000];
+        for (opcode, ud, key, plen, ecn, psn) in pkts {
+            let qp = &qps[if ud { 0 } else { 1 }];
+            let opcode = if ud { 0x64 | (opcode & 1) } else { 0x20 | (opcode % 0x0c) };
+            let h = PktHdr {
+                dst_mac: [2, 0, 0, 0, 0, 2],
+                src_mac: [2, 0, 0, 0, 0, 1],
+                src_ip: [10, 0, 0, 1],
+                dst_ip: [10, 0, 0, 2],
+                udp_sport: 0xc000,
+                opcode,
+                pkey: 0xffff,
+                dqpn: qp.qp_num(),
+                psn: psn & 0xff_ffff,
+                ecn: ecn & 3,
+                deth: Some((if key & 1 == 0 { 5 } else { key }, key >> 8)),
+                reth: Some(Reth { va: mr.addr() + (key as u64 % 70000), rkey: mr.rkey(), len: plen as u32 }),
+                imm: Some(key),
+                ..Default::default()
+            };
+            if let Some(n) = codec::emit(&h, &vec![0x11; plen], &mut buf) {
+                sim.b.handle_frame(&buf[..n], 1_000);
+            }
+            let mut wcs = [Wc::default(); 16];
+            let _ = cq.poll(&mut wcs);
+        }
+    }
+}

@@ -4,7 +4,7 @@
 //! CQ's eventfd).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -12,18 +12,30 @@ use xroce::engine::sim::{connect_pair, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 
 struct Counting;
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    // Per thread: other tests run concurrently in this process.
+    static ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn count() {
+    let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
+}
+
+fn allocs() -> u64 {
+    ALLOCS.with(|c| c.get())
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         unsafe { System.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        count();
         unsafe { System.realloc(p, l, n) }
     }
 }
@@ -52,7 +64,7 @@ fn steady_state_allocates_per_work_request_not_per_packet() {
     let mut buf = vec![0u8; 9000];
     let mut wcs = [Wc::default(); 16];
     let mut run = |n_wr: u64| -> (u64, u64) {
-        let before = ALLOCS.load(Ordering::Relaxed);
+        let before = allocs();
         let mut frames = 0u64;
         let mut now = 10_000_000u64;
         for _ in 0..n_wr {
@@ -75,7 +87,7 @@ fn steady_state_allocates_per_work_request_not_per_packet() {
                 }
             }
         }
-        (ALLOCS.load(Ordering::Relaxed) - before, frames)
+        (allocs() - before, frames)
     };
     run(4); // warm up queues and buffers
     let (allocs, frames) = run(20);

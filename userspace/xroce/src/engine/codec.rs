@@ -44,6 +44,8 @@ pub mod op {
     pub const FETCH_ADD: u8 = 0x14;
     pub const SEND_LAST_INV: u8 = 0x16;
     pub const SEND_ONLY_INV: u8 = 0x17;
+    pub const UD_SEND_ONLY: u8 = 0x64;
+    pub const UD_SEND_ONLY_IMM: u8 = 0x65;
     pub const CNP: u8 = 0x81;
 }
 
@@ -99,6 +101,8 @@ pub struct PktHdr {
     pub atomic_ack: Option<u64>,
     pub imm: Option<u32>,
     pub ieth: Option<u32>,
+    /// DETH (UD): (Q_Key, source QPN).
+    pub deth: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +179,7 @@ pub fn parse(frame: &[u8]) -> Result<(PktHdr, core::ops::Range<usize>), ParseErr
         atomic_ack: t.atomic_ack_eth.map(|a| a.orig_data),
         imm: t.imm_data,
         ieth: t.invalidate_rkey,
+        deth: t.deth.map(|d| (d.qkey, d.src_qp & PSN_MASK)),
     };
     Ok((h, range))
 }
@@ -237,7 +242,11 @@ pub fn emit(h: &PktHdr, payload: &[u8], buf: &mut [u8]) -> Option<usize> {
         t.invalidate_rkey = Some(h.ieth.unwrap_or(0));
     }
     if hs.contains(HeaderSet::DETH) {
-        t.deth = Some(DethRepr { qkey: 0, src_qp: 0 });
+        let (qkey, src_qp) = h.deth.unwrap_or((0, 0));
+        t.deth = Some(DethRepr {
+            qkey,
+            src_qp: src_qp & PSN_MASK,
+        });
     }
     if hs.contains(HeaderSet::FETH) {
         t.feth = Some(FethRepr {

@@ -36,6 +36,7 @@ mod responder;
 pub mod sim;
 pub mod timers;
 mod uc;
+mod ud;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -228,9 +229,6 @@ impl Engine {
     }
 
     pub(crate) fn create_qp(&mut self, c: QpCreate) -> Result<u32> {
-        if c.qp_type == QpType::Ud {
-            return Err(VerbsError::Unsupported("UD"));
-        }
         let idx = match self.free_qps.pop() {
             Some(i) => i,
             None => {

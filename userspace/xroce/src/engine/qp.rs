@@ -111,6 +111,8 @@ pub(crate) struct SendWqe {
     pub first_psn: u32,
     pub last_psn: u32,
     pub npkts: u32,
+    /// UD destination.
+    pub ud: Option<crate::verbs::wr::UdAddress>,
 }
 
 impl SendWqe {
@@ -462,6 +464,9 @@ impl QpCtx {
         if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
             a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
         }
+        if mask.contains(QpAttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
         match (from, to) {
             (_, QpState::Reset) => self.reset(),
             (_, QpState::Err) => {
@@ -537,6 +542,24 @@ impl QpCtx {
                 "UC QPs carry only SEND, SEND_WITH_IMM, RDMA_WRITE and RDMA_WRITE_WITH_IMM",
             ));
         }
+        if self.qp_type == QpType::Ud {
+            if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm { .. }) {
+                return Err(VerbsError::InvalidArgument(
+                    "UD QPs carry only SEND and SEND_WITH_IMM",
+                ));
+            }
+            if wr.ud.is_none() {
+                return Err(VerbsError::InvalidArgument(
+                    "a UD send needs a destination (SendWr::ud)",
+                ));
+            }
+            let total: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+            if total > self.mtu as u64 {
+                return Err(VerbsError::InvalidArgument(
+                    "UD messages are limited to one path MTU",
+                ));
+            }
+        }
         let signaled = self.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
         let mut w = SendWqe {
             wr_id: wr.wr_id,
@@ -551,6 +574,7 @@ impl QpCtx {
             first_psn: 0,
             last_psn: 0,
             npkts: 0,
+            ud: wr.ud,
         };
         let writes_local = wr.opcode.is_read_or_atomic();
         let inline = wr.flags.contains(SendFlags::INLINE) && !writes_local;
@@ -629,9 +653,21 @@ impl QpCtx {
             self.cc.on_cnp(now);
             return;
         }
-        let service = if self.qp_type == QpType::Uc { 1 } else { 0 };
+        let service = match self.qp_type {
+            QpType::Rc => 0,
+            QpType::Uc => 1,
+            QpType::Ud => 3,
+        };
         if h.opcode >> 5 != service {
             env.stats.rx_unsupported += 1; // UC opcodes to an RC QP or v.v.
+            return;
+        }
+        if self.qp_type == QpType::Ud {
+            if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                self.ud_recv(env, h, payload);
+            } else {
+                env.stats.rx_bad_state += 1;
+            }
             return;
         }
         if self.qp_type == QpType::Uc {
@@ -650,7 +686,10 @@ impl QpCtx {
             let due = self
                 .last_cnp_ns
                 .is_none_or(|t| now.saturating_sub(t) >= env.cfg.cnp_interval_ns);
-            if due && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+            if due
+                && self.qp_type != QpType::Ud
+                && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            {
                 self.cnp_due = true;
                 self.last_cnp_ns = Some(now);
             }

@@ -251,9 +251,31 @@ impl QpCtx {
         }
         let window_fill =
             psn::diff(psn::add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
-        let uc = self.qp_type == crate::verbs::qp::QpType::Uc;
+        let ud = self.qp_type == crate::verbs::qp::QpType::Ud;
+        let uc = ud || self.qp_type == crate::verbs::qp::QpType::Uc;
         h.ack_req = !uc && (last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill);
-        if uc {
+        if ud {
+            // One packet per message to the WR's own destination.
+            let d = w.ud.expect("checked at post");
+            h.opcode = if h.imm.is_some() {
+                codec::op::UD_SEND_ONLY_IMM
+            } else {
+                codec::op::UD_SEND_ONLY
+            };
+            h.dst_mac = d.av.dest_mac;
+            h.dst_ip = d.av.dest_ip.octets();
+            h.dscp = d.av.dscp & 0x3f;
+            h.dqpn = d.remote_qpn;
+            h.udp_sport =
+                d.av.udp_sport
+                    .unwrap_or_else(|| xroce_wire::rocev2_src_port(0, self.qpn, d.remote_qpn));
+            let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
+                self.attr.qkey
+            } else {
+                d.remote_qkey
+            };
+            h.deth = Some((qkey, self.qpn));
+        } else if uc {
             h.opcode |= 0x20;
         }
         if env.scratch.len() < payload_len {

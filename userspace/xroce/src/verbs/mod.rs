@@ -85,4 +85,4 @@ pub use pd::ProtectionDomain;
 pub use qp::{AddressVector, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 pub use srq::SharedReceiveQueue;
 pub use wc::{Wc, WcFlags, WcOpcode, WcStatus};
-pub use wr::{RecvWr, SendFlags, SendWr, Sge, WrOpcode};
+pub use wr::{RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};

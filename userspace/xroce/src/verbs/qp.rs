@@ -5,7 +5,8 @@ use std::net::Ipv4Addr;
 use super::error::{Result, VerbsError};
 use super::mr::AccessFlags;
 
-/// `ibv_qp_type`. RC and UC are implemented; UD is rejected at creation.
+/// `ibv_qp_type`: RC, UC and UD are implemented (UD: SEND / SEND_WITH_IMM
+/// of at most one path MTU, GRH space in receive buffers as in ibverbs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpType {
     Rc,
@@ -134,6 +135,8 @@ pub struct QpAttr {
     pub max_rd_atomic: u8,
     /// READ/atomic requests this QP accepts as responder.
     pub max_dest_rd_atomic: u8,
+    /// Q_Key of a UD QP (incoming DETH Q_Keys must match it).
+    pub qkey: u32,
 }
 
 /// `ibv_qp_cap`.
@@ -179,6 +182,7 @@ fn req(mask: QpAttrMask, need: QpAttrMask, from: QpState, to: QpState) -> Result
         (QpAttrMask::RETRY_CNT, "RETRY_CNT"),
         (QpAttrMask::RNR_RETRY, "RNR_RETRY"),
         (QpAttrMask::MAX_QP_RD_ATOMIC, "MAX_QP_RD_ATOMIC"),
+        (QpAttrMask::QKEY, "QKEY"),
     ];
     let first = names
         .iter()
@@ -238,7 +242,13 @@ pub fn check_modify_for(
         | (QpState::Sqe, QpState::Rts) => QpAttrMask::empty(),
         (from, to) => return Err(VerbsError::IllegalTransition { from, to }),
     };
-    let need = if t == QpType::Uc {
+    let need = if t == QpType::Ud {
+        match (cur, to) {
+            (QpState::Reset, QpState::Init) => QpAttrMask::QKEY,
+            (QpState::Rtr, QpState::Rts) => QpAttrMask::SQ_PSN,
+            _ => QpAttrMask::empty(),
+        }
+    } else if t == QpType::Uc {
         need - (QpAttrMask::MAX_DEST_RD_ATOMIC
             | QpAttrMask::MIN_RNR_TIMER
             | QpAttrMask::TIMEOUT

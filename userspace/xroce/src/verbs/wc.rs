@@ -37,6 +37,9 @@ bitflags::bitflags! {
     /// `ibv_wc_flags`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct WcFlags: u32 {
+        /// UD receive: the first 40 bytes of the buffer hold the GRH (for
+        /// RoCEv2/IPv4: the IPv4 header in bytes 20..40).
+        const GRH = 1;
         const WITH_IMM = 2;
         const WITH_INV = 4;
     }

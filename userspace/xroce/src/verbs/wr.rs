@@ -78,6 +78,17 @@ impl WrOpcode {
     }
 }
 
+/// Destination of a UD send (`wr.ud` of `ibv_send_wr`: ah, remote_qpn,
+/// remote_qkey).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdAddress {
+    pub av: super::qp::AddressVector,
+    pub remote_qpn: u32,
+    /// Q_Key to send with; a value with the high bit set means "use the
+    /// QP's own Q_Key" (IBTA 10.2.5).
+    pub remote_qkey: u32,
+}
+
 /// A send work request (`ibv_send_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
@@ -85,6 +96,8 @@ pub struct SendWr {
     pub opcode: WrOpcode,
     pub sg_list: Vec<Sge>,
     pub flags: SendFlags,
+    /// Required on UD QPs, ignored otherwise.
+    pub ud: Option<UdAddress>,
 }
 
 impl SendWr {
@@ -94,7 +107,13 @@ impl SendWr {
             opcode,
             sg_list,
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
+    }
+    /// Set the UD destination.
+    pub fn ud(mut self, ud: UdAddress) -> Self {
+        self.ud = Some(ud);
+        self
     }
     pub fn flags(mut self, flags: SendFlags) -> Self {
         self.flags = flags;
