@@ -594,7 +594,9 @@ fn pacing_follows_cc_rate_and_ce_marks_produce_rate_limited_cnps() {
     let mut sim = Sim::new(Device::new(ca), Device::new(cb), SimLink::new(link, 18));
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let len = 4 << 20;
-    let big = a.pd.reg_mr(len, AccessFlags::LOCAL_WRITE).unwrap();
+    let big =
+        a.pd.reg_mr(len, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+            .unwrap();
     let t0 = sim.now;
     a.qp.post_send(&SendWr::new(
         1,
@@ -623,6 +625,22 @@ fn pacing_follows_cc_rate_and_ce_marks_produce_rate_limited_cnps() {
     assert_eq!(cnps.load(Ordering::Relaxed), sim.a.stats().rx_cnps);
     assert!(cnps.load(Ordering::Relaxed) > 0);
     assert!(acks.load(Ordering::Relaxed) > 0);
+
+    // READ responses leave A paced by A's controller too.
+    let t1 = sim.now;
+    b.qp.post_send(&SendWr::new(
+        2,
+        WrOpcode::RdmaRead {
+            remote_addr: big.addr(),
+            rkey: big.rkey(),
+        },
+        vec![b.mr.sge(0, 1 << 20)],
+    ))
+    .unwrap();
+    let w = wait_wcs(&mut sim, &b.cq, 1, 1000 * MS);
+    assert_eq!(w[0].status, WcStatus::Success);
+    let gbps = (1u64 << 20) as f64 * 8.0 / ((sim.now - t1) as f64 / 1e9) / 1e9;
+    assert!(gbps > 1.7 && gbps < 2.1, "READ goodput {gbps} Gb/s");
 }
 
 #[test]

@@ -769,7 +769,9 @@ impl QpCtx {
         };
         m(self.req.rto_deadline);
         m(self.req.rnr_until);
-        if self.pacer.tokens <= 0 && self.req.idx < self.sq.len() && self.req.rnr_until.is_none() {
+        let req_ready = self.req.idx < self.sq.len() && self.req.rnr_until.is_none();
+        let read_ready = matches!(self.resp.out.front(), Some(RespItem::Read { .. }));
+        if self.pacer.tokens <= 0 && (req_ready || read_ready) {
             m(Some(self.pacer_ready_at()));
         }
         t

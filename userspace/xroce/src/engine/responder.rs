@@ -484,11 +484,19 @@ impl QpCtx {
     pub(crate) fn resp_poll(
         &mut self,
         env: &mut Env<'_>,
-        _now: u64,
+        now: u64,
         buf: &mut [u8],
     ) -> Option<usize> {
         let mtu = self.mtu as usize;
         let tmpl = self.tmpl;
+        if matches!(self.resp.out.front(), Some(RespItem::Read { .. })) {
+            // READ response data is paced like request data: the QP's
+            // congestion controller governs everything it sends.
+            self.pacer_refill(env, now);
+            if self.pacer.tokens <= 0 {
+                return None;
+            }
+        }
         let item = self.resp.out.front_mut()?;
         match item {
             RespItem::Ack {
@@ -542,7 +550,7 @@ impl QpCtx {
                     let p = psn::add(*first, *sent);
                     self.resp.out.pop_front();
                     self.class_c(env, p, aeth::NAK_REM_ACCESS, None);
-                    return self.resp_poll(env, _now, buf);
+                    return self.resp_poll(env, now, buf);
                 }
                 let k = *sent;
                 let o = k as usize * mtu;
@@ -571,6 +579,8 @@ impl QpCtx {
                     self.resp.out.pop_front();
                 }
                 env.stats.tx_read_responses += 1;
+                self.pacer.tokens -= n as i64;
+                self.cc.on_send(now, n);
                 if self.state == QpState::Err {
                     return None;
                 }
