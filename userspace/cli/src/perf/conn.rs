@@ -191,10 +191,9 @@ pub fn client_setup_until_ready(
     before_ready: impl FnOnce(&Conn) -> anyhow::Result<()>,
 ) -> anyhow::Result<ClientSide> {
     let server = args.connect.expect("clap: --listen or --connect");
-    let stream =
-        TcpStream::connect_timeout(&server, Duration::from_secs(10)).with_context(|| {
-            format!("connect to {server}; is `xroce {mode} --listen` running there?")
-        })?;
+    let stream = connect_retrying(server, Duration::from_secs(10)).with_context(|| {
+        format!("connect to {server}; is `xroce {mode} --listen` running there?")
+    })?;
     let local_ip = stream.local_addr()?.ip();
     let mut session = Session::new(stream, OOB_TIMEOUT)?;
     let stack = Stack::open(args, local_ip)?;
@@ -221,6 +220,23 @@ pub fn client_setup_until_ready(
         conn,
         hello,
     })
+}
+
+/// Connects, retrying while the server is not listening yet (both sides
+/// may be started at the same moment).
+fn connect_retrying(server: std::net::SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match TcpStream::connect_timeout(&server, timeout) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Accepts `peers` clients on `args.listen`, each served by `serve` on a

@@ -1,0 +1,101 @@
+//! Runs `xroce bench` / `xroce lat` pairs across a [`VethPair`]: the server
+//! in namespace b, the client in namespace a, and returns the client's JSON.
+
+use std::{
+    process::{Child, Command, Output, Stdio},
+    sync::atomic::{AtomicU16, Ordering},
+    time::{Duration, Instant},
+};
+
+use crate::{workspace_bin, VethPair};
+
+/// A server process we started; killed by PID if the test ends early.
+pub struct Server(pub Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl Server {
+    /// Waits for the server to exit (it does after its clients) and
+    /// returns its output.
+    pub fn finish(mut self, timeout: Duration) -> Output {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let child = std::mem::replace(
+            &mut self.0,
+            Command::new("true").spawn().expect("spawn true"),
+        );
+        child.wait_with_output().expect("server output")
+    }
+}
+
+/// A TCP port of its own for each run in this test process.
+pub fn next_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    20000 + (std::process::id() % 2000) as u16 * 10 + NEXT.fetch_add(1, Ordering::Relaxed) % 10
+}
+
+fn nsenter(ns: &str) -> Command {
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net=/run/netns/{ns}"))
+        .arg("--")
+        .arg(workspace_bin("xroce"));
+    cmd
+}
+
+/// Starts `xroce <tool> <server_args> --listen addr_b:port -d if_b`.
+pub fn start_server(pair: &VethPair, tool: &str, port: u16, args: &[&str]) -> Server {
+    let child = nsenter(&pair.b.name)
+        .arg(tool)
+        .args(args)
+        .args([
+            "-d",
+            &pair.if_b,
+            "--listen",
+            &format!("{}:{port}", pair.addr_b),
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start xroce server");
+    Server(child)
+}
+
+/// Runs `xroce <tool> <args> --connect addr_b:port -d if_a --json`.
+pub fn run_client(pair: &VethPair, tool: &str, port: u16, args: &[&str]) -> Output {
+    nsenter(&pair.a.name)
+        .arg(tool)
+        .args(args)
+        .args(["-d", &pair.if_a, "--json"])
+        .args(["--connect", &format!("{}:{port}", pair.addr_b)])
+        .output()
+        .expect("run xroce client")
+}
+
+/// One bench/lat run that must succeed; returns the client's JSON report.
+pub fn run_ok(pair: &VethPair, tool: &str, server: &[&str], client: &[&str]) -> serde_json::Value {
+    let port = next_port();
+    let srv = start_server(pair, tool, port, server);
+    let out = run_client(pair, tool, port, client);
+    let srv = srv.finish(Duration::from_secs(10));
+    assert!(
+        out.status.success(),
+        "client {client:?} failed: {}\nserver: {}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&srv.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("client JSON {line:?}: {e}"))
+}
