@@ -930,3 +930,53 @@ fn sim_link_records_a_pcap_the_codec_reads_back() {
     }
     assert_eq!(n, 5 + 1); // 5 WRITE packets + 1 ACK
 }
+
+#[test]
+fn foreign_source_and_pkey_are_dropped() {
+    use xroce::engine::codec::{self, PktHdr};
+    let sim = Sim::pair(LinkConfig::default(), 25);
+    let p = PairParams {
+        psn_a: 77,
+        ..Default::default()
+    };
+    let (_a, b) = connect_pair(&sim, &p);
+    b.qp.post_recv(&RecvWr {
+        wr_id: 1,
+        sg_list: vec![b.mr.sge(0, 64)],
+    })
+    .unwrap();
+    let (ca, cb) = sim_configs();
+    let good = PktHdr {
+        dst_mac: cb.mac,
+        src_mac: ca.mac,
+        src_ip: ca.ip.octets(),
+        dst_ip: cb.ip.octets(),
+        udp_sport: 0xc000,
+        opcode: codec::op::SEND_ONLY,
+        pkey: 0xffff,
+        dqpn: b.qp.qp_num(),
+        psn: 77,
+        ack_req: true,
+        ..Default::default()
+    };
+    let mut buf = vec![0u8; 256];
+    for bad in [
+        PktHdr {
+            src_ip: [10, 0, 0, 9],
+            ..good
+        },
+        PktHdr {
+            pkey: 0x1234,
+            ..good
+        },
+    ] {
+        let n = codec::emit(&bad, b"spoof", &mut buf).unwrap();
+        sim.b.handle_frame(&buf[..n], sim.now);
+    }
+    assert_eq!(sim.b.stats().rx_bad_header, 2);
+    assert!(b.cq.is_empty());
+    let n = codec::emit(&good, b"hello", &mut buf).unwrap();
+    sim.b.handle_frame(&buf[..n], sim.now);
+    let wc = b.cq.poll_one().unwrap().unwrap();
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 5));
+}

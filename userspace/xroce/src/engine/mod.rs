@@ -120,6 +120,8 @@ pub struct EngineStats {
     pub rx_unknown_qp: u64,
     pub rx_bad_state: u64,
     pub rx_unsupported: u64,
+    /// Wrong P_Key, or a connected QP got a packet from another address.
+    pub rx_bad_header: u64,
     pub rx_duplicate: u64,
     pub rx_out_of_sequence: u64,
     pub rx_ghost_response: u64,

@@ -648,6 +648,17 @@ impl QpCtx {
         payload: &[u8],
         now: u64,
     ) {
+        // As rxe: default P_Key only, and for connected QPs only packets
+        // from the peer this QP was connected to.
+        if h.pkey & 0x7fff != 0x7fff {
+            env.stats.rx_bad_header += 1;
+            return;
+        }
+        if self.qp_type != QpType::Ud && self.state != QpState::Init && h.src_ip != self.tmpl.dst_ip
+        {
+            env.stats.rx_bad_header += 1;
+            return;
+        }
         if h.opcode == codec::op::CNP {
             env.stats.rx_cnps += 1;
             self.cc.on_cnp(now);
