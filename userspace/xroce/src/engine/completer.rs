@@ -113,7 +113,7 @@ impl QpCtx {
         if self.req.started_retry && self.req.retry_psn == self.req.comp_psn {
             return;
         }
-        self.start_retry(env, false);
+        self.start_retry(env);
     }
 
     pub(crate) fn comp_handle(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8], now: u64) {

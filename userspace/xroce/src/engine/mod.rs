@@ -7,6 +7,11 @@
 //! atomic replay) and the completer (`completer.rs`: matches ACKs and
 //! responses to WQEs, completes them in order, maps errors to WC status).
 //!
+//! QP types: RC (the full reliable machinery), UC (`uc.rs`: the same
+//! segmentation and placement without ACKs or retransmission; a gap drops
+//! the message) and UD (`ud.rs`: one-packet SENDs with a DETH, Q_Key check,
+//! GRH space in receive buffers).
+//!
 //! It performs no I/O and no syscalls and never reads a clock. An I/O
 //! backend drives it like quinn-proto:
 //!

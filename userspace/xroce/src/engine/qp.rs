@@ -798,7 +798,7 @@ impl QpCtx {
         self.pacer_refill(env, now);
         if self.req.rnr_until.is_some_and(|t| t <= now) {
             self.req.rnr_until = None;
-            self.start_retry(env, false);
+            self.start_retry(env);
         }
         if self.req.rto_deadline.is_some_and(|t| t <= now) {
             self.on_retransmit_timeout(env, now);

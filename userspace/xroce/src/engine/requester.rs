@@ -41,7 +41,7 @@ impl QpCtx {
     }
 
     /// Start a go-back-N retransmission from the completer's PSN.
-    pub(crate) fn start_retry(&mut self, env: &mut Env<'_>, _count: bool) {
+    pub(crate) fn start_retry(&mut self, env: &mut Env<'_>) {
         env.stats.retries_started += 1;
         self.req.started_retry = true;
         self.req.retry_psn = self.req.comp_psn;
@@ -64,7 +64,7 @@ impl QpCtx {
         if self.req.retry_left != 7 {
             self.req.retry_left -= 1;
         }
-        self.start_retry(env, true);
+        self.start_retry(env);
         self.req.rto_deadline = self.rto_ns().map(|t| now + t);
     }
 
