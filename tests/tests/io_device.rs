@@ -6,7 +6,8 @@
 use std::{net::IpAddr, time::Duration};
 
 use xroce::{
-    device::{self, Attachment, Device, DeviceConfig, DeviceError},
+    device::{self, Attachment, BackendKind, Device, DeviceConfig, DeviceError},
+    io::PacketIo,
     xdp::{self, Mode},
 };
 use xroce_tests::{
@@ -86,7 +87,16 @@ fn device_reports_the_interface_and_respects_existing_attachments() {
         )
         .unwrap();
         assert_eq!(dev.attachment(), &Attachment::None);
+        let e = dev.open_io(BackendKind::AfXdp, 1024).err().unwrap();
+        assert!(e.to_string().contains("--backend udp"), "{e}");
+        let mut udp = dev.open_io(BackendKind::Udp, 4096).unwrap();
+        assert_eq!(udp.name(), "udp");
+        assert!(udp.max_frame_len() >= 4096 + 80 + 14);
+        assert_eq!(udp.stats().rx_frames, 0);
+        drop(udp);
         drop(dev);
+        let e = "rdma".parse::<BackendKind>().unwrap_err();
+        assert!(e.to_string().contains("afxdp"), "{e}");
 
         // Skb mode on request (the native->skb fallback runs the same code
         // after a native failure, which veth gives no easy way to force).
@@ -105,6 +115,10 @@ fn device_reports_the_interface_and_respects_existing_attachments() {
                 fallback: None
             }
         );
+        let io = dev.open_io("afxdp".parse().unwrap(), 1024).unwrap();
+        assert_eq!(io.name(), "afxdp");
+        assert!(io.max_frame_len() >= 1024 + 80 + 14);
+        drop(io);
         drop(dev);
         assert!(!xdp::is_attached(&if_a), "ours is detached on drop");
         let e = Device::open("xrnosuch0", DeviceConfig::default()).unwrap_err();

@@ -25,6 +25,11 @@ use std::{
 
 use xroce_wire::Gid;
 
+use crate::io::{
+    afxdp::{XskConfig, XskError, XskMultiQueue},
+    udp::{UdpBackend, UdpConfig},
+    IoError, PacketIo,
+};
 use crate::xdp::{self, Mode, XdpError};
 
 /// Bytes of a RoCEv2 packet besides its payload, counted as rxe does
@@ -38,6 +43,17 @@ pub const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 pub enum DeviceError {
     #[error(transparent)]
     Xdp(#[from] XdpError),
+    #[error(transparent)]
+    Xsk(#[from] XskError),
+    #[error(transparent)]
+    Io(#[from] IoError),
+    #[error(
+        "interface {0} has no xroce XDP program, so the afxdp backend cannot run; \
+         use `--backend udp` or let the device attach it"
+    )]
+    NoXdp(String),
+    #[error("unknown backend {0:?}; use `afxdp` or `udp`")]
+    BadBackend(String),
     #[error(
         "interface {0} does not exist in this network namespace; `ip link` lists the interfaces"
     )]
@@ -101,6 +117,35 @@ pub enum Attachment {
     /// Not attached (DeviceConfig::attach was false and it was absent):
     /// only the UDP backend can run.
     None,
+}
+
+/// Which packet-I/O backend to run over a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// AF_XDP sockets on every RX queue (needs the XDP program).
+    AfXdp,
+    /// A kernel UDP socket on port 4791.
+    Udp,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = DeviceError;
+    fn from_str(s: &str) -> Result<Self, DeviceError> {
+        match s {
+            "afxdp" | "xdp" => Ok(BackendKind::AfXdp),
+            "udp" => Ok(BackendKind::Udp),
+            other => Err(DeviceError::BadBackend(other.into())),
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::AfXdp => "afxdp",
+            BackendKind::Udp => "udp",
+        })
+    }
 }
 
 /// An open interface.
@@ -545,6 +590,38 @@ impl Device {
             mtu: self.mtu,
             min: 256 + ROCE_HEADER_ALLOWANCE,
         })
+    }
+
+    /// Opens a packet-I/O backend on this device for RoCE path MTU
+    /// `path_mtu`: AF_XDP on every RX queue (multi-buffer when a frame of
+    /// that MTU outgrows a UMEM chunk), or the UDP backend bound to
+    /// [`ip`](Self::ip). Frames of `path_mtu` fit the backend's buffers.
+    pub fn open_io(
+        &self,
+        kind: BackendKind,
+        path_mtu: u32,
+    ) -> Result<Box<dyn PacketIo>, DeviceError> {
+        // Ethernet + VLAN + IPv6 + UDP + BTH + largest extension + ICRC.
+        let frame = path_mtu as usize + 14 + 4 + ROCE_HEADER_ALLOWANCE as usize + 20;
+        match kind {
+            BackendKind::AfXdp => {
+                if self.attachment == Attachment::None {
+                    return Err(DeviceError::NoXdp(self.name.clone()));
+                }
+                let mut cfg = XskConfig::default();
+                if frame > cfg.chunk_capacity() {
+                    cfg.multi_buffer = true;
+                    cfg.multi_buffer_max_frame = cfg.multi_buffer_max_frame.max(frame);
+                }
+                Ok(Box::new(XskMultiQueue::open(&self.name, cfg)?))
+            }
+            BackendKind::Udp => {
+                let mut cfg = UdpConfig::new(self.ip()?);
+                cfg.local_mac = self.mac;
+                cfg.max_frame_len = cfg.max_frame_len.max(frame);
+                Ok(Box::new(UdpBackend::open(cfg)?))
+            }
+        }
     }
 
     /// MAC of a peer on this link (see [`neighbour_mac`]).

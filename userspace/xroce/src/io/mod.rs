@@ -151,6 +151,37 @@ pub trait PacketIo: Send {
     }
 }
 
+/// A boxed backend is a backend (for code generic over `impl PacketIo`).
+impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
+    fn name(&self) -> &'static str {
+        (**self).name()
+    }
+    fn max_frame_len(&self) -> usize {
+        (**self).max_frame_len()
+    }
+    fn recv_batch(&mut self, timeout: Duration, on_frame: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        (**self).recv_batch(timeout, on_frame)
+    }
+    fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize> {
+        (**self).transmit(fill)
+    }
+    fn oversize_hint(&self) -> &'static str {
+        (**self).oversize_hint()
+    }
+    fn send_batch(&mut self, frames: &[&[u8]]) -> Result<usize> {
+        (**self).send_batch(frames)
+    }
+    fn wait_writable(&mut self, timeout: Duration) -> Result<bool> {
+        (**self).wait_writable(timeout)
+    }
+    fn stats(&mut self) -> IoStats {
+        (**self).stats()
+    }
+    fn poll_fd(&self) -> Option<i32> {
+        (**self).poll_fd()
+    }
+}
+
 /// Sends all of `frames`, waiting for room up to `timeout` in all; returns
 /// how many were sent (all of them unless the time ran out).
 pub fn send_all(io: &mut dyn PacketIo, frames: &[&[u8]], timeout: Duration) -> Result<usize> {
