@@ -126,14 +126,17 @@ struct Slots {
     free: Vec<u32>,
 }
 
-/// Device-wide key -> MR table. Keys are `(slot + 1) << 12 | random 12 bits`
-/// for the lkey and, independently, for the rkey... see [`MrTable::insert`].
+/// Device-wide key -> MR table. A key is `(slot + 1) << 16 | 16 random
+/// bits`; the lkey and the rkey of one MR share the slot but draw their
+/// random bits independently, so neither can be derived from the other and
+/// a remote peer guessing an rkey hits 1 in 65536 (and a wrong guess is a
+/// class C error that takes its QP to ERR). Lookup is an index, no hashing.
 #[derive(Default)]
 pub struct MrTable {
     slots: RwLock<Slots>,
 }
 
-const KEY_BITS: u32 = 12;
+const KEY_BITS: u32 = 16;
 const MAX_MRS: usize = (1 << (32 - KEY_BITS)) - 2;
 
 impl MrTable {
