@@ -326,3 +326,45 @@ impl Drop for MemoryRegion {
         self.table.remove(&self.inner);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_unique_random_and_die_with_the_mr() {
+        let t = Arc::new(MrTable::default());
+        let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mrs: Vec<MemoryRegion> = (0..1000)
+            .map(|_| MemoryRegion::register(&t, 1, 64, acc).unwrap())
+            .collect();
+        let mut keys = std::collections::HashSet::new();
+        let mut low = std::collections::HashSet::new();
+        for m in &mrs {
+            assert_ne!(m.lkey(), m.rkey());
+            assert!(keys.insert(m.lkey()) && keys.insert(m.rkey()));
+            low.insert(m.rkey() & 0xffff);
+            assert!(t.by_rkey(m.rkey()).is_some());
+            assert!(t.by_rkey(m.lkey()).is_none(), "an lkey is not an rkey");
+            assert!(t.by_rkey(m.rkey() ^ 1).is_none());
+        }
+        assert!(
+            low.len() > 950,
+            "random low bits: {} distinct of 1000",
+            low.len()
+        );
+        let (rk, inner) = (mrs[5].rkey(), mrs[5].inner.clone());
+        drop(mrs);
+        assert!(t.by_rkey(rk).is_none());
+        assert_eq!(t.count(), 0);
+        // The memory outlives the registration while someone holds it.
+        assert!(!inner.is_valid());
+        inner.write_at(0, b"still mapped");
+        assert_eq!(
+            inner.check(1, inner.addr(), 4, AccessFlags::empty()),
+            Err(MrCheck::BadKey)
+        );
+        // Remote write/atomic without local write is refused (IBTA).
+        assert!(MemoryRegion::register(&t, 1, 8, AccessFlags::REMOTE_WRITE).is_err());
+    }
+}
