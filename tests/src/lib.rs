@@ -118,6 +118,16 @@ impl Drop for Netns {
     }
 }
 
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        // A process killed mid-test cannot detach: its pins would outlive
+        // the interfaces. The names are this test's own.
+        for iface in [&self.if_a, &self.if_b] {
+            let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(iface));
+        }
+    }
+}
+
 /// Two namespaces joined by a veth pair with IPv4 addresses in 10.77.x/24,
 /// which exist only inside these namespaces.
 pub struct VethPair {

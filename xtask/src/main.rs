@@ -4,7 +4,9 @@
 //! machine lacks and says what it does. xtask depends on no xroce crate:
 //! building those needs what `setup` installs.
 
+mod bench;
 mod demo;
+mod netns;
 mod setup;
 mod util;
 mod vm;
@@ -31,8 +33,10 @@ enum Cmd {
         #[arg(long)]
         quick: bool,
     },
-    /// Two network namespaces, XDP attached, RoCEv2 traffic across, counters
+    /// RDMA WRITE and READ between two network namespaces over XDP/AF_XDP
     Demo,
+    /// xroce vs kernel TCP/UDP and CRC peers on one veth pair: ratios
+    Bench,
     /// VMs with Linux Soft-RoCE: build, boot, run, test
     Vm(vm::VmArgs),
 }
@@ -51,6 +55,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Build => build(),
         Cmd::Test { quick } => test(quick),
         Cmd::Demo => demo::demo(),
+        Cmd::Bench => bench::bench(),
         Cmd::Vm(args) => vm::run(&args),
     }
 }

@@ -1,0 +1,177 @@
+//! `cargo xtask bench`: xroce against its peers on the same veth pair in one
+//! run, reported as ratios: RDMA WRITE bandwidth (64 KiB, 1 and 4 QPs) vs
+//! kernel TCP (iperf3), SEND latency (8 B) vs kernel UDP ping-pong
+//! (sockperf), and the codec's ICRC vs plain CRC-32 implementations.
+//! Writes target/bench/report.json.
+
+use std::{
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::{
+    netns::{in_ns, xroce_bin, NsPair, Started},
+    util::{self, output, require_root_for, step, workspace_root},
+};
+
+const MTU: u32 = 3500;
+const SECONDS: &str = "5";
+
+pub fn bench() -> Result<()> {
+    require_root_for("the benchmarks (network namespaces and XDP)")?;
+    step("build (release)");
+    util::cargo(&["build", "--release", "--package", "xroce-cli"])?;
+    let ns = NsPair::new("bench", 1, MTU)?;
+    step(&format!("veth pair {} <-> {}, MTU {MTU}", ns.if_a, ns.if_b));
+
+    step("xroce RDMA WRITE 64 KiB, 1 QP");
+    let w1 = xroce_pair(
+        &ns,
+        "bench",
+        &["write", "--size", "65536", "--duration", SECONDS],
+    )?;
+    step("xroce RDMA WRITE 64 KiB, 4 QPs");
+    let w4 = xroce_pair(
+        &ns,
+        "bench",
+        &[
+            "write",
+            "--size",
+            "65536",
+            "--qps",
+            "4",
+            "--duration",
+            SECONDS,
+        ],
+    )?;
+    step("xroce SEND latency, 8 B");
+    let lat = xroce_pair(&ns, "lat", &["send", "--size", "8", "--iters", "20000"])?;
+    step("iperf3 TCP, one stream");
+    let tcp_gbps = iperf3(&ns)?;
+    step("sockperf UDP ping-pong, 64 B");
+    let udp_p50 = sockperf(&ns)?;
+    step("ICRC throughput vs CRC-32 peers");
+    let icrc: Value = serde_json::from_str(&output(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "xroce-wire",
+                "--example",
+                "icrc_bench",
+            ])
+            .current_dir(workspace_root()),
+    )?)
+    .context("icrc_bench output")?;
+
+    let g = |v: &Value| v["gbps"].as_f64().unwrap_or(0.0);
+    let send_p50 = lat["lat_us"]["p50"].as_f64().unwrap_or(0.0);
+    let report = json!({
+        "mtu": MTU,
+        "xroce_write_1qp": w1,
+        "xroce_write_4qp": w4,
+        "xroce_send_lat": lat,
+        "iperf3_tcp_gbps": tcp_gbps,
+        "sockperf_udp_half_rtt_p50_us": udp_p50,
+        "icrc": icrc,
+        "ratios": {
+            "write_1qp_vs_tcp": g(&w1) / tcp_gbps,
+            "write_4qp_vs_tcp": g(&w4) / tcp_gbps,
+            "send_lat_p50_vs_udp": send_p50 / udp_p50,
+        },
+    });
+    println!();
+    println!("{:<40} {:>12}", "measure", "value");
+    println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 1 QP", g(&w1));
+    println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 4 QPs", g(&w4));
+    println!("{:<40} {:>10.3} Gb/s", "iperf3 TCP (kernel, GSO)", tcp_gbps);
+    println!("{:<40} {:>10.2} us", "xroce SEND 8B half-RTT p50", send_p50);
+    println!(
+        "{:<40} {:>10.2} us",
+        "sockperf UDP 64B half-RTT p50", udp_p50
+    );
+    println!("ratios: {}", report["ratios"]);
+    let dir = workspace_root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("report.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&report)?)?;
+    eprintln!("xtask: wrote {}", path.display());
+    Ok(())
+}
+
+/// Runs an xroce server in namespace b and a client in a; the client's JSON.
+fn xroce_pair(ns: &NsPair, tool: &str, args: &[&str]) -> Result<Value> {
+    let xroce = xroce_bin();
+    let listen = format!("{}:18600", ns.addr_b);
+    let server = Started::spawn(
+        in_ns(&ns.b, &xroce)
+            .arg(tool)
+            .arg(args[0])
+            .args(["-d", &ns.if_b, "--listen", &listen])
+            .stdout(Stdio::null()),
+    )?;
+    let out = output(in_ns(&ns.a, &xroce).arg(tool).args(args).args([
+        "-d",
+        &ns.if_a,
+        "--connect",
+        &listen,
+        "--json",
+    ]))?;
+    if !server.wait()?.success() {
+        bail!("the xroce {tool} server failed");
+    }
+    let v: Value = serde_json::from_str(out.trim()).context("xroce JSON")?;
+    eprintln!("{v}");
+    Ok(v)
+}
+
+fn iperf3(ns: &NsPair) -> Result<f64> {
+    let addr = ns.addr_b.to_string();
+    let _server = Started::spawn(
+        in_ns(&ns.b, "iperf3")
+            .args(["-s", "-1", "-B", &addr])
+            .stdout(Stdio::null()),
+    )?;
+    thread::sleep(Duration::from_millis(500));
+    let out = output(in_ns(&ns.a, "iperf3").args(["-c", &addr, "-t", SECONDS, "-J"]))?;
+    let v: Value = serde_json::from_str(&out).context("iperf3 -J output")?;
+    let bps = v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 reported no received rate")?;
+    Ok(bps / 1e9)
+}
+
+/// sockperf's p50 one-way latency (half the round trip), microseconds.
+fn sockperf(ns: &NsPair) -> Result<f64> {
+    let addr = ns.addr_b.to_string();
+    let _server = Started::spawn(
+        in_ns(&ns.b, "sockperf")
+            .args(["server", "-i", &addr, "-p", "11111"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )?;
+    thread::sleep(Duration::from_millis(500));
+    let out = output(in_ns(&ns.a, "sockperf").args([
+        "ping-pong",
+        "-i",
+        &addr,
+        "-p",
+        "11111",
+        "-m",
+        "64",
+        "-t",
+        SECONDS,
+    ]))?;
+    // "sockperf: ---> percentile 50.000 =    7.180"
+    out.lines()
+        .find(|l| l.contains("percentile 50.000"))
+        .and_then(|l| l.rsplit('=').next())
+        .and_then(|v| v.trim().parse().ok())
+        .context("sockperf printed no 50th percentile")
+}
