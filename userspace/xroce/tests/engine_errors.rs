@@ -71,6 +71,15 @@ fn bad_rkey_is_remote_access_error_and_flushes() {
     assert_eq!(wb.len(), 1);
     assert_eq!(wb[0].status, WcStatus::WrFlushErr);
     assert_eq!(wb[0].wr_id, 9);
+    // Both QPs raised IBV_EVENT_QP_FATAL.
+    use xroce::engine::AsyncEvent;
+    let fatal = |q: &QueuePair| AsyncEvent::QpFatal {
+        qpn: q.qp_num(),
+        cq_overflow: false,
+    };
+    assert_eq!(sim.a.poll_async_event(), Some(fatal(&a.qp)));
+    assert_eq!(sim.b.poll_async_event(), Some(fatal(&b.qp)));
+    assert_eq!(sim.a.poll_async_event(), None);
 }
 
 #[test]
@@ -391,6 +400,13 @@ fn cq_overflow_is_an_error() {
     assert!(matches!(a.cq.poll(&mut buf), Err(VerbsError::CqOverflow)));
     assert_eq!(a.qp.state(), QpState::Err);
     assert!(sim.a.stats().cq_overflows > 0);
+    assert_eq!(
+        sim.a.poll_async_event(),
+        Some(xroce::engine::AsyncEvent::QpFatal {
+            qpn: a.qp.qp_num(),
+            cq_overflow: true
+        })
+    );
 }
 
 #[test]
@@ -652,6 +668,10 @@ fn sqd_holds_new_work_until_rts() {
         ..Default::default()
     };
     a.qp.modify(&attr, QpAttrMask::STATE).unwrap();
+    assert_eq!(
+        sim.a.poll_async_event(),
+        Some(xroce::engine::AsyncEvent::SqDrained { qpn: a.qp.qp_num() })
+    );
     a.qp.post_send(&write_wr(1, &a, 100, b.mr.addr(), b.mr.rkey()))
         .unwrap();
     let w = wait_wcs(&mut sim, &a.cq, 1, 5 * MS);

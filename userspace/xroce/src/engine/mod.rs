@@ -43,6 +43,7 @@ pub mod timers;
 mod uc;
 mod ud;
 
+use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
@@ -152,6 +153,32 @@ pub struct EngineStats {
     pub atomic_replays: u64,
     pub read_reexecuted: u64,
     pub cq_overflows: u64,
+    pub async_events_dropped: u64,
+}
+
+/// Most asynchronous events queued before the oldest are dropped.
+pub const MAX_ASYNC_EVENTS: usize = 1024;
+
+/// Asynchronous events (`ibv_event_type`, the QP-related subset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_COMM_EST`: first packet received by a QP in RTR.
+    CommEstablished { qpn: u32 },
+    /// `IBV_EVENT_SQ_DRAINED`: a QP in SQD has no outstanding send WQEs.
+    SqDrained { qpn: u32 },
+    /// `IBV_EVENT_QP_FATAL` (also raised for CQ overflow, which in ibverbs
+    /// is `IBV_EVENT_CQ_ERR`): the QP moved to ERR by itself.
+    QpFatal { qpn: u32, cq_overflow: bool },
+}
+
+impl Env<'_> {
+    pub(crate) fn event(&mut self, e: AsyncEvent) {
+        if self.events.len() >= MAX_ASYNC_EVENTS {
+            self.events.pop_front();
+            self.stats.async_events_dropped += 1;
+        }
+        self.events.push_back(e);
+    }
 }
 
 /// What the per-QP state machines need from the device.
@@ -161,6 +188,7 @@ pub(crate) struct Env<'a> {
     pub stats: &'a mut EngineStats,
     pub notify: &'a mut Vec<Arc<CqInner>>,
     pub scratch: &'a mut Vec<u8>,
+    pub events: &'a mut VecDeque<AsyncEvent>,
 }
 
 /// The per-device transport engine. See the module documentation.
@@ -172,6 +200,7 @@ pub struct Engine {
     rr: usize,
     notify: Vec<Arc<CqInner>>,
     scratch: Vec<u8>,
+    events: VecDeque<AsyncEvent>,
     stats: EngineStats,
 }
 
@@ -196,6 +225,7 @@ impl Engine {
             rr: 0,
             notify: Vec::with_capacity(16),
             scratch: vec![0; 4096],
+            events: VecDeque::with_capacity(64),
             stats: EngineStats::default(),
         }
     }
@@ -206,6 +236,13 @@ impl Engine {
 
     pub fn stats(&self) -> EngineStats {
         self.stats
+    }
+
+    /// Next asynchronous event (`ibv_get_async_event`), oldest first. At
+    /// most [`MAX_ASYNC_EVENTS`] are kept; older ones are dropped and
+    /// counted in `async_events_dropped`.
+    pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
     }
 
     /// Number of live QPs.
@@ -227,6 +264,7 @@ impl Engine {
                 stats: &mut self.stats,
                 notify: &mut self.notify,
                 scratch: &mut self.scratch,
+                events: &mut self.events,
             },
         )
     }

@@ -276,6 +276,9 @@ pub(crate) struct QpCtx {
     pub last_cnp_ns: Option<u64>,
     /// Set when a CQ overflowed or a fatal error happened: move to ERR.
     pub go_error: bool,
+    pub cq_overflowed: bool,
+    pub sqd_notified: bool,
+    pub comm_est: bool,
 }
 
 impl QpCtx {
@@ -316,6 +319,9 @@ impl QpCtx {
             prefer_req: false,
             last_cnp_ns: None,
             go_error: false,
+            cq_overflowed: false,
+            sqd_notified: false,
+            comm_est: false,
         }
     }
 
@@ -325,6 +331,7 @@ impl QpCtx {
         let mut notify = false;
         if !cq.push(wc, &mut notify) {
             env.stats.cq_overflows += 1;
+            self.cq_overflowed = true;
             self.go_error = true;
         }
         if notify {
@@ -364,8 +371,19 @@ impl QpCtx {
         if self.go_error {
             self.go_error = false;
             if self.state != QpState::Err {
+                env.event(super::AsyncEvent::QpFatal {
+                    qpn: self.qpn,
+                    cq_overflow: self.cq_overflowed,
+                });
                 self.enter_error(env);
             }
+        }
+        if self.state == QpState::Sqd
+            && !self.sqd_notified
+            && self.sq.front().is_none_or(|w| !w.started)
+        {
+            self.sqd_notified = true;
+            env.event(super::AsyncEvent::SqDrained { qpn: self.qpn });
         }
     }
 
@@ -398,6 +416,8 @@ impl QpCtx {
 
     fn reset(&mut self) {
         self.state = QpState::Reset;
+        self.comm_est = false;
+        self.cq_overflowed = false;
         self.sq.clear();
         self.rq.clear();
         self.req = ReqState::default();
@@ -494,6 +514,9 @@ impl QpCtx {
                 // The path MTU only takes effect at INIT -> RTR (segments in
                 // flight are numbered with it).
                 self.attr.path_mtu = Mtu::from_bytes(self.mtu).unwrap_or_default();
+                if to == QpState::Sqd && from != QpState::Sqd {
+                    self.sqd_notified = false;
+                }
                 self.state = to;
             }
         }
@@ -658,6 +681,10 @@ impl QpCtx {
         {
             env.stats.rx_bad_header += 1;
             return;
+        }
+        if self.state == QpState::Rtr && !self.comm_est {
+            self.comm_est = true;
+            env.event(super::AsyncEvent::CommEstablished { qpn: self.qpn });
         }
         if h.opcode == codec::op::CNP {
             env.stats.rx_cnps += 1;

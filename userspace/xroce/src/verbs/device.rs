@@ -19,7 +19,7 @@ use super::pd::ProtectionDomain;
 use super::qp::{QpAttr, QpAttrMask, QpCap, QpState, QpType};
 use super::srq::SharedReceiveQueue;
 use super::wr::{RecvWr, SendWr};
-use crate::engine::{Engine, EngineConfig, EngineStats, QpCreate};
+use crate::engine::{AsyncEvent, Engine, EngineConfig, EngineStats, QpCreate};
 
 pub(crate) struct DeviceShared {
     engine: Mutex<Engine>,
@@ -168,6 +168,10 @@ impl Device {
     }
     pub fn stats(&self) -> EngineStats {
         self.lock().stats()
+    }
+    /// `ibv_get_async_event` without blocking.
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        self.lock().poll_async_event()
     }
 }
 
