@@ -101,6 +101,8 @@ if [ -z "$dev" ]; then
     dev=$(ip -o -4 addr show | awk -v want="${XROCE_PRIVATE_PREFIX:-192.168.77.}" 'index($4, want) == 1 {print $2; exit}')
 fi
 dev="${dev:-eth1}"
+# Room for RoCE path MTU 4096 (4096 + 58 bytes of IP/UDP/BTH/ICRC).
+mtu="${XROCE_MTU:-4200}"
 cat >/etc/systemd/system/rxe0.service <<EOF
 [Unit]
 Description=Soft-RoCE rxe0 on $dev
@@ -110,6 +112,7 @@ Wants=network-online.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+ExecStartPre=/sbin/ip link set $dev mtu $mtu
 ExecStart=/usr/local/sbin/rxe-up $dev
 
 [Install]

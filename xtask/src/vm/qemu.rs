@@ -105,6 +105,17 @@ impl Netns {
         Ok(())
     }
 
+    /// `nsenter --net=/run/netns/NS <argv>`: in the namespace's network but
+    /// the host's mounts (`ip netns exec` mounts a fresh /sys, which hides
+    /// the bpffs where xroce pins its maps between commands).
+    pub fn enter(&self, argv: &[&str]) -> Command {
+        let mut c = Command::new("nsenter");
+        c.arg(format!("--net=/run/netns/{}", self.name))
+            .arg("--")
+            .args(argv);
+        c
+    }
+
     /// `ip netns exec NS <argv>`.
     pub fn command(&self, argv: &[&str]) -> Command {
         let mut c = Command::new("ip");

@@ -243,8 +243,34 @@ pub fn matrix(kernels: &[Kernel]) -> Result<()> {
     table.print("matrix (kernel matrix in VMs)")
 }
 
-/// Interop: rxe <-> rxe between two VMs, then xroce (host namespace) <-> rxe.
+/// The xroce binary on the host side of interop runs: XROCE_BIN, else
+/// target/release/xroce.
+/// XROCE_VM_ONLY=substring runs only the interop cases whose name has it.
+fn wanted(case: &str) -> bool {
+    std::env::var("XROCE_VM_ONLY").map_or(true, |w| case.contains(&w))
+}
+
+fn host_xroce() -> PathBuf {
+    std::env::var_os("XROCE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/release/xroce"))
+}
+
+/// Interop: rxe <-> rxe between two VMs, then xroce (host namespace, on
+/// xr0) <-> rxe with ibv_rc_pingpong both ways at path MTU 1024 (AF_XDP
+/// backend) and 4096 (UDP backend: AF_XDP has no multi-buffer yet), and one
+/// run with loss injected by xroce's XDP program. Every run is captured on
+/// the bridge and decoded with `xroce decode`.
 pub fn interop() -> Result<()> {
+    let xroce = host_xroce();
+    if !xroce.exists() {
+        cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
+    }
+    let has_pingpong = Command::new(&xroce)
+        .args(["pingpong", "--help"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     let mut table = Table::default();
     let artifacts = vm_dir().join("artifacts");
     fs::create_dir_all(&artifacts)?;
@@ -253,37 +279,215 @@ pub fn interop() -> Result<()> {
     let ns = Netns::create(2, 4200)?;
     let t = Instant::now();
     let mut a = boot(&ns, k, 0, None, 1)?;
-    let mut b = boot(&ns, k, 1, None, 1)?;
     a.check(RXE_UP, Duration::from_secs(60))?;
-    b.check(RXE_UP, Duration::from_secs(60))?;
-    eprintln!("vm: two rxe peers up in {:.1?}", t.elapsed());
+    let a_ip = a.ip.clone();
+    if wanted("rxe<->rxe") {
+        let mut b = boot(&ns, k, 1, None, 1)?;
+        b.check(RXE_UP, Duration::from_secs(60))?;
+        eprintln!("vm: two rxe peers up in {:.1?}", t.elapsed());
+        rxe_rxe(&ns, &mut a, &mut b, &mut table)?;
+        b.poweroff()?;
+    }
+    if !has_pingpong {
+        table.record(
+            "xroce<->rxe ibv_rc_pingpong",
+            Instant::now(),
+            &Err(anyhow::anyhow!(
+                "{} has no `pingpong` command (wire userspace/cli/src/pingpong.rs into main.rs)",
+                xroce.display()
+            )),
+        );
+    }
+    let x = xroce.to_string_lossy().into_owned();
+    let host_ip = super::qemu::HOST_IP;
+    let cases: &[(u32, &str, bool)] = if has_pingpong {
+        &[
+            (1024, "afxdp", true),
+            (1024, "afxdp", false),
+            (4096, "udp", true),
+            (4096, "udp", false),
+        ]
+    } else {
+        &[]
+    };
+    for &(mtu, backend, xroce_server) in cases {
+        let role = if xroce_server { "server" } else { "client" };
+        let t = Instant::now();
+        let cap = artifacts.join(format!(
+            "xroce-{role}_rxe_rc_pingpong_mtu{mtu}_{backend}.pcap"
+        ));
+        let log = cap.with_extension("xroce.log");
+        let r = captured(&ns, &cap, || {
+            let common = format!("-m {mtu} -s 4096 -n 100");
+            if xroce_server {
+                let mut host = super::qemu::Bg::spawn(
+                    {
+                        let mut c =
+                            ns.enter(&[&x, "pingpong", "-d", HOST_IFACE, "--backend", backend]);
+                        c.args(common.split(' '));
+                        c
+                    },
+                    &log,
+                )?;
+                a.check(
+                    &format!(
+                        "for i in $(seq 1 100); do ibv_rc_pingpong -d rxe0 -g 1 {common} {host_ip} && exit 0; sleep 0.3; done; exit 1"
+                    ),
+                    Duration::from_secs(180),
+                )?;
+                host_result(&mut host, &log)
+            } else {
+                guest_server(&mut a, &format!("ibv_rc_pingpong -d rxe0 -g 1 {common}"))?;
+                let mut host = super::qemu::Bg::spawn(
+                    {
+                        let mut c =
+                            ns.enter(&[&x, "pingpong", "-d", HOST_IFACE, "--backend", backend]);
+                        c.args(common.split(' ')).arg(&a_ip);
+                        c
+                    },
+                    &log,
+                )?;
+                let h = host_result(&mut host, &log);
+                let g = guest_server_result(&mut a);
+                h.and(g)
+            }
+        });
+        table.record(
+            &format!("xroce {role} <-> rxe ibv_rc_pingpong MTU {mtu} ({backend})"),
+            t,
+            &r,
+        );
+    }
+    if has_pingpong {
+        // Loss on the frames rxe sends to xroce, dropped by xroce's XDP
+        // program: rxe's retransmissions must bring every message through.
+        let t = Instant::now();
+        let cap = artifacts.join("xroce-server_rxe_rc_pingpong_mtu1024_loss5pct.pcap");
+        let log = cap.with_extension("xroce.log");
+        let r = captured(&ns, &cap, || {
+            crate::util::run(&mut ns.enter(&[&x, "attach", "--iface", HOST_IFACE]))?;
+            crate::util::run(&mut ns.enter(&[
+                &x, "fault", "--iface", HOST_IFACE, "--drop", "0.05", "--seed", "7",
+            ]))?;
+            let common = "-m 1024 -s 4096 -n 100";
+            let mut host = super::qemu::Bg::spawn(
+                {
+                    let mut c = ns.enter(&[&x, "pingpong", "-d", HOST_IFACE, "--backend", "afxdp"]);
+                    c.args(common.split(' '));
+                    c
+                },
+                &log,
+            )?;
+            let g = a.check(
+                &format!(
+                    "for i in $(seq 1 100); do ibv_rc_pingpong -d rxe0 -g 1 {common} {host_ip} && exit 0; sleep 0.3; done; exit 1"
+                ),
+                Duration::from_secs(300),
+            );
+            let h = host_result(&mut host, &log);
+            let stats = ns
+                .enter(&[&x, "stats", "--iface", HOST_IFACE])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            fs::write(cap.with_extension("stats.txt"), &stats)?;
+            let _ = ns.enter(&[&x, "detach", "--iface", HOST_IFACE]).status();
+            g?;
+            let dropped: u64 = stats
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("drop_fault"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if dropped == 0 {
+                bail!("the XDP program dropped nothing (drop_fault 0)");
+            }
+            Ok(format!("{}; {dropped} frames dropped by XDP", h?))
+        });
+        table.record(
+            "xroce server <-> rxe, 5% loss injected by XDP (MTU 1024)",
+            t,
+            &r,
+        );
+    }
+    a.poweroff()?;
+    drop(ns);
+    table.print("interop (xroce and rxe)")
+}
+
+/// ibv_rc_pingpong between two rxe VMs (the peers are sane).
+fn rxe_rxe(ns: &Netns, a: &mut Vm, b: &mut Vm, table: &mut Table) -> Result<()> {
+    let artifacts = vm_dir().join("artifacts");
     let a_ip = a.ip.clone();
     for mtu in [1024, 4096] {
         let t = Instant::now();
         let cap = artifacts.join(format!("rxe-rxe_rc_pingpong_mtu{mtu}.pcap"));
-        let r = captured(&ns, &cap, || {
-            let server = format!("ibv_rc_pingpong -d rxe0 -g 1 -m {mtu} -s 4096 -n 100");
-            let client = format!(
-                "for i in $(seq 1 50); do ibv_rc_pingpong -d rxe0 -g 1 -m {mtu} -s 4096 -n 100 {a_ip} && exit 0; sleep 0.3; done; exit 1"
-            );
-            std::thread::scope(|s| {
-                let h = s.spawn(|| a.check(&server, Duration::from_secs(120)));
-                let c = b.check(&client, Duration::from_secs(120));
-                let sv = h.join().unwrap();
-                let c = c?;
-                sv?;
-                Ok(c.lines()
-                    .find(|l| l.contains("bytes in"))
-                    .unwrap_or("")
-                    .to_string())
-            })
+        let r = captured(ns, &cap, || {
+            guest_server(
+                a,
+                &format!("ibv_rc_pingpong -d rxe0 -g 1 -m {mtu} -s 4096 -n 100"),
+            )?;
+            b.check(
+                &format!("ibv_rc_pingpong -d rxe0 -g 1 -m {mtu} -s 4096 -n 100 {a_ip}"),
+                Duration::from_secs(120),
+            )?;
+            guest_server_result(a)
         });
         table.record(&format!("rxe<->rxe ibv_rc_pingpong MTU {mtu}"), t, &r);
     }
-    a.poweroff()?;
-    b.poweroff()?;
-    drop(ns);
-    table.print("interop (xroce and rxe)")
+    Ok(())
+}
+
+/// Starts `cmd` in the background in the guest (a server) and waits until
+/// it listens on TCP 18515.
+fn guest_server(vm: &mut Vm, cmd: &str) -> Result<()> {
+    vm.check(
+        &format!(
+            "if [ -s /tmp/srv.pid ]; then pkill -P $(cat /tmp/srv.pid); kill $(cat /tmp/srv.pid); sleep 0.2; fi 2>/dev/null; \
+             rm -f /tmp/srv.rc /tmp/srv.pid; ( {cmd} >/tmp/srv.log 2>&1; echo $? >/tmp/srv.rc ) & \
+             echo $! >/tmp/srv.pid; for i in $(seq 1 200); do ss -ltn | grep -q ':18515 ' && exit 0; sleep 0.1; done; \
+             cat /tmp/srv.log; exit 1"
+        ),
+        Duration::from_secs(60),
+    )?;
+    Ok(())
+}
+
+/// Waits for the guest's background server; its output, failing on a non-zero status.
+fn guest_server_result(vm: &mut Vm) -> Result<String> {
+    let out = vm.check(
+        "for i in $(seq 1 1200); do [ -s /tmp/srv.rc ] && break; sleep 0.1; done; \
+         cat /tmp/srv.log; exit $(cat /tmp/srv.rc 2>/dev/null || echo 124)",
+        Duration::from_secs(150),
+    )?;
+    Ok(summary(&out))
+}
+
+fn summary(out: &str) -> String {
+    out.lines()
+        .filter(|l| l.contains("bytes in") || l.contains("iters in"))
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Waits for a host-side xroce run (2 min at most); fails with its log.
+fn host_result(host: &mut super::qemu::Bg, log: &Path) -> Result<String> {
+    let st = host.wait_timeout(Duration::from_secs(120))?;
+    let text = fs::read_to_string(log).unwrap_or_default();
+    for l in text.lines() {
+        eprintln!("[host xroce] {l}");
+    }
+    match st {
+        Some(s) if s.success() => Ok(format!("xroce: {}", summary(&text))),
+        Some(s) => bail!("xroce {s}: {}", text.lines().last().unwrap_or("")),
+        None => {
+            host.stop();
+            bail!(
+                "xroce did not finish in 120 s: {}",
+                text.lines().last().unwrap_or("")
+            )
+        }
+    }
 }
 
 /// Runs `f` with tcpdump capturing on the host side of the VM network, then
@@ -292,7 +496,7 @@ fn captured(ns: &Netns, pcap: &Path, f: impl FnOnce() -> Result<String>) -> Resu
     let log = pcap.with_extension("tcpdump.log");
     let mut dump = super::qemu::Bg::spawn(
         {
-            let mut c = ns.command(&["tcpdump", "-i", "br0", "-s", "0", "-U", "-w"]);
+            let mut c = ns.enter(&["tcpdump", "-i", "br0", "-s", "0", "-U", "-w"]);
             c.arg(pcap).arg("udp port 4791");
             c
         },
@@ -317,8 +521,10 @@ fn captured(ns: &Netns, pcap: &Path, f: impl FnOnce() -> Result<String>) -> Resu
 
 /// `xroce decode PCAP`: fails on any ICRC error; returns its summary line.
 fn decode(pcap: &Path) -> Result<String> {
-    let xroce = workspace_root().join("target/release/xroce");
-    let out = Command::new(&xroce).arg("decode").arg(pcap).output()?;
+    let out = Command::new(host_xroce())
+        .arg("decode")
+        .arg(pcap)
+        .output()?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -332,17 +538,22 @@ fn decode(pcap: &Path) -> Result<String> {
             text.lines().last().unwrap_or("")
         );
     }
-    let summary = text
+    let line = text
         .lines()
-        .rev()
-        .find(|l| l.to_lowercase().contains("icrc"))
+        .find(|l| l.trim_start().starts_with("ICRC ok"))
         .unwrap_or("")
         .trim()
         .to_string();
-    Ok(summary)
-}
-
-#[allow(dead_code)]
-fn host_iface() -> &'static str {
-    HOST_IFACE
+    // "ICRC ok N  bad M  malformed K"
+    let nums: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    match nums.as_slice() {
+        [ok, 0, ..] if *ok > 0 => Ok(line),
+        _ => bail!(
+            "xroce decode {}: {line:?} (want ICRC ok > 0, bad 0)",
+            pcap.display()
+        ),
+    }
 }

@@ -1,0 +1,411 @@
+//! `xroce pingpong`: RC SEND/RECV ping-pong that interoperates with
+//! rdma-core's `ibv_rc_pingpong` (libibverbs/examples/rc_pingpong.c).
+//!
+//! Same protocol as that tool, so either side can be rxe or xroce:
+//! - out of band, TCP (port 18515 by default): the client sends its
+//!   "LID:QPN:PSN:GID" (`%04x:%06x:%06x:%s`, the GID as 32 hex digits, NUL,
+//!   52 bytes), the server moves its QP to RTS and answers with its own,
+//!   the client moves to RTS and sends "done\0";
+//! - both sides keep `rx_depth` receives posted; the client sends first;
+//!   each side sends again once its previous send and a receive completed,
+//!   until both `iters` sends and `iters` receives are done;
+//! - the result lines are rc_pingpong's ("N bytes in S seconds = R Mbit/sec",
+//!   "N iters in S seconds = U usec/iter").
+//!
+//! The GID is the RoCEv2 IPv4-mapped one of the interface's address
+//! (rxe's GID index 1), so `-g` is accepted and ignored; the peer's
+//! address comes from its GID.
+
+use std::{
+    io::{Read, Write},
+    net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context};
+use rand::Rng;
+use xroce::{
+    cc::CcKind,
+    verbs::{
+        AccessFlags, AddressVector, QpAttr, QpInitAttr, RecvWr, RemoteQp, SendWr, Wc,
+        WcOpcode, WrOpcode,
+    },
+};
+
+use crate::perf::{
+    conn::check_wc,
+    stack::{first_ipv4, Stack},
+    Backend, Op, PerfArgs,
+};
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+/// `sizeof "0000:000000:000000:00000000000000000000000000000000"`
+const MSG_LEN: usize = 52;
+/// A ping-pong that makes no progress for this long has failed.
+const STALL: Duration = Duration::from_secs(20);
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct PingpongArgs {
+    /// Server to connect to (client); without it, wait for a client (server)
+    pub peer: Option<String>,
+    /// Interface to run RoCEv2 on (ibv_rc_pingpong: the IB device)
+    #[arg(long, short = 'd')]
+    pub iface: String,
+    /// TCP port of the out-of-band exchange
+    #[arg(long, short = 'p', default_value_t = 18515)]
+    pub port: u16,
+    /// Message size in bytes
+    #[arg(long, short = 's', default_value_t = 4096)]
+    pub size: usize,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096
+    #[arg(long, short = 'm', default_value_t = 1024)]
+    pub mtu: u32,
+    /// Receives kept posted
+    #[arg(long, short = 'r', default_value_t = 500)]
+    pub rx_depth: usize,
+    /// Messages each way
+    #[arg(long, short = 'n', default_value_t = 1000)]
+    pub iters: u64,
+    /// Port number (accepted for compatibility, ignored)
+    #[arg(long, short = 'i', default_value_t = 1)]
+    pub ib_port: u32,
+    /// Service level (accepted, ignored)
+    #[arg(long, short = 'l', default_value_t = 0)]
+    pub sl: u8,
+    /// GID index (accepted, ignored: the GID is the interface's IPv4-mapped one)
+    #[arg(long, short = 'g')]
+    pub gid_idx: Option<i32>,
+    /// Check the received data (the client sends a pattern the server checks)
+    #[arg(long, short = 'c')]
+    pub chk: bool,
+    /// Packet I/O: afxdp or udp (path MTU 4096 needs udp for now)
+    #[arg(long, value_enum, default_value = "afxdp")]
+    pub backend: Backend,
+    /// Spin on the packet rings instead of sleeping
+    #[arg(long)]
+    pub busy_poll: bool,
+}
+
+/// One side's "LID:QPN:PSN:GID".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    pub lid: u16,
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+}
+
+impl Dest {
+    /// The 52-byte message, NUL-terminated.
+    pub fn encode(&self) -> [u8; MSG_LEN] {
+        let mut gid = String::with_capacity(32);
+        for b in self.gid {
+            gid.push_str(&format!("{b:02x}"));
+        }
+        let s = format!("{:04x}:{:06x}:{:06x}:{gid}", self.lid, self.qpn, self.psn);
+        let mut out = [0u8; MSG_LEN];
+        out[..s.len()].copy_from_slice(s.as_bytes());
+        out
+    }
+
+    pub fn decode(msg: &[u8]) -> anyhow::Result<Dest> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let s = std::str::from_utf8(&msg[..end]).context("peer's address is not text")?;
+        let parts: Vec<&str> = s.split(':').collect();
+        let bad = || anyhow::anyhow!("peer's address {s:?} is not LID:QPN:PSN:GID");
+        if parts.len() != 4 || parts[3].len() != 32 {
+            return Err(bad());
+        }
+        let hex = |t: &str| u32::from_str_radix(t, 16).map_err(|_| bad());
+        let mut gid = [0u8; 16];
+        for (i, g) in gid.iter_mut().enumerate() {
+            *g = u8::from_str_radix(&parts[3][2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(Dest {
+            lid: hex(parts[0])? as u16,
+            qpn: hex(parts[1])? & 0xff_ffff,
+            psn: hex(parts[2])? & 0xff_ffff,
+            gid,
+        })
+    }
+
+    /// The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d).
+    pub fn ipv4(&self) -> Option<Ipv4Addr> {
+        let g = &self.gid;
+        (g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
+            .then(|| Ipv4Addr::new(g[12], g[13], g[14], g[15]))
+    }
+
+    fn gid_text(&self) -> String {
+        match self.ipv4() {
+            Some(ip) => format!("::ffff:{ip}"),
+            None => std::net::Ipv6Addr::from(self.gid).to_string(),
+        }
+    }
+}
+
+fn print_dest(which: &str, d: &Dest) {
+    println!(
+        "  {which} address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+        d.lid,
+        d.qpn,
+        d.psn,
+        d.gid_text()
+    );
+}
+
+fn perf_args(a: &PingpongArgs) -> PerfArgs {
+    PerfArgs {
+        op: Op::Send,
+        iface: a.iface.clone(),
+        listen: None,
+        connect: None,
+        peers: 1,
+        size: a.size.to_string(),
+        iters: Some(a.iters),
+        duration: None,
+        qps: 1,
+        mtu: Some(a.mtu),
+        tx_depth: 1,
+        backend: a.backend,
+        cc: CcKind::None,
+        rate: "100gbit".into(),
+        trace: None,
+        bin_ms: 10,
+        busy_poll: a.busy_poll,
+        json: false,
+    }
+}
+
+/// The byte at `i` of the client's message when checking (`--chk`).
+fn pattern(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
+    if args.size == 0 {
+        bail!("--size must be at least 1");
+    }
+    let local_ip = first_ipv4(&args.iface)?;
+    let stack = Stack::open(&perf_args(args), IpAddr::V4(local_ip))?;
+    let pd = stack.device.alloc_pd();
+    let cq = stack
+        .device
+        .create_cq(args.rx_depth + 16)
+        .context("create CQ")?;
+    let mut init = QpInitAttr::rc(&cq);
+    init.cap.max_send_wr = 1;
+    init.cap.max_recv_wr = args.rx_depth as u32;
+    let qp = stack.device.create_qp(&pd, &init).context("create QP")?;
+    // One buffer for sends and receives, as rc_pingpong.
+    let mr = pd
+        .reg_mr(args.size, AccessFlags::LOCAL_WRITE)
+        .context("register MR")?;
+    let fill: Vec<u8> = if args.chk && args.peer.is_some() {
+        (0..args.size).map(pattern).collect()
+    } else {
+        vec![0x7b; args.size]
+    };
+    mr.write(0, &fill)?;
+    let post_recv = || {
+        qp.post_recv(&RecvWr {
+            wr_id: RECV_WRID,
+            sg_list: vec![mr.sge(0, args.size)],
+        })
+    };
+    let mut gid = [0u8; 16];
+    gid[10] = 0xff;
+    gid[11] = 0xff;
+    gid[12..].copy_from_slice(&local_ip.octets());
+    let me = Dest {
+        lid: 0,
+        qpn: qp.qp_num(),
+        psn: rand::rng().random::<u32>() & 0xff_ffff,
+        gid,
+    };
+    print_dest("local", &me);
+
+    let connect = |rem: &Dest| -> anyhow::Result<()> {
+        let Some(peer_ip) = rem.ipv4() else {
+            bail!(
+                "peer's GID {} is not IPv4-mapped; use the RoCEv2 IPv4 GID there (rxe: -g 1)",
+                rem.gid_text()
+            );
+        };
+        let mac = stack.neighbour(IpAddr::V4(peer_ip))?;
+        let local = QpAttr {
+            qp_access_flags: AccessFlags::LOCAL_WRITE,
+            path_mtu: stack.path_mtu,
+            sq_psn: me.psn,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            ..Default::default()
+        };
+        let remote = RemoteQp {
+            qpn: rem.qpn,
+            psn: rem.psn,
+            av: AddressVector {
+                dest_mac: mac,
+                dest_ip: peer_ip,
+                ..Default::default()
+            },
+        };
+        qp.connect(&local, &remote)
+            .with_context(|| format!("connect QP {:#x} to {:#x}", me.qpn, rem.qpn))?;
+        // rc_pingpong posts its receives in INIT; our QP goes from RESET to
+        // RTS in one call, so they are posted here, before this side tells
+        // the peer it may send (server: its address; client: "done").
+        for _ in 0..args.rx_depth {
+            post_recv().context("couldn't post receive")?;
+        }
+        Ok(())
+    };
+
+    let rem = match &args.peer {
+        Some(server) => {
+            let addr = format!("{server}:{}", args.port);
+            let mut s = TcpStream::connect(&addr)
+                .with_context(|| format!("couldn't connect to {addr}"))?;
+            s.set_read_timeout(Some(Duration::from_secs(30)))?;
+            s.write_all(&me.encode())?;
+            let mut msg = [0u8; MSG_LEN];
+            s.read_exact(&mut msg)
+                .context("couldn't read the server's address")?;
+            let rem = Dest::decode(&msg)?;
+            connect(&rem)?;
+            s.write_all(b"done\0")?;
+            rem
+        }
+        None => {
+            let listener = TcpListener::bind(("0.0.0.0", args.port))
+                .with_context(|| format!("listen on TCP port {}", args.port))?;
+            let (mut s, _) = listener.accept().context("accept")?;
+            s.set_read_timeout(Some(Duration::from_secs(30)))?;
+            let mut msg = [0u8; MSG_LEN];
+            s.read_exact(&mut msg)
+                .context("couldn't read the client's address")?;
+            let rem = Dest::decode(&msg)?;
+            connect(&rem)?;
+            s.write_all(&me.encode())?;
+            let mut done = [0u8; 5];
+            // rc_pingpong's client sends "done" once it is at RTS.
+            let _ = s.read_exact(&mut done);
+            rem
+        }
+    };
+    print_dest("remote", &rem);
+
+    let post_send = || {
+        // Signaled, as rc_pingpong's (SendWr::new's default).
+        let wr = SendWr::new(SEND_WRID, WrOpcode::Send, vec![mr.sge(0, args.size)]);
+        qp.post_send(&wr)
+    };
+    let start = Instant::now();
+    let mut pending = RECV_WRID;
+    if args.peer.is_some() {
+        if args.chk {
+            mr.write(0, &fill)?;
+        }
+        post_send().context("couldn't post send")?;
+        pending |= SEND_WRID;
+    }
+    let (mut rcnt, mut scnt) = (0u64, 0u64);
+    let mut routs = args.rx_depth;
+    let mut last = Instant::now();
+    let mut wcs = [Wc::default(); 16];
+    let mut buf = vec![0u8; args.size];
+    while rcnt < args.iters || scnt < args.iters {
+        let n = cq.poll(&mut wcs)?;
+        if n == 0 {
+            if last.elapsed() > STALL {
+                stack.check_running()?;
+                bail!(
+                    "no completion for {STALL:?} after {scnt} sends and {rcnt} receives; is the peer alive?"
+                );
+            }
+            std::hint::spin_loop();
+            continue;
+        }
+        last = Instant::now();
+        for wc in &wcs[..n] {
+            check_wc(wc, if wc.wr_id == SEND_WRID { "send" } else { "receive" })?;
+            match wc.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    if wc.opcode != WcOpcode::Recv {
+                        bail!("receive completed as {:?}", wc.opcode);
+                    }
+                    if args.chk && args.peer.is_none() {
+                        mr.read(0, &mut buf)?;
+                        if let Some(i) = (0..args.size).find(|&i| buf[i] != pattern(i)) {
+                            bail!("message {rcnt}: byte {i} is {:#04x}, not {:#04x}", buf[i], pattern(i));
+                        }
+                    }
+                    routs -= 1;
+                    if routs <= 1 {
+                        for _ in routs..args.rx_depth {
+                            post_recv().context("couldn't post receive")?;
+                            routs += 1;
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => bail!("completion for unknown wr_id {other}"),
+            }
+            pending &= !wc.wr_id;
+            if scnt < args.iters && pending == 0 {
+                if args.chk && args.peer.is_some() {
+                    mr.write(0, &fill)?;
+                }
+                post_send().context("couldn't post send")?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let bytes = args.size as u64 * args.iters * 2;
+    println!(
+        "{bytes} bytes in {secs:.2} seconds = {:.2} Mbit/sec",
+        bytes as f64 * 8.0 / secs / 1e6
+    );
+    println!(
+        "{} iters in {secs:.2} seconds = {:.2} usec/iter",
+        args.iters,
+        secs * 1e6 / args.iters as f64
+    );
+    stack.check_running()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dest_round_trip_and_rxe_text() {
+        let mut gid = [0u8; 16];
+        gid[10] = 0xff;
+        gid[11] = 0xff;
+        gid[12..].copy_from_slice(&[10, 77, 0, 10]);
+        let d = Dest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            gid,
+        };
+        let m = d.encode();
+        assert_eq!(
+            &m[..51],
+            b"0000:000011:abcdef:00000000000000000000ffff0a4d000a"
+        );
+        assert_eq!(m[51], 0);
+        assert_eq!(Dest::decode(&m).unwrap(), d);
+        assert_eq!(d.ipv4(), Some(Ipv4Addr::new(10, 77, 0, 10)));
+        assert!(Dest::decode(b"0000:11:22\0").is_err());
+    }
+}
