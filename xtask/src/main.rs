@@ -81,8 +81,27 @@ fn test(quick: bool) -> Result<()> {
     util::step("unit, property and end-to-end tests");
     util::require_root_for("the end-to-end tests (namespaces, XDP, AF_XDP)")?;
     util::cargo(&["test", "--workspace"])?;
+    fuzz(if quick { 20 } else { 60 })?;
     if quick {
         util::step("--quick: slow suites skipped");
     }
     vm::suite(quick)
+}
+
+/// Coverage-guided fuzzing of the frame parser for a bounded time: any
+/// panic or crash fails the run (libFuzzer exits non-zero).
+fn fuzz(seconds: u32) -> Result<()> {
+    util::step(&format!("fuzz the RoCEv2 parser for {seconds} s"));
+    let wire = util::workspace_root().join("userspace/wire");
+    std::fs::create_dir_all(wire.join("fuzz/corpus/parse_frame"))?;
+    util::run(
+        std::process::Command::new("rustup")
+            .args(["run", "nightly", "cargo", "fuzz", "run", "parse_frame"])
+            .args(["fuzz/corpus/parse_frame", "fuzz/seeds/parse_frame", "--"])
+            .arg(format!("-max_total_time={seconds}"))
+            .current_dir(wire)
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("CARGO")
+            .env_remove("RUSTC"),
+    )
 }

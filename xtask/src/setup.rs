@@ -36,6 +36,7 @@ pub fn setup() -> Result<()> {
     apt_packages()?;
     nightly_rust_src()?;
     bpf_linker()?;
+    cargo_fuzz()?;
     eprintln!("setup: everything is in place");
     Ok(())
 }
@@ -119,4 +120,15 @@ fn bpf_linker() -> Result<()> {
         bail!("bpf-linker was installed but is not on PATH; add ~/.cargo/bin to PATH");
     }
     Ok(())
+}
+
+/// cargo-fuzz runs the codec's coverage-guided fuzz target in `test`.
+fn cargo_fuzz() -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    if succeeds(Command::new(&cargo).args(["fuzz", "--version"])) {
+        eprintln!("setup: cargo-fuzz present");
+        return Ok(());
+    }
+    eprintln!("setup: installing cargo-fuzz (runs the parser fuzzer in `cargo xtask test`; a few minutes)");
+    run(Command::new(&cargo).args(["install", "cargo-fuzz", "--locked"]))
 }
