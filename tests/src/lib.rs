@@ -16,6 +16,7 @@ use std::{
 };
 
 pub mod datagram;
+pub mod experiment;
 pub mod perf;
 
 /// Fails the test (never skips it) unless we are root with the tools we need.

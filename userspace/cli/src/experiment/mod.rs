@@ -55,6 +55,12 @@ pub struct IncastArgs {
     /// Congestion control of every sender
     #[arg(long, default_value = "dcqcn", value_parser = ["dcqcn", "timely", "none"])]
     pub cc: String,
+    /// DCQCN parameters of the senders: a preset (software, paper, nvidia)
+    /// and key=value overrides, e.g. "software,timer=1ms" (see
+    /// DcqcnConfig::from_spec); "software" re-times the paper's set for
+    /// xroce's millisecond feedback loop
+    #[arg(long, default_value = "software")]
+    pub dcqcn: String,
     /// Drain rate of the virtual bottleneck at the receiver, e.g. 1gbit
     #[arg(long, default_value = "1gbit")]
     pub link_rate: String,
@@ -128,6 +134,7 @@ fn parse_seconds(s: &str) -> anyhow::Result<f64> {
 struct Plan {
     link_rate_bps: u64,
     line_rate: String,
+    dcqcn: xroce::cc::DcqcnConfig,
     duration_s: f64,
     buffer_bytes: Option<u64>,
 }
@@ -138,7 +145,9 @@ fn check(a: &IncastArgs) -> anyhow::Result<Plan> {
     }
     let link_rate_bps = parse_rate_bps(&a.link_rate).context("--link-rate")?;
     let line_rate = a.line_rate.clone().unwrap_or_else(|| a.link_rate.clone());
-    parse_rate_bps(&line_rate).context("--line-rate")?;
+    let line_rate_bps = parse_rate_bps(&line_rate).context("--line-rate")?;
+    let dcqcn = xroce::cc::DcqcnConfig::from_spec(&a.dcqcn, line_rate_bps)
+        .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
     parse_size_bytes(&a.size).context("--size")?;
     parse_size_bytes(&a.kmin).context("--kmin")?;
     parse_size_bytes(&a.kmax).context("--kmax")?;
@@ -158,6 +167,7 @@ fn check(a: &IncastArgs) -> anyhow::Result<Plan> {
     Ok(Plan {
         link_rate_bps,
         line_rate,
+        dcqcn,
         duration_s: parse_seconds(&a.duration)?,
         buffer_bytes,
     })
@@ -310,7 +320,8 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
         .args(["--cc", &a.cc, "--rate", &plan.line_rate])
         .args(["--bin-ms", &a.bin_ms.to_string(), "--json"])
         .arg("--trace")
-        .arg(&trace);
+        .arg(&trace)
+        .env(xroce::cc::DCQCN_ENV, &a.dcqcn);
         senders.push(Proc::spawn(
             &format!("sender {i}"),
             cmd,
@@ -416,6 +427,8 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
     let report = Report {
         args: a,
         link_rate_bps: plan.link_rate_bps,
+        line_rate: &plan.line_rate,
+        dcqcn: &plan.dcqcn,
         duration_s: plan.duration_s,
         buffer_bytes: plan.buffer_bytes,
         ecn,

@@ -197,6 +197,10 @@ pub fn jain(xs: &[f64]) -> f64 {
     }
 }
 
+/// Start of a run left out of the `after_warmup` queue figures: DCQCN
+/// starts every flow at line rate, and the first cuts take a few loop delays.
+pub const WARMUP_MS: f64 = 500.0;
+
 /// Window of the short-term fairness index.
 pub const SHORT_TERM_WINDOW_MS: f64 = 100.0;
 
@@ -240,6 +244,8 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 pub struct Report<'a> {
     pub args: &'a IncastArgs,
     pub link_rate_bps: u64,
+    pub line_rate: &'a str,
+    pub dcqcn: &'a xroce::cc::DcqcnConfig,
     pub duration_s: f64,
     pub buffer_bytes: Option<u64>,
     pub ecn: EcnConfig,
@@ -263,26 +269,43 @@ impl Report<'_> {
         jain(&self.flows.iter().map(FlowResult::gbps).collect::<Vec<_>>())
     }
 
-    /// Queue samples while traffic ran (from the first admitted byte).
-    fn active_queue(&self) -> Vec<u64> {
+    /// Queue samples while traffic ran (from the first admitted byte),
+    /// skipping the first `warmup_ms` of it.
+    fn active_queue(&self, warmup_ms: f64) -> Vec<u64> {
+        let first = self
+            .samples
+            .iter()
+            .find(|s| s.arrived_bytes > 0)
+            .map_or(f64::MAX, |s| s.t_ms);
         self.samples
             .iter()
-            .skip_while(|s| s.arrived_bytes == 0)
-            .filter(|s| s.t_ms <= self.active_until_ms)
+            .filter(|s| s.t_ms >= first + warmup_ms && s.t_ms <= self.active_until_ms)
             .map(|s| s.queue_bytes)
             .collect()
     }
 
-    pub fn summary(&self) -> Value {
-        let a = self.args;
-        let f = &self.final_sample;
-        let mut queue = self.active_queue();
+    /// Peak, mean, median and 99th percentile of the sampled queue.
+    fn queue_stats(&self, warmup_ms: f64) -> Value {
+        let mut queue = self.active_queue(warmup_ms);
         let mean = if queue.is_empty() {
             0.0
         } else {
             queue.iter().sum::<u64>() as f64 / queue.len() as f64
         };
         queue.sort_unstable();
+        json!({
+            "peak_bytes": queue.last().copied().unwrap_or(0),
+            "mean_bytes": mean,
+            "p50_bytes": percentile(&queue, 0.5),
+            "p99_bytes": percentile(&queue, 0.99),
+            "samples": queue.len(),
+        })
+    }
+
+    pub fn summary(&self) -> Value {
+        let a = self.args;
+        let f = &self.final_sample;
+        let all = self.queue_stats(0.0);
         let cnps: u64 = self.flows.iter().map(FlowResult::cnps).sum();
         let retransmits: u64 = self.flows.iter().map(FlowResult::retransmits).sum();
         let aggregate = self.aggregate_gbps();
@@ -312,6 +335,23 @@ impl Report<'_> {
                 "cc": a.cc,
                 "link_rate": a.link_rate,
                 "link_rate_bps": self.link_rate_bps,
+                "line_rate": self.line_rate,
+                "dcqcn": (a.cc == "dcqcn").then(|| {
+                    let d = self.dcqcn;
+                    json!({
+                        "spec": a.dcqcn,
+                        "g": d.g,
+                        "initial_alpha": d.initial_alpha,
+                        "alpha_timer_ns": d.alpha_timer_ns,
+                        "rate_increase_timer_ns": d.rate_increase_timer_ns,
+                        "byte_counter_bytes": d.byte_counter_bytes,
+                        "fast_recovery_stages": d.fast_recovery_stages,
+                        "rai_bps": d.rai_bps,
+                        "rhai_bps": d.rhai_bps,
+                        "min_rate_bps": d.min_rate_bps,
+                        "rate_reduce_period_ns": d.rate_reduce_period_ns,
+                    })
+                }),
                 "duration_s": self.duration_s,
                 "size": a.size,
                 "bin_ms": a.bin_ms,
@@ -338,13 +378,18 @@ impl Report<'_> {
             "jain_short_term": jain_short_term(self.flows),
             "jain_short_term_window_ms": SHORT_TERM_WINDOW_MS,
             "queue": {
+                // The XDP program's own peak (every packet, not only samples).
                 "peak_bytes": f.peak_bytes,
-                "mean_bytes": mean,
-                "p50_bytes": percentile(&queue, 0.5),
-                "p99_bytes": percentile(&queue, 0.99),
+                "sampled_peak_bytes": all["peak_bytes"],
+                "mean_bytes": all["mean_bytes"],
+                "p50_bytes": all["p50_bytes"],
+                "p99_bytes": all["p99_bytes"],
                 "buffer_bytes": self.buffer_bytes,
                 "arrived_bytes": f.arrived_bytes,
                 "samples": self.samples.len(),
+                // Without the start, where every flow begins at line rate.
+                "after_warmup": self.queue_stats(WARMUP_MS),
+                "warmup_ms": WARMUP_MS,
             },
             "marks": f.marks,
             "cnps": cnps,

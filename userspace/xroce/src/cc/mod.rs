@@ -126,10 +126,30 @@ pub struct CcConfig {
     pub timely: TimelyConfig,
 }
 
+/// Environment variable that overrides DCQCN's parameters for every flow a
+/// process makes with [`build`]: a [`DcqcnConfig::from_spec`] spec such as
+/// `software` or `paper,timer=1ms`. `xroce experiment` sets it for its
+/// senders; it reaches any tool without flags of its own for them.
+pub const DCQCN_ENV: &str = "XROCE_DCQCN";
+
 /// A controller of `kind` for a flow on a link of `line_rate_bps`, with the
-/// default parameters ([`DcqcnConfig::default`] is the paper's set).
+/// default parameters ([`DcqcnConfig::default`] is the paper's set) or, for
+/// DCQCN, those `$XROCE_DCQCN` names ([`DCQCN_ENV`]). A spec that does not
+/// parse is reported on stderr once and the defaults are used.
 pub fn build(kind: CcKind, line_rate_bps: u64) -> Box<dyn CongestionControl> {
-    build_with(kind, line_rate_bps, &CcConfig::default())
+    let mut cfg = CcConfig::default();
+    if kind == CcKind::Dcqcn {
+        if let Ok(spec) = std::env::var(DCQCN_ENV) {
+            match DcqcnConfig::from_spec(&spec, line_rate_bps) {
+                Ok(dcqcn) => cfg.dcqcn = dcqcn,
+                Err(e) => {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| eprintln!("xroce: ignoring ${DCQCN_ENV}: {e}"));
+                }
+            }
+        }
+    }
+    build_with(kind, line_rate_bps, &cfg)
 }
 
 /// [`build`] with explicit parameters.

@@ -1,0 +1,167 @@
+//! Runs `xroce experiment incast` (which builds and removes its own
+//! namespaces) and reads what it wrote: summary.json, the senders' traces
+//! and queue.csv.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use serde_json::Value;
+
+use crate::workspace_bin;
+
+/// One finished experiment.
+pub struct Incast {
+    pub dir: PathBuf,
+    pub summary: Value,
+    pub stderr: String,
+}
+
+/// One row of a sender's trace.
+#[derive(Clone, Copy, Debug)]
+pub struct TraceRow {
+    pub t_ms: f64,
+    pub bytes: u64,
+    pub rate_bps: f64,
+    pub cnps: u64,
+    pub retransmits: u64,
+}
+
+fn base36(mut n: u32) -> String {
+    const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(n % 36) as usize]);
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap()
+}
+
+/// Runs `xroce experiment incast ARGS --out <temp dir>`, fails the test with
+/// its stderr if it fails, and checks that it left no namespace or XDP pin
+/// behind and wrote every output file.
+pub fn run_incast(name: &str, args: &[&str]) -> Incast {
+    let dir = std::env::temp_dir().join(format!("xroce-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let child = Command::new(workspace_bin("xroce"))
+        .args(["experiment", "incast"])
+        .args(args)
+        .arg("--out")
+        .arg(&dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start xroce experiment");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait for xroce experiment");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    // The experiment's names carry its PID in base 36.
+    let tag = base36(pid);
+    let netns_left: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("xroce-exp-{tag}-")))
+        .collect();
+    assert!(
+        netns_left.is_empty(),
+        "namespaces left behind: {netns_left:?}"
+    );
+    let pins_left: Vec<String> = std::fs::read_dir(xroce_common::names::PIN_ROOT)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("xe{tag}")))
+        .collect();
+    assert!(pins_left.is_empty(), "XDP pins left behind: {pins_left:?}");
+    assert!(
+        out.status.success(),
+        "xroce experiment incast {args:?} failed ({}); outputs in {}:\n{stderr}",
+        out.status,
+        dir.display()
+    );
+    for file in [
+        "summary.json",
+        "flows.csv",
+        "queue.csv",
+        "flows.svg",
+        "rates.svg",
+        "queue.svg",
+    ] {
+        let path = dir.join(file);
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 0, "{} is missing or empty", path.display());
+    }
+    let summary = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("summary.json")).expect("read summary.json"),
+    )
+    .expect("summary.json is JSON");
+    Incast {
+        dir,
+        summary,
+        stderr,
+    }
+}
+
+impl Incast {
+    /// A number from summary.json by JSON pointer, e.g. "/queue/peak_bytes".
+    pub fn num(&self, pointer: &str) -> f64 {
+        self.summary
+            .pointer(pointer)
+            .and_then(Value::as_f64)
+            .unwrap_or_else(|| panic!("summary.json has no number at {pointer}: {}", self.brief()))
+    }
+
+    /// Sender `flow`'s `--trace` CSV.
+    pub fn trace(&self, flow: usize) -> Vec<TraceRow> {
+        let path = self.dir.join(format!("trace{flow}.csv"));
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        text.lines()
+            .skip(1)
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                let f: Vec<f64> = l.split(',').map(|x| x.trim().parse().unwrap()).collect();
+                TraceRow {
+                    t_ms: f[0],
+                    bytes: f[1] as u64,
+                    rate_bps: f[2],
+                    cnps: f[3] as u64,
+                    retransmits: f[4] as u64,
+                }
+            })
+            .collect()
+    }
+
+    /// The figures a failing assertion should show.
+    pub fn brief(&self) -> String {
+        let s = &self.summary;
+        format!(
+            "[{}: aggregate {} Gbit/s, Jain {} (short-term {}), queue {}, marks {}, CNPs {} (seen {}), drops {}, retransmits {}; outputs in {}]",
+            s["settings"]["cc"],
+            s["aggregate_gbps"],
+            s["jain_index"],
+            s["jain_short_term"],
+            s["queue"],
+            s["marks"],
+            s["cnps"],
+            s["cnps_seen_at_senders"],
+            s["drops"],
+            s["retransmits"],
+            self.dir.display()
+        )
+    }
+
+    /// Removes the output folder (call once the test passed).
+    pub fn remove(self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
