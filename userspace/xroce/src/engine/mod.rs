@@ -106,7 +106,7 @@ impl Default for EngineConfig {
             ip: Ipv4Addr::new(10, 0, 0, 1),
             line_rate_bps: 100_000_000_000,
             pacing_burst_bytes: 64 * 1024,
-            max_inflight_pkts: 256,
+            max_inflight_pkts: 128, // rxe: RXE_MAX_UNACKED_PSNS
             ack_every: 32,
             ecn_capable: true,
             cnp_interval_ns: 50_000,
