@@ -352,6 +352,8 @@ fn replay_write_bw_requester(file: &str) {
         mac: first.1.src_mac,
         ip: Ipv4Addr::from(first.1.src_ip),
         ecn_capable: false,
+        // Never the limit here: rxe decided when to send, we follow.
+        max_inflight_pkts: 1 << 20,
         ..Default::default()
     });
     let pd = dev.alloc_pd();
