@@ -249,6 +249,8 @@ impl QpCtx {
                 };
             }
         }
+        // IBTA 9.2.3: the solicited-event bit goes on the last packet only.
+        h.se = h.se && last_pkt;
         let window_fill =
             psn::diff(psn::add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
         let ud = self.qp_type == crate::verbs::qp::QpType::Ud;
