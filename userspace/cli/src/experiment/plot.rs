@@ -84,6 +84,23 @@ fn lines(
         .with_context(|| format!("write {}", path.display()))
 }
 
+/// Each point's y replaced by the mean of the last `window` points' (fewer
+/// at the start).
+fn moving_average(points: &[(f64, f64)], window: usize) -> Vec<(f64, f64)> {
+    let mut sum = 0.0;
+    points
+        .iter()
+        .enumerate()
+        .map(|(i, &(x, y))| {
+            sum += y;
+            if i >= window {
+                sum -= points[i - window].1;
+            }
+            (x, sum / (i + 1).min(window) as f64)
+        })
+        .collect()
+}
+
 /// flows.svg, rates.svg and queue.svg in `dir`.
 pub fn all(report: &Report, dir: &Path) -> anyhow::Result<()> {
     let bin = report.args.bin_ms;
@@ -102,16 +119,28 @@ pub fn all(report: &Report, dir: &Path) -> anyhow::Result<()> {
         .collect();
     let link_gbps = report.link_rate_bps as f64 / 1e9;
     let fair = link_gbps / report.flows.len().max(1) as f64;
-    lines(
-        &dir.join("flows.svg"),
-        &format!(
+    // Whole messages complete per bin, so short bins are spiky: plot a
+    // moving average over about 50 ms (flows.csv keeps every bin).
+    let window = (50 / bin).max(1) as usize;
+    let title = if window > 1 {
+        format!(
+            "Per-flow goodput ({} senders, {cc}; {} ms moving average of {bin} ms bins)",
+            flows.len(),
+            window as u32 * bin
+        )
+    } else {
+        format!(
             "Per-flow goodput ({} senders, {cc}, {bin} ms bins)",
             flows.len()
-        ),
+        )
+    };
+    lines(
+        &dir.join("flows.svg"),
+        &title,
         "goodput (Gbit/s)",
         &flows
             .iter()
-            .map(|(n, g, _)| (n.clone(), g.clone()))
+            .map(|(n, g, _)| (n.clone(), moving_average(g, window)))
             .collect::<Vec<_>>(),
         &[("fair share".to_string(), fair)],
     )?;
@@ -147,4 +176,15 @@ pub fn all(report: &Report, dir: &Path) -> anyhow::Result<()> {
         &[("queue".to_string(), queue)],
         &marks,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn moving_average_by_hand() {
+        let p = [(0.0, 1.0), (1.0, 3.0), (2.0, 5.0), (3.0, 7.0)];
+        let m = super::moving_average(&p, 2);
+        assert_eq!(m, vec![(0.0, 1.0), (1.0, 2.0), (2.0, 4.0), (3.0, 6.0)]);
+        assert_eq!(super::moving_average(&p, 1), p.to_vec());
+    }
 }
