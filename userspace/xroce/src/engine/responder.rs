@@ -154,20 +154,34 @@ impl QpCtx {
                 }
                 env.stats.read_reexecuted += 1;
                 let npkts = r.len.div_ceil(self.mtu).max(1);
-                // Replace a queued response for the same PSN range.
-                self.resp
-                    .out
-                    .retain(|i| !matches!(i, RespItem::Read { psn, .. } if psn::le(h.psn, *psn)));
-                self.resp.out.push_back(RespItem::Read {
+                // A queued response covering this PSN restarts in place
+                // (order kept, later READs untouched); otherwise queue it.
+                let covering = self.resp.out.iter().position(|i| {
+                    matches!(i, RespItem::Read { psn, npkts, .. }
+                        if psn::le(*psn, h.psn) && psn::lt(h.psn, psn::add(*psn, *npkts)))
+                });
+                let msn = match covering.map(|k| &self.resp.out[k]) {
+                    Some(RespItem::Read { msn, .. }) => *msn,
+                    _ => self.resp.msn,
+                };
+                let dup_was = match covering.map(|k| &self.resp.out[k]) {
+                    Some(RespItem::Read { dup, .. }) => *dup,
+                    _ => true,
+                };
+                let item = RespItem::Read {
                     mr,
                     off,
                     len: r.len,
                     psn: h.psn,
                     sent: 0,
                     npkts,
-                    msn: self.resp.msn,
-                    dup: true,
-                });
+                    msn,
+                    dup: dup_was,
+                };
+                match covering {
+                    Some(k) => self.resp.out[k] = item,
+                    None => self.resp.out.push_back(item),
+                }
             }
             op::CMP_SWAP | op::FETCH_ADD => {
                 let hit = self.resp.replay.iter().find(|(p, _)| *p == h.psn).copied();
