@@ -651,3 +651,32 @@ fn uc_delivers_whole_messages_or_nothing() {
     let got = uc_run(0.10, 31);
     assert!(got > 10 && got < 60, "{got} of 60 delivered at 10 % loss");
 }
+
+/// Many seeds, smaller messages: `cargo test -p xroce --test engine_transfer
+/// -- --ignored seed_sweep` (XROCE_SEEDS=n, default 40).
+#[test]
+#[ignore]
+fn seed_sweep() {
+    let n: u64 = std::env::var("XROCE_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    for seed in 0..n {
+        for (loss, mtu, rd) in [
+            (0.05, Mtu::Mtu256, 1),
+            (0.2, Mtu::Mtu1024, 4),
+            (0.01, Mtu::Mtu4096, 16),
+        ] {
+            stress(Stress {
+                loss,
+                seed: 1000 + seed,
+                rounds: 2,
+                ops: 25,
+                max_size: 40_000,
+                mtu,
+                max_rd_atomic: rd,
+                dup: Some(loss),
+            });
+        }
+    }
+}
