@@ -4,7 +4,6 @@
 
 use std::{
     io::Write,
-    net::IpAddr,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
@@ -15,19 +14,21 @@ use xroce::verbs::{RecvWr, SendWr, Wc, WrOpcode};
 use super::{
     conn::{
         check_wc, client_setup_until_ready, serve_clients, server_connect, slots_for, ClientSide,
-        Conn,
+        Conn, Done, Hello, Peer, Remote, ServerSide, Verdict,
     },
     pattern,
-    session::{Done, Hello, Session, Verdict},
     stack::Stack,
     Op, PerfArgs, RunLength,
 };
 
 pub fn run(args: &PerfArgs) -> anyhow::Result<()> {
-    let size = args.size_bytes()?;
-    if args.op == Op::Atomic && size != 8 && args.size != "65536" {
+    if args.op == Op::Atomic && args.size.is_some() && args.size_bytes()? != 8 {
         bail!("atomics move 8 bytes; leave out --size or pass --size 8");
     }
+    if args.perftest {
+        return super::perftest::bench(args);
+    }
+    let size = args.size_bytes()?;
     if args.listen.is_some() {
         serve_clients(args, serve)
     } else {
@@ -37,9 +38,14 @@ pub fn run(args: &PerfArgs) -> anyhow::Result<()> {
 
 // ---------------------------------------------------------------- server
 
-fn serve(stack: &Stack, mut session: Session, hello: Hello, peer: IpAddr) -> anyhow::Result<()> {
-    let op = Op::from_name(&hello.op)?;
-    let (conn, _) = server_connect(stack, &mut session, &hello, peer)?;
+fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
+    let op = Op::from_name(&side.hello.op)?;
+    let (conn, _) = server_connect(&mut side)?;
+    let ServerSide {
+        stack,
+        mut peer,
+        hello,
+    } = side;
     match op {
         Op::Read => {
             for q in 0..hello.qps {
@@ -59,15 +65,17 @@ fn serve(stack: &Stack, mut session: Session, hello: Hello, peer: IpAddr) -> any
         }
         Op::Write | Op::Atomic => {}
     }
-    session.send(&serde_json::json!({ "ready": true }))?;
+    peer.sync(1)?;
+    peer.session.set_timeout(hello.run_timeout());
 
     // Sends need the server's CPU on every message; one-sided ops do not.
     let (done, received) = if op == Op::Send {
-        receive_sends(stack, &conn, &mut session, &hello)?
+        receive_sends(stack, &conn, &mut peer, &hello)?
     } else {
-        let done: Done = session.recv("the end of the run")?;
+        let done: Done = peer.recv("the end of the run")?;
         (done, Ok(()))
     };
+    peer.session.set_timeout(super::OOB_TIMEOUT);
     let check = received.and_then(|()| verify_server(op, &conn, &hello, &done));
     let stats = stack.device.stats();
     let verdict = Verdict {
@@ -77,15 +85,16 @@ fn serve(stack: &Stack, mut session: Session, hello: Hello, peer: IpAddr) -> any
         ce_marked: stats.rx_ce_marked,
     };
     eprintln!(
-        "xroce: {} from {peer}: {}",
+        "xroce: {} from {}: {}",
         hello.op,
+        peer.addr.ip(),
         if verdict.verified {
             "data verified".to_string()
         } else {
             format!("data NOT verified: {}", verdict.detail)
         }
     );
-    session.send(&verdict)
+    peer.send(&verdict, "the verdict")
 }
 
 fn post_recv(conn: &Conn, q: usize, s: usize) -> anyhow::Result<()> {
@@ -101,7 +110,7 @@ fn post_recv(conn: &Conn, q: usize, s: usize) -> anyhow::Result<()> {
 fn receive_sends(
     stack: &Stack,
     conn: &Conn,
-    session: &mut Session,
+    peer: &mut Peer,
     hello: &Hello,
 ) -> anyhow::Result<(Done, anyhow::Result<()>)> {
     let finished = AtomicBool::new(false);
@@ -112,7 +121,7 @@ fn receive_sends(
     let mut done = None;
     std::thread::scope(|s| -> anyhow::Result<()> {
         let reader = s.spawn(|| {
-            let r: anyhow::Result<Done> = session.recv("the end of the run");
+            let r: anyhow::Result<Done> = peer.recv("the end of the run");
             finished.store(true, Ordering::Release);
             r
         });
@@ -209,9 +218,16 @@ fn client_setup_bw(args: &PerfArgs, size: usize) -> anyhow::Result<ClientSide> {
     } else {
         args.tx_depth
     };
-    let mut side = client_setup_until_ready(args, "bench", size, depth, |_| Ok(()))?;
-    let _ready: serde_json::Value = side.session.recv("ready")?;
-    Ok(side)
+    let length = args.run_length(default_iters(size));
+    client_setup_until_ready(args, "bench", size, depth, length, |_| Ok(()))
+}
+
+fn default_iters(size: usize) -> u64 {
+    if size >= 65536 {
+        5000
+    } else {
+        100_000
+    }
 }
 
 fn wr_id(qp: usize, slot: usize) -> u64 {
@@ -233,7 +249,7 @@ struct TraceRow {
 
 fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
     let ClientSide {
-        mut session,
+        mut peer,
         remote,
         stack,
         conn,
@@ -248,7 +264,7 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
             }
         }
     }
-    let length = args.run_length(if size >= 65536 { 5000 } else { 100_000 });
+    let length = args.run_length(default_iters(size));
     let before = stack.device.stats();
     let mut completed = vec![0u64; hello.qps];
     let mut posted = vec![0u64; hello.qps];
@@ -309,10 +325,13 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
             detail = e.to_string();
         }
     }
-    session.send(&Done {
-        completed: completed.clone(),
-    })?;
-    let verdict: Verdict = session.recv("the server's verdict")?;
+    peer.send(
+        &Done {
+            completed: completed.clone(),
+        },
+        "the end of the run",
+    )?;
+    let verdict: Verdict = peer.recv("the server's verdict")?;
     if !verdict.verified {
         verified = false;
         detail = verdict.detail.clone();
@@ -327,7 +346,7 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
         "size": size,
         "iters": msgs,
         "qps": hello.qps,
-        "mtu": stack.path_mtu.bytes(),
+        "mtu": conn.mtu.bytes(),
         "backend": stack.backend,
         "cc": args.cc.to_string(),
         "seconds": seconds,
@@ -347,14 +366,7 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn post(
-    conn: &Conn,
-    remote: &super::session::Endpoint,
-    op: Op,
-    q: usize,
-    i: u64,
-    size: usize,
-) -> anyhow::Result<()> {
+fn post(conn: &Conn, remote: &Remote, op: Op, q: usize, i: u64, size: usize) -> anyhow::Result<()> {
     let slot = (i % conn.slots as u64) as usize;
     let local = conn.slot_offset(q, slot);
     let remote_addr = remote.mr_addr + local as u64;

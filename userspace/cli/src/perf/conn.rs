@@ -1,22 +1,35 @@
 //! One connection's verbs objects (PD, CQ, QPs, MR), the exchange that
 //! connects them to the peer's, and the report both tools print.
+//!
+//! The exchange runs over [`xroce::connect::Session`]:
+//!
+//! 1. a blob each way: the client's [`Hello`] (what to run), the server's
+//!    greeting (JSON; both carry [`MAGIC`]);
+//! 2. [`Session::exchange`]: one [`ConnInfo`] per QP (QPN, PSN, GID, MAC,
+//!    path MTU, MR address/rkey/length); each side connects its QPs;
+//! 3. `sync(1)` once both have posted what the first message needs;
+//! 4. after the run, [`Done`] (client -> server) and [`Verdict`]
+//!    (server -> client) as blobs.
 
 use std::{
-    net::{IpAddr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener},
     time::Duration,
 };
 
 use anyhow::{bail, Context};
 use rand::Rng;
-use xroce::verbs::{
-    AccessFlags, AddressVector, CompletionQueue, MemoryRegion, ProtectionDomain, QpAttr,
-    QpInitAttr, QueuePair, RemoteQp, Wc, WcStatus,
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use xroce::{
+    connect::{self, ConnInfo, Role, Session},
+    verbs::{
+        AccessFlags, AddressVector, CompletionQueue, MemoryRegion, Mtu, ProtectionDomain, QpAttr,
+        QpInitAttr, QueuePair, RemoteQp, Wc, WcStatus,
+    },
 };
 
 use super::{
-    session::{check_hello, Endpoint, Hello, QpInfo, Session, MAGIC},
     stack::{first_ipv4, Stack},
-    PerfArgs, OOB_TIMEOUT,
+    PerfArgs, RunLength, OOB_TIMEOUT,
 };
 
 pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -26,6 +39,135 @@ pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
 
 /// Memory both sides register for message slots, at most.
 const MR_BUDGET: usize = 256 << 20;
+
+/// Identifies the protocol; bumped when messages change.
+pub const MAGIC: &str = "xroce-perf/2";
+
+/// How long the client may take to connect (the server may start later).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Client -> server: what to run.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Hello {
+    pub magic: String,
+    pub op: String,
+    /// "bw" or "lat".
+    pub mode: String,
+    pub size: usize,
+    pub qps: usize,
+    /// Outstanding WRs per QP (and message slots per QP in the MRs).
+    pub depth: usize,
+    /// Messages per QP when the run has a count (lat always has one).
+    pub iters: Option<u64>,
+    /// Seconds when the run has a duration.
+    pub seconds: Option<f64>,
+}
+
+impl Hello {
+    /// How long the server may wait for the end of the run.
+    pub fn run_timeout(&self) -> Duration {
+        match self.seconds {
+            Some(s) => OOB_TIMEOUT + Duration::from_secs_f64(s.max(0.0)),
+            // A count of unknown duration: a client that dies closes the
+            // connection and is noticed at once; this bounds a hung one.
+            None => Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Server -> client greeting.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Greeting {
+    pub magic: String,
+    pub backend: String,
+}
+
+/// Client -> server when the run is over.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Done {
+    /// Completed operations per QP.
+    pub completed: Vec<u64>,
+}
+
+/// Server -> client: the server's check of what arrived.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Verdict {
+    pub verified: bool,
+    pub detail: String,
+    pub cnps_sent: u64,
+    pub ce_marked: u64,
+}
+
+/// The out-of-band connection to the peer: a [`Session`] plus JSON
+/// messages sent as blobs (one side sends, the other receives; the
+/// receiver's blob is empty).
+pub struct Peer {
+    pub session: Session,
+    pub addr: SocketAddr,
+}
+
+impl Peer {
+    fn new(stream: std::net::TcpStream, role: Role) -> anyhow::Result<Peer> {
+        let addr = stream.peer_addr().context("the peer's address")?;
+        Ok(Peer {
+            session: Session::new(stream, role, OOB_TIMEOUT),
+            addr,
+        })
+    }
+
+    fn blob(&mut self, ours: &[u8], what: &str) -> anyhow::Result<Vec<u8>> {
+        self.session
+            .exchange_blob(ours)
+            .with_context(|| format!("{what} ({})", self.addr))
+    }
+
+    /// Sends `msg` to the peer, which calls [`recv`](Self::recv).
+    pub fn send<T: Serialize>(&mut self, msg: &T, what: &str) -> anyhow::Result<()> {
+        let bytes = serde_json::to_vec(msg)?;
+        self.blob(&bytes, &format!("sending {what}"))?;
+        Ok(())
+    }
+
+    /// Receives what the peer passes to [`send`](Self::send).
+    pub fn recv<T: DeserializeOwned>(&mut self, what: &str) -> anyhow::Result<T> {
+        let bytes = self.blob(&[], &format!("waiting for {what}"))?;
+        decode(&bytes, what, self.addr)
+    }
+
+    /// Sends ours and receives theirs in one exchange (the greeting).
+    pub fn swap<T: Serialize, U: DeserializeOwned>(
+        &mut self,
+        ours: &T,
+        what: &str,
+    ) -> anyhow::Result<U> {
+        let bytes = serde_json::to_vec(ours)?;
+        let theirs = self.blob(&bytes, &format!("exchanging {what}"))?;
+        decode(&theirs, what, self.addr)
+    }
+
+    /// A barrier at step `n`.
+    pub fn sync(&mut self, n: u32) -> anyhow::Result<()> {
+        self.session
+            .sync(n)
+            .with_context(|| format!("waiting for {} at step {n}", self.addr))
+    }
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str, peer: SocketAddr) -> anyhow::Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        let shown: String = String::from_utf8_lossy(bytes).chars().take(60).collect();
+        anyhow::anyhow!(
+            "{peer} sent garbage instead of {what} ({e}): {shown:?}; is it an xroce peer of the same version?"
+        )
+    })
+}
+
+fn check_magic(magic: &str) -> anyhow::Result<()> {
+    if magic != MAGIC {
+        bail!("peer speaks {magic:?}, not {MAGIC}: run the same xroce version on both sides");
+    }
+    Ok(())
+}
 
 /// Message slots in the MRs: `slots` per QP, each `size` bytes (at least 8,
 /// so a slot can hold an atomic counter). Big messages get fewer slots than
@@ -38,12 +180,21 @@ pub struct Conn {
     pub psns: Vec<u32>,
     pub slot_len: usize,
     pub slots: usize,
+    /// The path MTU the QPs run (the smaller of both sides'), once connected.
+    pub mtu: Mtu,
 }
 
 /// Slots per QP for a run (both sides compute it from the hello).
 pub fn slots_for(size: usize, qps: usize, depth: usize) -> usize {
     let per_qp = MR_BUDGET / qps.max(1) / size.max(8);
     depth.min(per_qp.max(2))
+}
+
+/// The peer's memory as the exchange told it.
+#[derive(Clone, Copy, Debug)]
+pub struct Remote {
+    pub mr_addr: u64,
+    pub rkey: u32,
 }
 
 impl Conn {
@@ -77,6 +228,7 @@ impl Conn {
             psns,
             slot_len,
             slots,
+            mtu: stack.path_mtu,
         })
     }
 
@@ -84,71 +236,111 @@ impl Conn {
         (qp * self.slots + slot) * self.slot_len
     }
 
-    pub fn endpoint(&self, mac: [u8; 6]) -> Endpoint {
-        Endpoint {
-            mac,
-            qps: self
-                .qps
-                .iter()
-                .zip(&self.psns)
-                .map(|(qp, &psn)| QpInfo {
-                    qpn: qp.qp_num(),
-                    psn,
-                })
-                .collect(),
-            mr_addr: self.mr.addr(),
-            rkey: self.mr.rkey(),
-            mr_len: self.mr.len() as u64,
-        }
+    /// What the peer needs to know about our QPs and memory.
+    pub fn infos(&self, stack: &Stack) -> Vec<ConnInfo> {
+        self.qps
+            .iter()
+            .zip(&self.psns)
+            .map(|(qp, &psn)| ConnInfo {
+                qpn: qp.qp_num(),
+                psn,
+                gid: stack.gid(),
+                mac: stack.mac(),
+                mtu: stack.path_mtu.bytes(),
+                mr_addr: self.mr.addr(),
+                rkey: self.mr.rkey(),
+                mr_len: self.mr.len() as u64,
+            })
+            .collect()
     }
 
-    /// Brings every QP to RTS towards the peer's matching QP.
+    /// Brings every QP to RTS towards the peer's matching QP, at the
+    /// smaller of both path MTUs. The peer's address is its GID's (the TCP
+    /// peer's if the GID is not IPv4).
     pub fn connect(
-        &self,
-        remote: &Endpoint,
-        peer_mac: [u8; 6],
-        peer_ip: IpAddr,
+        &mut self,
+        remote: &[ConnInfo],
+        tcp_peer: IpAddr,
         stack: &Stack,
-    ) -> anyhow::Result<()> {
-        let IpAddr::V4(dest_ip) = peer_ip else {
-            bail!("peer {peer_ip} is not IPv4");
-        };
-        if remote.qps.len() != self.qps.len() {
+    ) -> anyhow::Result<Remote> {
+        if remote.len() != self.qps.len() {
             bail!(
                 "peer offered {} QPs, we have {}",
-                remote.qps.len(),
+                remote.len(),
                 self.qps.len()
             );
         }
-        for ((qp, &psn), r) in self.qps.iter().zip(&self.psns).zip(&remote.qps) {
-            let local = QpAttr {
-                qp_access_flags: ALL_ACCESS,
-                path_mtu: stack.path_mtu,
-                sq_psn: psn,
-                // 4.096 us * 2^14 = 67 ms; six retries: a dead peer shows
-                // up as RETRY_EXC_ERR in about half a second.
-                timeout: 14,
-                retry_cnt: 6,
-                rnr_retry: 7,
-                min_rnr_timer: 12,
-                max_rd_atomic: 16,
-                max_dest_rd_atomic: 16,
-                ..Default::default()
-            };
-            let remote_qp = RemoteQp {
-                qpn: r.qpn,
-                psn: r.psn,
-                av: AddressVector {
-                    dest_mac: peer_mac,
-                    dest_ip,
-                    ..Default::default()
-                },
-            };
-            qp.connect(&local, &remote_qp)
-                .with_context(|| format!("connect QP {:#x} to {:#x}", qp.qp_num(), r.qpn))?;
+        let peer_ip = match IpAddr::from(remote[0].gid) {
+            IpAddr::V4(v4) if !v4.is_unspecified() => IpAddr::V4(v4),
+            _ => tcp_peer,
+        };
+        let IpAddr::V4(dest_ip) = peer_ip else {
+            bail!("peer {peer_ip} is not IPv4");
+        };
+        let peer_mac = peer_mac(stack, dest_ip, remote[0].mac)?;
+        let theirs = Mtu::from_bytes(remote[0].mtu).unwrap_or(Mtu::Mtu1024);
+        self.mtu = if theirs.bytes() < stack.path_mtu.bytes() {
+            theirs
+        } else {
+            stack.path_mtu
+        };
+        for ((qp, &psn), r) in self.qps.iter().zip(&self.psns).zip(remote) {
+            connect_qp(qp, psn, self.mtu, 16, r.qpn, r.psn, peer_mac, dest_ip)?;
         }
-        Ok(())
+        Ok(Remote {
+            mr_addr: remote[0].mr_addr,
+            rkey: remote[0].rkey,
+        })
     }
+}
+
+/// The MAC of `ip` on our link; the one the peer announced if the
+/// neighbour table has none (same link, ARP filtered).
+pub fn peer_mac(stack: &Stack, ip: Ipv4Addr, announced: [u8; 6]) -> anyhow::Result<[u8; 6]> {
+    match stack.neighbour(IpAddr::V4(ip)) {
+        Ok(mac) => Ok(mac),
+        Err(_) if announced != [0; 6] => Ok(announced),
+        Err(e) => Err(e),
+    }
+}
+
+/// RESET -> RTS for one RC QP, with the timers both tools use.
+#[allow(clippy::too_many_arguments)]
+pub fn connect_qp(
+    qp: &QueuePair,
+    sq_psn: u32,
+    mtu: Mtu,
+    max_rd_atomic: u8,
+    dest_qpn: u32,
+    rq_psn: u32,
+    dest_mac: [u8; 6],
+    dest_ip: Ipv4Addr,
+) -> anyhow::Result<()> {
+    let local = QpAttr {
+        qp_access_flags: ALL_ACCESS,
+        path_mtu: mtu,
+        sq_psn,
+        // 4.096 us * 2^14 = 67 ms; six retries: a dead peer shows
+        // up as RETRY_EXC_ERR in about half a second.
+        timeout: 14,
+        retry_cnt: 6,
+        rnr_retry: 7,
+        min_rnr_timer: 12,
+        max_rd_atomic,
+        max_dest_rd_atomic: 16,
+        ..Default::default()
+    };
+    let remote_qp = RemoteQp {
+        qpn: dest_qpn,
+        psn: rq_psn,
+        av: AddressVector {
+            dest_mac,
+            dest_ip,
+            ..Default::default()
+        },
+    };
+    qp.connect(&local, &remote_qp)
+        .with_context(|| format!("connect QP {:#x} to {:#x}", qp.qp_num(), dest_qpn))
 }
 
 /// A completion that is not a success ends the run with a message that
@@ -173,9 +365,9 @@ pub fn check_wc(wc: &Wc, what: &str) -> anyhow::Result<()> {
 
 /// The client's side of setting up: TCP, stack, exchange, connected QPs.
 pub struct ClientSide {
-    pub session: Session,
-    /// The server's QPs and memory.
-    pub remote: Endpoint,
+    pub peer: Peer,
+    /// The server's memory.
+    pub remote: Remote,
     pub stack: Stack,
     pub conn: Conn,
     pub hello: Hello,
@@ -188,15 +380,22 @@ pub fn client_setup_until_ready(
     mode: &str,
     size: usize,
     depth: usize,
+    length: RunLength,
     before_ready: impl FnOnce(&Conn) -> anyhow::Result<()>,
 ) -> anyhow::Result<ClientSide> {
     let server = args.connect.expect("clap: --listen or --connect");
-    let stream = connect_retrying(server, Duration::from_secs(10)).with_context(|| {
+    // Retries while the server is not listening yet (both sides may be
+    // started at the same moment).
+    let stream = connect::connect_retry(server, CONNECT_TIMEOUT).with_context(|| {
         format!("connect to {server}; is `xroce {mode} --listen` running there?")
     })?;
     let local_ip = stream.local_addr()?.ip();
-    let mut session = Session::new(stream, OOB_TIMEOUT)?;
+    let mut peer = Peer::new(stream, Role::Client)?;
     let stack = Stack::open(args, local_ip)?;
+    let (iters, seconds) = match length {
+        RunLength::Iters(n) => (Some(n), None),
+        RunLength::Duration(d) => (None, Some(d.as_secs_f64())),
+    };
     let hello = Hello {
         magic: MAGIC.into(),
         op: args.op.name().into(),
@@ -204,17 +403,21 @@ pub fn client_setup_until_ready(
         size,
         qps: args.qps,
         depth,
-        mtu: stack.path_mtu.bytes(),
+        iters,
+        seconds,
     };
-    session.send(&hello)?;
-    let remote: Endpoint = session.recv("the server's QPs")?;
-    let conn = Conn::create(&stack, &hello)?;
-    session.send(&conn.endpoint(stack.mac()))?;
-    let peer_mac = stack.neighbour(server.ip())?;
-    conn.connect(&remote, peer_mac, server.ip(), &stack)?;
+    let greeting: Greeting = peer.swap(&hello, "greetings")?;
+    check_magic(&greeting.magic)?;
+    let mut conn = Conn::create(&stack, &hello)?;
+    let infos = peer
+        .session
+        .exchange(&conn.infos(&stack))
+        .with_context(|| format!("exchanging QPs with {server}"))?;
+    let remote = conn.connect(&infos, server.ip(), &stack)?;
     before_ready(&conn)?;
+    peer.sync(1)?;
     Ok(ClientSide {
-        session,
+        peer,
         remote,
         stack,
         conn,
@@ -222,28 +425,18 @@ pub fn client_setup_until_ready(
     })
 }
 
-/// Connects, retrying while the server is not listening yet (both sides
-/// may be started at the same moment).
-fn connect_retrying(server: std::net::SocketAddr, timeout: Duration) -> std::io::Result<TcpStream> {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        match TcpStream::connect_timeout(&server, timeout) {
-            Err(e)
-                if e.kind() == std::io::ErrorKind::ConnectionRefused
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            other => return other,
-        }
-    }
+/// What the server's per-client function gets.
+pub struct ServerSide<'a> {
+    pub stack: &'a Stack,
+    pub peer: Peer,
+    pub hello: Hello,
 }
 
 /// Accepts `peers` clients on `args.listen`, each served by `serve` on a
 /// thread of its own over one shared stack.
 pub fn serve_clients(
     args: &PerfArgs,
-    serve: impl Fn(&Stack, Session, Hello, IpAddr) -> anyhow::Result<()> + Sync,
+    serve: impl Fn(ServerSide<'_>) -> anyhow::Result<()> + Sync,
 ) -> anyhow::Result<()> {
     let addr = args.listen.expect("clap: --listen or --connect");
     let local_ip = if addr.ip().is_unspecified() {
@@ -259,15 +452,23 @@ pub fn serve_clients(
         stack.backend,
         stack.path_mtu.bytes()
     );
+    let greeting = Greeting {
+        magic: MAGIC.into(),
+        backend: stack.backend.into(),
+    };
     std::thread::scope(|s| {
         let mut handles = Vec::new();
         for _ in 0..args.peers {
-            let (stream, peer) = listener.accept().context("accept")?;
-            let mut session = Session::new(stream, OOB_TIMEOUT)?;
-            let hello: Hello = session.recv("a hello")?;
-            check_hello(&hello)?;
-            let (stack, serve) = (&stack, &serve);
-            handles.push(s.spawn(move || serve(stack, session, hello, peer.ip())));
+            let (stream, _) = listener.accept().context("accept")?;
+            let mut peer = Peer::new(stream, Role::Server)?;
+            let hello: Hello = peer.swap(&greeting, "greetings")?;
+            check_magic(&hello.magic)?;
+            if hello.qps == 0 || hello.depth == 0 || hello.qps > connect::MAX_QPS {
+                bail!("peer asked for {} QPs of depth {}", hello.qps, hello.depth);
+            }
+            let stack = &stack;
+            let serve = &serve;
+            handles.push(s.spawn(move || serve(ServerSide { stack, peer, hello })));
         }
         for h in handles {
             h.join()
@@ -278,25 +479,16 @@ pub fn serve_clients(
 }
 
 /// The server's half of the exchange for one client: our connected QPs
-/// and the client's endpoint (its QPs and memory).
-pub fn server_connect(
-    stack: &Stack,
-    session: &mut Session,
-    hello: &Hello,
-    peer_ip: IpAddr,
-) -> anyhow::Result<(Conn, Endpoint)> {
-    if hello.mtu != stack.path_mtu.bytes() {
-        bail!(
-            "client uses path MTU {}, we use {}; pass the same --mtu on both sides",
-            hello.mtu,
-            stack.path_mtu.bytes()
-        );
-    }
-    let conn = Conn::create(stack, hello)?;
-    session.send(&conn.endpoint(stack.mac()))?;
-    let remote: Endpoint = session.recv("the client's QPs")?;
-    let peer_mac = stack.neighbour(peer_ip)?;
-    conn.connect(&remote, peer_mac, peer_ip, stack)?;
+/// and the client's memory.
+pub fn server_connect(side: &mut ServerSide<'_>) -> anyhow::Result<(Conn, Remote)> {
+    let mut conn = Conn::create(side.stack, &side.hello)?;
+    let addr = side.peer.addr;
+    let infos = side
+        .peer
+        .session
+        .exchange(&conn.infos(side.stack))
+        .with_context(|| format!("exchanging QPs with {addr}"))?;
+    let remote = conn.connect(&infos, addr.ip(), side.stack)?;
     Ok((conn, remote))
 }
 

@@ -6,10 +6,7 @@
 //! iteration number into the last 8 bytes of the other's buffer and spins
 //! until its own buffer shows the number it expects.
 
-use std::{
-    net::IpAddr,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use xroce::verbs::{RecvWr, SendWr, Wc, WrOpcode};
@@ -18,10 +15,9 @@ use super::{
     bw::print_report,
     conn::{
         check_wc, client_setup_until_ready, percentiles, serve_clients, server_connect, ClientSide,
-        Conn,
+        Conn, Done, Remote, ServerSide, Verdict,
     },
     pattern,
-    session::{Done, Endpoint, Hello, Session, Verdict},
     stack::Stack,
     Op, PerfArgs, RunLength,
 };
@@ -33,6 +29,9 @@ const STALL: Duration = Duration::from_secs(5);
 pub fn run(args: &PerfArgs) -> anyhow::Result<()> {
     if args.op == Op::Atomic {
         bail!("lat measures write, read or send; use `xroce bench atomic` for atomics");
+    }
+    if args.perftest {
+        return super::perftest::lat(args);
     }
     let size = args.size_bytes()?;
     if args.op == Op::Write && size < 8 {
@@ -130,7 +129,7 @@ fn post_recv(conn: &Conn) -> anyhow::Result<()> {
 }
 
 /// Sends message `i`: a SEND, or a WRITE whose last 8 bytes carry `i + 1`.
-fn ping(conn: &Conn, remote: &Endpoint, op: Op, i: u64, size: usize) -> anyhow::Result<()> {
+fn ping(conn: &Conn, remote: &Remote, op: Op, i: u64, size: usize) -> anyhow::Result<()> {
     let src = conn.slot_offset(0, 1);
     let opcode = match op {
         Op::Write => {
@@ -149,9 +148,14 @@ fn ping(conn: &Conn, remote: &Endpoint, op: Op, i: u64, size: usize) -> anyhow::
     Ok(())
 }
 
-fn serve(stack: &Stack, mut session: Session, hello: Hello, peer: IpAddr) -> anyhow::Result<()> {
-    let op = Op::from_name(&hello.op)?;
-    let (conn, remote) = server_connect(stack, &mut session, &hello, peer)?;
+fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
+    let op = Op::from_name(&side.hello.op)?;
+    let (conn, remote) = server_connect(&mut side)?;
+    let ServerSide {
+        stack,
+        mut peer,
+        hello,
+    } = side;
     if op == Op::Read {
         conn.mr
             .write(conn.slot_offset(0, 0), &pattern::make(0, 0, hello.size))?;
@@ -159,10 +163,10 @@ fn serve(stack: &Stack, mut session: Session, hello: Hello, peer: IpAddr) -> any
     if op == Op::Send {
         post_recv(&conn)?;
     }
-    session.send(&serde_json::json!({ "ready": true }))?;
+    peer.sync(1)?;
     let iters: u64 = match op {
         Op::Read => 0,
-        _ => session.recv::<u64>("the iteration count")?,
+        _ => hello.iters.context("the client sent no iteration count")?,
     };
     // Pong every ping.
     let mut seen = Seen::default();
@@ -171,31 +175,33 @@ fn serve(stack: &Stack, mut session: Session, hello: Hello, peer: IpAddr) -> any
         ping(&conn, &remote, op, i, hello.size)?;
         seen.sends(&conn, stack, op, i + 1)?;
     }
-    let _done: Done = session.recv("the end of the run")?;
-    session.send(&Verdict {
-        verified: true,
-        detail: String::new(),
-        cnps_sent: stack.device.stats().tx_cnps,
-        ce_marked: stack.device.stats().rx_ce_marked,
-    })
+    peer.session.set_timeout(hello.run_timeout());
+    let _done: Done = peer.recv("the end of the run")?;
+    peer.session.set_timeout(super::OOB_TIMEOUT);
+    peer.send(
+        &Verdict {
+            verified: true,
+            detail: String::new(),
+            cnps_sent: stack.device.stats().tx_cnps,
+            ce_marked: stack.device.stats().rx_ce_marked,
+        },
+        "the verdict",
+    )
 }
 
 fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
-    let ClientSide {
-        mut session,
-        remote,
-        stack,
-        conn,
-        hello: _,
-    } = client_setup_lat(args, size)?;
-    let op = args.op;
     let iters = match args.run_length(DEFAULT_ITERS) {
         RunLength::Iters(n) => n,
         RunLength::Duration(_) => bail!("lat runs a number of iterations: use --iters"),
     };
-    if op != Op::Read {
-        session.send(&iters)?;
-    }
+    let ClientSide {
+        mut peer,
+        remote,
+        stack,
+        conn,
+        hello: _,
+    } = client_setup_lat(args, size, iters)?;
+    let op = args.op;
     let mut samples = Vec::with_capacity(iters as usize);
     let mut verified = true;
     let mut seen = Seen::default();
@@ -228,17 +234,20 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
         let got = conn.mr.to_vec(conn.slot_offset(0, 1), size)?;
         verified = got == pattern::make(0, 0, size);
     }
-    session.send(&Done {
-        completed: vec![iters],
-    })?;
-    let _verdict: Verdict = session.recv("the server's verdict")?;
+    peer.send(
+        &Done {
+            completed: vec![iters],
+        },
+        "the end of the run",
+    )?;
+    let _verdict: Verdict = peer.recv("the server's verdict")?;
     let stats = stack.device.stats();
     let report = serde_json::json!({
         "op": op.name(),
         "size": size,
         "iters": iters,
         "qps": 1,
-        "mtu": stack.path_mtu.bytes(),
+        "mtu": conn.mtu.bytes(),
         "backend": stack.backend,
         "seconds": seconds,
         "bytes": iters * size as u64,
@@ -272,13 +281,11 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
 
 /// The bandwidth client's setup with two slots (receive, send) and, for
 /// sends, a receive posted before the server may answer.
-fn client_setup_lat(args: &PerfArgs, size: usize) -> anyhow::Result<ClientSide> {
-    let mut side = client_setup_until_ready(args, "lat", size, 2, |conn| {
+fn client_setup_lat(args: &PerfArgs, size: usize, iters: u64) -> anyhow::Result<ClientSide> {
+    client_setup_until_ready(args, "lat", size, 2, RunLength::Iters(iters), |conn| {
         if args.op == Op::Send {
             post_recv(conn)?;
         }
         Ok(())
-    })?;
-    let _ready: serde_json::Value = side.session.recv("ready")?;
-    Ok(side)
+    })
 }

@@ -2,21 +2,26 @@
 //! between two xroce peers (`--listen` on one host, `--connect` on the
 //! other). Data is a pattern the receiving side checks ("verified").
 //!
-//! - `stack.rs`: interface, engine, packet-I/O backend and runtime.
-//! - `session.rs`: the out-of-band exchange over TCP.
+//! - `stack.rs`: interface, engine, packet-I/O backend (sized for the path
+//!   MTU by `Device::open_io`) and runtime.
+//! - `conn.rs`: verbs objects and the out-of-band exchange over TCP
+//!   (`xroce::connect::Session`: a hello and results as blobs, the QPs as
+//!   `ConnInfo`, barriers as `sync`).
 //! - `bw.rs` / `lat.rs`: the measurements.
+//! - `perftest.rs`: `--perftest`, the same measurements against perftest's
+//!   ib_*_bw / ib_*_lat (its OOB exchange, defaults and report).
 
 mod bw;
-mod conn;
+pub mod conn;
 mod lat;
 mod pattern;
-mod session;
-mod stack;
+mod perftest;
+pub mod stack;
 
 use std::{net::SocketAddr, time::Duration};
 
 use anyhow::bail;
-use xroce::cc::CcKind;
+use xroce::{cc::CcKind, device::BackendKind};
 
 pub use bw::run as bench;
 pub use lat::run as lat;
@@ -58,17 +63,34 @@ pub enum Backend {
     Udp,
 }
 
+impl From<Backend> for BackendKind {
+    fn from(b: Backend) -> Self {
+        match b {
+            Backend::Afxdp => BackendKind::AfXdp,
+            Backend::Udp => BackendKind::Udp,
+        }
+    }
+}
+
 /// Flags shared by `bench` and `lat`, close to perftest's.
 #[derive(clap::Args, Debug, Clone)]
 pub struct PerfArgs {
     /// write, read, send or atomic (lat: write, read or send)
     #[arg(value_enum)]
     pub op: Op,
+    /// With --perftest: the server to run against (as `ib_write_bw HOST`);
+    /// without it, serve a perftest client on --port
+    #[arg(requires = "perftest")]
+    pub server: Option<String>,
     /// Interface to run RoCEv2 on
     #[arg(long, short = 'd')]
     pub iface: String,
     /// Serve a peer on ADDR:PORT (the TCP port of the exchange)
-    #[arg(long, conflicts_with = "connect", required_unless_present = "connect")]
+    #[arg(
+        long,
+        conflicts_with = "connect",
+        required_unless_present_any = ["connect", "perftest"]
+    )]
     pub listen: Option<SocketAddr>,
     /// Run against a peer listening on ADDR:PORT
     #[arg(long)]
@@ -76,9 +98,9 @@ pub struct PerfArgs {
     /// With --listen: how many clients to serve (in parallel) before exiting
     #[arg(long, default_value_t = 1)]
     pub peers: usize,
-    /// Message size, e.g. 65536, 64KiB, 8
-    #[arg(long, short = 's', default_value = "65536")]
-    pub size: String,
+    /// Message size, e.g. 65536, 64KiB, 8 (default 65536; --perftest lat: 2)
+    #[arg(long, short = 's')]
+    pub size: Option<String>,
     /// Messages per QP (client)
     #[arg(long, short = 'n', conflicts_with = "duration")]
     pub iters: Option<u64>,
@@ -115,16 +137,33 @@ pub struct PerfArgs {
     /// print one JSON object on stdout
     #[arg(long)]
     pub json: bool,
+    /// Speak perftest's out-of-band protocol (v4.5-0.17) so ib_write_bw,
+    /// ib_read_bw, ib_send_bw, ib_atomic_bw, ib_write_lat, ib_read_lat and
+    /// ib_send_lat can be the peer; perftest's defaults and report
+    #[arg(long)]
+    pub perftest: bool,
+    /// With --perftest: TCP port of the exchange (perftest's -p)
+    #[arg(long, short = 'p', default_value_t = xroce::connect::perftest::PORT)]
+    pub port: u16,
 }
 
 impl PerfArgs {
-    pub fn size_bytes(&self) -> anyhow::Result<usize> {
-        let size = xroce::cc::units::parse_size_bytes(&self.size)
-            .map_err(|e| anyhow::anyhow!("--size: {e}"))?;
+    /// --size, or `default` without it.
+    pub fn size_or(&self, default: usize) -> anyhow::Result<usize> {
+        let Some(text) = &self.size else {
+            return Ok(default);
+        };
+        let size =
+            xroce::cc::units::parse_size_bytes(text).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
         if size > 1 << 30 {
-            bail!("--size {} is over the 1 GiB limit", self.size);
+            bail!("--size {text} is over the 1 GiB limit");
         }
         Ok(size as usize)
+    }
+
+    /// --size, 65536 without it.
+    pub fn size_bytes(&self) -> anyhow::Result<usize> {
+        self.size_or(65536)
     }
 
     /// How long the client runs: --iters, --duration, or 5 s.

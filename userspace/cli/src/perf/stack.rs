@@ -1,65 +1,108 @@
 //! One side's RDMA stack: the interface, the engine with its congestion
 //! control, the packet-I/O backend and the runtime thread that joins them.
+//!
+//! The backend comes from [`NetDevice::open_io`], sized for the path MTU
+//! (AF_XDP multi-buffer for 4096 on a jumbo link).
 
 use std::{
     net::{IpAddr, Ipv4Addr},
     sync::Arc,
+    time::Duration,
 };
 
 use anyhow::{bail, Context};
 use xroce::{
-    cc::{self, units::parse_rate_bps},
-    device::{Device as NetDevice, DeviceConfig},
+    cc::{self, units::parse_rate_bps, CcKind},
+    device::{BackendKind, Device as NetDevice, DeviceConfig},
     engine::EngineConfig,
-    io::{
-        afxdp::{XskConfig, XskMultiQueue},
-        udp::{UdpBackend, UdpConfig},
-        PacketIo,
-    },
+    io::wire::Gid,
     runtime::{Runtime, RuntimeConfig},
     verbs::{Device, Mtu},
 };
 
-use super::{Backend, PerfArgs};
+use super::PerfArgs;
+
+/// What a stack is opened with (the part of the CLI flags it needs).
+#[derive(Clone, Debug)]
+pub struct StackOptions {
+    pub iface: String,
+    pub backend: BackendKind,
+    /// Path MTU in bytes; `None`: the largest the interface allows.
+    pub mtu: Option<u32>,
+    pub cc: CcKind,
+    /// Line rate, e.g. "100gbit".
+    pub rate: String,
+    pub busy_poll: bool,
+}
+
+impl From<&PerfArgs> for StackOptions {
+    fn from(a: &PerfArgs) -> Self {
+        StackOptions {
+            iface: a.iface.clone(),
+            backend: a.backend.into(),
+            mtu: a.mtu,
+            cc: a.cc,
+            rate: a.rate.clone(),
+            busy_poll: a.busy_poll,
+        }
+    }
+}
 
 pub struct Stack {
     pub device: Device,
+    /// The largest path MTU this side runs (connections may agree on less).
     pub path_mtu: Mtu,
     pub backend: &'static str,
+    pub ip: Ipv4Addr,
     // Drop order: the runtime stops before the interface is released.
     runtime: Runtime,
-    _net: NetDevice,
+    net: NetDevice,
 }
 
 impl Stack {
     /// Opens `args.iface` for RoCEv2 from `local_ip`.
     pub fn open(args: &PerfArgs, local_ip: IpAddr) -> anyhow::Result<Stack> {
+        Self::open_with(&StackOptions::from(args), local_ip)
+    }
+
+    pub fn open_with(opts: &StackOptions, local_ip: IpAddr) -> anyhow::Result<Stack> {
         let IpAddr::V4(ip) = local_ip else {
             bail!(
                 "{local_ip}: the engine speaks RoCEv2 over IPv4 only for now; use an IPv4 address"
             );
         };
-        let attach = args.backend == Backend::Afxdp;
         let net = NetDevice::open(
-            &args.iface,
+            &opts.iface,
             DeviceConfig {
-                attach,
+                attach: opts.backend == BackendKind::AfXdp,
                 ..DeviceConfig::default()
             },
         )?;
         if !net.ipv4().contains(&ip) {
             bail!(
                 "{ip} is not an address of {}; pass the interface that has it (-d/--iface)",
-                args.iface
+                opts.iface
             );
         }
-        let path_mtu = match args.mtu {
-            Some(m) => Mtu::from_bytes(m)
-                .with_context(|| format!("--mtu {m}: use 256, 512, 1024, 2048 or 4096"))?,
+        let path_mtu = match opts.mtu {
+            Some(m) => {
+                let mtu = Mtu::from_bytes(m)
+                    .with_context(|| format!("--mtu {m}: use 256, 512, 1024, 2048 or 4096"))?;
+                let fits = net.checked_path_mtu()?;
+                if m > fits {
+                    bail!(
+                        "--mtu {m} does not fit {} (MTU {}, path MTU {fits} at most); \
+                         raise the interface MTU (e.g. 9000 for 4096) or pass --mtu {fits}",
+                        opts.iface,
+                        net.mtu()
+                    );
+                }
+                mtu
+            }
             None => Mtu::from_bytes(net.checked_path_mtu()?).unwrap_or(Mtu::Mtu1024),
         };
-        let line_rate = parse_rate_bps(&args.rate).map_err(|e| anyhow::anyhow!("--rate: {e}"))?;
-        let kind = args.cc;
+        let line_rate = parse_rate_bps(&opts.rate).map_err(|e| anyhow::anyhow!("--rate: {e}"))?;
+        let kind = opts.cc;
         let config = EngineConfig {
             mac: net.mac(),
             ip,
@@ -67,24 +110,16 @@ impl Stack {
             cc: Some(Arc::new(move || cc::build(kind, line_rate))),
             ..EngineConfig::default()
         };
-        let io: Box<dyn PacketIo> = match args.backend {
-            Backend::Afxdp => Box::new(
-                XskMultiQueue::open(&args.iface, XskConfig::default())
-                    .with_context(|| format!("AF_XDP on {}", args.iface))?,
-            ),
-            Backend::Udp => {
-                let mut udp = UdpConfig::new(local_ip);
-                udp.local_mac = net.mac();
-                Box::new(UdpBackend::open(udp).context("UDP backend on port 4791")?)
-            }
-        };
+        let io = net
+            .open_io(opts.backend, path_mtu.bytes())
+            .with_context(|| format!("{} backend on {}", opts.backend, opts.iface))?;
         let backend = io.name();
         let device = Device::new(config);
         let runtime = Runtime::start(
             device.clone(),
             io,
             RuntimeConfig {
-                busy_poll: args.busy_poll,
+                busy_poll: opts.busy_poll,
                 ..RuntimeConfig::default()
             },
         );
@@ -92,20 +127,24 @@ impl Stack {
             device,
             path_mtu,
             backend,
+            ip,
             runtime,
-            _net: net,
+            net,
         })
     }
 
     pub fn mac(&self) -> [u8; 6] {
-        self._net.mac()
+        self.net.mac()
+    }
+
+    /// Our RoCEv2 GID (IPv4-mapped).
+    pub fn gid(&self) -> Gid {
+        Gid::from(self.ip)
     }
 
     /// MAC to reach `peer` on this link (ARP/NDP).
     pub fn neighbour(&self, peer: IpAddr) -> anyhow::Result<[u8; 6]> {
-        Ok(self
-            ._net
-            .neighbour_mac(peer, std::time::Duration::from_secs(3))?)
+        Ok(self.net.neighbour_mac(peer, Duration::from_secs(3))?)
     }
 
     /// Fails if the I/O thread stopped on an error.

@@ -428,6 +428,12 @@ impl Session {
         self.role
     }
 
+    /// Changes the bound on every later read (e.g. while the peer runs a
+    /// measurement of known length).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.stream.peer_addr().ok()
     }

@@ -226,6 +226,26 @@ impl PerftestConn {
         })
     }
 
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The peer's address, if the socket still knows it.
+    pub fn peer_addr(&self) -> Option<std::net::SocketAddr> {
+        self.stream.peer_addr().ok()
+    }
+
+    /// The local address of the socket (tells which interface faces the peer).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        self.stream.local_addr().ok()
+    }
+
+    /// Changes the bound on every later read (perftest's server waits in a
+    /// hand shake for the whole measurement).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
     /// `ctx_xchg_data`: `ours` out, the same number of bytes in.
     pub fn xchg(&mut self, ours: &[u8], what: &str) -> Result<Vec<u8>> {
         let mut theirs = vec![0u8; ours.len()];
@@ -339,6 +359,12 @@ impl PerftestConn {
 
     /// Step 7: a last hand shake, then "done\0" (perftest never reads it).
     pub fn close(mut self, mine: &PerftestDest) -> Result<()> {
+        self.finish(mine)
+    }
+
+    /// [`close`](Self::close) without giving up the connection (the
+    /// caller drops it when done with it).
+    pub fn finish(&mut self, mine: &PerftestDest) -> Result<()> {
         self.hand_shake(mine)?;
         let t = self.timeout;
         write_all(&mut self.stream, b"done\0", t, "sending \"done\"")
