@@ -2,10 +2,10 @@
 //! rdma-core's `ibv_rc_pingpong` (libibverbs/examples/rc_pingpong.c).
 //!
 //! Same protocol as that tool, so either side can be rxe or xroce:
-//! - out of band, TCP (port 18515 by default): the client sends its
-//!   "LID:QPN:PSN:GID" (`%04x:%06x:%06x:%s`, the GID as 32 hex digits, NUL,
-//!   52 bytes), the server moves its QP to RTS and answers with its own,
-//!   the client moves to RTS and sends "done\0";
+//! - out of band, TCP (port 18515 by default), rdma-core's format from
+//!   `xroce::connect::pingpong`: the client sends its "LID:QPN:PSN:GID", the
+//!   server moves its QP to RTS and answers with its own, the client sends
+//!   "done" and moves to RTS;
 //! - both sides keep `rx_depth` receives posted; the client sends first;
 //!   each side sends again once its previous send and a receive completed,
 //!   until both `iters` sends and `iters` receives are done;
@@ -17,8 +17,7 @@
 //! address comes from its GID.
 
 use std::{
-    io::{Read, Write},
-    net::{IpAddr, Ipv4Addr, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, TcpListener},
     time::{Duration, Instant},
 };
 
@@ -26,22 +25,27 @@ use anyhow::{bail, Context};
 use rand::Rng;
 use xroce::{
     cc::CcKind,
+    connect::pingpong::{self, PingpongDest},
     verbs::{
         AccessFlags, AddressVector, QpAttr, QpInitAttr, RecvWr, RemoteQp, SendWr, Wc,
         WcOpcode, WrOpcode,
     },
 };
 
+use xroce_wire::Gid;
+
 use crate::perf::{
     conn::check_wc,
-    stack::{first_ipv4, Stack},
-    Backend, Op, PerfArgs,
+    stack::{first_ipv4, Stack, StackOptions},
+    Backend,
 };
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
-/// `sizeof "0000:000000:000000:00000000000000000000000000000000"`
-const MSG_LEN: usize = 52;
+/// Bound on each out-of-band read and on the client's connect retries.
+const OOB_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the server waits for a client.
+const ACCEPT_TIMEOUT: Duration = Duration::from_secs(600);
 /// A ping-pong that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(20);
 
@@ -87,95 +91,26 @@ pub struct PingpongArgs {
     pub busy_poll: bool,
 }
 
-/// One side's "LID:QPN:PSN:GID".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dest {
-    pub lid: u16,
-    pub qpn: u32,
-    pub psn: u32,
-    pub gid: [u8; 16],
+/// The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d).
+fn gid_ipv4(gid: &Gid) -> Option<Ipv4Addr> {
+    gid.to_ipv4().map(Ipv4Addr::from)
 }
 
-impl Dest {
-    /// The 52-byte message, NUL-terminated.
-    pub fn encode(&self) -> [u8; MSG_LEN] {
-        let mut gid = String::with_capacity(32);
-        for b in self.gid {
-            gid.push_str(&format!("{b:02x}"));
-        }
-        let s = format!("{:04x}:{:06x}:{:06x}:{gid}", self.lid, self.qpn, self.psn);
-        let mut out = [0u8; MSG_LEN];
-        out[..s.len()].copy_from_slice(s.as_bytes());
-        out
-    }
-
-    pub fn decode(msg: &[u8]) -> anyhow::Result<Dest> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let s = std::str::from_utf8(&msg[..end]).context("peer's address is not text")?;
-        let parts: Vec<&str> = s.split(':').collect();
-        let bad = || anyhow::anyhow!("peer's address {s:?} is not LID:QPN:PSN:GID");
-        if parts.len() != 4 || parts[3].len() != 32 {
-            return Err(bad());
-        }
-        let hex = |t: &str| u32::from_str_radix(t, 16).map_err(|_| bad());
-        let mut gid = [0u8; 16];
-        for (i, g) in gid.iter_mut().enumerate() {
-            *g = u8::from_str_radix(&parts[3][2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
-        Ok(Dest {
-            lid: hex(parts[0])? as u16,
-            qpn: hex(parts[1])? & 0xff_ffff,
-            psn: hex(parts[2])? & 0xff_ffff,
-            gid,
-        })
-    }
-
-    /// The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d).
-    pub fn ipv4(&self) -> Option<Ipv4Addr> {
-        let g = &self.gid;
-        (g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff)
-            .then(|| Ipv4Addr::new(g[12], g[13], g[14], g[15]))
-    }
-
-    fn gid_text(&self) -> String {
-        match self.ipv4() {
-            Some(ip) => format!("::ffff:{ip}"),
-            None => std::net::Ipv6Addr::from(self.gid).to_string(),
-        }
+fn gid_text(gid: &Gid) -> String {
+    match gid_ipv4(gid) {
+        Some(ip) => format!("::ffff:{ip}"),
+        None => std::net::Ipv6Addr::from(gid.0).to_string(),
     }
 }
 
-fn print_dest(which: &str, d: &Dest) {
+fn print_dest(which: &str, d: &PingpongDest) {
     println!(
         "  {which} address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
         d.lid,
         d.qpn,
         d.psn,
-        d.gid_text()
+        gid_text(&d.gid)
     );
-}
-
-fn perf_args(a: &PingpongArgs) -> PerfArgs {
-    PerfArgs {
-        op: Op::Send,
-        iface: a.iface.clone(),
-        listen: None,
-        connect: None,
-        peers: 1,
-        size: a.size.to_string(),
-        iters: Some(a.iters),
-        duration: None,
-        qps: 1,
-        mtu: Some(a.mtu),
-        tx_depth: 1,
-        backend: a.backend,
-        cc: CcKind::None,
-        rate: "100gbit".into(),
-        trace: None,
-        bin_ms: 10,
-        busy_poll: a.busy_poll,
-        json: false,
-    }
 }
 
 /// The byte at `i` of the client's message when checking (`--chk`).
@@ -188,7 +123,17 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
         bail!("--size must be at least 1");
     }
     let local_ip = first_ipv4(&args.iface)?;
-    let stack = Stack::open(&perf_args(args), IpAddr::V4(local_ip))?;
+    let stack = Stack::open_with(
+        &StackOptions {
+            iface: args.iface.clone(),
+            backend: args.backend.into(),
+            mtu: Some(args.mtu),
+            cc: CcKind::None,
+            rate: "100gbit".into(),
+            busy_poll: args.busy_poll,
+        },
+        IpAddr::V4(local_ip),
+    )?;
     let pd = stack.device.alloc_pd();
     let cq = stack
         .device
@@ -214,23 +159,19 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             sg_list: vec![mr.sge(0, args.size)],
         })
     };
-    let mut gid = [0u8; 16];
-    gid[10] = 0xff;
-    gid[11] = 0xff;
-    gid[12..].copy_from_slice(&local_ip.octets());
-    let me = Dest {
+    let me = PingpongDest {
         lid: 0,
         qpn: qp.qp_num(),
         psn: rand::rng().random::<u32>() & 0xff_ffff,
-        gid,
+        gid: stack.gid(),
     };
     print_dest("local", &me);
 
-    let connect = |rem: &Dest| -> anyhow::Result<()> {
-        let Some(peer_ip) = rem.ipv4() else {
+    let connect = |rem: &PingpongDest| -> anyhow::Result<()> {
+        let Some(peer_ip) = gid_ipv4(&rem.gid) else {
             bail!(
                 "peer's GID {} is not IPv4-mapped; use the RoCEv2 IPv4 GID there (rxe: -g 1)",
-                rem.gid_text()
+                gid_text(&rem.gid)
             );
         };
         let mac = stack.neighbour(IpAddr::V4(peer_ip))?;
@@ -268,33 +209,19 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
 
     let rem = match &args.peer {
         Some(server) => {
-            let addr = format!("{server}:{}", args.port);
-            let mut s = TcpStream::connect(&addr)
-                .with_context(|| format!("couldn't connect to {addr}"))?;
-            s.set_read_timeout(Some(Duration::from_secs(30)))?;
-            s.write_all(&me.encode())?;
-            let mut msg = [0u8; MSG_LEN];
-            s.read_exact(&mut msg)
-                .context("couldn't read the server's address")?;
-            let rem = Dest::decode(&msg)?;
+            // rc_pingpong's client exchanges (ending with "done"), then
+            // connects: the server sends only in answer to our first message.
+            let rem = pingpong::client_exchange((server.as_str(), args.port), &me, OOB_TIMEOUT)
+                .with_context(|| format!("couldn't exchange addresses with {server}:{}", args.port))?;
             connect(&rem)?;
-            s.write_all(b"done\0")?;
             rem
         }
         None => {
             let listener = TcpListener::bind(("0.0.0.0", args.port))
                 .with_context(|| format!("listen on TCP port {}", args.port))?;
-            let (mut s, _) = listener.accept().context("accept")?;
-            s.set_read_timeout(Some(Duration::from_secs(30)))?;
-            let mut msg = [0u8; MSG_LEN];
-            s.read_exact(&mut msg)
-                .context("couldn't read the client's address")?;
-            let rem = Dest::decode(&msg)?;
+            let (server, rem) = pingpong::PingpongServer::accept(&listener, ACCEPT_TIMEOUT)?;
             connect(&rem)?;
-            s.write_all(&me.encode())?;
-            let mut done = [0u8; 5];
-            // rc_pingpong's client sends "done" once it is at RTS.
-            let _ = s.read_exact(&mut done);
+            server.reply(&me)?;
             rem
         }
     };
@@ -387,25 +314,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dest_round_trip_and_rxe_text() {
-        let mut gid = [0u8; 16];
-        gid[10] = 0xff;
-        gid[11] = 0xff;
-        gid[12..].copy_from_slice(&[10, 77, 0, 10]);
-        let d = Dest {
-            lid: 0,
-            qpn: 0x11,
-            psn: 0xabcdef,
-            gid,
-        };
-        let m = d.encode();
-        assert_eq!(
-            &m[..51],
-            b"0000:000011:abcdef:00000000000000000000ffff0a4d000a"
-        );
-        assert_eq!(m[51], 0);
-        assert_eq!(Dest::decode(&m).unwrap(), d);
-        assert_eq!(d.ipv4(), Some(Ipv4Addr::new(10, 77, 0, 10)));
-        assert!(Dest::decode(b"0000:11:22\0").is_err());
+    fn ipv4_mapped_gid() {
+        let g = Gid::from_ipv4([10, 77, 0, 10]);
+        assert_eq!(gid_ipv4(&g), Some(Ipv4Addr::new(10, 77, 0, 10)));
+        assert_eq!(gid_text(&g), "::ffff:10.77.0.10");
+        assert_eq!(gid_ipv4(&Gid([0xfe; 16])), None);
     }
 }

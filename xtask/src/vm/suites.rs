@@ -306,6 +306,8 @@ pub fn interop() -> Result<()> {
             (1024, "afxdp", false),
             (4096, "udp", true),
             (4096, "udp", false),
+            (4096, "afxdp", true),
+            (4096, "afxdp", false),
         ]
     } else {
         &[]
