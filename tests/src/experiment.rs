@@ -42,6 +42,40 @@ fn base36(mut n: u32) -> String {
     String::from_utf8(out).unwrap()
 }
 
+/// Namespaces and XDP pin directories of the experiment run by process
+/// `pid` that still exist (its names carry the PID in base 36).
+pub fn leftovers(pid: u32) -> (Vec<String>, Vec<String>) {
+    let tag = base36(pid);
+    let list = |dir: &str, prefix: String| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&prefix))
+            .collect()
+    };
+    (
+        list("/run/netns", format!("xroce-exp-{tag}-")),
+        list(xroce_common::names::PIN_ROOT, format!("xe{tag}")),
+    )
+}
+
+/// Processes whose command line mentions `needle` (e.g. an output folder).
+pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline.contains(needle).then_some((pid, cmdline))
+        })
+        .collect()
+}
+
 /// Runs `xroce experiment incast ARGS --out <temp dir>`, fails the test with
 /// its stderr if it fails, and checks that it left no namespace or XDP pin
 /// behind and wrote every output file.
@@ -61,26 +95,11 @@ pub fn run_incast(name: &str, args: &[&str]) -> Incast {
     let pid = child.id();
     let out = child.wait_with_output().expect("wait for xroce experiment");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    // The experiment's names carry its PID in base 36.
-    let tag = base36(pid);
-    let netns_left: Vec<String> = std::fs::read_dir("/run/netns")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&format!("xroce-exp-{tag}-")))
-        .collect();
+    let (netns_left, pins_left) = leftovers(pid);
     assert!(
         netns_left.is_empty(),
         "namespaces left behind: {netns_left:?}"
     );
-    let pins_left: Vec<String> = std::fs::read_dir(xroce_common::names::PIN_ROOT)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.starts_with(&format!("xe{tag}")))
-        .collect();
     assert!(pins_left.is_empty(), "XDP pins left behind: {pins_left:?}");
     assert!(
         out.status.success(),
