@@ -12,6 +12,22 @@
 //! DIR/flows.csv, and DIR/summary.json and SVG plots are written.
 //! Namespaces, XDP pins and processes are removed on every exit path
 //! (errors, panics, Ctrl-C).
+//!
+//! Files in `--out`:
+//! - queue.csv: `t_ms,queue_bytes,peak_bytes,arrived_bytes,marks,cnps_seen,
+//!   drop_tail,drop_congestion,drop_fault,roce_frames`, one row per bin;
+//!   counts are cumulative from the start; `cnps_seen` is the CNP frames the
+//!   senders' own XDP programs counted.
+//! - flows.csv: `t_ms,flow,gbps,cc_rate_gbps`, one row per flow and bin
+//!   (the end of the bin on the experiment's clock).
+//! - summary.json: settings, aggregate goodput, Jain's index (whole run and
+//!   100 ms windows), queue figures (whole run and after a 500 ms warm-up),
+//!   marks, CNPs, drops by reason, retransmits, each flow's bench JSON.
+//! - flows.svg, rates.svg, queue.svg; trace<i>.csv (each sender's
+//!   `--trace`), receiver.log and sender<i>.log (their stderr).
+//!
+//! The virtual queue marks and drops but delays nothing (XDP cannot hold a
+//! frame), so RTT-driven TIMELY sees only host delays, not the bottleneck.
 
 mod plot;
 mod procs;
@@ -52,7 +68,8 @@ pub struct IncastArgs {
     /// Number of sender hosts (one flow each)
     #[arg(long, default_value_t = 4)]
     pub senders: usize,
-    /// Congestion control of every sender
+    /// Congestion control of every sender (timely reacts to RTT, which the
+    /// virtual queue does not lengthen: it sees host delays only)
     #[arg(long, default_value = "dcqcn", value_parser = ["dcqcn", "timely", "none"])]
     pub cc: String,
     /// DCQCN parameters of the senders: a preset (software, paper, nvidia)
