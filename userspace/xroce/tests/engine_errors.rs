@@ -641,6 +641,11 @@ fn pacing_follows_cc_rate_and_ce_marks_produce_rate_limited_cnps() {
     assert_eq!(cnps.load(Ordering::Relaxed), sim.a.stats().rx_cnps);
     assert!(cnps.load(Ordering::Relaxed) > 0);
     assert!(acks.load(Ordering::Relaxed) > 0);
+    let (qa, qb) = (a.qp.stats().unwrap(), b.qp.stats().unwrap());
+    assert_eq!(qa.cnps_received, cnps.load(Ordering::Relaxed));
+    assert_eq!(qb.cnps_sent, sb.tx_cnps);
+    assert!(qb.ce_marked_received > 100 && qa.tx_packets >= 1024 && qa.tx_bytes > 1 << 20);
+    assert_eq!(a.qp.rate_bps(), Some(2_000_000_000));
 
     // READ responses leave A paced by A's controller too.
     let t1 = sim.now;

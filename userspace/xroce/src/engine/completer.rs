@@ -231,6 +231,7 @@ impl QpCtx {
             1 => {
                 // RNR NAK for PSN p.
                 env.stats.rx_rnr_naks += 1;
+                self.qstats.rnr_naks_received += 1;
                 if psn::lt(p, self.req.comp_psn) {
                     return;
                 }
@@ -260,6 +261,7 @@ impl QpCtx {
                 self.ack_up_to(env, p, now);
                 if code == 0 {
                     env.stats.rx_seq_naks += 1;
+                    self.qstats.seq_naks_received += 1;
                     self.retry_if_new(env);
                     return;
                 }

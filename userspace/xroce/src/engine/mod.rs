@@ -156,6 +156,24 @@ pub struct EngineStats {
     pub async_events_dropped: u64,
 }
 
+/// Per-QP counters (for stats and congestion experiments).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpStats {
+    /// Data packets sent (requests and READ responses), with retransmissions.
+    pub tx_packets: u64,
+    /// Bytes of those frames.
+    pub tx_bytes: u64,
+    pub retransmitted: u64,
+    pub timeouts: u64,
+    pub rnr_naks_received: u64,
+    pub seq_naks_received: u64,
+    /// Packets received for this QP (after header checks).
+    pub rx_packets: u64,
+    pub ce_marked_received: u64,
+    pub cnps_sent: u64,
+    pub cnps_received: u64,
+}
+
 /// Most asynchronous events queued before the oldest are dropped.
 pub const MAX_ASYNC_EVENTS: usize = 1024;
 
@@ -425,9 +443,30 @@ impl Engine {
         }
     }
 
-    /// Congestion controller name and current rate of a QP (for stats).
+    /// Current pacing rate of a QP (its congestion controller's rate).
     pub fn qp_rate_bps(&self, qpn: u32) -> Option<u64> {
         let idx = Self::qp_index(qpn)?;
         self.qps.get(idx)?.as_ref().map(|q| q.cc.rate_bps())
+    }
+
+    /// Name of a QP's congestion controller ("none", "dcqcn", ...).
+    pub fn qp_cc_name(&self, qpn: u32) -> Option<&'static str> {
+        let idx = Self::qp_index(qpn)?;
+        self.qps.get(idx)?.as_ref().map(|q| q.cc.name())
+    }
+
+    /// Counters of one QP.
+    pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
+        let idx = Self::qp_index(qpn)?;
+        self.qps.get(idx)?.as_ref().map(|q| q.qstats)
+    }
+
+    /// Numbers of the live QPs.
+    pub fn qp_numbers(&self) -> impl Iterator<Item = u32> + '_ {
+        self.qps
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.is_some())
+            .map(|(i, _)| i as u32 + QPN_BASE)
     }
 }

@@ -253,6 +253,7 @@ pub(crate) struct Pacer {
 
 pub(crate) struct QpCtx {
     pub qpn: u32,
+    pub qstats: super::QpStats,
     pub qp_type: QpType,
     pub pd: u32,
     pub state: QpState,
@@ -285,6 +286,7 @@ impl QpCtx {
     pub(crate) fn new(qpn: u32, c: QpCreate, cc: Box<dyn CongestionControl>) -> Self {
         Self {
             qpn,
+            qstats: super::QpStats::default(),
             qp_type: c.qp_type,
             pd: c.pd,
             state: QpState::Reset,
@@ -682,12 +684,14 @@ impl QpCtx {
             env.stats.rx_bad_header += 1;
             return;
         }
+        self.qstats.rx_packets += 1;
         if self.state == QpState::Rtr && !self.comm_est {
             self.comm_est = true;
             env.event(super::AsyncEvent::CommEstablished { qpn: self.qpn });
         }
         if h.opcode == codec::op::CNP {
             env.stats.rx_cnps += 1;
+            self.qstats.cnps_received += 1;
             self.cc.on_cnp(now);
             return;
         }
@@ -721,6 +725,7 @@ impl QpCtx {
         let is_response = matches!(h.opcode, codec::op::READ_RESP_FIRST..=codec::op::ATOMIC_ACK);
         if h.ecn == 3 {
             env.stats.rx_ce_marked += 1;
+            self.qstats.ce_marked_received += 1;
             let due = self
                 .last_cnp_ns
                 .is_none_or(|t| now.saturating_sub(t) >= env.cfg.cnp_interval_ns);
@@ -770,6 +775,7 @@ impl QpCtx {
             };
             if let Some(n) = codec::emit(&h, &[], buf) {
                 env.stats.tx_cnps += 1;
+                self.qstats.cnps_sent += 1;
                 return Some(n);
             }
         }

@@ -57,6 +57,7 @@ impl QpCtx {
             return;
         }
         env.stats.retry_timeouts += 1;
+        self.qstats.timeouts += 1;
         if self.req.retry_left == 0 {
             self.fail_front(env, crate::verbs::wc::WcStatus::RetryExcErr);
             return;
@@ -316,8 +317,11 @@ impl QpCtx {
             self.req.rto_deadline = self.rto_ns().map(|t| now + t);
         }
         env.stats.tx_data_packets += 1;
+        self.qstats.tx_packets += 1;
+        self.qstats.tx_bytes += n as u64;
         if retransmission {
             env.stats.tx_retransmitted += 1;
+            self.qstats.retransmitted += 1;
         }
         self.pacer.tokens -= n as i64;
         self.cc.on_send(now, n);

@@ -593,6 +593,8 @@ impl QpCtx {
                     self.resp.out.pop_front();
                 }
                 env.stats.tx_read_responses += 1;
+                self.qstats.tx_packets += 1;
+                self.qstats.tx_bytes += n as u64;
                 self.pacer.tokens -= n as i64;
                 self.cc.on_send(now, n);
                 if self.state == QpState::Err {

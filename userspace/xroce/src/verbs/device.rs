@@ -195,6 +195,14 @@ impl QueuePair {
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         self.dev.lock().modify_qp(self.qpn, attr, mask)
     }
+    /// This QP's counters.
+    pub fn stats(&self) -> Option<crate::engine::QpStats> {
+        self.dev.lock().qp_stats(self.qpn)
+    }
+    /// The pacing rate its congestion controller currently allows.
+    pub fn rate_bps(&self) -> Option<u64> {
+        self.dev.lock().qp_rate_bps(self.qpn)
+    }
     /// `ibv_query_qp`.
     pub fn query(&self) -> Result<QpAttr> {
         self.dev.lock().query_qp(self.qpn)
