@@ -80,7 +80,7 @@ fn test(quick: bool) -> Result<()> {
     util::cargo(&["build", "--workspace", "--bins"])?;
     util::step("unit, property and end-to-end tests");
     util::require_root_for("the end-to-end tests (namespaces, XDP, AF_XDP)")?;
-    util::cargo(&["test", "--workspace"])?;
+    util::cargo(&["test", "--workspace", "--no-fail-fast"])?;
     fuzz(if quick { 20 } else { 60 })?;
     if quick {
         util::step("--quick: slow suites skipped");
