@@ -102,6 +102,12 @@ fn io_threads_drive_devices_while_app_threads_post_and_wait() {
     let sim = Sim::pair(LinkConfig::default(), 2);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let stop = std::sync::Arc::new(AtomicBool::new(false));
+    // The doorbell tells the I/O side that new work was posted.
+    let rings = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let r2 = rings.clone();
+    sim.a.set_doorbell(Some(std::sync::Arc::new(move || {
+        r2.fetch_add(1, Ordering::Relaxed);
+    })));
     // Two "NICs" joined by channels, each driven by its own I/O thread with
     // real time, like the AF_XDP/UDP backends will do.
     let (tx_ab, rx_ab) = mpsc::channel::<Vec<u8>>();
@@ -182,6 +188,7 @@ fn io_threads_drive_devices_while_app_threads_post_and_wait() {
         }
     }
     let _a = sender.join().unwrap();
+    assert_eq!(rings.load(Ordering::Relaxed), n);
     stop.store(true, Ordering::Relaxed);
     for t in io {
         t.join().unwrap();

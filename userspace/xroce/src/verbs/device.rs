@@ -21,10 +21,14 @@ use super::srq::SharedReceiveQueue;
 use super::wr::{RecvWr, SendWr};
 use crate::engine::{AsyncEvent, Engine, EngineConfig, EngineStats, QpCreate};
 
+/// Called when an application gives the engine new work to send.
+pub type Doorbell = Arc<dyn Fn() + Send + Sync>;
+
 pub(crate) struct DeviceShared {
     engine: Mutex<Engine>,
     pub(crate) mrs: Arc<MrTable>,
     next_pd: AtomicU32,
+    doorbell: std::sync::RwLock<Option<Doorbell>>,
 }
 
 /// A software RDMA device. Cheap to clone (shared handle).
@@ -100,7 +104,32 @@ impl Device {
                 engine: Mutex::new(Engine::new(cfg, mrs.clone())),
                 mrs,
                 next_pd: AtomicU32::new(1),
+                doorbell: std::sync::RwLock::new(None),
             }),
+        }
+    }
+
+    /// Install the doorbell: called (outside the engine lock) after every
+    /// successful post_send and every QP modify, so an I/O thread sleeping
+    /// until the engine's next timer can wake up and transmit (e.g. write an
+    /// eventfd it polls, or unpark the thread).
+    pub fn set_doorbell(&self, f: Option<Doorbell>) {
+        *self
+            .shared
+            .doorbell
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = f;
+    }
+
+    pub(crate) fn ring(&self) {
+        let d = self
+            .shared
+            .doorbell
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(d) = d {
+            d();
         }
     }
 
@@ -193,7 +222,11 @@ impl QueuePair {
     }
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        self.dev.lock().modify_qp(self.qpn, attr, mask)
+        let r = self.dev.lock().modify_qp(self.qpn, attr, mask);
+        if r.is_ok() {
+            self.dev.ring();
+        }
+        r
     }
     /// This QP's counters.
     pub fn stats(&self) -> Option<crate::engine::QpStats> {
@@ -212,16 +245,23 @@ impl QueuePair {
     }
     /// `ibv_post_send` for one WR.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
-        self.dev.lock().post_send(self.qpn, wr)
+        let r = self.dev.lock().post_send(self.qpn, wr);
+        if r.is_ok() {
+            self.dev.ring();
+        }
+        r
     }
     /// `ibv_post_send` for a list: stops at the first failure and returns
     /// its index with the error (like `bad_wr`).
     pub fn post_send_list(&self, wrs: &[SendWr]) -> Result<(), (usize, VerbsError)> {
-        let mut g = self.dev.lock();
-        for (i, wr) in wrs.iter().enumerate() {
-            g.post_send(self.qpn, wr).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        let r = {
+            let mut g = self.dev.lock();
+            wrs.iter()
+                .enumerate()
+                .try_for_each(|(i, wr)| g.post_send(self.qpn, wr).map_err(|e| (i, e)))
+        };
+        self.dev.ring();
+        r
     }
     /// `ibv_post_recv` for one WR.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {

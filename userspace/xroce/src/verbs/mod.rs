@@ -78,7 +78,7 @@ pub mod wc;
 pub mod wr;
 
 pub use cq::CompletionQueue;
-pub use device::{Device, DeviceGuard, QpInitAttr, QueuePair, RemoteQp};
+pub use device::{Device, DeviceGuard, Doorbell, QpInitAttr, QueuePair, RemoteQp};
 pub use error::VerbsError;
 pub use mr::{AccessFlags, MemoryRegion};
 pub use pd::ProtectionDomain;
