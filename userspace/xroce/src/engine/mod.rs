@@ -32,6 +32,39 @@
 //! [`crate::verbs::Device::lock`]). CQs have their own lock so polling
 //! completions never contends with the I/O thread.
 
+//! # Spec coverage
+//!
+//! Implemented (RC unless noted): segmentation FIRST/MIDDLE/LAST/ONLY by
+//! path MTU; PSN assignment with 24-bit wraparound (a READ consumes one PSN
+//! per response packet); AckReq on message ends, every `ack_every` packets
+//! and when the window (default 128 PSNs, like rxe) fills; `max_rd_atomic`
+//! and FENCE; retransmission timer 4.096 us * 2^timeout; `retry_cnt` and
+//! `rnr_retry` (7 = infinite), reset on progress; go-back-N from the
+//! completer PSN on NAK-sequence-error, timeout, an ACK or READ response
+//! beyond an unanswered READ/atomic; RNR back-off by the NAK's encoded timer;
+//! responder PSN checks (duplicate / in order / one NAK per gap), opcode
+//! sequence and length checks, coalesced ACKs (rxe-identical PSN/MSN in the
+//! capture replays), duplicate SEND/WRITE re-ACKed, duplicate READ
+//! re-executed from its PSN, duplicate atomics answered from a replay cache,
+//! rkey/bounds/permission/QP-access failures NAKed (class C: the responder
+//! QP then goes to ERR, as rxe), RNR NAK with `min_rnr_timer`, immediate
+//! data / invalidate rkey in the receive WC; completer matching ACKs, READ
+//! responses and atomic ACKs in order, statuses RETRY_EXC_ERR,
+//! RNR_RETRY_EXC_ERR, REM_ACCESS_ERR, REM_INV_REQ_ERR, REM_OP_ERR,
+//! LOC_PROT_ERR, LOC_LEN_ERR, WR_FLUSH_ERR; UC; UD (one-MTU SENDs, Q_Key);
+//! CNP out on CE-marked arrivals (once per QP per `cnp_interval_ns`), CNP in
+//! -> `on_cnp`, ECT(0) on everything sent except CNPs, pacing of requests
+//! and READ responses by the controller's rate; P_Key and peer-address
+//! checks; async events COMM_EST / SQ_DRAINED / QP_FATAL.
+//!
+//! Not yet: end-to-end credits (ACKs carry "invalid credits" 0x1f like
+//! rxe's and incoming credits are ignored); SEND_WITH_INV does not
+//! invalidate anything (no memory windows / fast-reg MRs); alternate paths
+//! and path migration; SQE for UC/UD send errors (they go to ERR); IPv6
+//! emission (IPv6 frames are parsed); solicited-only CQ notification;
+//! SRQ limit events; RD/XRC; memory windows; user-supplied memory for MRs
+//! (MRs own their buffer).
+
 pub mod codec;
 mod completer;
 pub mod psn;
