@@ -1,7 +1,7 @@
 //! Completion queues: batch polling, blocking wait on an eventfd, overflow
 //! reported as an error.
 //!
-//! The engine pushes completions with [`CqInner::push`] (no syscall); when a
+//! The engine pushes completions with `CqInner::push` (no syscall); when a
 //! CQ had a waiter-visible transition it is queued for notification and the
 //! [`super::Device`] wrapper writes the eventfd after the engine call.
 
