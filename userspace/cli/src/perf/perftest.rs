@@ -621,7 +621,8 @@ impl Test {
                         self.stack.check_running()?;
                         bail!("write {rcnt} did not arrive within {STALL:?}; is the peer alive?");
                     }
-                    std::hint::spin_loop();
+                    // Yield, do not spin: the I/O thread may share the core.
+                    std::thread::yield_now();
                 }
             }
             if scnt < p.iters {

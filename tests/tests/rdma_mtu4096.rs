@@ -1,0 +1,53 @@
+//! Path MTU 4096: veth MTU 9000 on both ends, so a RoCE frame of a 4096-byte
+//! payload outgrows an AF_XDP chunk and travels as a multi-buffer frame
+//! (`Device::open_io`). WRITE, READ and SEND with data verified, and the UDP
+//! backend against AF_XDP at the same MTU.
+
+use xroce_tests::{perf::run_ok, require_root, VethPair};
+
+#[test]
+fn write_read_send_verified_at_4096() {
+    require_root();
+    let pair = VethPair::new(9000);
+    for op in ["write", "read", "send"] {
+        for (size, iters) in [("4096", "300"), ("65536", "100"), ("1MiB", "10")] {
+            let r = run_ok(
+                &pair,
+                "bench",
+                &[op],
+                &[op, "--size", size, "--iters", iters],
+            );
+            assert_eq!(r["verified"], true, "{r}");
+            assert_eq!(r["mtu"], 4096, "{r}");
+            assert_eq!(r["backend"], "afxdp", "{r}");
+            assert_eq!(r["iters"].as_u64().unwrap(), iters.parse::<u64>().unwrap());
+        }
+    }
+    let r = run_ok(
+        &pair,
+        "lat",
+        &["send"],
+        &["send", "--size", "8000", "--iters", "200"],
+    );
+    assert_eq!(r["verified"], true, "{r}");
+    assert_eq!(r["mtu"], 4096, "{r}");
+}
+
+#[test]
+fn udp_backend_against_afxdp_at_4096() {
+    require_root();
+    let pair = VethPair::new(9000);
+    for (server, client) in [("udp", "afxdp"), ("afxdp", "udp")] {
+        for op in ["write", "read", "send"] {
+            let r = run_ok(
+                &pair,
+                "bench",
+                &[op, "--backend", server],
+                &[op, "--backend", client, "--size", "20000", "--iters", "100"],
+            );
+            assert_eq!(r["verified"], true, "{r}");
+            assert_eq!(r["mtu"], 4096, "{r}");
+            assert_eq!(r["backend"], client);
+        }
+    }
+}
