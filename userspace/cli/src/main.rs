@@ -8,6 +8,7 @@ mod congestion;
 mod decode;
 mod experiment;
 mod perf;
+mod pingpong;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -54,6 +55,8 @@ enum Command {
     Decode(decode::DecodeArgs),
     /// Run a congestion experiment in namespaces of its own
     Experiment(experiment::ExperimentArgs),
+    /// RC SEND/RECV ping-pong compatible with rdma-core's ibv_rc_pingpong
+    Pingpong(pingpong::PingpongArgs),
 }
 
 fn main() {
@@ -78,6 +81,7 @@ fn main() {
         Command::Fault(args) => congestion::fault(&args),
         Command::Decode(args) => decode::run(&args),
         Command::Experiment(args) => experiment::run(&args),
+        Command::Pingpong(args) => pingpong::run(&args),
     };
     if let Err(e) = result {
         // One line: what went wrong and, from the error itself, what to do.
