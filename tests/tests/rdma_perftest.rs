@@ -189,3 +189,21 @@ fn client_without_a_server_fails_clearly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("perftest server"), "{err}");
 }
+
+#[test]
+fn mixing_modes_fails_clearly_on_both_sides() {
+    require_root();
+    let pair = VethPair::new(1500);
+    let port = next_port();
+    let srv = start_server(&pair, "bench", "write", port, &["-n", "10"]);
+    let out = xroce_tests::perf::run_client(&pair, "bench", port, &["write", "--iters", "10"]);
+    let srv = srv.finish(Duration::from_secs(20));
+    assert!(!out.status.success() && !srv.status.success());
+    let client_err = String::from_utf8_lossy(&out.stderr);
+    assert!(client_err.contains("need --perftest"), "{client_err}");
+    let server_err = String::from_utf8_lossy(&srv.stderr);
+    assert!(
+        server_err.contains("is the peer a perftest tool"),
+        "{server_err}"
+    );
+}

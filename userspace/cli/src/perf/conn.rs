@@ -141,7 +141,15 @@ impl Peer {
         what: &str,
     ) -> anyhow::Result<U> {
         let bytes = serde_json::to_vec(ours)?;
-        let theirs = self.blob(&bytes, &format!("exchanging {what}"))?;
+        let theirs = match self.session.exchange_blob(&bytes) {
+            Ok(t) => t,
+            Err(e @ connect::ConnectError::Garbage { .. }) => bail!(
+                "{} does not speak xroce's exchange ({e}); is it `xroce bench`/`xroce lat` of the \
+                 same version? (perftest's ib_*_bw/ib_*_lat need --perftest)",
+                self.addr
+            ),
+            Err(e) => return Err(e).with_context(|| format!("exchanging {what} ({})", self.addr)),
+        };
         decode(&theirs, what, self.addr)
     }
 

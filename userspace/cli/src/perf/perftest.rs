@@ -38,7 +38,7 @@ use rand::Rng;
 use xroce::{
     connect::{
         perftest::{BwReport, PerftestConn, PerftestDest, VERSION},
-        Role,
+        ConnectError, Role,
     },
     verbs::{
         CompletionQueue, MemoryRegion, Mtu, ProtectionDomain, QpInitAttr, QueuePair, RecvWr,
@@ -290,7 +290,13 @@ impl Test {
                 stack.path_mtu.bytes()
             );
         }
-        let peer_version = conn.exchange_versions(VERSION)?;
+        let peer_version = conn.exchange_versions(VERSION).map_err(|e| match e {
+            ConnectError::Garbage { .. } => anyhow::anyhow!(
+                "{e}; is the peer a perftest tool (or `xroce ... --perftest`)? \
+                 xroce peers without --perftest speak xroce's own exchange"
+            ),
+            other => other.into(),
+        })?;
         let (their_cycle, their_line) = conn.exchange_sys_data(CYCLE_BUFFER, CACHE_LINE)?;
         let cycle = CYCLE_BUFFER.max(their_cycle).max(64) as usize;
         let cache_line = CACHE_LINE.max(their_line).max(1) as usize;
