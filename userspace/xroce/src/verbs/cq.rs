@@ -23,6 +23,10 @@ pub struct CqInner {
     pub(crate) signal_pending: AtomicBool,
     pub(crate) event_fd: Option<OwnedFd>,
     pushed: AtomicU64,
+    /// Completions taken out by `poll`; `pushed == polled` means empty,
+    /// which `poll` checks without the lock: an application spinning on an
+    /// empty CQ must not starve the engine of the lock it pushes under.
+    polled: AtomicU64,
 }
 
 impl CqInner {
@@ -48,6 +52,7 @@ impl CqInner {
             signal_pending: AtomicBool::new(false),
             event_fd,
             pushed: AtomicU64::new(0),
+            polled: AtomicU64::new(0),
         })
     }
 
@@ -62,7 +67,7 @@ impl CqInner {
             return false;
         }
         r.push_back(wc);
-        self.pushed.fetch_add(1, Ordering::Relaxed);
+        self.pushed.fetch_add(1, Ordering::Release);
         *notify = self.event_fd.is_some() && !self.signal_pending.swap(true, Ordering::AcqRel);
         true
     }
@@ -78,11 +83,17 @@ impl CqInner {
     }
 
     fn poll(&self, out: &mut [Wc]) -> Result<usize> {
+        if self.pushed.load(Ordering::Acquire) == self.polled.load(Ordering::Relaxed)
+            && !self.overflowed.load(Ordering::Acquire)
+        {
+            return Ok(0);
+        }
         let mut r = self.ring.lock().unwrap();
         let n = out.len().min(r.len());
         for (o, wc) in out.iter_mut().zip(r.drain(..n)) {
             *o = wc;
         }
+        self.polled.fetch_add(n as u64, Ordering::Relaxed);
         if n == 0 && self.overflowed.load(Ordering::Acquire) {
             return Err(VerbsError::CqOverflow);
         }
