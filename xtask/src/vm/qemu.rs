@@ -324,7 +324,14 @@ impl Vm {
     pub fn run(&mut self, script: &str, timeout: Duration) -> Result<(i32, String)> {
         self.seq += 1;
         let token = format!("{}{}", self.seq, std::process::id());
-        let b64 = base64(script.as_bytes());
+        // The guest kills the script a little before the host gives up, so
+        // a hung command never leaves the (single-threaded) agent busy.
+        let limit = timeout.as_secs().saturating_sub(5).max(5);
+        let wrapper = format!(
+            "echo {} | base64 -d >/tmp/script.{token}\ntimeout -k 3 {limit} bash /tmp/script.{token}\n",
+            base64(script.as_bytes())
+        );
+        let b64 = base64(wrapper.as_bytes());
         writeln!(self.agent, "RUN {token} {b64}")?;
         let marker = format!("__XROCE_END_{token} ");
         let out = self
