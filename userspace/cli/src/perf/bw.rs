@@ -444,12 +444,16 @@ pub fn print_report(json: bool, r: &serde_json::Value) {
     );
     println!(
         " {:<10} {:<14} {:<21.3} {:<16.4} {:<13} {}",
-        r["size"],
-        r["iters"],
+        // JSON values ignore widths; format plain numbers and text.
+        r["size"].as_u64().unwrap_or(0),
+        r["iters"].as_u64().unwrap_or(0),
         r["gbps"].as_f64().unwrap_or(0.0),
         r["msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
-        r["retransmits"],
-        r["verified"]
+        r["retransmits"].as_u64().unwrap_or(0),
+        match &r["verified"] {
+            serde_json::Value::Bool(b) => b.to_string(),
+            _ => "n/a".into(),
+        }
     );
     println!(
         "---------------------------------------------------------------------------------------"
