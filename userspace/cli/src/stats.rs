@@ -40,9 +40,21 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<()> {
         for (counter, value) in &counters.values {
             xdp.insert(counter.name().into(), (*value).into());
         }
+        let engines: Vec<_> = xroce::stats_export::read_published(iface)
+            .into_iter()
+            .map(|p| {
+                let fields: serde_json::Map<_, _> = p
+                    .fields
+                    .into_iter()
+                    .map(|(k, v)| (k, serde_json::Value::from(v)))
+                    .collect();
+                serde_json::json!({ "pid": p.pid, "counters": fields })
+            })
+            .collect();
         let out = serde_json::json!({
             "iface": iface,
             "xdp": xdp,
+            "engines": engines,
             "ecn": {
                 "enabled": ecn.enabled != 0,
                 "policy": xroce_common::ecn::EcnPolicy::from_u32(ecn.policy).name(),
@@ -77,6 +89,12 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<()> {
             );
         }
         println!("loss injection: {}", describe_fault(&fault));
+        for engine in xroce::stats_export::read_published(iface) {
+            println!("engine counters (process {})", engine.pid);
+            for (name, value) in engine.fields.iter().filter(|(_, v)| *v != 0) {
+                println!("  {name:<20} {value:>14}");
+            }
+        }
     }
     Ok(())
 }

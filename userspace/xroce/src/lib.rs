@@ -5,6 +5,7 @@
 //! - [`cc`]: congestion control (reaction point) behind one trait.
 //! - [`io`]: packet I/O backends (AF_XDP, kernel UDP, in-memory channel).
 //! - [`runtime`]: the thread that drives an engine from a backend.
+//! - [`stats_export`]: a running engine's counters for `xroce stats`.
 //! - [`device`]: an Ethernet interface opened for RoCEv2.
 //! - [`connect`]: out-of-band connection setup (xroce, rdma-core formats).
 //! - [`xdp`]: loads, attaches, pins and reads the XDP program.
@@ -14,5 +15,6 @@ pub mod device;
 pub mod engine;
 pub mod io;
 pub mod runtime;
+pub mod stats_export;
 pub mod verbs;
 pub mod xdp;
