@@ -68,6 +68,16 @@ impl Netns {
         let ns = Netns { name, mtu };
         let m = mtu.to_string();
         ns.ip(&["link", "set", "lo", "up"])?;
+        // Only xr0 may answer ARP for 10.77.0.1. With the default
+        // arp_ignore=0, br0 (same namespace, no address) answers too, with
+        // its own MAC: a guest that caches it sends RoCE to br0, where the
+        // kernel drops it and xroce's XDP program on xr0 never sees it (rxe
+        // retransmitted for ~5 s, until its neighbour entry was re-probed).
+        crate::util::run(
+            Command::new("ip")
+                .args(["netns", "exec", &ns.name, "sysctl", "-q", "-w"])
+                .args(["net.ipv4.conf.all.arp_ignore=1"]),
+        )?;
         ns.ip(&["link", "add", "br0", "mtu", &m, "type", "bridge"])?;
         for i in 0..taps {
             let tap = format!("tap{i}");

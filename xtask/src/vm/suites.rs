@@ -364,34 +364,6 @@ pub fn interop() -> Result<()> {
     } else {
         &[]
     };
-    if has_pingpong && std::env::var_os("XROCE_VM_NO_WARMUP").is_none() {
-        // The first AF_XDP xroce server in a fresh namespace has been seen to
-        // receive none of rxe's frames (rxe retransmitting one message
-        // thousands of times on the bridge); a short client run first.
-        // Recorded, never failing the suite.
-        let t = Instant::now();
-        let cap = artifacts.join("warmup_xroce-client_rxe_rc_pingpong.pcap");
-        let host: Vec<String> = [
-            "pingpong", "-d", HOST_IFACE, "-m", "1024", "-s", "64", "-n", "10",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let r = xroce_vs_rxe(
-            &ns,
-            &mut a,
-            &x,
-            &host,
-            "ibv_rc_pingpong -d rxe0 -g 1 -m 1024 -s 64 -n 10",
-            false,
-            &cap,
-        );
-        table.info(
-            "warm-up: xroce client <-> rxe ibv_rc_pingpong, 10 x 64 B",
-            t,
-            &r,
-        );
-    }
     for &(mtu, backend, xroce_server) in cases {
         let role = if xroce_server { "server" } else { "client" };
         let name = format!("xroce {role} <-> rxe ibv_rc_pingpong MTU {mtu} ({backend})");
@@ -427,7 +399,8 @@ pub fn interop() -> Result<()> {
         ("ib_read_lat", "lat", "read", "", true),
         ("ib_send_lat", "lat", "send", "", true),
     ];
-    for mtu in [1024u32, 4096] {
+    // AF_XDP at both MTUs (4096: multi-buffer), and the UDP backend at 4096.
+    for (mtu, backend) in [(1024u32, "afxdp"), (4096, "afxdp"), (4096, "udp")] {
         for &(tool, cmd, op, flags, client_too) in perftest {
             for xroce_server in [true, false] {
                 if !xroce_server && !client_too {
@@ -442,18 +415,10 @@ pub fn interop() -> Result<()> {
                 let t = Instant::now();
                 let tag = flags.trim_start_matches("-A ").to_lowercase();
                 let cap = artifacts.join(format!(
-                    "xroce-{role}_rxe_{tool}{}{tag}_mtu{mtu}.pcap",
+                    "xroce-{role}_rxe_{tool}{}{tag}_mtu{mtu}_{backend}.pcap",
                     if tag.is_empty() { "" } else { "_" }
                 ));
                 let iters = PERFTEST_ITERS;
-                // AF_XDP at path MTU 4096 is new (multi-buffer); the
-                // pingpong cases cover it, perftest at 4096 runs over UDP.
-                let backend = match std::env::var("XROCE_VM_PERFTEST_4096") {
-                    Ok(b) if mtu > 2048 => b,
-                    _ if mtu > 2048 => "udp".into(),
-                    _ => "afxdp".into(),
-                };
-                let backend = backend.as_str();
                 let host: Vec<String> = [
                     cmd,
                     op,
