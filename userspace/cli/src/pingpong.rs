@@ -27,8 +27,8 @@ use xroce::{
     cc::CcKind,
     connect::pingpong::{self, PingpongDest},
     verbs::{
-        AccessFlags, AddressVector, QpAttr, QpInitAttr, RecvWr, RemoteQp, SendWr, Wc,
-        WcOpcode, WrOpcode,
+        AccessFlags, AddressVector, QpAttr, QpInitAttr, RecvWr, RemoteQp, SendWr, Wc, WcOpcode,
+        WrOpcode,
     },
 };
 
@@ -212,7 +212,9 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             // rc_pingpong's client exchanges (ending with "done"), then
             // connects: the server sends only in answer to our first message.
             let rem = pingpong::client_exchange((server.as_str(), args.port), &me, OOB_TIMEOUT)
-                .with_context(|| format!("couldn't exchange addresses with {server}:{}", args.port))?;
+                .with_context(|| {
+                    format!("couldn't exchange addresses with {server}:{}", args.port)
+                })?;
             connect(&rem)?;
             rem
         }
@@ -260,7 +262,14 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
         }
         last = Instant::now();
         for wc in &wcs[..n] {
-            check_wc(wc, if wc.wr_id == SEND_WRID { "send" } else { "receive" })?;
+            check_wc(
+                wc,
+                if wc.wr_id == SEND_WRID {
+                    "send"
+                } else {
+                    "receive"
+                },
+            )?;
             match wc.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
@@ -270,15 +279,20 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
                     if args.chk && args.peer.is_none() {
                         mr.read(0, &mut buf)?;
                         if let Some(i) = (0..args.size).find(|&i| buf[i] != pattern(i)) {
-                            bail!("message {rcnt}: byte {i} is {:#04x}, not {:#04x}", buf[i], pattern(i));
+                            bail!(
+                                "message {rcnt}: byte {i} is {:#04x}, not {:#04x}",
+                                buf[i],
+                                pattern(i)
+                            );
                         }
                     }
                     routs -= 1;
                     if routs <= 1 {
-                        for _ in routs..args.rx_depth {
+                        let refill = args.rx_depth - routs;
+                        for _ in 0..refill {
                             post_recv().context("couldn't post receive")?;
-                            routs += 1;
                         }
+                        routs += refill;
                     }
                     rcnt += 1;
                 }
