@@ -5,8 +5,15 @@
 //!
 //! The engine lock is taken only while there is work: the thread waits for
 //! frames without it, so posting a WR never waits behind an idle receive.
+//!
+//! When idle, the thread sleeps in ppoll(2) on the backend's descriptors
+//! ([`PacketIo::poll_fds`]) and a [`Doorbell`] (an eventfd), with nanosecond
+//! precision up to the engine's next timer. Whoever posts work while it may
+//! sleep rings the doorbell ([`Runtime::doorbell`]) and the WR goes out at
+//! once instead of after the wait.
 
 use std::{
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, OnceLock,
@@ -50,11 +57,67 @@ impl Default for RuntimeConfig {
     }
 }
 
+/// Wakes the I/O thread from its idle wait: ring it after posting work
+/// the engine must send (cheap to clone; one eventfd).
+#[derive(Clone, Debug)]
+pub struct Doorbell {
+    fd: Option<Arc<OwnedFd>>,
+    /// Set while the thread sleeps (or is about to): only then does
+    /// [`ring`](Self::ring) make a syscall. A WR posted just as the thread
+    /// decides to sleep can still wait `max_wait` (the old bound), rarely.
+    asleep: Arc<AtomicBool>,
+}
+
+impl Doorbell {
+    fn new() -> Self {
+        // SAFETY: eventfd(2) with flags only; the descriptor is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        Self {
+            // Without an eventfd the thread still wakes every `max_wait`.
+            // SAFETY: a fresh descriptor nobody else owns.
+            fd: (fd >= 0).then(|| Arc::new(unsafe { OwnedFd::from_raw_fd(fd) })),
+            asleep: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Wakes the I/O thread if it sleeps (then one write(2); never blocks).
+    /// Cheap when it is awake: one atomic load.
+    pub fn ring(&self) {
+        if !self.asleep.load(Ordering::SeqCst) {
+            return;
+        }
+        self.ring_always();
+    }
+
+    fn ring_always(&self) {
+        if let Some(fd) = &self.fd {
+            let one = 1u64.to_ne_bytes();
+            // SAFETY: writing 8 bytes from a live buffer to our eventfd; a
+            // full counter (EAGAIN) means it is rung already.
+            let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+        }
+    }
+
+    fn raw_fd(&self) -> Option<i32> {
+        self.fd.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// Resets the eventfd (after a wait it woke).
+    fn drain(&self) {
+        if let Some(fd) = &self.fd {
+            let mut buf = [0u8; 8];
+            // SAFETY: reading 8 bytes into a live buffer; EAGAIN if unrung.
+            let _ = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+        }
+    }
+}
+
 /// The I/O thread of one device. Stop it with [`Runtime::stop`] (also on drop).
 pub struct Runtime {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Result<IoStats, IoError>>>,
     backend: &'static str,
+    bell: Doorbell,
 }
 
 impl Runtime {
@@ -62,15 +125,26 @@ impl Runtime {
         let stop = Arc::new(AtomicBool::new(false));
         let backend = io.name();
         let flag = stop.clone();
+        let bell = Doorbell::new();
+        let thread_bell = bell.clone();
         let thread = std::thread::Builder::new()
             .name(format!("xroce-io-{backend}"))
-            .spawn(move || run(&device, io.as_mut(), &flag, config).map(|()| io.stats()))
+            .spawn(move || {
+                run(&device, io.as_mut(), &flag, &thread_bell, config).map(|()| io.stats())
+            })
             .expect("spawn the I/O thread");
         Self {
             stop,
             thread: Some(thread),
             backend,
+            bell,
         }
+    }
+
+    /// The doorbell of this runtime's thread: ring it after posting WRs so
+    /// an idle thread sends them at once.
+    pub fn doorbell(&self) -> Doorbell {
+        self.bell.clone()
     }
 
     /// Name of the backend the runtime drives ("afxdp", "udp", ...).
@@ -91,6 +165,7 @@ impl Runtime {
 
     fn shutdown(&mut self) -> Result<IoStats, IoError> {
         self.stop.store(true, Ordering::Release);
+        self.bell.ring_always();
         match self.thread.take() {
             Some(t) => t
                 .join()
@@ -110,17 +185,43 @@ fn run(
     device: &Device,
     io: &mut dyn PacketIo,
     stop: &AtomicBool,
+    bell: &Doorbell,
     config: RuntimeConfig,
 ) -> Result<(), IoError> {
+    // The backend's descriptors and the doorbell, for the idle wait.
+    let mut pollfds: Vec<libc::pollfd> = match bell.raw_fd() {
+        Some(b) if !io.poll_fds().is_empty() => io
+            .poll_fds()
+            .into_iter()
+            .chain([b])
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     let mut last_activity = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let wait = if config.busy_poll || last_activity.elapsed() < config.spin_after_activity {
+        let mut wait = if config.busy_poll || last_activity.elapsed() < config.spin_after_activity {
             // Spinning: let the application threads have the core too.
             std::thread::yield_now();
             Duration::ZERO
         } else {
             idle_wait(device, config.max_wait)
         };
+        if !wait.is_zero() && !pollfds.is_empty() {
+            bell.asleep.store(true, Ordering::SeqCst);
+            let rung = sleep(&mut pollfds, wait);
+            bell.asleep.store(false, Ordering::SeqCst);
+            if rung? {
+                // Rung: the application posted work; stay awake a while.
+                bell.drain();
+                last_activity = Instant::now();
+            }
+            wait = Duration::ZERO;
+        }
         // Receive without the lock; take it once the first frame is here.
         let mut guard = None;
         let received = io.recv_batch(wait, &mut |frame| {
@@ -155,11 +256,162 @@ fn run(
     Ok(())
 }
 
+/// ppoll(2) on the backend's descriptors and the doorbell (last) for at
+/// most `wait`, with nanosecond precision. Returns whether the doorbell rang.
+fn sleep(pollfds: &mut [libc::pollfd], wait: Duration) -> Result<bool, IoError> {
+    for p in pollfds.iter_mut() {
+        p.revents = 0;
+    }
+    let ts = libc::timespec {
+        tv_sec: wait.as_secs() as libc::time_t,
+        tv_nsec: wait.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: a valid array of pollfds and a timespec that outlive the call.
+    let rc = unsafe {
+        libc::ppoll(
+            pollfds.as_mut_ptr(),
+            pollfds.len() as libc::nfds_t,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINTR) {
+            return Ok(false);
+        }
+        return Err(e.into());
+    }
+    Ok(pollfds
+        .last()
+        .is_some_and(|p| p.revents & libc::POLLIN != 0))
+}
+
 /// How long to wait in the backend when there is nothing to do: until the
 /// engine's next timer, at most `max_wait`.
 fn idle_wait(device: &Device, max_wait: Duration) -> Duration {
     match device.poll_timeout() {
         Some(t) => Duration::from_nanos(t.saturating_sub(now_ns())).min(max_wait),
         None => max_wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::{
+        engine::EngineConfig,
+        verbs::{AccessFlags, QpAttr, QpInitAttr, RemoteQp, SendWr, WrOpcode},
+    };
+
+    /// A backend that never receives (its poll descriptor is a pipe nobody
+    /// writes) and records when the engine first hands it a frame.
+    struct Silent {
+        pipe: [OwnedFd; 2],
+        first_tx: Arc<Mutex<Option<Instant>>>,
+    }
+
+    impl PacketIo for Silent {
+        fn name(&self) -> &'static str {
+            "silent"
+        }
+        fn max_frame_len(&self) -> usize {
+            9216
+        }
+        fn recv_batch(
+            &mut self,
+            timeout: Duration,
+            _: &mut dyn FnMut(&[u8]),
+        ) -> crate::io::Result<usize> {
+            std::thread::sleep(timeout);
+            Ok(0)
+        }
+        fn transmit(
+            &mut self,
+            fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        ) -> crate::io::Result<usize> {
+            let mut buf = vec![0u8; 9216];
+            let mut n = 0;
+            while let Some(len) = fill(&mut buf) {
+                if len == 0 {
+                    break;
+                }
+                n += 1;
+                self.first_tx
+                    .lock()
+                    .unwrap()
+                    .get_or_insert_with(Instant::now);
+            }
+            Ok(n)
+        }
+        fn wait_writable(&mut self, _: Duration) -> crate::io::Result<bool> {
+            Ok(true)
+        }
+        fn stats(&mut self) -> IoStats {
+            IoStats::default()
+        }
+        fn poll_fd(&self) -> Option<i32> {
+            Some(self.pipe[0].as_raw_fd())
+        }
+    }
+
+    #[test]
+    fn a_wr_posted_while_the_thread_sleeps_goes_out_on_the_doorbell() {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two fresh descriptors we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: as above.
+        let pipe = fds.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+        let first_tx = Arc::new(Mutex::new(None));
+        let device = Device::new(EngineConfig::default());
+        let pd = device.alloc_pd();
+        let cq = device.create_cq(16).unwrap();
+        let qp = device.create_qp(&pd, &QpInitAttr::rc(&cq)).unwrap();
+        qp.connect(
+            &QpAttr {
+                qp_access_flags: AccessFlags::LOCAL_WRITE,
+                timeout: 14,
+                retry_cnt: 7,
+                ..Default::default()
+            },
+            &RemoteQp {
+                qpn: 0x12,
+                psn: 0,
+                av: Default::default(),
+            },
+        )
+        .unwrap();
+        let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
+        let rt = Runtime::start(
+            device.clone(),
+            Box::new(Silent {
+                pipe,
+                first_tx: first_tx.clone(),
+            }),
+            RuntimeConfig {
+                busy_poll: false,
+                // Without the doorbell the WR would wait most of this.
+                max_wait: Duration::from_secs(5),
+                spin_after_activity: Duration::from_millis(1),
+            },
+        );
+        // Let the thread go to sleep.
+        std::thread::sleep(Duration::from_millis(100));
+        let posted = Instant::now();
+        qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![mr.sge(0, 8)]))
+            .unwrap();
+        rt.doorbell().ring();
+        while first_tx.lock().unwrap().is_none() && posted.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let sent = first_tx.lock().unwrap().expect("the SEND never went out");
+        let after = sent.duration_since(posted);
+        assert!(
+            after < Duration::from_secs(1),
+            "sent {after:?} after posting"
+        );
+        rt.stop().unwrap();
     }
 }

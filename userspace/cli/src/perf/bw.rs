@@ -282,6 +282,7 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
             *posted += 1;
         }
     }
+    stack.kick();
     let mut wcs = [Wc::default(); 64];
     while completed.iter().zip(&posted).any(|(c, p)| c < p) {
         let n = conn.cq.poll(&mut wcs)?;
@@ -295,7 +296,9 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
                 posted[q] += 1;
             }
         }
-        if n == 0 {
+        if n > 0 {
+            stack.kick();
+        } else {
             stack.check_running()?;
             conn.cq.wait(Duration::from_millis(1))?;
         }

@@ -1066,6 +1066,14 @@ impl PacketIo for XskMultiQueue {
         }
         t
     }
+
+    fn poll_fd(&self) -> Option<i32> {
+        (self.sockets.len() == 1).then(|| self.sockets[0].raw_fd())
+    }
+
+    fn poll_fds(&self) -> Vec<i32> {
+        self.sockets.iter().map(|s| s.raw_fd()).collect()
+    }
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@
 //! ```
 //!
 //! A runtime that also waits on other sources (a CQ eventfd, a timerfd)
-//! epolls [`PacketIo::poll_fd`] and calls `recv_batch` with a zero wait.
+//! polls [`PacketIo::poll_fds`] and calls `recv_batch` with a zero wait.
 //!
 //! Neither call allocates per packet: RX frames are borrowed from the
 //! backend's buffers for the duration of the callback, TX frames are
@@ -149,6 +149,13 @@ pub trait PacketIo: Send {
     fn poll_fd(&self) -> Option<i32> {
         None
     }
+
+    /// Every descriptor that polls readable when frames arrive (one per RX
+    /// queue for multi-queue AF_XDP); empty if the backend has none. After
+    /// a wait on them, `recv_batch` with a zero timeout collects the frames.
+    fn poll_fds(&self) -> Vec<i32> {
+        self.poll_fd().into_iter().collect()
+    }
 }
 
 /// A boxed backend is a backend (for code generic over `impl PacketIo`).
@@ -179,6 +186,9 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn poll_fd(&self) -> Option<i32> {
         (**self).poll_fd()
+    }
+    fn poll_fds(&self) -> Vec<i32> {
+        (**self).poll_fds()
     }
 }
 
