@@ -110,6 +110,20 @@ pub fn artifacts_dir() -> PathBuf {
             .map(|d| d.as_secs())
             .unwrap_or(0);
         let name = format!("{secs}-{}", std::process::id());
+        // Keep the last few runs (pcaps of a full run are ~0.5 GB).
+        let mut old: Vec<PathBuf> = fs::read_dir(&base)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default();
+        old.retain(|p| !p.is_symlink());
+        old.sort();
+        for p in old.iter().rev().skip(3) {
+            let _ = fs::remove_dir_all(p);
+        }
         let dir = base.join(&name);
         let _ = fs::create_dir_all(&dir);
         let latest = base.join("latest");
