@@ -425,8 +425,8 @@ pub fn interop() -> Result<()> {
                     continue;
                 }
                 let role = if xroce_server { "server" } else { "client" };
-                let name =
-                    format!("xroce {role} <-> rxe {tool} {flags} MTU {mtu}").replace("  ", " ");
+                let name = format!("xroce {role} <-> rxe {tool} {flags} MTU {mtu} ({backend})")
+                    .replace("  ", " ");
                 if !wanted(&name) {
                     continue;
                 }
