@@ -8,9 +8,10 @@
 //!
 //! When idle, the thread sleeps in ppoll(2) on the backend's descriptors
 //! ([`PacketIo::poll_fds`]) and a [`Doorbell`] (an eventfd), with nanosecond
-//! precision up to the engine's next timer. Whoever posts work while it may
-//! sleep rings the doorbell ([`Runtime::doorbell`]) and the WR goes out at
-//! once instead of after the wait.
+//! precision up to the engine's next timer. The runtime installs the
+//! doorbell on the device ([`Device::set_doorbell`]), which rings it after
+//! every post_send and QP modify, so a WR posted while the thread sleeps
+//! goes out at once instead of after the wait.
 
 use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
@@ -118,6 +119,8 @@ pub struct Runtime {
     thread: Option<JoinHandle<Result<IoStats, IoError>>>,
     backend: &'static str,
     bell: Doorbell,
+    /// To take the doorbell off the device again.
+    device: Device,
 }
 
 impl Runtime {
@@ -127,6 +130,9 @@ impl Runtime {
         let flag = stop.clone();
         let bell = Doorbell::new();
         let thread_bell = bell.clone();
+        let hook = bell.clone();
+        device.set_doorbell(Some(Arc::new(move || hook.ring())));
+        let handle = device.clone();
         let thread = std::thread::Builder::new()
             .name(format!("xroce-io-{backend}"))
             .spawn(move || {
@@ -138,11 +144,12 @@ impl Runtime {
             thread: Some(thread),
             backend,
             bell,
+            device: handle,
         }
     }
 
-    /// The doorbell of this runtime's thread: ring it after posting WRs so
-    /// an idle thread sends them at once.
+    /// The doorbell of this runtime's thread (the device rings it after
+    /// every post_send; ring it for work it does not see).
     pub fn doorbell(&self) -> Doorbell {
         self.bell.clone()
     }
@@ -165,6 +172,9 @@ impl Runtime {
 
     fn shutdown(&mut self) -> Result<IoStats, IoError> {
         self.stop.store(true, Ordering::Release);
+        if self.thread.is_some() {
+            self.device.set_doorbell(None);
+        }
         self.bell.ring_always();
         match self.thread.take() {
             Some(t) => t
@@ -400,9 +410,9 @@ mod tests {
         // Let the thread go to sleep.
         std::thread::sleep(Duration::from_millis(100));
         let posted = Instant::now();
+        // post_send rings the doorbell the runtime put on the device.
         qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![mr.sge(0, 8)]))
             .unwrap();
-        rt.doorbell().ring();
         while first_tx.lock().unwrap().is_none() && posted.elapsed() < Duration::from_secs(10) {
             std::thread::sleep(Duration::from_millis(1));
         }

@@ -282,7 +282,6 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
             *posted += 1;
         }
     }
-    stack.kick();
     let mut wcs = [Wc::default(); 64];
     while completed.iter().zip(&posted).any(|(c, p)| c < p) {
         let n = conn.cq.poll(&mut wcs)?;
@@ -296,9 +295,7 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
                 posted[q] += 1;
             }
         }
-        if n > 0 {
-            stack.kick();
-        } else {
+        if n == 0 {
             stack.check_running()?;
             conn.cq.wait(Duration::from_millis(1))?;
         }

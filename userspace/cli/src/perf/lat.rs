@@ -173,7 +173,6 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
     for i in 0..iters {
         seen.message(&conn, stack, op, i, hello.size)?;
         ping(&conn, &remote, op, i, hello.size)?;
-        stack.kick();
         seen.sends(&conn, stack, op, i + 1)?;
     }
     peer.session.set_timeout(hello.run_timeout());
@@ -219,13 +218,11 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
                     },
                     vec![conn.mr.sge(conn.slot_offset(0, 1), size)],
                 ))?;
-                stack.kick();
                 seen.sends(&conn, &stack, op, i + 1)?;
                 samples.push(t0.elapsed().as_nanos() as u64);
             }
             _ => {
                 ping(&conn, &remote, op, i, size)?;
-                stack.kick();
                 seen.message(&conn, &stack, op, i, size)?;
                 samples.push(t0.elapsed().as_nanos() as u64 / 2);
                 seen.sends(&conn, &stack, op, i + 1)?;

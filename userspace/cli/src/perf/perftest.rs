@@ -504,7 +504,6 @@ impl Test {
                 *n += 1;
             }
         }
-        self.stack.kick();
         let mut wcs = [Wc::default(); 64];
         let mut last = Instant::now();
         while done.iter().any(|&d| d < p.iters) {
@@ -517,9 +516,6 @@ impl Test {
                     self.post(q, posted[q])?;
                     posted[q] += 1;
                 }
-            }
-            if n > 0 {
-                self.stack.kick();
             }
             if n == 0 {
                 self.stalled(&mut last)?;
@@ -650,7 +646,6 @@ impl Test {
                     },
                     vec![self.mr.sge(0, p.size)],
                 ))?;
-                self.stack.kick();
             }
             if ccnt < p.iters {
                 self.wait_wc(false, &mut unused)?;
@@ -684,7 +679,6 @@ impl Test {
                     WrOpcode::Send,
                     vec![self.mr.sge(0, p.size)],
                 ))?;
-                self.stack.kick();
                 // Reap the send's completion (a receive may come first).
                 while sdone < scnt {
                     if self.wait_any()?.opcode == WcOpcode::Recv {
@@ -728,7 +722,6 @@ impl Test {
                 },
                 vec![self.mr.sge(0, p.size)],
             ))?;
-            self.stack.kick();
             self.wait_wc(false, &mut unused)?;
             samples.push(t0.elapsed().as_nanos() as u64);
         }

@@ -16,7 +16,7 @@ use xroce::{
     device::{BackendKind, Device as NetDevice, DeviceConfig},
     engine::EngineConfig,
     io::wire::Gid,
-    runtime::{Doorbell, Runtime, RuntimeConfig},
+    runtime::{Runtime, RuntimeConfig},
     verbs::{Device, Mtu},
 };
 
@@ -54,7 +54,6 @@ pub struct Stack {
     pub path_mtu: Mtu,
     pub backend: &'static str,
     pub ip: Ipv4Addr,
-    bell: Doorbell,
     // Drop order: the runtime stops before the interface is released.
     runtime: Runtime,
     net: NetDevice,
@@ -141,7 +140,6 @@ impl Stack {
             path_mtu,
             backend,
             ip,
-            bell: runtime.doorbell(),
             runtime,
             net,
         })
@@ -159,11 +157,6 @@ impl Stack {
     /// MAC to reach `peer` on this link (ARP/NDP).
     pub fn neighbour(&self, peer: IpAddr) -> anyhow::Result<[u8; 6]> {
         Ok(self.net.neighbour_mac(peer, Duration::from_secs(3))?)
-    }
-
-    /// Wakes the I/O thread after posting WRs (it may sleep when idle).
-    pub fn kick(&self) {
-        self.bell.ring();
     }
 
     /// Fails if the I/O thread stopped on an error.
