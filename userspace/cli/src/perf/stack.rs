@@ -17,6 +17,7 @@ use xroce::{
     engine::EngineConfig,
     io::wire::Gid,
     runtime::{Runtime, RuntimeConfig},
+    stats_export::StatsExporter,
     verbs::{Device, Mtu},
 };
 
@@ -54,7 +55,9 @@ pub struct Stack {
     pub path_mtu: Mtu,
     pub backend: &'static str,
     pub ip: Ipv4Addr,
-    // Drop order: the runtime stops before the interface is released.
+    // Drop order: the exporter and the runtime stop before the interface
+    // is released.
+    _stats: StatsExporter,
     runtime: Runtime,
     net: NetDevice,
 }
@@ -135,11 +138,14 @@ impl Stack {
                 ..RuntimeConfig::default()
             },
         );
+        // `xroce stats --iface` in another process shows our counters.
+        let _stats = StatsExporter::start(device.clone(), &opts.iface);
         Ok(Stack {
             device,
             path_mtu,
             backend,
             ip,
+            _stats,
             runtime,
             net,
         })
