@@ -9,7 +9,6 @@ mod decode;
 mod experiment;
 mod perf;
 // rc_pingpong's refill loop bumps the count its range started from (on purpose).
-#[allow(clippy::mut_range_bound)]
 mod pingpong;
 mod stats;
 
