@@ -252,10 +252,9 @@ pub fn collect_frames(
     stop: impl Fn(&[Vec<u8>]) -> bool + Send + 'static,
 ) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
     use xroce::io::afxdp::{XskConfig, XskSocket};
-    let (ns, iface) = (ns.to_string(), iface.to_string());
+    let iface = iface.to_string();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let handle = std::thread::spawn(move || {
-        enter_netns(&ns);
+    let handle = spawn_in(ns, move || {
         let mut socket = XskSocket::open(&iface, 0, XskConfig::default()).expect("open AF_XDP");
         ready_tx.send(()).unwrap();
         let deadline = std::time::Instant::now() + timeout;
@@ -273,13 +272,22 @@ pub fn collect_frames(
     handle
 }
 
-/// Runs `f` on a thread inside namespace `ns` and returns its result.
-pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+/// Runs `f` on a new thread inside namespace `ns`; the handle's `join`
+/// gives its result.
+pub fn spawn_in<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
     let ns = ns.to_string();
     std::thread::spawn(move || {
         enter_netns(&ns);
         f()
     })
-    .join()
-    .expect("thread in namespace panicked")
+}
+
+/// Runs `f` on a thread inside namespace `ns` and returns its result.
+pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    spawn_in(ns, f)
+        .join()
+        .expect("thread in namespace panicked")
 }

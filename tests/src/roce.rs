@@ -1,8 +1,7 @@
 //! Helpers for packet-I/O end-to-end tests: valid RoCEv2 frames made with
-//! xroce's codec, threads that run inside a namespace, and a guard that
-//! removes XDP pins however a test ends.
+//! xroce's codec and a guard that removes XDP pins however a test ends.
 
-use std::{net::IpAddr, thread::JoinHandle};
+use std::net::IpAddr;
 
 use xroce::io::wire::{
     emit_frame, parse_frame_checked, BthRepr, FrameRepr, Gid, IpRepr, Opcode, TransportRepr,
@@ -94,18 +93,6 @@ pub fn check_frame(frame: &[u8]) -> Result<Checked, String> {
         ecn: repr.ip.ecn(),
         udp_src_port: repr.udp.src_port,
         ip_id,
-    })
-}
-
-/// Runs `f` on a new thread inside network namespace `ns`.
-pub fn spawn_in<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> JoinHandle<T> {
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        crate::enter_netns(&ns);
-        f()
     })
 }
 

@@ -10,11 +10,7 @@ use xroce::{
     io::PacketIo,
     xdp::{self, Mode},
 };
-use xroce_tests::{
-    require_root,
-    roce::{spawn_in, PinGuard},
-    VethPair,
-};
+use xroce_tests::{require_root, roce::PinGuard, spawn_in, VethPair};
 
 #[test]
 fn device_reports_the_interface_and_respects_existing_attachments() {

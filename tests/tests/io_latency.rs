@@ -19,8 +19,8 @@ use xroce::{
 };
 use xroce_tests::{
     require_root,
-    roce::{check_frame, roce_frame, spawn_in, FrameSpec, PinGuard},
-    VethPair,
+    roce::{check_frame, roce_frame, FrameSpec, PinGuard},
+    spawn_in, VethPair,
 };
 
 const ROUNDS: u32 = 2000;

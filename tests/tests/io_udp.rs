@@ -21,8 +21,8 @@ use xroce::{
 use xroce_common::Counter;
 use xroce_tests::{
     require_root,
-    roce::{exchange, roce_frame, spawn_in, Exchange, FrameSpec, PinGuard},
-    VethPair,
+    roce::{exchange, roce_frame, Exchange, FrameSpec, PinGuard},
+    spawn_in, VethPair,
 };
 
 const N: u32 = 3000;

@@ -15,7 +15,7 @@ use xroce::io::afxdp::{XskConfig, XskSocket};
 use xroce_common::Counter;
 use xroce_tests::{
     datagram::{self as roce, set_tos, RC_SEND_ONLY as SEND_ONLY},
-    require_root, workspace_bin, VethPair,
+    in_netns, require_root, spawn_in, workspace_bin, VethPair,
 };
 
 const ROCE_FRAMES: usize = 5000;
@@ -81,10 +81,8 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
 
     // AF_XDP socket on queue 0 of the receiving veth, from inside namespace b.
     let (ready_tx, ready_rx) = mpsc::channel();
-    let ns_b = pair.b.name.clone();
     let if_b = pair.if_b.clone();
-    let receiver = thread::spawn(move || {
-        xroce_tests::enter_netns(&ns_b);
+    let receiver = spawn_in(&pair.b.name, move || {
         let mut socket = XskSocket::open(&if_b, 0, XskConfig::default()).expect("open AF_XDP");
         ready_tx.send(()).unwrap();
         let mut ours = 0usize;
@@ -111,10 +109,8 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
 
     // Senders in namespace a: RoCEv2 SEND ONLY frames (ECT(0)) in paced
     // bursts, then runts and frames with a reserved opcode.
-    let ns_a = pair.a.name.clone();
     let dst = SocketAddrV4::new(pair.addr_b, xroce_common::ROCEV2_UDP_PORT);
-    thread::spawn(move || {
-        xroce_tests::enter_netns(&ns_a);
+    in_netns(&pair.a.name, move || {
         let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
         set_tos(&udp, 2);
         for i in 0..ROCE_FRAMES {
@@ -132,9 +128,7 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
             udp.send_to(&roce_payload(0x1f, 0x11, i as u32), dst)
                 .unwrap();
         }
-    })
-    .join()
-    .unwrap();
+    });
 
     let (ours, other, xsk_stats) = receiver.join().unwrap();
     assert_eq!(ours, ROCE_FRAMES, "RoCEv2 frames delivered to AF_XDP");
@@ -145,19 +139,15 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
     );
 
     // TCP through the kernel while the program is attached.
-    let ns_b = pair.b.name.clone();
     let addr_b = pair.addr_b;
-    let server = thread::spawn(move || {
-        xroce_tests::enter_netns(&ns_b);
+    let server = spawn_in(&pair.b.name, move || {
         let listener = TcpListener::bind((addr_b, 18515)).unwrap();
         let (mut conn, _) = listener.accept().unwrap();
         let mut buf = [0u8; 5];
         conn.read_exact(&mut buf).unwrap();
         conn.write_all(&buf).unwrap();
     });
-    let ns_a = pair.a.name.clone();
-    let echoed = thread::spawn(move || {
-        xroce_tests::enter_netns(&ns_a);
+    let echoed = in_netns(&pair.a.name, move || {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut conn = loop {
             match TcpStream::connect((addr_b, 18515)) {
@@ -173,9 +163,7 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
         let mut buf = [0u8; 5];
         conn.read_exact(&mut buf).unwrap();
         buf
-    })
-    .join()
-    .unwrap();
+    });
     server.join().unwrap();
     assert_eq!(&echoed, b"hello");
 
@@ -231,9 +219,8 @@ fn qpn_filter_drops_frames_for_unregistered_qps() {
         .exec(&["ping", "-c", "1", "-W", "2", &pair.addr_b.to_string()]);
 
     let (ready_tx, ready_rx) = mpsc::channel();
-    let (ns_b, if_b) = (pair.b.name.clone(), pair.if_b.clone());
-    let receiver = thread::spawn(move || {
-        xroce_tests::enter_netns(&ns_b);
+    let if_b = pair.if_b.clone();
+    let receiver = spawn_in(&pair.b.name, move || {
         let mut socket = XskSocket::open(&if_b, 0, XskConfig::default()).expect("open AF_XDP");
         ready_tx.send(()).unwrap();
         let mut qpns = Vec::new();
@@ -249,18 +236,14 @@ fn qpn_filter_drops_frames_for_unregistered_qps() {
         qpns
     });
     ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    let ns_a = pair.a.name.clone();
     let dst = SocketAddrV4::new(pair.addr_b, xroce_common::ROCEV2_UDP_PORT);
-    thread::spawn(move || {
-        xroce_tests::enter_netns(&ns_a);
+    in_netns(&pair.a.name, move || {
         let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
         for i in 0..20 {
             let qpn = if i % 2 == 0 { 0x123 } else { 0x456 };
             udp.send_to(&roce_payload(SEND_ONLY, qpn, i), dst).unwrap();
         }
-    })
-    .join()
-    .unwrap();
+    });
     let qpns = receiver.join().unwrap();
     assert_eq!(
         qpns,
