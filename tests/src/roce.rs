@@ -64,6 +64,21 @@ pub fn roce_frame(
     buf
 }
 
+/// RC SEND_ONLY frames with PSNs `0..n` between two hosts, each described
+/// by `spec(psn)`.
+pub fn roce_frames(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: IpAddr,
+    dst: IpAddr,
+    n: u32,
+    spec: impl Fn(u32) -> FrameSpec,
+) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|psn| roce_frame(src_mac, dst_mac, src, dst, spec(psn)))
+        .collect()
+}
+
 /// A received frame, checked: ICRC, RoCEv2 headers, payload pattern.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Checked {
@@ -116,6 +131,29 @@ pub struct Exchange {
     pub sent: usize,
     /// From the first send to the last frame received.
     pub seconds: f64,
+}
+
+/// Asserts that side `name` of an exchange received no bad frame and
+/// exactly the PSNs `0..n`, each once and in order; `context` goes into the
+/// message when the count is wrong. Returns the frames received.
+pub fn assert_exchange(name: &str, ex: &Exchange, n: u32, context: &str) -> Vec<Checked> {
+    let bad: Vec<_> = ex
+        .received
+        .iter()
+        .filter_map(|c| c.as_ref().err())
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{name}: bad frames: {:?}",
+        &bad[..bad.len().min(5)]
+    );
+    let got: Vec<Checked> = ex.received.iter().map(|c| *c.as_ref().unwrap()).collect();
+    assert_eq!(got.len(), n as usize, "{name}: frames received ({context})");
+    assert!(
+        got.iter().map(|c| c.psn).eq(0..n),
+        "{name}: every PSN once, in order"
+    );
+    got
 }
 
 /// Runs one side of a frame exchange the way an engine's runtime loop

@@ -20,7 +20,7 @@ use xroce::{
 use xroce_common::Counter;
 use xroce_tests::{
     require_root,
-    roce::{exchange, roce_frame, Exchange, FrameSpec, PinGuard},
+    roce::{assert_exchange, exchange, roce_frame, roce_frames, Exchange, FrameSpec, PinGuard},
     spawn_in, VethPair,
 };
 
@@ -62,23 +62,13 @@ fn side(iface: String, me: IpAddr, peer: IpAddr, frames: u32, barrier: Arc<Barri
         .neighbour_mac(peer, Duration::from_secs(5))
         .expect("ARP for the peer");
     let sizes = [0usize, 1, 64, 511, 1024, 2048];
-    let list: Vec<Vec<u8>> = (0..frames)
-        .map(|psn| {
-            roce_frame(
-                dev.mac(),
-                peer_mac,
-                me,
-                peer,
-                FrameSpec {
-                    qpn: 0x11,
-                    psn,
-                    len: sizes[psn as usize % sizes.len()],
-                    ecn: (psn % 3) as u8,
-                    ip_id: 0,
-                },
-            )
-        })
-        .collect();
+    let list = roce_frames(dev.mac(), peer_mac, me, peer, frames, |psn| FrameSpec {
+        qpn: 0x11,
+        psn,
+        len: sizes[psn as usize % sizes.len()],
+        ecn: (psn % 3) as u8,
+        ip_id: 0,
+    });
     let ex = exchange(
         &mut sock,
         &list,
@@ -132,25 +122,8 @@ fn afxdp_to_afxdp_both_directions_native() {
     assert_eq!(a.peer_mac, b.mac, "ARP found b's MAC");
     assert_eq!(b.peer_mac, a.mac, "ARP found a's MAC");
     for (name, r) in [("a", &a), ("b", &b)] {
-        let got = &r.exchange.received;
-        let bad: Vec<_> = got.iter().filter_map(|c| c.as_ref().err()).collect();
-        assert!(
-            bad.is_empty(),
-            "{name}: bad frames: {:?}",
-            &bad[..bad.len().min(5)]
-        );
-        let psns: Vec<u32> = got.iter().map(|c| c.as_ref().unwrap().psn).collect();
-        assert_eq!(
-            psns.len(),
-            N as usize,
-            "{name}: frames received (xsk {:?})",
-            r.xsk
-        );
-        assert!(
-            psns.iter().copied().eq(0..N),
-            "{name}: every PSN once, in order"
-        );
-        for c in got.iter().map(|c| c.as_ref().unwrap()) {
+        let got = assert_exchange(name, &r.exchange, N, &format!("xsk {:?}", r.xsk));
+        for c in &got {
             assert_eq!(c.ecn, (c.psn % 3) as u8, "{name}: ECN kept");
             assert_eq!(c.qpn, 0x11);
         }
@@ -339,23 +312,13 @@ fn afxdp_multi_buffer_carries_path_mtu_4096_frames() {
         assert!(sock.max_frame_len() >= 8000 + 80);
         bar.wait();
         let peer_mac = dev.neighbour_mac(peer, Duration::from_secs(5)).unwrap();
-        let frames: Vec<Vec<u8>> = (0..N)
-            .map(|psn| {
-                roce_frame(
-                    dev.mac(),
-                    peer_mac,
-                    me,
-                    peer,
-                    FrameSpec {
-                        qpn: 0x41,
-                        psn,
-                        len: sizes[psn as usize % sizes.len()],
-                        ecn: 0,
-                        ip_id: 0,
-                    },
-                )
-            })
-            .collect();
+        let frames = roce_frames(dev.mac(), peer_mac, me, peer, N, |psn| FrameSpec {
+            qpn: 0x41,
+            psn,
+            len: sizes[psn as usize % sizes.len()],
+            ecn: 0,
+            ip_id: 0,
+        });
         let ex = exchange(
             &mut sock,
             &frames,
@@ -374,19 +337,7 @@ fn afxdp_multi_buffer_carries_path_mtu_4096_frames() {
     let (if_b, bar) = (pair.if_b.clone(), barrier);
     let b = spawn_in(&pair.b.name, move || run(if_b, b_ip, a_ip, bar));
     for (name, (ex, xsk)) in [("a", a.join().unwrap()), ("b", b.join().unwrap())] {
-        let bad: Vec<_> = ex
-            .received
-            .iter()
-            .filter_map(|c| c.as_ref().err())
-            .collect();
-        assert!(
-            bad.is_empty(),
-            "{name}: bad frames: {:?}",
-            &bad[..bad.len().min(5)]
-        );
-        let got: Vec<_> = ex.received.iter().map(|c| *c.as_ref().unwrap()).collect();
-        assert_eq!(got.len(), N as usize, "{name}: received ({xsk:?})");
-        assert!(got.iter().map(|c| c.psn).eq(0..N), "{name}: in order");
+        let got = assert_exchange(name, &ex, N, &format!("xsk {xsk:?}"));
         for c in &got {
             assert_eq!(c.len, sizes[c.psn as usize % sizes.len()], "{name}");
         }

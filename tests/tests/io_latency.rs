@@ -19,7 +19,7 @@ use xroce::{
 };
 use xroce_tests::{
     require_root,
-    roce::{check_frame, roce_frame, FrameSpec, PinGuard},
+    roce::{check_frame, roce_frames, FrameSpec, PinGuard},
     spawn_in, VethPair,
 };
 
@@ -52,23 +52,13 @@ fn open(kind: Kind, iface: &str, me: IpAddr) -> (Box<dyn PacketIo>, Option<Devic
 }
 
 fn frames(mac: [u8; 6], peer_mac: [u8; 6], me: IpAddr, peer: IpAddr) -> Vec<Vec<u8>> {
-    (0..ROUNDS)
-        .map(|psn| {
-            roce_frame(
-                mac,
-                peer_mac,
-                me,
-                peer,
-                FrameSpec {
-                    qpn: 0x51,
-                    psn,
-                    len: 8,
-                    ecn: 0,
-                    ip_id: 0,
-                },
-            )
-        })
-        .collect()
+    roce_frames(mac, peer_mac, me, peer, ROUNDS, |psn| FrameSpec {
+        qpn: 0x51,
+        psn,
+        len: 8,
+        ecn: 0,
+        ip_id: 0,
+    })
 }
 
 /// Returns the sorted half round-trip times in microseconds.

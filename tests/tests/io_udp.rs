@@ -21,7 +21,7 @@ use xroce::{
 use xroce_common::Counter;
 use xroce_tests::{
     require_root,
-    roce::{exchange, roce_frame, Exchange, FrameSpec, PinGuard},
+    roce::{assert_exchange, exchange, roce_frame, roce_frames, Exchange, FrameSpec, PinGuard},
     spawn_in, VethPair,
 };
 
@@ -60,23 +60,13 @@ fn udp_backend_interoperates_with_afxdp() {
         // The engine addresses b by MAC; the kernel does its own ARP, but the
         // frame must still carry one.
         let peer_mac = device::neighbour_mac(&if_a, b_ip, Duration::from_secs(5)).unwrap();
-        let frames: Vec<Vec<u8>> = (0..N)
-            .map(|psn| {
-                roce_frame(
-                    mac,
-                    peer_mac,
-                    a_ip,
-                    b_ip,
-                    FrameSpec {
-                        qpn: 0x21,
-                        psn,
-                        len: SIZES[psn as usize % SIZES.len()],
-                        ecn: ecn_of(psn),
-                        ip_id: 0,
-                    },
-                )
-            })
-            .collect();
+        let frames = roce_frames(mac, peer_mac, a_ip, b_ip, N, |psn| FrameSpec {
+            qpn: 0x21,
+            psn,
+            len: SIZES[psn as usize % SIZES.len()],
+            ecn: ecn_of(psn),
+            ip_id: 0,
+        });
         let ex = exchange(
             &mut io,
             &frames,
@@ -96,23 +86,13 @@ fn udp_backend_interoperates_with_afxdp() {
         let mut sock = XskSocket::open(&if_b, 0, XskConfig::default()).unwrap();
         bar.wait();
         let peer_mac = dev.neighbour_mac(a_ip, Duration::from_secs(5)).unwrap();
-        let frames: Vec<Vec<u8>> = (0..N)
-            .map(|psn| {
-                roce_frame(
-                    dev.mac(),
-                    peer_mac,
-                    b_ip,
-                    a_ip,
-                    FrameSpec {
-                        qpn: 0x31,
-                        psn,
-                        len: SIZES[psn as usize % SIZES.len()],
-                        ecn: ecn_of(psn),
-                        ip_id: xdp_ip_id(psn),
-                    },
-                )
-            })
-            .collect();
+        let frames = roce_frames(dev.mac(), peer_mac, b_ip, a_ip, N, |psn| FrameSpec {
+            qpn: 0x31,
+            psn,
+            len: SIZES[psn as usize % SIZES.len()],
+            ecn: ecn_of(psn),
+            ip_id: xdp_ip_id(psn),
+        });
         let ex = exchange(
             &mut sock,
             &frames,
@@ -137,26 +117,7 @@ fn udp_backend_interoperates_with_afxdp() {
     // a -> b: what the UDP backend put on the wire is valid RoCEv2 as seen
     // raw by AF_XDP: ICRC right for the kernel's headers, source port 4791,
     // IPv4 id 0, ECN carried by IP_TOS.
-    let bad: Vec<_> = b_ex
-        .received
-        .iter()
-        .filter_map(|c| c.as_ref().err())
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "b got bad frames: {:?}",
-        &bad[..bad.len().min(5)]
-    );
-    let got: Vec<_> = b_ex.received.iter().map(|c| *c.as_ref().unwrap()).collect();
-    assert_eq!(
-        got.len(),
-        N as usize,
-        "b received ({b_xsk:?}, a sent {a_stats:?})"
-    );
-    assert!(
-        got.iter().map(|c| c.psn).eq(0..N),
-        "b: every PSN once, in order"
-    );
+    let got = assert_exchange("b", &b_ex, N, &format!("{b_xsk:?}, a sent {a_stats:?}"));
     for c in &got {
         assert_eq!(c.udp_src_port, 4791, "the kernel's source port");
         assert_eq!(c.ip_id, 0, "unconnected socket with DF: IPv4 id 0");
@@ -168,26 +129,7 @@ fn udp_backend_interoperates_with_afxdp() {
 
     // b -> a: the UDP backend rebuilt frames whose ICRC holds, with the ids
     // the AF_XDP side used, ECN and the sender's UDP source port.
-    let bad: Vec<_> = a_ex
-        .received
-        .iter()
-        .filter_map(|c| c.as_ref().err())
-        .collect();
-    assert!(
-        bad.is_empty(),
-        "a got bad frames: {:?}",
-        &bad[..bad.len().min(5)]
-    );
-    let got: Vec<_> = a_ex.received.iter().map(|c| *c.as_ref().unwrap()).collect();
-    assert_eq!(
-        got.len(),
-        N as usize,
-        "a received ({a_udp:?}, b sent {b_stats:?})"
-    );
-    assert!(
-        got.iter().map(|c| c.psn).eq(0..N),
-        "a: every PSN once, in order"
-    );
+    let got = assert_exchange("a", &a_ex, N, &format!("{a_udp:?}, b sent {b_stats:?}"));
     let sport = xroce::io::wire::rocev2_src_port(0, 0x31 ^ 0x55, 0x31);
     for c in &got {
         assert_eq!(
@@ -350,9 +292,7 @@ fn udp_backend_interoperates_with_afxdp_over_ipv6() {
         let mut io = UdpBackend::open(cfg).expect("bind [a]:4791");
         bar.wait();
         let peer_mac = device::neighbour_mac(&if_a, b_ip, Duration::from_secs(5)).expect("NDP");
-        let frames: Vec<Vec<u8>> = (0..M)
-            .map(|psn| roce_frame(mac, peer_mac, a_ip, b_ip, spec(0x22, psn)))
-            .collect();
+        let frames = roce_frames(mac, peer_mac, a_ip, b_ip, M, |psn| spec(0x22, psn));
         let ex = exchange(
             &mut io,
             &frames,
@@ -380,9 +320,7 @@ fn udp_backend_interoperates_with_afxdp_over_ipv6() {
             Some(peer_mac),
             "rtnetlink NDP entry"
         );
-        let frames: Vec<Vec<u8>> = (0..M)
-            .map(|psn| roce_frame(dev.mac(), peer_mac, b_ip, a_ip, spec(0x32, psn)))
-            .collect();
+        let frames = roce_frames(dev.mac(), peer_mac, b_ip, a_ip, M, |psn| spec(0x32, psn));
         let ex = exchange(
             &mut sock,
             &frames,
@@ -398,19 +336,7 @@ fn udp_backend_interoperates_with_afxdp_over_ipv6() {
     let (a_ex, a_udp) = a.join().expect("udp side");
     let b_ex = b.join().expect("afxdp side");
     for (name, ex, qpn) in [("afxdp side", &b_ex, 0x22), ("udp side", &a_ex, 0x32)] {
-        let bad: Vec<_> = ex
-            .received
-            .iter()
-            .filter_map(|c| c.as_ref().err())
-            .collect();
-        assert!(
-            bad.is_empty(),
-            "{name}: bad frames {:?}",
-            &bad[..bad.len().min(5)]
-        );
-        let got: Vec<_> = ex.received.iter().map(|c| *c.as_ref().unwrap()).collect();
-        assert_eq!(got.len(), M as usize, "{name}");
-        assert!(got.iter().map(|c| c.psn).eq(0..M), "{name}: in order");
+        let got = assert_exchange(name, ex, M, "IPv6");
         for c in &got {
             assert_eq!(c.ecn, ecn_of(c.psn), "{name}: traffic class ECN");
             assert_eq!(c.qpn, qpn);
