@@ -99,3 +99,25 @@ pub fn run_ok(pair: &VethPair, tool: &str, server: &[&str], client: &[&str]) -> 
     let line = String::from_utf8_lossy(&out.stdout);
     serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("client JSON {line:?}: {e}"))
 }
+
+/// `bench` WRITE, READ and SEND of `size` bytes `iters` times with the UDP
+/// backend on one side and AF_XDP on the other, both ways round. Asserts that
+/// every run verified its data and reports the client's backend; returns the
+/// reports.
+pub fn bench_udp_against_afxdp(pair: &VethPair, size: &str, iters: &str) -> Vec<serde_json::Value> {
+    let mut reports = Vec::new();
+    for (server, client) in [("udp", "afxdp"), ("afxdp", "udp")] {
+        for op in ["write", "read", "send"] {
+            let r = run_ok(
+                pair,
+                "bench",
+                &[op, "--backend", server],
+                &[op, "--backend", client, "--size", size, "--iters", iters],
+            );
+            assert_eq!(r["verified"], true, "{r}");
+            assert_eq!(r["backend"], client, "{r}");
+            reports.push(r);
+        }
+    }
+    reports
+}

@@ -3,7 +3,10 @@
 //! (`Device::open_io`). WRITE, READ and SEND with data verified, and the UDP
 //! backend against AF_XDP at the same MTU.
 
-use xroce_tests::{perf::run_ok, require_root, VethPair};
+use xroce_tests::{
+    perf::{bench_udp_against_afxdp, run_ok},
+    require_root, VethPair,
+};
 
 #[test]
 fn write_read_send_verified_at_4096() {
@@ -37,17 +40,7 @@ fn write_read_send_verified_at_4096() {
 fn udp_backend_against_afxdp_at_4096() {
     require_root();
     let pair = VethPair::new(9000);
-    for (server, client) in [("udp", "afxdp"), ("afxdp", "udp")] {
-        for op in ["write", "read", "send"] {
-            let r = run_ok(
-                &pair,
-                "bench",
-                &[op, "--backend", server],
-                &[op, "--backend", client, "--size", "20000", "--iters", "100"],
-            );
-            assert_eq!(r["verified"], true, "{r}");
-            assert_eq!(r["mtu"], 4096, "{r}");
-            assert_eq!(r["backend"], client);
-        }
+    for r in bench_udp_against_afxdp(&pair, "20000", "100") {
+        assert_eq!(r["mtu"], 4096, "{r}");
     }
 }

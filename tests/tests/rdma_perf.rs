@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use xroce_tests::{
-    perf::{next_port, run_client, run_ok, start_server},
+    perf::{bench_udp_against_afxdp, next_port, run_client, run_ok, start_server},
     require_root, AttachedXdp, VethPair,
 };
 
@@ -62,18 +62,7 @@ fn sixteen_queue_pairs_at_once() {
 fn udp_backend_interoperates_with_afxdp() {
     require_root();
     let pair = VethPair::new(1500);
-    for (server, client) in [("udp", "afxdp"), ("afxdp", "udp")] {
-        for op in ["write", "read", "send"] {
-            let r = run_ok(
-                &pair,
-                "bench",
-                &[op, "--backend", server],
-                &[op, "--backend", client, "--size", "8192", "--iters", "300"],
-            );
-            assert_verified(&r);
-            assert_eq!(r["backend"], client);
-        }
-    }
+    bench_udp_against_afxdp(&pair, "8192", "300");
 }
 
 #[test]
