@@ -37,6 +37,15 @@ fn xdp_ip_id(psn: u32) -> u16 {
     }
 }
 
+/// The UDP backend on `ip`:4791, sending with `iface`'s MAC (returned too).
+fn udp_backend(iface: &str, ip: IpAddr) -> ([u8; 6], UdpBackend) {
+    let mac = device::interface_mac(iface).unwrap();
+    let mut cfg = UdpConfig::new(ip);
+    cfg.local_mac = mac;
+    let io = UdpBackend::open(cfg).unwrap_or_else(|e| panic!("bind {ip}:4791: {e}"));
+    (mac, io)
+}
+
 fn ecn_of(psn: u32) -> u8 {
     [0u8, 1, 2, 3][psn as usize % 4]
 }
@@ -52,10 +61,7 @@ fn udp_backend_interoperates_with_afxdp() {
     // Side a: no XDP, the UDP backend on a_ip:4791.
     let (if_a, bar) = (pair.if_a.clone(), barrier.clone());
     let a = spawn_in(&pair.a.name, move || {
-        let mac = device::interface_mac(&if_a).unwrap();
-        let mut cfg = UdpConfig::new(a_ip);
-        cfg.local_mac = mac;
-        let mut io = UdpBackend::open(cfg).expect("bind a:4791");
+        let (mac, mut io) = udp_backend(&if_a, a_ip);
         bar.wait();
         // The engine addresses b by MAC; the kernel does its own ARP, but the
         // frame must still carry one.
@@ -286,10 +292,7 @@ fn udp_backend_interoperates_with_afxdp_over_ipv6() {
 
     let (if_a, bar) = (pair.if_a.clone(), barrier.clone());
     let a = spawn_in(&pair.a.name, move || {
-        let mac = device::interface_mac(&if_a).unwrap();
-        let mut cfg = UdpConfig::new(a_ip);
-        cfg.local_mac = mac;
-        let mut io = UdpBackend::open(cfg).expect("bind [a]:4791");
+        let (mac, mut io) = udp_backend(&if_a, a_ip);
         bar.wait();
         let peer_mac = device::neighbour_mac(&if_a, b_ip, Duration::from_secs(5)).expect("NDP");
         let frames = roce_frames(mac, peer_mac, a_ip, b_ip, M, |psn| spec(0x22, psn));
