@@ -7,7 +7,7 @@
 use std::{
     net::{IpAddr, Ipv4Addr},
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{bail, Context};
@@ -113,21 +113,9 @@ impl Stack {
             cc: Some(Arc::new(move || cc::build(kind, line_rate))),
             ..EngineConfig::default()
         };
-        // A socket of a process that just exited may still hold the queue
-        // for a moment (the kernel releases its pool from a work queue):
-        // EBUSY then is worth a short wait.
-        let deadline = Instant::now() + Duration::from_secs(3);
-        let io = loop {
-            match net.open_io(opts.backend, path_mtu.bytes()) {
-                Err(e) if e.to_string().contains("os error 16") && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                other => {
-                    break other
-                        .with_context(|| format!("{} backend on {}", opts.backend, opts.iface))?
-                }
-            }
-        };
+        let io = net
+            .open_io(opts.backend, path_mtu.bytes())
+            .with_context(|| format!("{} backend on {}", opts.backend, opts.iface))?;
         let backend = io.name();
         let device = Device::new(config);
         let runtime = Runtime::start(

@@ -373,18 +373,28 @@ impl XskSocket {
             .bind_flags(bind)
             .build();
         let if_name: Interface = iface.parse().map_err(|e| setup_err(iface, queue, e))?;
-        // SAFETY: the UMEM is not shared with another socket.
-        let (tx, rx, rings) = unsafe { xsk_rs::Socket::new(socket_config, &umem, &if_name, queue) }
-            .map_err(|e| {
-                setup_err(
-                    iface,
-                    queue,
-                    format!(
-                        "{} (is {queue} a valid RX queue of {iface}? is another socket bound to it?)",
-                        chain(&e)
-                    ),
-                )
-            })?;
+        // A socket just closed on this queue (by us or a process that just
+        // exited) holds it until the kernel frees its pool from a work
+        // queue: EBUSY for a moment is worth a short wait.
+        let busy_until = Instant::now() + Duration::from_secs(3);
+        let (tx, rx, rings) = loop {
+            // SAFETY: the UMEM is not shared with another socket.
+            match unsafe { xsk_rs::Socket::new(socket_config, &umem, &if_name, queue) } {
+                Err(e) if is_busy(&e) && Instant::now() < busy_until => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                other => break other.map_err(|e| {
+                    setup_err(
+                        iface,
+                        queue,
+                        format!(
+                            "{} (is {queue} a valid RX queue of {iface}? is another socket bound to it?)",
+                            chain(&e)
+                        ),
+                    )
+                })?,
+            }
+        };
         let (mut fill, comp) =
             rings.ok_or_else(|| setup_err(iface, queue, "socket came without fill/comp rings"))?;
         let tx_free = descs.split_off(half as usize);
@@ -1074,6 +1084,20 @@ impl PacketIo for XskMultiQueue {
     fn poll_fds(&self) -> Vec<i32> {
         self.sockets.iter().map(|s| s.raw_fd()).collect()
     }
+}
+
+/// True if `e` (or a cause of it) is EBUSY.
+fn is_busy(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if io.raw_os_error() == Some(libc::EBUSY) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
 }
 
 #[cfg(test)]
