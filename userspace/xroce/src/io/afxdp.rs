@@ -661,16 +661,7 @@ impl XskSocket {
             self.io_stats.tx_bytes += len as u64;
             queued += 1;
         }
-        self.flush_tx()?;
-        self.io_stats.tx_frames += queued as u64;
-        if let Some(len) = too_big {
-            self.io_stats.tx_errors += 1;
-            return Err(XskError::FrameTooBig {
-                len,
-                frame_size: self.frame_size,
-            });
-        }
-        Ok(queued)
+        self.finish_send(queued, too_big)
     }
 
     fn transmit_inner(
@@ -719,6 +710,11 @@ impl XskSocket {
             }
         }
         let queued = self.tx_batch.len();
+        self.finish_send(queued, too_big)
+    }
+
+    /// Common end of a send: kick the ring, count, report an oversized frame.
+    fn finish_send(&mut self, queued: usize, too_big: Option<usize>) -> Result<usize, XskError> {
         self.flush_tx()?;
         self.io_stats.tx_frames += queued as u64;
         if let Some(len) = too_big {
