@@ -182,8 +182,10 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
     assert_eq!(get(Counter::EcnEct0), ROCE_FRAMES as u64, "{counters:?}");
     assert_eq!(get(Counter::EcnCe), 0, "{counters:?}");
     assert_eq!(get(Counter::NoSocket), 0, "{counters:?}");
-    // ARP, ICMP and TCP all went to the kernel.
-    assert!(get(Counter::Passed) >= 3 + 3 + 4, "{counters:?}");
+    // ICMP, TCP and ARP went to the kernel: at least the 3 echo requests,
+    // 2 TCP segments from a (handshake ACK, data) and a's ARP request
+    // (how many more ARP frames cross depends on the neighbour cache).
+    assert!(get(Counter::Passed) >= 3 + 2 + 1, "{counters:?}");
     assert_eq!(
         get(Counter::Seen),
         get(Counter::Redirected) + get(Counter::Passed) + get(Counter::Malformed),
