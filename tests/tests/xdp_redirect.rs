@@ -185,7 +185,8 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
     // ICMP, TCP and ARP went to the kernel: at least the 3 echo requests,
     // 2 TCP segments from a (handshake ACK, data) and a's ARP request
     // (how many more ARP frames cross depends on the neighbour cache).
-    assert!(get(Counter::Passed) >= 3 + 2 + 1, "{counters:?}");
+    const MUST_CROSS: u64 = 3 + 2 + 1;
+    assert!(get(Counter::Passed) >= MUST_CROSS, "{counters:?}");
     assert_eq!(
         get(Counter::Seen),
         get(Counter::Redirected) + get(Counter::Passed) + get(Counter::Malformed),
