@@ -152,7 +152,8 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
     } else {
         vec![0x7b; args.size]
     };
-    mr.write(0, &fill)?;
+    // SAFETY: the MR is new: no receive or send is posted on it yet.
+    unsafe { mr.write(0, &fill) }?;
     let post_recv = || {
         qp.post_recv(&RecvWr {
             wr_id: RECV_WRID,
@@ -238,7 +239,8 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
     let mut pending = RECV_WRID;
     if args.peer.is_some() {
         if args.chk {
-            mr.write(0, &fill)?;
+            // SAFETY: nothing sent yet and the server sends only in answer, so the receives stay empty.
+            unsafe { mr.write(0, &fill) }?;
         }
         post_send().context("couldn't post send")?;
         pending |= SEND_WRID;
@@ -277,7 +279,9 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
                         bail!("receive completed as {:?}", wc.opcode);
                     }
                     if args.chk && args.peer.is_none() {
-                        mr.read(0, &mut buf)?;
+                        // SAFETY: the client sends again only after our reply (posted below), so
+                        // the other receives on this buffer stay empty until then (ping-pong).
+                        unsafe { mr.read(0, &mut buf) }?;
                         if let Some(i) = (0..args.size).find(|&i| buf[i] != pattern(i)) {
                             bail!(
                                 "message {rcnt}: byte {i} is {:#04x}, not {:#04x}",
@@ -301,7 +305,9 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             pending &= !wc.wr_id;
             if scnt < args.iters && pending == 0 {
                 if args.chk && args.peer.is_some() {
-                    mr.write(0, &fill)?;
+                    // SAFETY: our send completed, the reply arrived, and the server sends only in
+                    // answer to our next message (ping-pong): no WR uses the buffer now.
+                    unsafe { mr.write(0, &fill) }?;
                 }
                 post_send().context("couldn't post send")?;
                 pending = RECV_WRID | SEND_WRID;

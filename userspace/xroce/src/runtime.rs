@@ -6,6 +6,10 @@
 //! The engine lock is taken only while there is work: the thread waits for
 //! frames without it, so posting a WR never waits behind an idle receive.
 //!
+//! Frames addressed to the device's own MAC never reach the backend: they
+//! go straight back into the engine (loopback between two QPs of one
+//! device, as rxe does).
+//!
 //! When idle, the thread sleeps in ppoll(2) on the backend's descriptors
 //! ([`PacketIo::poll_fds`]) and a [`Doorbell`] (an eventfd), with nanosecond
 //! precision up to the engine's next timer. The runtime installs the
@@ -247,19 +251,29 @@ fn run(
         // Send all the engine has now. When the backend's TX ring is full,
         // give it a moment, then go back to receiving (ACKs free the ring).
         let mut sent = 0;
+        let own_mac = engine.config().mac;
+        let mut looped = 0;
         for _ in 0..4 {
             let mut engine_empty = false;
-            sent += io.transmit(&mut |buf| {
+            sent += io.transmit(&mut |buf| loop {
                 let n = engine.poll_transmit(now, buf);
                 engine_empty |= n.is_none();
-                n
+                // Loopback (as rxe): a frame to our own MAC is for a QP of
+                // this device; the link would never bring it back.
+                match n {
+                    Some(len) if buf.get(..6) == Some(&own_mac[..]) => {
+                        engine.handle_frame(&buf[..len], now);
+                        looped += 1;
+                    }
+                    n => return n,
+                }
             })?;
             if engine_empty {
                 break;
             }
             io.wait_writable(Duration::from_micros(50))?;
         }
-        if received + sent > 0 {
+        if received + sent + looped > 0 {
             last_activity = Instant::now();
         }
     }

@@ -122,7 +122,8 @@ fn out_of_bounds_and_missing_permission() {
         a.qp.post_send(&wr).unwrap();
         let w = wait_wcs(&mut sim, &a.cq, 1, 100 * MS);
         assert_eq!(w[0].status, WcStatus::RemAccessErr, "atomic={atomic}");
-        assert_eq!(ro.load_u64(0).unwrap(), 0);
+        // SAFETY: the only WR aimed at ro was rejected and has completed; ro has none of its own.
+        assert_eq!(unsafe { ro.load_u64(0) }.unwrap(), 0);
     }
 
     // Misaligned atomic: invalid request.
@@ -202,7 +203,8 @@ fn rnr_then_success_once_posted() {
         ..Default::default()
     }; // 1.28 ms
     let (a, b) = connect_pair(&sim, &p);
-    a.mr.write(0, b"hello rnr").unwrap();
+    // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
+    unsafe { a.mr.write(0, b"hello rnr") }.unwrap();
     a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 9)]))
         .unwrap();
     // Nothing posted: RNR NAKs, no completion for 5 ms.
@@ -219,7 +221,8 @@ fn rnr_then_success_once_posted() {
     assert_eq!(w[0].status, WcStatus::Success);
     let wb = drain(&b.cq);
     assert_eq!(wb[0].byte_len, 9);
-    assert_eq!(b.mr.to_vec(0, 9).unwrap(), b"hello rnr");
+    // SAFETY: receive 5, the only WR on these bytes, has completed.
+    assert_eq!(unsafe { b.mr.to_vec(0, 9) }.unwrap(), b"hello rnr");
 }
 
 #[test]
@@ -514,7 +517,8 @@ fn srq_feeds_two_qps_and_fences_order_reads() {
         })
         .unwrap();
     }
-    a.mr.write(0, &[7u8; 2000]).unwrap();
+    // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
+    unsafe { a.mr.write(0, &[7u8; 2000]) }.unwrap();
     for i in 0..4u64 {
         qp_a2
             .post_send(&SendWr::new(i, WrOpcode::Send, vec![a.mr.sge(0, 1500)]))
@@ -531,7 +535,8 @@ fn srq_feeds_two_qps_and_fences_order_reads() {
     assert!(srq.is_empty());
 
     // READs limited to one outstanding, then a fenced WRITE of what was read.
-    b.mr.write(100_000, &[9u8; 5000]).unwrap();
+    // SAFETY: the SRQ receives (0..8192) have all completed; no WR targets these bytes yet.
+    unsafe { b.mr.write(100_000, &[9u8; 5000]) }.unwrap();
     for i in 0..3u64 {
         a.qp.post_send(&SendWr::new(
             i,
@@ -557,7 +562,11 @@ fn srq_feeds_two_qps_and_fences_order_reads() {
     .unwrap();
     let w = wait_wcs(&mut sim, &a.cq, 4, 500 * MS);
     assert!(w.iter().all(|w| w.status == WcStatus::Success), "{w:?}");
-    assert_eq!(b.mr.to_vec(200_000, 15_000).unwrap(), vec![9u8; 15_000]);
+    // SAFETY: WRITE 3, the only WR into these bytes, has completed.
+    assert_eq!(
+        unsafe { b.mr.to_vec(200_000, 15_000) }.unwrap(),
+        vec![9u8; 15_000]
+    );
 }
 
 /// A fixed-rate controller that counts CNPs.
@@ -719,8 +728,10 @@ fn bidirectional_traffic_under_loss() {
     let (a, b) = connect_pair(&sim, &p);
     let pa: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + 3) as u8).collect();
     let pb: Vec<u8> = (0..200_000u32).map(|i| (i * 13 + 5) as u8).collect();
-    a.mr.write(0, &pa).unwrap();
-    b.mr.write(0, &pb).unwrap();
+    // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
+    unsafe { a.mr.write(0, &pa) }.unwrap();
+    // SAFETY: no WR is posted on b.mr yet.
+    unsafe { b.mr.write(0, &pb) }.unwrap();
     for (x, y) in [(&a, &b), (&b, &a)] {
         x.qp.post_send(&SendWr::new(
             1,
@@ -752,10 +763,14 @@ fn bidirectional_traffic_under_loss() {
     for w in wa.iter().chain(&wb) {
         assert_eq!(w.status, WcStatus::Success);
     }
-    assert_eq!(b.mr.to_vec(300_000, 200_000).unwrap(), pa);
-    assert_eq!(a.mr.to_vec(300_000, 200_000).unwrap(), pb);
-    assert_eq!(a.mr.to_vec(600_000, 200_000).unwrap(), pb);
-    assert_eq!(b.mr.to_vec(600_000, 200_000).unwrap(), pa);
+    // SAFETY: A's WRITE into these bytes has completed.
+    assert_eq!(unsafe { b.mr.to_vec(300_000, 200_000) }.unwrap(), pa);
+    // SAFETY: B's WRITE into these bytes has completed.
+    assert_eq!(unsafe { a.mr.to_vec(300_000, 200_000) }.unwrap(), pb);
+    // SAFETY: A's READ into these bytes has completed.
+    assert_eq!(unsafe { a.mr.to_vec(600_000, 200_000) }.unwrap(), pb);
+    // SAFETY: B's READ into these bytes has completed.
+    assert_eq!(unsafe { b.mr.to_vec(600_000, 200_000) }.unwrap(), pa);
 }
 
 #[test]
@@ -771,7 +786,8 @@ fn sixteen_qps_share_a_device_under_loss() {
         let data: Vec<u8> = (0..100_000u32)
             .map(|k| (k as usize * 31 + i) as u8)
             .collect();
-        a.mr.write(0, &data).unwrap();
+        // SAFETY: no WR is posted on this pair's MRs yet (the sim engine is idle here).
+        unsafe { a.mr.write(0, &data) }.unwrap();
         b.qp.post_recv(&RecvWr {
             wr_id: i as u64,
             sg_list: vec![b.mr.sge(0, 100_000)],
@@ -817,8 +833,10 @@ fn sixteen_qps_share_a_device_under_loss() {
         let data: Vec<u8> = (0..100_000u32)
             .map(|k| (k as usize * 31 + i) as u8)
             .collect();
-        assert_eq!(b.mr.to_vec(0, 100_000).unwrap(), data);
-        assert_eq!(b.mr.to_vec(120_000, 100_000).unwrap(), data);
+        // SAFETY: the receive into these bytes has completed (recvd[i]).
+        assert_eq!(unsafe { b.mr.to_vec(0, 100_000) }.unwrap(), data);
+        // SAFETY: the WRITE into these bytes has completed (done[i] == 2).
+        assert_eq!(unsafe { b.mr.to_vec(120_000, 100_000) }.unwrap(), data);
     }
 }
 
@@ -920,10 +938,16 @@ fn ud_datagrams_to_two_qps_with_qkey_check() {
         (wb[2].wr_id, wb[2].qp_num, wb[2].byte_len),
         (2, qb2.qp_num(), 1040)
     );
-    assert_eq!(rx.to_vec(40, 100).unwrap(), vec![0xab; 100]);
-    assert_eq!(rx.to_vec(2 * 2048 + 40, 1000).unwrap(), vec![0xab; 1000]);
+    // SAFETY: receive 0 (0..2048) has completed; 3, still posted, uses 6144..8192.
+    assert_eq!(unsafe { rx.to_vec(40, 100) }.unwrap(), vec![0xab; 100]);
+    // SAFETY: receive 2 (4096..6144) has completed.
+    assert_eq!(
+        unsafe { rx.to_vec(2 * 2048 + 40, 1000) }.unwrap(),
+        vec![0xab; 1000]
+    );
     // GRH: IPv4 header of the datagram in bytes 20..40.
-    let grh = rx.to_vec(0, 40).unwrap();
+    // SAFETY: receive 0 (0..2048) has completed.
+    let grh = unsafe { rx.to_vec(0, 40) }.unwrap();
     assert_eq!(grh[20], 0x45);
     assert_eq!(&grh[32..36], &ca.ip.octets());
     assert_eq!(sim.b.stats().rx_dropped_other, 1);

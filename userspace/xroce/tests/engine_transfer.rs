@@ -70,7 +70,8 @@ fn basic_every_opcode_no_loss() {
     let mut sim = Sim::pair(LinkConfig::default(), 1);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let msg = pattern(7, 3000);
-    a.mr.write(0, &msg).unwrap();
+    // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
+    unsafe { a.mr.write(0, &msg) }.unwrap();
     // SEND / SEND_WITH_IMM / SEND_WITH_INV to posted receives.
     for i in 0..3 {
         b.qp.post_recv(&RecvWr {
@@ -105,7 +106,8 @@ fn basic_every_opcode_no_loss() {
     assert_eq!(wb[0].byte_len, 3000);
     assert_eq!(wb[0].opcode, WcOpcode::Recv);
     assert_eq!(wb[0].src_qp, a.qp.qp_num());
-    assert_eq!(b.mr.to_vec(0, 3000).unwrap(), msg);
+    // SAFETY: receive 100, the only WR that wrote these bytes, has completed.
+    assert_eq!(unsafe { b.mr.to_vec(0, 3000) }.unwrap(), msg);
     assert_eq!(wb[1].imm_data, 0xabcd);
     assert!(wb[1].flags.contains(WcFlags::WITH_IMM));
     assert_eq!(wb[2].byte_len, 0);
@@ -176,14 +178,19 @@ fn basic_every_opcode_no_loss() {
         vec![10, 11, 12, 13, 14]
     );
     assert_eq!(wa[2].opcode, WcOpcode::RdmaRead);
-    assert_eq!(b.mr.to_vec(65536, 3000).unwrap(), msg);
-    assert_eq!(a.mr.to_vec(100_000, 3000).unwrap(), msg);
+    // SAFETY: WRITE 10 into these bytes has completed (RC places data before acknowledging).
+    assert_eq!(unsafe { b.mr.to_vec(65536, 3000) }.unwrap(), msg);
+    // SAFETY: READ 12 into these bytes has completed.
+    assert_eq!(unsafe { a.mr.to_vec(100_000, 3000) }.unwrap(), msg);
     assert_eq!(wb[0].opcode, WcOpcode::RecvRdmaWithImm);
     assert_eq!(wb[0].imm_data, 5);
     assert_eq!(wb[0].byte_len, 100);
-    assert_eq!(a.mr.load_u64(200_000).unwrap(), 0);
-    assert_eq!(a.mr.load_u64(200_008).unwrap(), 5);
-    assert_eq!(b.mr.load_u64(200_000).unwrap(), 77);
+    // SAFETY: atomic 13, which returned into this word, has completed.
+    assert_eq!(unsafe { a.mr.load_u64(200_000) }.unwrap(), 0);
+    // SAFETY: atomic 14, which returned into this word, has completed.
+    assert_eq!(unsafe { a.mr.load_u64(200_008) }.unwrap(), 5);
+    // SAFETY: both atomics on this word have completed; nothing else writes it.
+    assert_eq!(unsafe { b.mr.load_u64(200_000) }.unwrap(), 77);
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -285,8 +292,10 @@ fn stress(s: Stress) -> (u64, u64) {
     let b_ctr = b.pd.reg_mr(64, acc).unwrap();
     let a_src = pattern(s.seed ^ 1, REGION);
     let b_src = pattern(s.seed ^ 2, REGION);
-    a.mr.write(0, &a_src).unwrap();
-    b.mr.write(0, &b_src).unwrap();
+    // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
+    unsafe { a.mr.write(0, &a_src) }.unwrap();
+    // SAFETY: no WR is posted on b.mr yet.
+    unsafe { b.mr.write(0, &b_src) }.unwrap();
     let mut counter = 0u64;
     for round in 0..s.rounds {
         let mut ops = gen_ops(&mut rng, s.ops, s.max_size);
@@ -444,29 +453,38 @@ fn stress(s: Stress) -> (u64, u64) {
                 assert_eq!(w.invalidated_rkey, *wr_id as u32);
             }
             if *opc == WcOpcode::Recv {
+                // SAFETY: this receive (w) has completed; the spare one still posted is past every slot.
                 assert!(
-                    b.mr.to_vec(*slot, *n).unwrap() == a_src[*src..*src + *n],
+                    unsafe { b.mr.to_vec(*slot, *n) }.unwrap() == a_src[*src..*src + *n],
                     "SEND {wr_id} data mismatch"
                 );
             }
         }
         for (dst, src, n) in checks_b {
+            // SAFETY: all of A's WRs have completed (the last is signaled), so this WRITE landed.
             assert!(
-                b.mr.to_vec(dst, n).unwrap() == a_src[src..src + n],
+                unsafe { b.mr.to_vec(dst, n) }.unwrap() == a_src[src..src + n],
                 "WRITE data mismatch"
             );
         }
         for (dst, src, n) in checks_a {
+            // SAFETY: all of A's WRs have completed (the last is signaled), this READ too.
             assert!(
-                a.mr.to_vec(dst, n).unwrap() == b_src[src..src + n],
+                unsafe { a.mr.to_vec(dst, n) }.unwrap() == b_src[src..src + n],
                 "READ data mismatch"
             );
         }
         for (res, orig) in atomics {
-            assert_eq!(a_res.load_u64(res).unwrap(), orig, "atomic result");
+            // SAFETY: the atomic that returned into this word has completed.
+            assert_eq!(
+                unsafe { a_res.load_u64(res) }.unwrap(),
+                orig,
+                "atomic result"
+            );
         }
+        // SAFETY: every atomic on the counter has completed; nothing else writes it.
         assert_eq!(
-            b_ctr.load_u64(0).unwrap(),
+            unsafe { b_ctr.load_u64(0) }.unwrap(),
             counter,
             "atomic executed twice or not at all"
         );
@@ -576,7 +594,8 @@ fn uc_run(loss: f64, seed: u64) -> usize {
     };
     let (a, b) = connect_pair(&sim, &p);
     let src = pattern(seed, 512 * 1024);
-    a.mr.write(0, &src).unwrap();
+    // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
+    unsafe { a.mr.write(0, &src) }.unwrap();
     // READ/atomics are not UC operations.
     let rd = SendWr::new(
         0,
@@ -629,9 +648,11 @@ fn uc_run(loss: f64, seed: u64) -> usize {
         let len = size(i);
         assert_eq!(w.byte_len as usize, len);
         let data = if i % 3 == 2 {
-            b.mr.to_vec(600_000 + i as usize * 10_000, len).unwrap()
+            // SAFETY: WRITE_WITH_IMM i completed here (w); no receive is posted past 600_000.
+            unsafe { b.mr.to_vec(600_000 + i as usize * 10_000, len) }.unwrap()
         } else {
-            b.mr.to_vec(k * 10_000, len).unwrap()
+            // SAFETY: receive k completed (w); the receives still posted use later slots.
+            unsafe { b.mr.to_vec(k * 10_000, len) }.unwrap()
         };
         assert!(
             data == src[i as usize * 1000..i as usize * 1000 + len],

@@ -51,7 +51,8 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
             for q in 0..hello.qps {
                 for s in 0..conn.slots {
                     let off = conn.slot_offset(q, s);
-                    conn.mr.write(off, &pattern::make(q, s, hello.size))?;
+                    // SAFETY: before sync(1) the client posts no READ, and this side posts nothing.
+                    unsafe { conn.mr.write(off, &pattern::make(q, s, hello.size)) }?;
                 }
             }
         }
@@ -132,7 +133,8 @@ fn receive_sends(
                 let (q, slot) = split_wr_id(wc.wr_id);
                 arrived[q] += 1;
                 if bad.is_ok() {
-                    conn.mr.read(conn.slot_offset(q, slot), &mut buf)?;
+                    // SAFETY: this slot's only receive has completed and is reposted after this read.
+                    unsafe { conn.mr.read(conn.slot_offset(q, slot), &mut buf) }?;
                     if wc.byte_len as usize != hello.size
                         || buf != pattern::make(q, slot, hello.size)
                     {
@@ -187,7 +189,8 @@ fn verify_server(op: Op, conn: &Conn, hello: &Hello, done: &Done) -> anyhow::Res
             let mut buf = vec![0u8; hello.size];
             for (q, &n) in done.completed.iter().enumerate() {
                 for s in 0..(n.min(conn.slots as u64) as usize) {
-                    conn.mr.read(conn.slot_offset(q, s), &mut buf)?;
+                    // SAFETY: the client's WRITEs all completed before it sent Done (out-of-band sync).
+                    unsafe { conn.mr.read(conn.slot_offset(q, s), &mut buf) }?;
                     if buf != pattern::make(q, s, hello.size) {
                         bail!("slot {s} of QP {q} does not hold what was written");
                     }
@@ -197,7 +200,8 @@ fn verify_server(op: Op, conn: &Conn, hello: &Hello, done: &Done) -> anyhow::Res
         }
         Op::Atomic => {
             for (q, &n) in done.completed.iter().enumerate() {
-                let counter = conn.mr.load_u64(conn.slot_offset(q, 0))?;
+                // SAFETY: the client's atomics all completed before it sent Done (out-of-band sync).
+                let counter = unsafe { conn.mr.load_u64(conn.slot_offset(q, 0)) }?;
                 if counter != n {
                     bail!("QP {q}: {n} fetch-and-adds of 1 completed, counter is {counter}");
                 }
@@ -259,8 +263,11 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
     if matches!(op, Op::Write | Op::Send) {
         for q in 0..hello.qps {
             for s in 0..conn.slots {
-                conn.mr
-                    .write(conn.slot_offset(q, s), &pattern::make(q, s, size))?;
+                // SAFETY: no WR is posted yet (the first ones go out below).
+                unsafe {
+                    conn.mr
+                        .write(conn.slot_offset(q, s), &pattern::make(q, s, size))
+                }?;
             }
         }
     }
@@ -398,7 +405,8 @@ fn verify_reads(conn: &Conn, completed: &[u64], size: usize) -> anyhow::Result<(
     let mut buf = vec![0u8; size];
     for (q, &n) in completed.iter().enumerate() {
         for s in 0..(n.min(conn.slots as u64) as usize) {
-            conn.mr.read(conn.slot_offset(q, s), &mut buf)?;
+            // SAFETY: every READ has completed (the run loop waited for all posted WRs).
+            unsafe { conn.mr.read(conn.slot_offset(q, s), &mut buf) }?;
             if buf != pattern::make(q, s, size) {
                 bail!("slot {s} of QP {q} does not hold what the server has");
             }

@@ -296,6 +296,11 @@ impl Engine {
         self.events.pop_front()
     }
 
+    /// Are asynchronous events waiting?
+    pub fn has_async_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Number of live QPs.
     pub fn qp_count(&self) -> usize {
         self.qps.iter().filter(|q| q.is_some()).count()
@@ -392,7 +397,13 @@ impl Engine {
 
     /// `ibv_post_send` (one WR).
     pub fn post_send(&mut self, qpn: u32, wr: &SendWr) -> Result<()> {
-        self.with_qp(qpn, |qp, env| qp.post_send(env, wr))
+        self.with_qp(qpn, |qp, env| qp.post_send(env, wr, None))
+    }
+
+    /// `ibv_post_send` of one IBV_SEND_INLINE WR whose payload is `data`
+    /// (`wr.sg_list` is ignored: inline SGEs carry no lkey).
+    pub fn post_send_inline(&mut self, qpn: u32, wr: &SendWr, data: &[u8]) -> Result<()> {
+        self.with_qp(qpn, |qp, env| qp.post_send(env, wr, Some(data)))
     }
 
     /// `ibv_post_recv` (one WR).

@@ -546,7 +546,15 @@ impl QpCtx {
         };
     }
 
-    pub(crate) fn post_send(&mut self, env: &mut Env<'_>, wr: &SendWr) -> Result<()> {
+    /// Post a send WR. With `inline`, those bytes are the payload (copied
+    /// now) and `wr.sg_list` is not read: the C ABI's IBV_SEND_INLINE,
+    /// whose SGEs need no lkey.
+    pub(crate) fn post_send(
+        &mut self,
+        env: &mut Env<'_>,
+        wr: &SendWr,
+        inline_data: Option<&[u8]>,
+    ) -> Result<()> {
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
             s => return Err(VerbsError::BadQpState(s)),
@@ -578,7 +586,10 @@ impl QpCtx {
                     "a UD send needs a destination (SendWr::ud)",
                 ));
             }
-            let total: u64 = wr.sg_list.iter().map(|s| s.length as u64).sum();
+            let total: u64 = match inline_data {
+                Some(d) => d.len() as u64,
+                None => wr.sg_list.iter().map(|s| s.length as u64).sum(),
+            };
             if total > self.mtu as u64 {
                 return Err(VerbsError::InvalidArgument(
                     "UD messages are limited to one path MTU",
@@ -608,6 +619,26 @@ impl QpCtx {
         } else {
             AccessFlags::empty()
         };
+        if let Some(data) = inline_data {
+            if writes_local {
+                return Err(VerbsError::InvalidArgument(
+                    "inline data is for SEND and RDMA WRITE, not READ or atomics",
+                ));
+            }
+            if data.len() > self.cap.max_inline_data as usize {
+                return Err(VerbsError::InlineTooLarge {
+                    got: data.len(),
+                    max: self.cap.max_inline_data as usize,
+                });
+            }
+            w.len = data.len() as u32;
+            w.inline = Some(data.to_vec());
+            self.sq.push_back(w);
+            if self.state == QpState::Err {
+                self.enter_error(env);
+            }
+            return Ok(());
+        }
         match resolve_sgl(env.mrs, self.pd, &wr.sg_list, need) {
             Ok((sges, total)) => {
                 w.len = total as u32;

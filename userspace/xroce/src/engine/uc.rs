@@ -130,6 +130,9 @@ impl QpCtx {
                 let r = self.resp.recv.take().expect("checked");
                 let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
                 wc.byte_len = self.resp.recv_off as u32;
+                if h.se {
+                    wc.flags |= WcFlags::SOLICITED;
+                }
                 if let Some(imm) = h.imm {
                     wc.imm_data = imm;
                     wc.flags |= WcFlags::WITH_IMM;
@@ -196,6 +199,9 @@ impl QpCtx {
             if let Some(r) = r {
                 let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
                 wc.opcode = WcOpcode::RecvRdmaWithImm;
+                if h.se {
+                    wc.flags |= WcFlags::SOLICITED;
+                }
                 wc.byte_len = total;
                 wc.imm_data = h.imm.unwrap_or(0);
                 wc.flags |= WcFlags::WITH_IMM;

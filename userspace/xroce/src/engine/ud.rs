@@ -67,6 +67,9 @@ impl QpCtx {
         }
         wc.byte_len = (GRH_LEN + payload.len()) as u32;
         wc.flags |= WcFlags::GRH;
+        if h.se {
+            wc.flags |= WcFlags::SOLICITED;
+        }
         if let Some(imm) = h.imm {
             wc.imm_data = imm;
             wc.flags |= WcFlags::WITH_IMM;

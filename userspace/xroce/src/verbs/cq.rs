@@ -7,16 +7,17 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::error::{Result, VerbsError};
-use super::wc::Wc;
+use super::wc::{Wc, WcStatus};
 
 pub struct CqInner {
     ring: Mutex<VecDeque<Wc>>,
-    depth: usize,
+    /// Capacity; changed only by `resize`, under the ring lock.
+    depth: std::sync::atomic::AtomicUsize,
     overflowed: AtomicBool,
     /// Set by the engine when a completion arrived and the eventfd has not
     /// been written for it yet.
@@ -27,6 +28,11 @@ pub struct CqInner {
     /// which `poll` checks without the lock: an application spinning on an
     /// empty CQ must not starve the engine of the lock it pushes under.
     polled: AtomicU64,
+    /// `ibv_req_notify_cq` state: one of the ARMED_* values.
+    armed: AtomicU8,
+    /// A completion fired the arm; `signal` calls the handler.
+    event_due: AtomicBool,
+    on_event: Mutex<Option<CqEventHandler>>,
 }
 
 impl CqInner {
@@ -47,12 +53,15 @@ impl CqInner {
         };
         Ok(Self {
             ring: Mutex::new(VecDeque::with_capacity(depth)),
-            depth,
+            depth: std::sync::atomic::AtomicUsize::new(depth),
             overflowed: AtomicBool::new(false),
             signal_pending: AtomicBool::new(false),
             event_fd,
             pushed: AtomicU64::new(0),
             polled: AtomicU64::new(0),
+            armed: AtomicU8::new(ARMED_NONE),
+            event_due: AtomicBool::new(false),
+            on_event: Mutex::new(None),
         })
     }
 
@@ -61,20 +70,50 @@ impl CqInner {
     /// caller should queue this CQ for an eventfd write.
     pub(crate) fn push(&self, wc: Wc, notify: &mut bool) -> bool {
         let mut r = self.ring.lock().unwrap();
-        if r.len() >= self.depth {
+        if r.len() >= self.depth.load(Ordering::Relaxed) {
             self.overflowed.store(true, Ordering::Release);
+            // An overflow is an error: it fires any arm (as a CQ error).
+            self.fire_arm(true);
             *notify = !self.signal_pending.swap(true, Ordering::AcqRel);
             return false;
         }
+        let solicited =
+            wc.flags.contains(super::wc::WcFlags::SOLICITED) || wc.status != WcStatus::Success;
         r.push_back(wc);
         self.pushed.fetch_add(1, Ordering::Release);
-        *notify = self.event_fd.is_some() && !self.signal_pending.swap(true, Ordering::AcqRel);
+        let fired = self.fire_arm(solicited);
+        *notify =
+            (self.event_fd.is_some() || fired) && !self.signal_pending.swap(true, Ordering::AcqRel);
         true
+    }
+
+    /// Disarm and mark an event due if the arm matches a completion that
+    /// is (`solicited`) or is not solicited. IBTA 11.4.2.2: "solicited
+    /// only" fires on solicited receives and on error completions.
+    fn fire_arm(&self, solicited: bool) -> bool {
+        let armed = self.armed.load(Ordering::Acquire);
+        let fires = armed == ARMED_NEXT || (armed == ARMED_SOLICITED && solicited);
+        if fires
+            && self
+                .armed
+                .compare_exchange(armed, ARMED_NONE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.event_due.store(true, Ordering::Release);
+            return true;
+        }
+        false
     }
 
     /// Write the eventfd (verbs side; called by the device after engine calls).
     pub(crate) fn signal(&self) {
         self.signal_pending.store(false, Ordering::Release);
+        if self.event_due.swap(false, Ordering::AcqRel) {
+            let handler = self.on_event.lock().unwrap().clone();
+            if let Some(h) = handler {
+                h();
+            }
+        }
         if let Some(fd) = &self.event_fd {
             let one: u64 = 1;
             // SAFETY: writing 8 bytes to an eventfd we own.
@@ -105,6 +144,15 @@ impl CqInner {
     }
 }
 
+/// Called once per completion event (`ibv_req_notify_cq` armed and a
+/// completion that matches it arrived), outside the engine lock.
+pub type CqEventHandler = Arc<dyn Fn() + Send + Sync>;
+
+/// What `ibv_req_notify_cq` armed.
+const ARMED_NONE: u8 = 0;
+const ARMED_NEXT: u8 = 1;
+const ARMED_SOLICITED: u8 = 2;
+
 /// A completion queue (`ibv_cq`). Cheap to clone (shared handle).
 #[derive(Clone)]
 pub struct CompletionQueue {
@@ -114,7 +162,7 @@ pub struct CompletionQueue {
 impl std::fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CompletionQueue")
-            .field("depth", &self.inner.depth)
+            .field("depth", &self.depth())
             .field("len", &self.inner.len())
             .finish()
     }
@@ -151,7 +199,20 @@ impl CompletionQueue {
         self.len() == 0
     }
     pub fn depth(&self) -> usize {
-        self.inner.depth
+        self.inner.depth.load(Ordering::Relaxed)
+    }
+
+    /// `ibv_resize_cq`: hold at least `depth` completions from now on.
+    /// Fails if fewer than the completions already queued.
+    pub fn resize(&self, depth: usize) -> Result<()> {
+        let r = self.inner.ring.lock().unwrap();
+        if depth == 0 || depth < r.len() {
+            return Err(VerbsError::InvalidArgument(
+                "a CQ cannot shrink below the completions it holds",
+            ));
+        }
+        self.inner.depth.store(depth, Ordering::Relaxed);
+        Ok(())
     }
     /// Has this CQ lost completions because it was full?
     pub fn overflowed(&self) -> bool {
@@ -166,6 +227,31 @@ impl CompletionQueue {
     /// epoll); `None` for CQs created without one.
     pub fn event_fd(&self) -> Option<RawFd> {
         self.inner.event_fd.as_ref().map(|f| f.as_raw_fd())
+    }
+
+    /// Set (or clear) what runs when an armed CQ gets a matching
+    /// completion: the completion channel of `ibv_create_cq`.
+    pub fn set_event_handler(&self, handler: Option<CqEventHandler>) {
+        *self.inner.on_event.lock().unwrap() = handler;
+    }
+
+    /// `ibv_req_notify_cq`: request one event for the next completion
+    /// (`solicited_only`: the next solicited receive or error completion).
+    /// The event fires once; arm again after handling it. Completions
+    /// already queued do not fire it (poll after arming, as with rdma-core).
+    pub fn req_notify(&self, solicited_only: bool) {
+        let want = if solicited_only {
+            ARMED_SOLICITED
+        } else {
+            ARMED_NEXT
+        };
+        // A "next" arm is never weakened to "solicited" by a later call.
+        let _ = self
+            .inner
+            .armed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                (cur != ARMED_NEXT).then_some(want)
+            });
     }
 
     /// Block until the CQ is non-empty (or overflowed) or `timeout` passes.

@@ -24,11 +24,16 @@ use crate::engine::{AsyncEvent, Engine, EngineConfig, EngineStats, QpCreate};
 /// Called when an application gives the engine new work to send.
 pub type Doorbell = Arc<dyn Fn() + Send + Sync>;
 
+/// Receives the engine's asynchronous events as they happen (called with
+/// the engine locked: it must not call back into the device).
+pub type AsyncHandler = Arc<dyn Fn(AsyncEvent) + Send + Sync>;
+
 pub(crate) struct DeviceShared {
     engine: Mutex<Engine>,
     pub(crate) mrs: Arc<MrTable>,
     next_pd: AtomicU32,
     doorbell: std::sync::RwLock<Option<Doorbell>>,
+    on_async: std::sync::RwLock<Option<AsyncHandler>>,
 }
 
 /// A software RDMA device. Cheap to clone (shared handle).
@@ -48,6 +53,7 @@ impl std::fmt::Debug for Device {
 pub struct DeviceGuard<'a> {
     g: MutexGuard<'a, Engine>,
     pending: Vec<Arc<CqInner>>,
+    on_async: &'a std::sync::RwLock<Option<AsyncHandler>>,
 }
 
 impl Deref for DeviceGuard<'_> {
@@ -63,6 +69,18 @@ impl DerefMut for DeviceGuard<'_> {
 }
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
+        if self.g.has_async_events() {
+            let handler = self
+                .on_async
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            if let Some(h) = handler {
+                while let Some(e) = self.g.poll_async_event() {
+                    h(e);
+                }
+            }
+        }
         self.g.take_notify(&mut self.pending);
         for cq in self.pending.drain(..) {
             cq.signal();
@@ -105,6 +123,7 @@ impl Device {
                 mrs,
                 next_pd: AtomicU32::new(1),
                 doorbell: std::sync::RwLock::new(None),
+                on_async: std::sync::RwLock::new(None),
             }),
         }
     }
@@ -117,6 +136,16 @@ impl Device {
         *self
             .shared
             .doorbell
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = f;
+    }
+
+    /// Deliver asynchronous events to `f` as they happen instead of
+    /// queueing them for [`Device::poll_async_event`].
+    pub fn set_async_handler(&self, f: Option<AsyncHandler>) {
+        *self
+            .shared
+            .on_async
             .write()
             .unwrap_or_else(|e| e.into_inner()) = f;
     }
@@ -138,6 +167,7 @@ impl Device {
         DeviceGuard {
             g: self.shared.engine.lock().unwrap_or_else(|e| e.into_inner()),
             pending: Vec::new(),
+            on_async: &self.shared.on_async,
         }
     }
 
@@ -152,6 +182,13 @@ impl Device {
     /// `ibv_create_cq` with an eventfd for [`CompletionQueue::wait`].
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue> {
         CompletionQueue::new(depth, true)
+    }
+
+    /// A CQ without an eventfd: for consumers that poll, or that take
+    /// completion events through [`CompletionQueue::set_event_handler`]
+    /// (saves a write(2) per batch of completions).
+    pub fn create_cq_polled(&self, depth: usize) -> Result<CompletionQueue> {
+        CompletionQueue::new(depth, false)
     }
 
     /// `ibv_create_qp`.
@@ -246,6 +283,16 @@ impl QueuePair {
     /// `ibv_post_send` for one WR.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
         let r = self.dev.lock().post_send(self.qpn, wr);
+        if r.is_ok() {
+            self.dev.ring();
+        }
+        r
+    }
+    /// `ibv_post_send` of one WR with IBV_SEND_INLINE: `data` is the
+    /// payload, copied now (`wr.sg_list` is not read), so the program's
+    /// buffer needs no registration, as rdma-core promises for inline.
+    pub fn post_send_inline(&self, wr: &SendWr, data: &[u8]) -> Result<()> {
+        let r = self.dev.lock().post_send_inline(self.qpn, wr, data);
         if r.is_ok() {
             self.dev.ring();
         }

@@ -2,11 +2,27 @@
 //! bits, bounds/permission checks, deregistration safe while traffic is in
 //! flight.
 //!
-//! An MR owns its memory (allocated at registration, 8-byte aligned so that
-//! atomics work). The engine holds `Arc<MrInner>` references while it uses a
-//! region, so dropping/deregistering the user's [`MemoryRegion`] only removes
-//! its keys from the table (new accesses fail with access errors) and marks it
-//! invalid; the memory itself is freed when the last in-flight user lets go.
+//! An MR covers either memory xroce allocated for it
+//! ([`super::ProtectionDomain::reg_mr`], 8-byte aligned so that atomics
+//! work) or the application's own memory
+//! ([`super::ProtectionDomain::reg_user_mr`], as `ibv_reg_mr` does): WRITE,
+//! READ, atomics and RECV then land in and come from that memory, never a
+//! copy. Addresses in SGEs and RETHs are in the MR's iova space (the
+//! buffer's address, unless registered with another iova as by
+//! `ibv_reg_mr_iova2`).
+//!
+//! The contract is rdma-core's: while a work request may access a range of
+//! an MR, the application must not touch it. That is why every direct
+//! access from the application ([`MemoryRegion::write`], [`MemoryRegion::read`],
+//! ...) is `unsafe`: the engine's I/O thread writes the same bytes.
+//!
+//! The engine holds `Arc<MrInner>` references while it uses a region, so
+//! dropping/deregistering the user's [`MemoryRegion`] only removes its keys
+//! from the table (new accesses fail with access errors) and marks it
+//! invalid; xroce-allocated memory is freed when the last in-flight user
+//! lets go. Application memory must stay mapped until deregistration (as
+//! with any RDMA NIC); an access that was already resolved before
+//! deregistration may still complete into it.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,8 +44,13 @@ bitflags::bitflags! {
 
 /// The registered memory and its keys.
 pub struct MrInner {
-    buf: Box<[UnsafeCell<u64>]>,
+    /// First byte of the registered memory.
+    ptr: *mut u8,
     len: usize,
+    /// The address peers and SGEs use for the first byte.
+    iova: u64,
+    /// Memory xroce allocated for the MR; `None` for application memory.
+    _owned: Option<Box<[UnsafeCell<u64>]>>,
     pub(crate) pd: u32,
     pub(crate) lkey: u32,
     pub(crate) rkey: u32,
@@ -38,8 +59,9 @@ pub struct MrInner {
 }
 
 // SAFETY: the memory is only accessed through raw copies and atomics, like
-// RDMA memory is: concurrent user access to bytes the network is writing is
-// the application's race, exactly as with ibv_reg_mr.
+// RDMA memory is. Application access to bytes a work request uses is
+// excluded by the unsafe contract of every such access (see the module
+// docs), exactly as with ibv_reg_mr.
 unsafe impl Send for MrInner {}
 unsafe impl Sync for MrInner {}
 
@@ -55,9 +77,10 @@ pub enum MrCheck {
 }
 
 impl MrInner {
+    /// The iova of the first byte (what RETHs and SGEs name).
     #[inline]
     pub fn addr(&self) -> u64 {
-        self.buf.as_ptr() as u64
+        self.iova
     }
     #[inline]
     pub fn len(&self) -> usize {
@@ -73,7 +96,7 @@ impl MrInner {
     }
     #[inline]
     fn base(&self) -> *mut u8 {
-        self.buf.as_ptr() as *mut u8
+        self.ptr
     }
 
     /// Check `[va, va+len)` against the region and `need`; returns the offset.
@@ -111,11 +134,13 @@ impl MrInner {
 
     /// The 64-bit word at `off` (must be 8-byte aligned and in bounds).
     pub fn atomic_at(&self, off: usize) -> Option<&AtomicU64> {
-        if !off.is_multiple_of(8) || off.checked_add(8).is_none_or(|e| e > self.len) {
+        if !(self.ptr as usize).wrapping_add(off).is_multiple_of(8)
+            || off.checked_add(8).is_none_or(|e| e > self.len)
+        {
             return None;
         }
-        // SAFETY: aligned (the buffer is u64-aligned and off % 8 == 0), in
-        // bounds, and the storage lives as long as `self`.
+        // SAFETY: aligned (checked above), in bounds, and the storage lives
+        // as long as `self` (owned) or until deregistration (application).
         Some(unsafe { AtomicU64::from_ptr(self.base().add(off) as *mut u64) })
     }
 }
@@ -140,7 +165,15 @@ const KEY_BITS: u32 = 16;
 const MAX_MRS: usize = (1 << (32 - KEY_BITS)) - 2;
 
 impl MrTable {
-    fn insert(&self, pd: u32, len: usize, access: AccessFlags) -> Result<Arc<MrInner>> {
+    /// Register `len` bytes at `ptr` (or, when `ptr` is `None`, memory
+    /// allocated here), named `iova` (the buffer's address when `None`).
+    fn insert(
+        &self,
+        pd: u32,
+        mem: Option<(*mut u8, u64)>,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Arc<MrInner>> {
         let mut s = self.slots.write().unwrap();
         let idx = match s.free.pop() {
             Some(i) => i as usize,
@@ -152,8 +185,15 @@ impl MrTable {
                 s.entries.len() - 1
             }
         };
-        let words = len.div_ceil(8).max(1);
-        let buf: Box<[UnsafeCell<u64>]> = (0..words).map(|_| UnsafeCell::new(0)).collect();
+        let (ptr, iova, owned) = match mem {
+            Some((ptr, iova)) => (ptr, iova, None),
+            None => {
+                let words = len.div_ceil(8).max(1);
+                let buf: Box<[UnsafeCell<u64>]> = (0..words).map(|_| UnsafeCell::new(0)).collect();
+                let ptr = buf.as_ptr() as *mut u8;
+                (ptr, ptr as u64, Some(buf))
+            }
+        };
         let slot = ((idx as u32) + 1) << KEY_BITS;
         let mask = (1u32 << KEY_BITS) - 1;
         let lkey = slot | (rand::random::<u32>() & mask);
@@ -162,8 +202,10 @@ impl MrTable {
             rkey = slot | ((lkey + 1) & mask);
         }
         let mr = Arc::new(MrInner {
-            buf,
+            ptr,
             len,
+            iova,
+            _owned: owned,
             pd,
             lkey,
             rkey,
@@ -233,9 +275,12 @@ impl std::fmt::Debug for MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// Register xroce-allocated memory (`mem == None`) or `len` bytes of the
+    /// caller's at `mem.0`, named `mem.1` (iova).
     pub(crate) fn register(
         table: &Arc<MrTable>,
         pd: u32,
+        mem: Option<(*mut u8, u64)>,
         len: usize,
         access: AccessFlags,
     ) -> Result<Self> {
@@ -247,12 +292,21 @@ impl MemoryRegion {
                 "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
             ));
         }
+        if mem.is_some_and(|(ptr, iova)| {
+            (ptr as u64).checked_add(len as u64).is_none() || iova.checked_add(len as u64).is_none()
+        }) {
+            return Err(VerbsError::InvalidArgument(
+                "the memory region wraps around the address space",
+            ));
+        }
         Ok(Self {
-            inner: table.insert(pd, len, access)?,
+            inner: table.insert(pd, mem, len, access)?,
             table: table.clone(),
         })
     }
-    /// The region's address (the iova remote peers use in RETH / AtomicETH).
+    /// The region's iova: the address remote peers use in RETH / AtomicETH
+    /// and SGEs use locally (the buffer's address unless registered with
+    /// another).
     pub fn addr(&self) -> u64 {
         self.inner.addr()
     }
@@ -272,7 +326,8 @@ impl MemoryRegion {
         self.inner.access
     }
     /// Raw pointer to the registered memory (for zero-copy users; the
-    /// network may write it concurrently, as with any RDMA buffer).
+    /// network may write it concurrently, as with any RDMA buffer: access
+    /// it only under the contract of the module docs).
     pub fn as_ptr(&self) -> *mut u8 {
         self.inner.base()
     }
@@ -285,7 +340,13 @@ impl MemoryRegion {
         }
     }
     /// Copy `src` into the region at `offset`.
-    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+    ///
+    /// # Safety
+    /// No work request that may read or write `offset..offset+src.len()`
+    /// is outstanding (posted and not yet completed), and no other thread
+    /// accesses that range meanwhile: the I/O thread accesses MR memory
+    /// without locks, as an RDMA NIC does.
+    pub unsafe fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         if offset.checked_add(src.len()).is_none_or(|e| e > self.len()) {
             return Err(VerbsError::InvalidArgument(
                 "write outside the memory region",
@@ -295,7 +356,12 @@ impl MemoryRegion {
         Ok(())
     }
     /// Copy `dst.len()` bytes from the region at `offset`.
-    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+    ///
+    /// # Safety
+    /// No work request that may write `offset..offset+dst.len()` is
+    /// outstanding, and no other thread writes that range meanwhile (see
+    /// [`MemoryRegion::write`]).
+    pub unsafe fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         if offset.checked_add(dst.len()).is_none_or(|e| e > self.len()) {
             return Err(VerbsError::InvalidArgument(
                 "read outside the memory region",
@@ -305,13 +371,21 @@ impl MemoryRegion {
         Ok(())
     }
     /// A copy of `len` bytes at `offset`.
-    pub fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+    ///
+    /// # Safety
+    /// As for [`MemoryRegion::read`].
+    pub unsafe fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         let mut v = vec![0; len];
-        self.read(offset, &mut v)?;
+        // SAFETY: the caller's contract is read's.
+        unsafe { self.read(offset, &mut v)? };
         Ok(v)
     }
     /// Atomically load the 64-bit word at `offset` (8-byte aligned).
-    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+    ///
+    /// # Safety
+    /// No outstanding RDMA WRITE, RECV or READ response writes these bytes
+    /// (those are plain copies; only remote atomics may run meanwhile).
+    pub unsafe fn load_u64(&self, offset: usize) -> Result<u64> {
         self.inner
             .atomic_at(offset)
             .map(|a| a.load(Ordering::SeqCst))
@@ -336,7 +410,7 @@ mod tests {
         let t = Arc::new(MrTable::default());
         let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let mrs: Vec<MemoryRegion> = (0..1000)
-            .map(|_| MemoryRegion::register(&t, 1, 64, acc).unwrap())
+            .map(|_| MemoryRegion::register(&t, 1, None, 64, acc).unwrap())
             .collect();
         let mut keys = std::collections::HashSet::new();
         let mut low = std::collections::HashSet::new();
@@ -365,6 +439,37 @@ mod tests {
             Err(MrCheck::BadKey)
         );
         // Remote write/atomic without local write is refused (IBTA).
-        assert!(MemoryRegion::register(&t, 1, 8, AccessFlags::REMOTE_WRITE).is_err());
+        assert!(MemoryRegion::register(&t, 1, None, 8, AccessFlags::REMOTE_WRITE).is_err());
+    }
+
+    #[test]
+    fn application_memory_is_registered_in_place_under_its_iova() {
+        let t = Arc::new(MrTable::default());
+        let mut buf = vec![0u8; 100];
+        let acc = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr = MemoryRegion::register(
+            &t,
+            1,
+            Some((buf.as_mut_ptr().wrapping_add(3), 0x1000)),
+            50,
+            acc,
+        )
+        .unwrap();
+        assert_eq!(mr.addr(), 0x1000);
+        assert_eq!(
+            mr.inner
+                .check(1, 0x1000 + 10, 40, AccessFlags::REMOTE_WRITE),
+            Ok(10)
+        );
+        assert_eq!(
+            mr.inner
+                .check(1, 0x1000 + 10, 41, AccessFlags::REMOTE_WRITE),
+            Err(MrCheck::Bounds)
+        );
+        mr.inner.write_at(10, b"in place");
+        drop(mr);
+        assert_eq!(&buf[13..21], b"in place");
+        let wraps = MemoryRegion::register(&t, 1, Some((buf.as_mut_ptr(), u64::MAX - 4)), 8, acc);
+        assert!(wraps.is_err());
     }
 }

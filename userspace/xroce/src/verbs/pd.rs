@@ -29,15 +29,41 @@ impl ProtectionDomain {
         &self.dev
     }
 
-    /// `ibv_reg_mr`: allocate and register `len` zeroed bytes.
+    /// Allocate and register `len` zeroed bytes (8-byte aligned).
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
-        MemoryRegion::register(&self.dev.shared.mrs, self.id, len, access)
+        MemoryRegion::register(&self.dev.shared.mrs, self.id, None, len, access)
+    }
+
+    /// `ibv_reg_mr_iova2`: register `len` bytes of the caller's memory at
+    /// `addr`, which peers and SGEs name by `iova` (pass `addr as u64` for
+    /// `ibv_reg_mr`). Data moves in and out of that memory in place.
+    ///
+    /// # Safety
+    /// `addr..addr+len` stays mapped and writable (readable, if the access
+    /// flags allow only reads) until the returned region is dropped, and
+    /// the caller keeps the contract of [`super::mr`]: no access of its own
+    /// to bytes an outstanding work request uses.
+    pub unsafe fn reg_user_mr(
+        &self,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        MemoryRegion::register(
+            &self.dev.shared.mrs,
+            self.id,
+            Some((addr, iova)),
+            len,
+            access,
+        )
     }
 
     /// Register a region initialised with `data`.
     pub fn reg_mr_with(&self, data: &[u8], access: AccessFlags) -> Result<MemoryRegion> {
         let mr = self.reg_mr(data.len(), access)?;
-        mr.write(0, data)?;
+        // SAFETY: the region is new: no work request can use it yet.
+        unsafe { mr.write(0, data)? };
         Ok(mr)
     }
 

@@ -42,6 +42,9 @@ bitflags::bitflags! {
         const GRH = 1;
         const WITH_IMM = 2;
         const WITH_INV = 4;
+        /// Receive: the message's last packet had the solicited-event bit
+        /// (decides `ibv_req_notify_cq(cq, 1)`).
+        const SOLICITED = 8;
     }
 }
 
