@@ -105,9 +105,13 @@ impl Seen {
         match op {
             Op::Write => {
                 let at = conn.slot_offset(0, 0) + size - 8;
+                let device = &stack.device;
                 self.until(conn, stack, op, &what, |_, c| {
-                    // SAFETY: NOT upheld, a known race (FIXME): the peer's WRITE i lands on these
-                    // bytes (plain copy on the I/O thread) while we poll, as in ib_write_lat.
+                    // The engine writes MR memory only with the device
+                    // locked: holding the lock, the peer's WRITE cannot be
+                    // landing on these bytes while we read them.
+                    let _engine = device.lock();
+                    // SAFETY: no concurrent writer while the engine lock is held.
                     Ok(unsafe { c.mr.load_u64(at) }? == i + 1)
                 })
             }

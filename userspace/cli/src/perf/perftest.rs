@@ -622,9 +622,13 @@ impl Test {
                 rcnt += 1;
                 let deadline = Instant::now() + STALL;
                 loop {
-                    // SAFETY: NOT upheld, a known race (FIXME): the peer's WRITE lands on this
-                    // byte (plain copy on the I/O thread) while we poll, as in ib_write_lat.
-                    unsafe { self.mr.read(poll_at, &mut byte) }?;
+                    {
+                        // The engine writes MR memory only with the device
+                        // locked: holding it, no WRITE lands on the byte.
+                        let _engine = self.stack.device.lock();
+                        // SAFETY: no concurrent writer while the engine lock is held.
+                        unsafe { self.mr.read(poll_at, &mut byte) }?;
+                    }
                     if byte[0] == rcnt as u8 {
                         break;
                     }
