@@ -18,6 +18,8 @@ use std::{
 pub mod datagram;
 pub mod experiment;
 pub mod perf;
+pub mod programs;
+pub mod verbs;
 
 /// Fails the test (never skips it) unless we are root with the tools we need.
 pub fn require_root() {

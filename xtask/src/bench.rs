@@ -1,7 +1,9 @@
 //! `cargo xtask bench`: xroce against its peers on the same veth pair in one
 //! run, reported as ratios: RDMA WRITE bandwidth (64 KiB, 1 and 4 QPs) vs
 //! kernel TCP (iperf3), SEND latency (8 B) vs kernel UDP ping-pong
-//! (sockperf), and the codec's ICRC vs plain CRC-32 implementations.
+//! (sockperf), Debian's unmodified ib_write_bw / ib_send_lat over xroce's
+//! drop-in libibverbs vs xroce's own bench / lat (the cost of the ABI
+//! layer), and the codec's ICRC vs plain CRC-32 implementations.
 //! Writes target/bench/report.json.
 
 use std::{
@@ -14,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use crate::{
+    dropin,
     netns::{in_ns, xroce_bin, NsPair, Started},
     util::{self, output, require_root_for, step, workspace_root},
 };
@@ -24,7 +27,14 @@ const SECONDS: &str = "5";
 pub fn bench() -> Result<()> {
     require_root_for("the benchmarks (network namespaces and XDP)")?;
     step("build (release)");
-    util::cargo(&["build", "--release", "--package", "xroce-cli"])?;
+    util::cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "xroce-cli",
+        "--package",
+        "xroce-ibverbs",
+    ])?;
     let ns = NsPair::new("bench", 1, MTU)?;
     step(&format!("veth pair {} <-> {}, MTU {MTU}", ns.if_a, ns.if_b));
 
@@ -50,6 +60,25 @@ pub fn bench() -> Result<()> {
     )?;
     step("xroce SEND latency, 8 B");
     let lat = xroce_pair(&ns, "lat", &["send", "--size", "8", "--iters", "20000"])?;
+    step("Debian ib_write_bw 64 KiB over xroce's libibverbs, 1 QP");
+    let dropin_write = dropin::perftest(
+        &ns,
+        "ib_write_bw",
+        &["-s", "65536", "-D", SECONDS, "--report_gbits"],
+    );
+    dropin::detach(&ns);
+    let dropin_write = dropin_write?;
+    eprintln!("{}", dropin_write.table);
+    // #bytes #iterations BW-peak BW-average MsgRate
+    let dropin_write_gbps = dropin_write.columns.get(3).copied().unwrap_or(0.0);
+    step("Debian ib_send_lat 8 B over xroce's libibverbs");
+    let dropin_lat = dropin::perftest(&ns, "ib_send_lat", &["-s", "8", "-n", "20000"]);
+    dropin::detach(&ns);
+    let dropin_lat = dropin_lat?;
+    eprintln!("{}", dropin_lat.table);
+    // #bytes #iterations t_min t_max t_typical t_avg ...: t_typical is the
+    // median half round trip, as `xroce lat` reports p50.
+    let dropin_lat_us = dropin_lat.columns.get(4).copied().unwrap_or(0.0);
     step("iperf3 TCP, one stream");
     let tcp_gbps = iperf3(&ns)?;
     step("sockperf UDP ping-pong, 64 B");
@@ -80,7 +109,11 @@ pub fn bench() -> Result<()> {
         "iperf3_tcp_gbps": tcp_gbps,
         "sockperf_udp_half_rtt_p50_us": udp_p50,
         "icrc": icrc,
+        "dropin_ib_write_bw_gbps": dropin_write_gbps,
+        "dropin_ib_send_lat_typical_us": dropin_lat_us,
         "ratios": {
+            "dropin_write_vs_xroce_bench": dropin_write_gbps / g(&w1),
+            "dropin_send_lat_vs_xroce_lat": dropin_lat_us / send_p50,
             "write_1qp_vs_tcp": g(&w1) / tcp_gbps,
             "write_4qp_vs_tcp": g(&w4) / tcp_gbps,
             "send_lat_p50_vs_udp": send_p50 / udp_p50,
@@ -91,6 +124,14 @@ pub fn bench() -> Result<()> {
     println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 1 QP", g(&w1));
     println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 4 QPs", g(&w4));
     println!("{:<40} {:>10.3} Gb/s", "iperf3 TCP (kernel, GSO)", tcp_gbps);
+    println!(
+        "{:<40} {:>10.3} Gb/s",
+        "ib_write_bw 64KiB (drop-in libibverbs)", dropin_write_gbps
+    );
+    println!(
+        "{:<40} {:>10.2} us",
+        "ib_send_lat 8B typical (drop-in)", dropin_lat_us
+    );
     println!("{:<40} {:>10.2} us", "xroce SEND 8B half-RTT p50", send_p50);
     println!(
         "{:<40} {:>10.2} us",

@@ -1,7 +1,9 @@
 //! `cargo xtask demo`: two network namespaces joined by a veth pair, RDMA
 //! WRITE and READ bandwidth between them over XDP + AF_XDP (the XDP program
 //! is attached natively on both ends by xroce itself), the data verified,
-//! perftest-style tables, then the XDP counters of the receiving side.
+//! perftest-style tables, then the XDP counters of the receiving side; then
+//! Debian's own ib_write_bw and ib_read_bw, unmodified, over xroce's
+//! drop-in libibverbs between the same namespaces.
 
 use std::{
     process::{Command, Stdio},
@@ -12,6 +14,7 @@ use std::{
 use anyhow::{bail, Result};
 
 use crate::{
+    dropin,
     netns::{in_ns, xroce_bin, NsPair, Started},
     util::{self, require_root_for, run, step},
 };
@@ -22,7 +25,14 @@ const MTU: u32 = 3500;
 pub fn demo() -> Result<()> {
     require_root_for("the demo (network namespaces and XDP)")?;
     step("build (release)");
-    util::cargo(&["build", "--release", "--package", "xroce-cli"])?;
+    util::cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "xroce-cli",
+        "--package",
+        "xroce-ibverbs",
+    ])?;
     let xroce = xroce_bin();
     let ns = NsPair::new("demo", 0, MTU)?;
     step(&format!(
@@ -66,6 +76,17 @@ pub fn demo() -> Result<()> {
         ns.if_b
     ));
     run(in_ns(&ns.b, &xroce).args(["stats", "--iface", &ns.if_b]))?;
+    drop(_detach);
+
+    for tool in ["ib_write_bw", "ib_read_bw"] {
+        step(&format!(
+            "Debian's {tool}, unmodified, over xroce's libibverbs: \
+             `xroce run --iface IF -- {tool} -d xroce_IF -x 1 -F -s 65536 -D 3 --report_gbits`"
+        ));
+        let row = dropin::perftest(&ns, tool, &["-s", "65536", "-D", "3", "--report_gbits"]);
+        dropin::detach(&ns);
+        println!("{}", row?.table);
+    }
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 
 mod bench;
 mod demo;
+mod dropin;
 mod netns;
 mod setup;
 mod util;

@@ -9,7 +9,10 @@ use crate::util::{is_root, output, run, step, succeeds};
 
 /// Debian packages: the C libraries xsk-rs builds libxdp/libbpf against
 /// (libelf, zlib, libpcap headers), clang/llvm, and the tools the tests and
-/// benchmarks drive (ip, ping, nsenter, bpftool, tshark, iperf3, sockperf).
+/// benchmarks drive (ip, ping, nsenter, bpftool, tshark, iperf3, sockperf),
+/// and rdma-core's unmodified programs that run over xroce's drop-in
+/// libibverbs (ibverbs-utils, perftest, rdmacm-utils) with the header the
+/// ABI layout tests compare against (libibverbs-dev).
 const APT_PACKAGES: &[&str] = &[
     "libelf-dev",
     "zlib1g-dev",
@@ -27,6 +30,10 @@ const APT_PACKAGES: &[&str] = &[
     "sockperf",
     "ethtool",
     "tcpdump",
+    "ibverbs-utils",
+    "perftest",
+    "rdmacm-utils",
+    "libibverbs-dev",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.10.3";
@@ -37,6 +44,7 @@ pub fn setup() -> Result<()> {
     nightly_rust_src()?;
     bpf_linker()?;
     cargo_fuzz()?;
+    position_independent_libxdp()?;
     eprintln!("setup: everything is in place");
     Ok(())
 }
@@ -131,4 +139,62 @@ fn cargo_fuzz() -> Result<()> {
     }
     eprintln!("setup: installing cargo-fuzz (runs the parser fuzzer in `cargo xtask test`; a few minutes)");
     run(Command::new(&cargo).args(["install", "cargo-fuzz", "--locked"]))
+}
+
+/// libxdp-sys builds libxdp.a inside its registry source tree with make,
+/// which keeps objects it built before. The drop-in libibverbs.so.1 links
+/// libxdp into a shared library, so the objects must be position
+/// independent (.cargo/config.toml sets CFLAGS=-fPIC); a copy built
+/// without it (R_X86_64_PC32 relocations) is removed so that it rebuilds.
+fn position_independent_libxdp() -> Result<()> {
+    let Some(home) = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cargo")))
+    else {
+        return Ok(());
+    };
+    let Ok(registries) = std::fs::read_dir(home.join("registry/src")) else {
+        return Ok(());
+    };
+    for registry in registries.flatten() {
+        let Ok(crates) = std::fs::read_dir(registry.path()) else {
+            continue;
+        };
+        for krate in crates.flatten() {
+            if !krate
+                .file_name()
+                .to_string_lossy()
+                .starts_with("libxdp-sys-")
+            {
+                continue;
+            }
+            let lib = krate.path().join("xdp-tools/lib/libxdp");
+            let objs = lib.join("staticobjs");
+            let Ok(entries) = std::fs::read_dir(&objs) else {
+                continue;
+            };
+            let non_pic = entries.flatten().any(|o| {
+                output(Command::new("readelf").arg("-rW").arg(o.path()))
+                    .map(|r| {
+                        r.lines()
+                            .any(|l| l.contains("R_X86_64_PC32") && l.contains(" stderr"))
+                    })
+                    .unwrap_or(false)
+            });
+            if non_pic {
+                eprintln!(
+                    "setup: {} was built without -fPIC; removing it so it rebuilds position-independent",
+                    objs.display()
+                );
+                std::fs::remove_dir_all(&objs)?;
+                let _ = std::fs::remove_file(lib.join("libxdp.a"));
+                let _ = succeeds(
+                    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                        .args(["clean", "-p", "libxdp-sys"])
+                        .current_dir(crate::util::workspace_root()),
+                );
+            }
+        }
+    }
+    Ok(())
 }

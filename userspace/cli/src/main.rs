@@ -10,6 +10,7 @@ mod experiment;
 mod perf;
 // rc_pingpong's refill loop bumps the count its range started from (on purpose).
 mod pingpong;
+mod run;
 mod stats;
 
 use clap::{Parser, Subcommand};
@@ -58,6 +59,9 @@ enum Command {
     Experiment(experiment::ExperimentArgs),
     /// RC SEND/RECV ping-pong compatible with rdma-core's ibv_rc_pingpong
     Pingpong(pingpong::PingpongArgs),
+    /// Run an unmodified libibverbs program (perftest, ibv_devinfo, ...) over xroce
+    #[command(long_about = run::LONG_ABOUT, after_help = run::AFTER_HELP)]
+    Run(run::RunArgs),
 }
 
 fn main() {
@@ -83,6 +87,7 @@ fn main() {
         Command::Decode(args) => decode::run(&args),
         Command::Experiment(args) => experiment::run(&args),
         Command::Pingpong(args) => pingpong::run(&args),
+        Command::Run(args) => run::run(&args),
     };
     if let Err(e) = result {
         // One line: what went wrong and, from the error itself, what to do.

@@ -1,0 +1,486 @@
+//! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`,
+//! `ibv_close_device`, and the per-interface xroce stack behind them.
+//!
+//! One device per interface (`xroce_IF`). Opening one starts xroce's
+//! stack on the interface (the engine, a packet-I/O backend and its I/O
+//! thread); every context of the process on that interface shares it, and
+//! the last close stops it.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void};
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use xroce::cc;
+use xroce::device::{self, Attachment, BackendKind, Device as NetDevice, DeviceConfig};
+use xroce::engine::{AsyncEvent, EngineConfig};
+use xroce::runtime::{Runtime, RuntimeConfig};
+use xroce::stats_export::StatsExporter;
+use xroce::verbs::{Device, Mtu};
+
+use crate::abi::*;
+use crate::config;
+use crate::errno::{ffi, ffi_int, ffi_ptr, set_errno};
+
+/// One `struct ibv_device` and the interface it stands for. Entries live
+/// for the whole process (programs keep device pointers past
+/// ibv_free_device_list).
+#[repr(C)]
+pub(crate) struct DeviceEntry {
+    pub dev: ibv_device,
+    pub iface: String,
+}
+
+/// Line rate the default (no congestion control) pacer allows.
+const LINE_RATE_BPS: u64 = 100_000_000_000;
+
+fn registry() -> &'static Mutex<Vec<&'static DeviceEntry>> {
+    static R: OnceLock<Mutex<Vec<&'static DeviceEntry>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// The interfaces to offer: `XROCE_IFACES`, or every Ethernet interface
+/// with an IPv4 address except loopback.
+fn wanted_interfaces() -> Vec<String> {
+    if let Some(list) = config::ifaces() {
+        return list;
+    }
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
+        return out;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ether = std::fs::read_to_string(e.path().join("type"))
+            .map(|t| t.trim() == "1")
+            .unwrap_or(false);
+        let has_v4 = device::interface_addrs(&name)
+            .map(|(v4, _)| !v4.is_empty())
+            .unwrap_or(false);
+        if name != "lo" && ether && has_v4 {
+            out.push(name);
+        }
+    }
+    out.sort();
+    out
+}
+
+fn copy_cstr(dst: &mut [c_char], s: &str) {
+    for (d, b) in dst.iter_mut().zip(s.bytes().chain([0])) {
+        *d = b as c_char;
+    }
+    if let Some(last) = dst.last_mut() {
+        *last = 0;
+    }
+}
+
+/// The registry entry for `iface`, made on first sight.
+fn entry_for(iface: &str) -> &'static DeviceEntry {
+    let mut reg = registry().lock().unwrap();
+    if let Some(e) = reg.iter().find(|e| e.iface == iface) {
+        return e;
+    }
+    let index = reg.len();
+    let mut dev = ibv_device {
+        node_type: IBV_NODE_CA,
+        transport_type: IBV_TRANSPORT_IB,
+        ..Default::default()
+    };
+    copy_cstr(&mut dev.name, &device_name(iface));
+    copy_cstr(&mut dev.dev_name, &format!("uverbs{index}"));
+    copy_cstr(
+        &mut dev.dev_path,
+        &format!("/sys/class/infiniband_verbs/uverbs{index}"),
+    );
+    copy_cstr(
+        &mut dev.ibdev_path,
+        &format!("/sys/class/infiniband/{}", device_name(iface)),
+    );
+    let e: &'static DeviceEntry = Box::leak(Box::new(DeviceEntry {
+        dev,
+        iface: iface.to_string(),
+    }));
+    reg.push(e);
+    e
+}
+
+/// `xroce_IF`.
+pub(crate) fn device_name(iface: &str) -> String {
+    format!("xroce_{iface}")
+}
+
+/// The entry behind a device pointer, if it is one of ours.
+pub(crate) fn entry_of(dev: *mut ibv_device) -> Option<&'static DeviceEntry> {
+    registry()
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .find(|e| std::ptr::eq(&e.dev, dev))
+}
+
+/// Index of a device in the registry (`ibv_get_device_index`).
+pub(crate) fn index_of(dev: *mut ibv_device) -> Option<usize> {
+    registry()
+        .lock()
+        .unwrap()
+        .iter()
+        .position(|e| std::ptr::eq(&e.dev, dev))
+}
+
+/// The node GUID rxe derives from the MAC (modified EUI-64), in host order.
+pub(crate) fn guid_from_mac(mac: [u8; 6]) -> u64 {
+    u64::from_be_bytes([
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ])
+}
+
+/// Which QP an async event is about: the context whose async fd gets it
+/// and the `struct ibv_qp` the program knows.
+#[derive(Clone, Copy)]
+struct QpOwner {
+    async_write: i32,
+    qp: usize,
+}
+
+/// xroce's stack on one interface, shared by every context of the process
+/// on it.
+pub(crate) struct OpenDevice {
+    pub iface: String,
+    pub device: Device,
+    pub mac: [u8; 6],
+    pub ip: Ipv4Addr,
+    /// The largest path MTU the interface allows (rxe's active_mtu).
+    pub active_mtu: Mtu,
+    pub backend: &'static str,
+    qp_owners: Arc<Mutex<HashMap<u32, QpOwner>>>,
+    // Drop order: exporter and runtime stop before the interface closes.
+    _stats: StatsExporter,
+    _runtime: Runtime,
+    pub net: NetDevice,
+}
+
+fn open_devices() -> &'static Mutex<HashMap<String, Weak<OpenDevice>>> {
+    static D: OnceLock<Mutex<HashMap<String, Weak<OpenDevice>>>> = OnceLock::new();
+    D.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl OpenDevice {
+    /// The process's stack on `iface`, started if it is not running.
+    fn get(iface: &str) -> Result<Arc<OpenDevice>, String> {
+        let mut all = open_devices().lock().unwrap();
+        if let Some(d) = all.get(iface).and_then(Weak::upgrade) {
+            return Ok(d);
+        }
+        let d = Arc::new(Self::start(iface)?);
+        if config::debug() {
+            eprintln!(
+                "xroce libibverbs: {} runs over the {} backend, active MTU {}",
+                device_name(iface),
+                d.backend,
+                d.active_mtu.bytes()
+            );
+        }
+        all.insert(iface.to_string(), Arc::downgrade(&d));
+        Ok(d)
+    }
+
+    fn start(iface: &str) -> Result<OpenDevice, String> {
+        let wanted = config::backend()?;
+        let net = NetDevice::open(
+            iface,
+            DeviceConfig {
+                attach: wanted == Some(BackendKind::AfXdp),
+                ..DeviceConfig::default()
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let backend = wanted.unwrap_or(match net.attachment() {
+            Attachment::None => BackendKind::Udp,
+            _ => BackendKind::AfXdp,
+        });
+        let ip = *net.ipv4().first().ok_or_else(|| {
+            format!("{iface} has no IPv4 address; xroce's RoCEv2 runs over IPv4: add one")
+        })?;
+        let path_mtu = net.checked_path_mtu().map_err(|e| e.to_string())?;
+        let active_mtu = Mtu::from_bytes(path_mtu).unwrap_or(Mtu::Mtu1024);
+        let kind = config::cc()?;
+        let engine = EngineConfig {
+            mac: net.mac(),
+            ip,
+            line_rate_bps: LINE_RATE_BPS,
+            cc: Some(Arc::new(move || cc::build(kind, LINE_RATE_BPS))),
+            ..EngineConfig::default()
+        };
+        let io = net
+            .open_io(backend, active_mtu.bytes())
+            .map_err(|e| format!("{backend} backend on {iface}: {e}"))?;
+        let backend_name = io.name();
+        let device = Device::new(engine);
+        let qp_owners: Arc<Mutex<HashMap<u32, QpOwner>>> = Arc::default();
+        let owners = qp_owners.clone();
+        device.set_async_handler(Some(Arc::new(move |e: AsyncEvent| {
+            let (qpn, kind) = match e {
+                AsyncEvent::CommEstablished { qpn } => (qpn, IBV_EVENT_COMM_EST),
+                AsyncEvent::SqDrained { qpn } => (qpn, IBV_EVENT_SQ_DRAINED),
+                AsyncEvent::QpFatal { qpn, .. } => (qpn, IBV_EVENT_QP_FATAL),
+            };
+            if let Some(o) = owners.lock().unwrap().get(&qpn) {
+                write_async(o.async_write, o.qp as *mut c_void, kind);
+            }
+        })));
+        let runtime = Runtime::start(device.clone(), io, RuntimeConfig::default());
+        let stats = StatsExporter::start(device.clone(), iface);
+        Ok(OpenDevice {
+            iface: iface.to_string(),
+            device,
+            mac: net.mac(),
+            ip,
+            active_mtu,
+            backend: backend_name,
+            qp_owners,
+            _stats: stats,
+            _runtime: runtime,
+            net,
+        })
+    }
+}
+
+/// One record on a context's async fd: what `ibv_get_async_event` returns.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct AsyncRecord {
+    pub element: u64,
+    pub event_type: u32,
+    pub _pad: u32,
+}
+
+/// Queue an async event on the pipe whose write end is `fd` (never
+/// blocks: a full pipe drops the event, as a full kernel queue would).
+pub(crate) fn write_async(fd: i32, element: *mut c_void, event_type: u32) {
+    let r = AsyncRecord {
+        element: element as u64,
+        event_type,
+        _pad: 0,
+    };
+    // SAFETY: writes the bytes of a live Copy struct to a pipe we own.
+    let _ = unsafe {
+        libc::write(
+            fd,
+            &r as *const AsyncRecord as *const c_void,
+            std::mem::size_of::<AsyncRecord>(),
+        )
+    };
+}
+
+/// An open device (`struct ibv_context`, inside rdma-core's extended
+/// `struct verbs_context`).
+#[repr(C)]
+pub(crate) struct Context {
+    pub vctx: verbs_context,
+    pub dev: Arc<OpenDevice>,
+    pub entry: &'static DeviceEntry,
+    /// The async event pipe: programs read `context->async_fd`.
+    async_read: OwnedFd,
+    pub async_write: OwnedFd,
+}
+
+impl Context {
+    pub fn ibv(&mut self) -> *mut ibv_context {
+        &mut self.vctx.context
+    }
+
+    /// Route async events of QP `qpn` to this context as `qp`.
+    pub fn own_qp(&self, qpn: u32, qp: *mut ibv_qp) {
+        self.dev.qp_owners.lock().unwrap().insert(
+            qpn,
+            QpOwner {
+                async_write: self.async_write.as_raw_fd(),
+                qp: qp as usize,
+            },
+        );
+    }
+
+    pub fn disown_qp(&self, qpn: u32) {
+        self.dev.qp_owners.lock().unwrap().remove(&qpn);
+    }
+
+    /// Queue an async event for this context.
+    pub fn post_async(&self, element: *mut c_void, event_type: u32) {
+        write_async(self.async_write.as_raw_fd(), element, event_type);
+    }
+}
+
+/// The context behind `ctx`.
+///
+/// # Safety
+/// `ctx` is NULL or a context this library opened and has not closed.
+pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> Option<&'a mut Context> {
+    if ctx.is_null() {
+        return None;
+    }
+    let off = std::mem::offset_of!(verbs_context, context);
+    // SAFETY: our ibv_context is the `context` field of the verbs_context
+    // that starts our repr(C) Context.
+    unsafe { (ctx.cast::<u8>().sub(off) as *mut Context).as_mut() }
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), i32> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 fills two fresh descriptors we then own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EMFILE));
+    }
+    // SAFETY: as above.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A pipe whose write end never blocks (event producers must not stall
+/// the I/O thread) and whose read end blocks unless the program sets
+/// O_NONBLOCK itself.
+pub(crate) fn event_pipe() -> Result<(OwnedFd, OwnedFd), i32> {
+    let (r, w) = pipe()?;
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe { libc::fcntl(w.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    Ok((r, w))
+}
+
+fn open(dev: *mut ibv_device) -> Result<*mut ibv_context, i32> {
+    let entry = entry_of(dev).ok_or(libc::ENODEV)?;
+    let open = OpenDevice::get(&entry.iface).map_err(|why| {
+        // Programs only print "Couldn't get context": say why once.
+        eprintln!("xroce: cannot open {}: {why}", device_name(&entry.iface));
+        libc::ENODEV
+    })?;
+    let (async_read, async_write) = event_pipe()?;
+    let mut vctx = verbs_context {
+        sz: std::mem::size_of::<verbs_context>(),
+        ..Default::default()
+    };
+    vctx.query_port = Some(crate::query::query_port_ex);
+    vctx.query_device_ex = Some(crate::query::query_device_ex);
+    vctx.create_cq_ex = Some(crate::cq::create_cq_ex);
+    vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
+    let c = &mut vctx.context;
+    c.device = dev;
+    c.cmd_fd = -1;
+    c.async_fd = async_read.as_raw_fd();
+    c.num_comp_vectors = 1;
+    c.abi_compat = usize::MAX as *mut c_void;
+    c.ops.poll_cq = Some(crate::cq::poll_cq);
+    c.ops.req_notify_cq = Some(crate::cq::req_notify_cq);
+    c.ops.post_send = Some(crate::qp::post_send);
+    c.ops.post_recv = Some(crate::qp::post_recv);
+    c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
+    c.ops.alloc_mw = Some(crate::unsupported::alloc_mw_op);
+    c.ops.bind_mw = Some(crate::unsupported::bind_mw_op);
+    c.ops.dealloc_mw = Some(crate::unsupported::dealloc_mw_op);
+    // SAFETY: initialising the mutex in place before anyone can see it.
+    let ctx = Box::leak(Box::new(Context {
+        vctx,
+        dev: open,
+        entry,
+        async_read,
+        async_write,
+    }));
+    unsafe {
+        libc::pthread_mutex_init(
+            &mut ctx.vctx.context.mutex as *mut _ as *mut _,
+            std::ptr::null(),
+        )
+    };
+    Ok(ctx.ibv())
+}
+
+/// `ibv_get_device_list`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    ffi_ptr(|| {
+        let names = wanted_interfaces();
+        let entries: Vec<&'static DeviceEntry> = names.iter().map(|n| entry_for(n)).collect();
+        // SAFETY: calloc'd so that ibv_free_device_list can free() it.
+        let list = unsafe {
+            libc::calloc(entries.len() + 1, std::mem::size_of::<*mut ibv_device>())
+                as *mut *mut ibv_device
+        };
+        if list.is_null() {
+            return Err(libc::ENOMEM);
+        }
+        for (i, e) in entries.iter().enumerate() {
+            // SAFETY: i < entries.len() < the allocated length.
+            unsafe { *list.add(i) = &e.dev as *const ibv_device as *mut ibv_device };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the program passed a valid int pointer.
+            unsafe { *num_devices = entries.len() as c_int };
+        }
+        Ok(list)
+    })
+}
+
+/// `ibv_free_device_list`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    // SAFETY: the list came from ibv_get_device_list's calloc.
+    ffi((), || unsafe { libc::free(list as *mut c_void) })
+}
+
+/// `ibv_open_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    ffi_ptr(|| open(dev))
+}
+
+/// `ibv_close_device`: frees the context; the interface's stack stops
+/// with its last context.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    ffi_int(|| {
+        if ctx.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a context we leaked in ibv_open_device, closed once.
+        let c = unsafe { Box::from_raw(context(ctx).ok_or(libc::EINVAL)? as *mut Context) };
+        drop(c);
+        Ok(())
+    })
+}
+
+/// `ibv_get_device_name`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
+    ffi(std::ptr::null(), || match entry_of(dev) {
+        Some(e) => e.dev.name.as_ptr(),
+        None => {
+            set_errno(libc::ENODEV);
+            std::ptr::null()
+        }
+    })
+}
+
+/// `ibv_get_device_guid`: the node GUID (network byte order).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> __be64 {
+    ffi(0, || {
+        entry_of(dev)
+            .and_then(|e| device::interface_mac(&e.iface).ok())
+            .map(|mac| guid_from_mac(mac).to_be())
+            .unwrap_or(0)
+    })
+}
+
+/// `ibv_get_device_index`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
+    ffi(-1, || index_of(dev).map(|i| i as c_int).unwrap_or(-1))
+}

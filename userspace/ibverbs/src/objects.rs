@@ -1,0 +1,154 @@
+//! The Rust objects behind the C structs handed to programs.
+//!
+//! Each is `#[repr(C)]` with the C struct first, so the pointer the
+//! program holds is also a pointer to the whole object: `from_*` casts it
+//! back. Objects are boxed and leaked at creation and freed by the verb
+//! that destroys them; rdma-core's contract (no use after destroy) is the
+//! program's.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::{Arc, Mutex};
+
+use xroce::verbs::{
+    AddressVector, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, SendWr,
+    SharedReceiveQueue, Wc,
+};
+
+use crate::abi::*;
+use crate::context::Context;
+
+/// Recover the Rust object from the C pointer a program passed in.
+///
+/// # Safety
+/// `p` came from this library as a `*mut C` of an `Outer` created here and
+/// not yet destroyed (rdma-core's contract for every object).
+pub(crate) unsafe fn outer<'a, C, Outer>(p: *mut C) -> Option<&'a mut Outer> {
+    // SAFETY: the C struct is the first field of the repr(C) Outer.
+    unsafe { (p as *mut Outer).as_mut() }
+}
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub(crate) struct Pd {
+    pub pd: ibv_pd,
+    pub inner: ProtectionDomain,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub(crate) struct Mr {
+    pub mr: ibv_mr,
+    pub inner: MemoryRegion,
+}
+
+/// `struct ibv_comp_channel`: a pipe; each completion event is one
+/// record (`cq::EventRecord`: the `*mut ibv_cq` and the CQ's id) written
+/// to it, so poll/epoll and O_NONBLOCK work on `fd`, the read end, as
+/// programs expect.
+#[repr(C)]
+pub(crate) struct Channel {
+    pub ch: ibv_comp_channel,
+    pub read_end: OwnedFd,
+    /// Shared with the event handlers of its CQs (so a handler still
+    /// running after its CQ was destroyed writes to a live pipe).
+    pub write_end: Arc<OwnedFd>,
+    /// Ids of the live CQs using it: destroying a channel in use is EBUSY,
+    /// and a record whose id is gone is a stale event of a destroyed CQ,
+    /// skipped by ibv_get_cq_event. The lock also orders
+    /// `Cq::events_read` against destroy.
+    pub cqs: Mutex<std::collections::HashSet<u64>>,
+}
+
+/// `struct ibv_cq` / `struct ibv_cq_ex` (the former is a prefix of the
+/// latter, so one object serves both).
+#[repr(C)]
+pub(crate) struct Cq {
+    pub cq: ibv_cq_ex,
+    pub inner: CompletionQueue,
+    /// NULL only in unit tests.
+    pub ctx: *mut Context,
+    /// Unique for the process (completion-event records carry it).
+    pub id: u64,
+    /// Completion events ibv_get_cq_event returned for this CQ (counted
+    /// under the channel's `cqs` lock); destroy waits until the program
+    /// acked as many (`cq.comp_events_completed`).
+    pub events_read: AtomicU32,
+    /// Queues (QP send/receive queues) completing into this CQ: the QP
+    /// code adds one per queue at create and subtracts at destroy;
+    /// ibv_destroy_cq is EBUSY while it is not zero.
+    pub users: AtomicU32,
+    /// IBV_EVENT_CQ_ERR was posted for the overflow (it is posted once).
+    pub overflow_reported: AtomicBool,
+    /// IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: an overflow is not an error.
+    pub ignore_overrun: bool,
+    /// Held from ibv_start_poll to ibv_end_poll (as providers hold their
+    /// CQ lock), guarding `cur` and `cq.wr_id`/`cq.status`.
+    pub ex_busy: AtomicBool,
+    /// The extended poller's (`ibv_start_poll`) current completion.
+    pub cur: Wc,
+    /// `wc_flags` asked for at create_cq_ex (what ibv_wc_read_* may read).
+    pub wc_flags: u64,
+}
+
+/// `struct ibv_qp` / `struct ibv_qp_ex`.
+#[repr(C)]
+pub(crate) struct Qp {
+    pub qp: ibv_qp_ex,
+    pub inner: QueuePair,
+    pub ctx: *mut Context,
+    /// Its PD (inline data is staged in memory registered there).
+    pub pd: ProtectionDomain,
+    /// Created through create_qp_ex (ibv_qp_to_qp_ex returns it; the
+    /// ibv_wr_* pointers are set when send_ops_flags were given).
+    pub has_qp_ex: bool,
+    /// Send-side scratch state: post_send's batch and inline staging, the
+    /// work requests built by ibv_wr_* between wr_start and wr_complete.
+    pub pending: Mutex<PendingWrs>,
+    /// The QP's creation capabilities, as query_qp reports them.
+    pub cap: ibv_qp_cap,
+    pub sq_sig_all: bool,
+    pub qp_type: u32,
+    pub srq: *mut ibv_srq,
+    /// The `ah_attr` of the last modify_qp with IBV_QP_AV (query_qp).
+    pub ah_attr: Mutex<ibv_ah_attr>,
+}
+
+/// Inline payload of a work request built with ibv_wr_set_inline_data*.
+pub(crate) type InlineBytes = Option<Vec<u8>>;
+
+#[derive(Default)]
+pub(crate) struct PendingWrs {
+    /// ibv_wr_*: the requests built since wr_start, with the inline bytes
+    /// copied at ibv_wr_set_inline_data* time.
+    pub wrs: Vec<(SendWr, InlineBytes)>,
+    /// ibv_wr_*: the first error among them (reported by wr_complete).
+    pub error: i32,
+    /// Requests converted and not yet handed to the engine (reused).
+    pub batch: Vec<SendWr>,
+    /// Registered memory in the QP's PD where inline data waits until the
+    /// engine copies it (during the post): rdma-core's inline SGEs need no
+    /// lkey, the engine's do. Made at the first inline post.
+    pub bounce: Option<MemoryRegion>,
+    /// Bytes of `bounce` used by requests in `batch`.
+    pub bounce_used: usize,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub(crate) struct Srq {
+    pub srq: ibv_srq,
+    pub inner: SharedReceiveQueue,
+    pub ctx: *mut Context,
+    /// QPs using it (destroying an SRQ in use is EBUSY).
+    pub users: AtomicU32,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub(crate) struct Ah {
+    pub ah: ibv_ah,
+    pub av: AddressVector,
+    /// The attributes it was created from (for ibv_query_ah-like needs).
+    pub attr: ibv_ah_attr,
+}

@@ -1,0 +1,2351 @@
+//! Queue pairs: `ibv_create_qp`, the `create_qp_ex` op, `ibv_modify_qp`,
+//! `ibv_query_qp`, `ibv_destroy_qp`, `ibv_qp_to_qp_ex`,
+//! `ibv_query_qp_data_in_order`, the post paths (`context->ops.post_send`
+//! / `post_recv`) and the `ibv_wr_*` builders of `struct ibv_qp_ex`.
+//!
+//! RC, UC and UD QPs are xroce [`QueuePair`]s. Work requests are converted
+//! field by field (`imm_data` is big-endian in the WR as on the wire; the
+//! engine's `imm` is the host-order value of those 4 bytes). Inline data
+//! follows rdma-core's contract: the SGE addresses are read at post time
+//! and need no lkey; the bytes are staged in a small registered buffer of
+//! the QP's PD that the engine copies from during the post.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
+
+use xroce::verbs::qp::{check_modify_for, MAX_RD_ATOMIC};
+use xroce::verbs::{
+    AccessFlags, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags,
+    SendWr, Sge, UdAddress, WrOpcode,
+};
+
+use crate::abi::*;
+use crate::ah::{av_from_ah_attr, ipv4_mapped};
+use crate::async_event;
+use crate::context::{context, Context};
+use crate::errno::{fail, ffi, ffi_int, ffi_ptr, verbs_fail};
+use crate::limits::{MAX_INLINE_DATA, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE};
+use crate::objects::{outer, Ah, Cq, InlineBytes, Pd, PendingWrs, Qp, Srq};
+
+/// Inline requests the staging buffer holds before a batch is flushed.
+const INLINE_SLOTS: usize = 16;
+
+/// The comp_mask bits create_qp_ex honours.
+const SUPPORTED_COMP_MASK: u32 =
+    IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+
+/// send_ops_flags per QP type (what the engine carries on it).
+const RC_SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_SEND_WITH_INV) as u64;
+const UC_SEND_OPS: u64 = (IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM) as u64;
+const UD_SEND_OPS: u64 = (IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM) as u64;
+
+/// Every `ibv_qp_attr_mask` bit rdma-core 44 defines.
+const KNOWN_ATTR_MASK: u32 = ((IBV_QP_DEST_QPN << 1) - 1) | IBV_QP_RATE_LIMIT;
+
+// ---------------------------------------------------------------------
+// Pure conversions.
+
+pub(crate) fn qp_type_of(t: u32) -> Option<QpType> {
+    match t {
+        IBV_QPT_RC => Some(QpType::Rc),
+        IBV_QPT_UC => Some(QpType::Uc),
+        IBV_QPT_UD => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+pub(crate) fn state_from_ibv(s: u32) -> Option<QpState> {
+    Some(match s {
+        IBV_QPS_RESET => QpState::Reset,
+        IBV_QPS_INIT => QpState::Init,
+        IBV_QPS_RTR => QpState::Rtr,
+        IBV_QPS_RTS => QpState::Rts,
+        IBV_QPS_SQD => QpState::Sqd,
+        IBV_QPS_SQE => QpState::Sqe,
+        IBV_QPS_ERR => QpState::Err,
+        _ => return None,
+    })
+}
+
+pub(crate) fn state_to_ibv(s: QpState) -> u32 {
+    match s {
+        QpState::Reset => IBV_QPS_RESET,
+        QpState::Init => IBV_QPS_INIT,
+        QpState::Rtr => IBV_QPS_RTR,
+        QpState::Rts => IBV_QPS_RTS,
+        QpState::Sqd => IBV_QPS_SQD,
+        QpState::Sqe => IBV_QPS_SQE,
+        QpState::Err => IBV_QPS_ERR,
+    }
+}
+
+pub(crate) fn mtu_from_ibv(m: u32) -> Option<Mtu> {
+    Some(match m {
+        IBV_MTU_256 => Mtu::Mtu256,
+        IBV_MTU_512 => Mtu::Mtu512,
+        IBV_MTU_1024 => Mtu::Mtu1024,
+        IBV_MTU_2048 => Mtu::Mtu2048,
+        IBV_MTU_4096 => Mtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+pub(crate) fn mtu_to_ibv(m: Mtu) -> u32 {
+    match m {
+        Mtu::Mtu256 => IBV_MTU_256,
+        Mtu::Mtu512 => IBV_MTU_512,
+        Mtu::Mtu1024 => IBV_MTU_1024,
+        Mtu::Mtu2048 => IBV_MTU_2048,
+        Mtu::Mtu4096 => IBV_MTU_4096,
+    }
+}
+
+/// The capabilities granted for a create request: the limits of
+/// `limits.rs` are enforced (EINVAL above them) and granted exactly; a QP
+/// on an SRQ has no receive queue of its own (0, as rdma-core reports).
+pub(crate) fn grant_caps(cap: &ibv_qp_cap, has_srq: bool) -> Result<ibv_qp_cap, i32> {
+    let checks = [
+        ("max_send_wr", cap.max_send_wr, MAX_QP_WR, true),
+        ("max_recv_wr", cap.max_recv_wr, MAX_QP_WR, !has_srq),
+        ("max_send_sge", cap.max_send_sge, MAX_SGE, true),
+        ("max_recv_sge", cap.max_recv_sge, MAX_SGE, !has_srq),
+        (
+            "max_inline_data",
+            cap.max_inline_data,
+            MAX_INLINE_DATA,
+            true,
+        ),
+    ];
+    for (name, v, max, applies) in checks {
+        if applies && v > max {
+            return Err(fail(
+                libc::EINVAL,
+                format_args!("create QP: cap.{name} {v} exceeds the device's {max}"),
+            ));
+        }
+    }
+    let mut g = *cap;
+    if has_srq {
+        g.max_recv_wr = 0;
+        g.max_recv_sge = 0;
+    }
+    Ok(g)
+}
+
+/// The engine's view of an `ibv_modify_qp` request, except the address
+/// vector (resolved separately: it needs the neighbour table). `cur` is
+/// the QP's state (checked against IBV_QP_CUR_STATE), `active` the largest
+/// path MTU the interface carries (larger requests are lowered to it).
+pub(crate) fn convert_modify(
+    a: &ibv_qp_attr,
+    mask: u32,
+    cur: QpState,
+    active: Mtu,
+) -> Result<(QpAttr, QpAttrMask), i32> {
+    if mask & !KNOWN_ATTR_MASK != 0 {
+        return Err(fail(
+            libc::EINVAL,
+            format_args!(
+                "modify QP: unknown attr_mask bits {:#x}",
+                mask & !KNOWN_ATTR_MASK
+            ),
+        ));
+    }
+    let unsupported = [
+        (IBV_QP_ALT_PATH, "IBV_QP_ALT_PATH (alternate paths)"),
+        (IBV_QP_CAP, "IBV_QP_CAP (resizing a QP)"),
+        (IBV_QP_RATE_LIMIT, "IBV_QP_RATE_LIMIT (raw packet QPs only)"),
+    ];
+    for (bit, name) in unsupported {
+        if mask & bit != 0 {
+            return Err(fail(
+                libc::EOPNOTSUPP,
+                format_args!("modify QP: {name} is not supported by xroce"),
+            ));
+        }
+    }
+    if mask & IBV_QP_PATH_MIG_STATE != 0 && a.path_mig_state != IBV_MIG_MIGRATED {
+        return Err(fail(
+            libc::EOPNOTSUPP,
+            "modify QP: path migration is not supported by xroce (only IBV_MIG_MIGRATED)",
+        ));
+    }
+    let mut x = QpAttr::default();
+    if mask & IBV_QP_STATE != 0 {
+        x.qp_state = state_from_ibv(a.qp_state).ok_or_else(|| {
+            fail(
+                libc::EINVAL,
+                format_args!("modify QP: qp_state {} is not a state", a.qp_state),
+            )
+        })?;
+    }
+    if mask & IBV_QP_CUR_STATE != 0 && state_from_ibv(a.cur_qp_state) != Some(cur) {
+        return Err(fail(
+            libc::EINVAL,
+            format_args!(
+                "modify QP: cur_qp_state {} but the QP is in {cur:?}",
+                a.cur_qp_state
+            ),
+        ));
+    }
+    if mask & IBV_QP_ACCESS_FLAGS != 0 {
+        x.qp_access_flags = AccessFlags::from_bits_truncate(a.qp_access_flags);
+    }
+    if mask & IBV_QP_PKEY_INDEX != 0 && a.pkey_index != 0 {
+        return Err(fail(
+            libc::EINVAL,
+            format_args!(
+                "modify QP: pkey_index {} (the P_Key table has 1 entry)",
+                a.pkey_index
+            ),
+        ));
+    }
+    if mask & IBV_QP_PORT != 0 && a.port_num != 1 {
+        return Err(fail(
+            libc::EINVAL,
+            format_args!("modify QP: port_num {} (the device has port 1)", a.port_num),
+        ));
+    }
+    x.port_num = 1;
+    if mask & IBV_QP_PATH_MTU != 0 {
+        let m = mtu_from_ibv(a.path_mtu).ok_or_else(|| {
+            fail(
+                libc::EINVAL,
+                format_args!("modify QP: path_mtu {} is not an ibv_mtu", a.path_mtu),
+            )
+        })?;
+        x.path_mtu = if m.bytes() > active.bytes() {
+            if crate::config::debug() {
+                eprintln!(
+                    "xroce libibverbs: modify QP: path MTU {} lowered to the interface's {}",
+                    m.bytes(),
+                    active.bytes()
+                );
+            }
+            active
+        } else {
+            m
+        };
+    }
+    for (bit, v, name) in [
+        (IBV_QP_MAX_QP_RD_ATOMIC, a.max_rd_atomic, "max_rd_atomic"),
+        (
+            IBV_QP_MAX_DEST_RD_ATOMIC,
+            a.max_dest_rd_atomic,
+            "max_dest_rd_atomic",
+        ),
+    ] {
+        if mask & bit != 0 && u32::from(v) > MAX_QP_RD_ATOM {
+            return Err(fail(
+                libc::EINVAL,
+                format_args!("modify QP: {name} {v} exceeds the device's {MAX_QP_RD_ATOM}"),
+            ));
+        }
+    }
+    // The engine keeps at most MAX_RD_ATOMIC outstanding either way.
+    x.max_rd_atomic = a.max_rd_atomic.min(MAX_RD_ATOMIC);
+    x.max_dest_rd_atomic = a.max_dest_rd_atomic.min(MAX_RD_ATOMIC);
+    x.pkey_index = 0;
+    x.qkey = a.qkey;
+    x.rq_psn = a.rq_psn;
+    x.sq_psn = a.sq_psn;
+    x.dest_qp_num = a.dest_qp_num;
+    x.timeout = a.timeout;
+    x.retry_cnt = a.retry_cnt;
+    x.rnr_retry = a.rnr_retry;
+    x.min_rnr_timer = a.min_rnr_timer;
+    let m = QpAttrMask::from_bits_truncate(mask)
+        - (QpAttrMask::CUR_STATE | QpAttrMask::PATH_MIG_STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY);
+    Ok((x, m))
+}
+
+/// The operation of an `ibv_send_wr`.
+pub(crate) fn send_opcode(w: &ibv_send_wr) -> Result<WrOpcode, i32> {
+    // SAFETY: the unions of ibv_send_wr hold plain integers (and one
+    // pointer, not read here): every bit pattern is a valid value.
+    let (imm, inv, rdma, atomic) = unsafe {
+        (
+            w.__bindgen_anon_1.imm_data,
+            w.__bindgen_anon_1.invalidate_rkey,
+            w.wr.rdma,
+            w.wr.atomic,
+        )
+    };
+    Ok(match w.opcode {
+        IBV_WR_SEND => WrOpcode::Send,
+        // imm_data holds the wire's bytes; the engine wants their value.
+        IBV_WR_SEND_WITH_IMM => WrOpcode::SendWithImm {
+            imm: u32::from_be(imm),
+        },
+        IBV_WR_SEND_WITH_INV => WrOpcode::SendWithInv {
+            invalidate_rkey: inv,
+        },
+        IBV_WR_RDMA_WRITE => WrOpcode::RdmaWrite {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_RDMA_WRITE_WITH_IMM => WrOpcode::RdmaWriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+            imm: u32::from_be(imm),
+        },
+        IBV_WR_RDMA_READ => WrOpcode::RdmaRead {
+            remote_addr: rdma.remote_addr,
+            rkey: rdma.rkey,
+        },
+        IBV_WR_ATOMIC_CMP_AND_SWP => WrOpcode::AtomicCmpAndSwp {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => WrOpcode::AtomicFetchAndAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: atomic.rkey,
+            add: atomic.compare_add,
+        },
+        op => {
+            return Err(fail(
+                libc::EINVAL,
+                format_args!("post_send: opcode {op} is not supported by xroce"),
+            ))
+        }
+    })
+}
+
+fn send_flags(f: u32) -> SendFlags {
+    // IBV_SEND_IP_CSUM (checksum offload of raw/UD Ethernet) means nothing here.
+    SendFlags::from_bits_truncate(
+        f & (IBV_SEND_FENCE | IBV_SEND_SIGNALED | IBV_SEND_SOLICITED | IBV_SEND_INLINE),
+    )
+}
+
+/// Does this operation carry data from the local side (so that INLINE
+/// applies)?
+fn carries_payload(op: &WrOpcode) -> bool {
+    !op.is_read_or_atomic()
+}
+
+fn remote_addr_of(op: &WrOpcode) -> u64 {
+    match *op {
+        WrOpcode::AtomicCmpAndSwp { remote_addr, .. }
+        | WrOpcode::AtomicFetchAndAdd { remote_addr, .. } => remote_addr,
+        _ => 0,
+    }
+}
+
+// ---------------------------------------------------------------------
+// Object access.
+
+/// The QP behind a program's pointer, shared: everything that changes
+/// after creation sits behind a lock or in the engine.
+///
+/// # Safety
+/// `qp` is NULL or a QP this library created and has not destroyed.
+unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+    // SAFETY: ibv_qp is the first field of ibv_qp_ex, the first field of
+    // the repr(C) Qp (the caller's contract gives a live one).
+    unsafe { (qp as *const Qp).as_ref() }
+}
+
+/// # Safety
+/// As [`qp_ref`].
+unsafe fn qpx_ref<'a>(qp: *mut ibv_qp_ex) -> Option<&'a Qp> {
+    // SAFETY: as qp_ref.
+    unsafe { (qp as *const Qp).as_ref() }
+}
+
+fn lock(q: &Qp) -> MutexGuard<'_, PendingWrs> {
+    q.pending.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The context a QP was created on.
+fn qp_context(q: &Qp) -> &Context {
+    // SAFETY: set at creation to the open context, which rdma-core's
+    // contract keeps open until the QP is destroyed.
+    unsafe { &*q.ctx }
+}
+
+// ---------------------------------------------------------------------
+// Creation and destruction.
+
+struct CreateReq {
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: ibv_qp_cap,
+    qp_type: u32,
+    sq_sig_all: bool,
+    /// Some for create_qp_ex (its send_ops_flags, if given).
+    ex: Option<Option<u64>>,
+}
+
+fn create(r: CreateReq) -> Result<(*mut ibv_qp, ibv_qp_cap), i32> {
+    // SAFETY: the program passes an open context (or the PD's).
+    let c = unsafe { context(r.ctx) }.ok_or(libc::EINVAL)?;
+    // SAFETY: the program passes a live PD of ours.
+    let pd = unsafe { outer::<_, Pd>(r.pd) }.ok_or(libc::EINVAL)?;
+    let Some(qp_type) = qp_type_of(r.qp_type) else {
+        return Err(fail(
+            libc::EOPNOTSUPP,
+            format_args!(
+                "create QP: QP type {} is not supported (RC, UC and UD are)",
+                r.qp_type
+            ),
+        ));
+    };
+    // SAFETY: CQ pointers come from this library's create_cq.
+    let send_cq = unsafe { outer::<_, Cq>(r.send_cq) }
+        .ok_or_else(|| fail(libc::EINVAL, "create QP: send_cq is NULL"))?;
+    // SAFETY: as above.
+    let recv_cq = unsafe { outer::<_, Cq>(r.recv_cq) }
+        .ok_or_else(|| fail(libc::EINVAL, "create QP: recv_cq is NULL"))?;
+    // SAFETY: an SRQ pointer comes from this library's create_srq.
+    let srq = unsafe { outer::<_, Srq>(r.srq) };
+    let cap = grant_caps(&r.cap, srq.is_some())?;
+    let init = QpInitAttr {
+        qp_type,
+        send_cq: send_cq.inner.clone(),
+        recv_cq: recv_cq.inner.clone(),
+        srq: srq.as_ref().map(|s| s.inner.clone()),
+        cap: QpCap {
+            max_send_wr: cap.max_send_wr,
+            max_recv_wr: cap.max_recv_wr,
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            max_inline_data: cap.max_inline_data,
+        },
+        sq_sig_all: r.sq_sig_all,
+    };
+    let inner = c
+        .dev
+        .device
+        .create_qp(&pd.inner, &init)
+        .map_err(verbs_fail)?;
+    let qpn = inner.qp_num();
+    let mut qpx = ibv_qp_ex::default();
+    let b = &mut qpx.qp_base;
+    b.context = r.ctx;
+    b.qp_context = r.qp_context;
+    b.pd = r.pd;
+    b.send_cq = r.send_cq;
+    b.recv_cq = r.recv_cq;
+    b.srq = r.srq;
+    b.handle = qpn;
+    b.qp_num = qpn;
+    b.state = IBV_QPS_RESET;
+    b.qp_type = r.qp_type;
+    if let Some(Some(_)) = r.ex {
+        set_wr_ops(&mut qpx);
+    }
+    let q = Box::leak(Box::new(Qp {
+        qp: qpx,
+        inner,
+        ctx: c as *mut Context,
+        pd: pd.inner.clone(),
+        has_qp_ex: r.ex.is_some(),
+        pending: Mutex::new(PendingWrs::default()),
+        cap,
+        sq_sig_all: r.sq_sig_all,
+        qp_type: r.qp_type,
+        srq: r.srq,
+        ah_attr: Mutex::new(ibv_ah_attr::default()),
+    }));
+    // SAFETY: initialising the QP's own mutex and condition variable (the
+    // program's ibv_ack_async_event uses them) before anyone sees them.
+    unsafe {
+        libc::pthread_mutex_init(
+            &mut q.qp.qp_base.mutex as *mut _ as *mut libc::pthread_mutex_t,
+            std::ptr::null(),
+        );
+        libc::pthread_cond_init(
+            &mut q.qp.qp_base.cond as *mut _ as *mut libc::pthread_cond_t,
+            std::ptr::null(),
+        );
+    }
+    send_cq.users.fetch_add(1, Ordering::AcqRel);
+    recv_cq.users.fetch_add(1, Ordering::AcqRel);
+    if let Some(s) = srq {
+        s.users.fetch_add(1, Ordering::AcqRel);
+    }
+    let ptr = &mut q.qp.qp_base as *mut ibv_qp;
+    async_event::track(ptr as *mut c_void, async_event::Kind::Qp);
+    c.own_qp(qpn, ptr);
+    Ok((ptr, cap))
+}
+
+/// `ibv_create_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    ffi_ptr(|| {
+        // SAFETY: the program passes a live PD of ours.
+        let p = unsafe { outer::<_, Pd>(pd) }.ok_or(libc::EINVAL)?;
+        // SAFETY: the program passes a valid ibv_qp_init_attr.
+        let a = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
+        let (qp, cap) = create(CreateReq {
+            ctx: p.pd.context,
+            pd,
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all != 0,
+            ex: None,
+        })?;
+        a.cap = cap;
+        Ok(qp)
+    })
+}
+
+/// `verbs_context.create_qp_ex` (what the inline `ibv_create_qp_ex`
+/// calls when comp_mask asks for more than a PD).
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    ffi_ptr(|| {
+        // SAFETY: the program passes a valid ibv_qp_init_attr_ex.
+        let a = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
+        if a.comp_mask & !SUPPORTED_COMP_MASK != 0 {
+            return Err(fail(
+                libc::EOPNOTSUPP,
+                format_args!(
+                    "create_qp_ex: comp_mask bits {:#x} (XRC, RSS, TSO...) are not supported",
+                    a.comp_mask & !SUPPORTED_COMP_MASK
+                ),
+            ));
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0 {
+            return Err(fail(
+                libc::EOPNOTSUPP,
+                format_args!(
+                    "create_qp_ex: create_flags {:#x} are not supported",
+                    a.create_flags
+                ),
+            ));
+        }
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+            return Err(fail(libc::EINVAL, "create_qp_ex: a PD is required"));
+        }
+        let send_ops = if a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            let allowed = match a.qp_type {
+                IBV_QPT_RC => RC_SEND_OPS,
+                IBV_QPT_UC => UC_SEND_OPS,
+                IBV_QPT_UD => UD_SEND_OPS,
+                _ => 0,
+            };
+            if a.send_ops_flags & !allowed != 0 {
+                return Err(fail(
+                    libc::EOPNOTSUPP,
+                    format_args!(
+                        "create_qp_ex: send_ops_flags {:#x} are not supported on QP type {}",
+                        a.send_ops_flags & !allowed,
+                        a.qp_type
+                    ),
+                ));
+            }
+            Some(a.send_ops_flags)
+        } else {
+            None
+        };
+        let (qp, cap) = create(CreateReq {
+            ctx,
+            pd: a.pd,
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all != 0,
+            ex: Some(send_ops),
+        })?;
+        a.cap = cap;
+        Ok(qp)
+    })
+}
+
+/// `ibv_destroy_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    ffi_int(|| {
+        // SAFETY: a QP this library created, destroyed once.
+        let q = unsafe { outer::<_, Qp>(qp) }.ok_or(libc::EINVAL)?;
+        // No new events; then wait until the program acked those it read.
+        qp_context(q).disown_qp(q.qp.qp_base.qp_num);
+        let reported = async_event::untrack(qp as *mut c_void);
+        let b = &mut q.qp.qp_base;
+        // SAFETY: the QP's own mutex, condition variable and counter,
+        // initialised at creation; the program's acks raise the counter.
+        unsafe {
+            async_event::wait_acked(&mut b.mutex, &mut b.cond, &b.events_completed, reported)
+        };
+        for cq in [q.qp.qp_base.send_cq, q.qp.qp_base.recv_cq] {
+            // SAFETY: the CQs outlive their QPs (ibv_destroy_cq is EBUSY
+            // while `users` counts this QP).
+            if let Some(c) = unsafe { outer::<_, Cq>(cq) } {
+                c.users.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        // SAFETY: as for the CQs.
+        if let Some(s) = unsafe { outer::<_, Srq>(q.srq) } {
+            s.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        // SAFETY: nothing uses them any more (rdma-core's contract).
+        unsafe {
+            libc::pthread_mutex_destroy(
+                &mut q.qp.qp_base.mutex as *mut _ as *mut libc::pthread_mutex_t,
+            );
+            libc::pthread_cond_destroy(
+                &mut q.qp.qp_base.cond as *mut _ as *mut libc::pthread_cond_t,
+            );
+        }
+        // SAFETY: the Box was leaked by create; dropping the QueuePair
+        // destroys the engine's QP.
+        drop(unsafe { Box::from_raw(q as *mut Qp) });
+        Ok(())
+    })
+}
+
+/// `ibv_qp_to_qp_ex`: the extended QP of one made by `ibv_create_qp_ex`
+/// with more than a PD in comp_mask; NULL otherwise.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    // SAFETY: the program passes a live QP of ours.
+    ffi(std::ptr::null_mut(), || match unsafe { qp_ref(qp) } {
+        Some(q) if q.has_qp_ex => qp as *mut ibv_qp_ex,
+        _ => std::ptr::null_mut(),
+    })
+}
+
+/// `IBV_QUERY_QP_DATA_IN_ORDER_*` (newer headers than rdma-core 44's).
+const IN_ORDER_RETURN_CAPS: u32 = 1;
+const IN_ORDER_DEVICE_ONLY: u32 = 2;
+const IN_ORDER_WHOLE_MSG: c_int = 1;
+const IN_ORDER_ALIGNED_128_BYTES: c_int = 2;
+
+/// What `ibv_query_qp_data_in_order` answers: xroce places every
+/// message's payload in PSN order, so data of READ responses, WRITEs and
+/// SENDs becomes visible in order.
+pub(crate) fn data_in_order(op: u32, flags: u32) -> c_int {
+    if flags & !(IN_ORDER_RETURN_CAPS | IN_ORDER_DEVICE_ONLY) != 0 {
+        return 0;
+    }
+    let moves_data = matches!(
+        op,
+        IBV_WR_RDMA_WRITE
+            | IBV_WR_RDMA_WRITE_WITH_IMM
+            | IBV_WR_SEND
+            | IBV_WR_SEND_WITH_IMM
+            | IBV_WR_SEND_WITH_INV
+            | IBV_WR_RDMA_READ
+    );
+    if !moves_data {
+        return 0;
+    }
+    if flags & IN_ORDER_RETURN_CAPS != 0 {
+        IN_ORDER_WHOLE_MSG | IN_ORDER_ALIGNED_128_BYTES
+    } else {
+        1
+    }
+}
+
+/// `ibv_query_qp_data_in_order`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(
+    qp: *mut ibv_qp,
+    op: ibv_wr_opcode,
+    flags: u32,
+) -> c_int {
+    // SAFETY: the program passes a live QP of ours.
+    ffi(0, || match unsafe { qp_ref(qp) } {
+        Some(_) => data_in_order(op, flags),
+        None => 0,
+    })
+}
+
+// ---------------------------------------------------------------------
+// Modify and query.
+
+fn modify(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, attr_mask: c_int) -> Result<(), i32> {
+    // SAFETY: the program passes a live QP of ours.
+    let q = unsafe { qp_ref(qp) }.ok_or(libc::EINVAL)?;
+    // SAFETY: the program passes a valid ibv_qp_attr.
+    let a = unsafe { attr.as_ref() }.ok_or(libc::EINVAL)?;
+    let mask = attr_mask as u32;
+    let c = qp_context(q);
+    let qp_type = qp_type_of(q.qp_type).ok_or(libc::EINVAL)?;
+    let cur = q.inner.query().map_err(verbs_fail)?.qp_state;
+    let (mut x, mut m) = convert_modify(a, mask, cur, c.dev.active_mtu)?;
+    // Refuse a bad transition before spending time on ARP.
+    check_modify_for(qp_type, cur, &x, m).map_err(verbs_fail)?;
+    let mut av_attr = None;
+    if m.contains(QpAttrMask::AV) {
+        if qp_type == QpType::Ud {
+            // UD QPs address each send through its AH.
+            m.remove(QpAttrMask::AV);
+        } else {
+            x.ah_attr = av_from_ah_attr(&c.dev, &a.ah_attr, "modify QP")?;
+            let mut stored = a.ah_attr;
+            stored.port_num = 1;
+            av_attr = Some(stored);
+        }
+    }
+    q.inner.modify(&x, m).map_err(verbs_fail)?;
+    if let Some(s) = av_attr {
+        *q.ah_attr.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+    if mask & IBV_QP_STATE != 0 {
+        // SAFETY: `qp` is live; the program reads `state` (rdma-core's
+        // ibv_modify_qp keeps it current the same way).
+        unsafe { (*qp).state = a.qp_state };
+    }
+    Ok(())
+}
+
+/// `ibv_modify_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    attr_mask: c_int,
+) -> c_int {
+    ffi_int(|| modify(qp, attr, attr_mask))
+}
+
+fn query(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, init: *mut ibv_qp_init_attr) -> Result<(), i32> {
+    // SAFETY: the program passes a live QP of ours.
+    let q = unsafe { qp_ref(qp) }.ok_or(libc::EINVAL)?;
+    if attr.is_null() || init.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let x = q.inner.query().map_err(verbs_fail)?;
+    let mut ah = *q.ah_attr.lock().unwrap_or_else(|e| e.into_inner());
+    if ah.is_global != 0 {
+        // What the engine really uses.
+        ah.grh.dgid.raw = ipv4_mapped(x.ah_attr.dest_ip);
+        ah.grh.traffic_class = (x.ah_attr.dscp << 2) | (ah.grh.traffic_class & 3);
+    }
+    let state = state_to_ibv(x.qp_state);
+    let out = ibv_qp_attr {
+        qp_state: state,
+        cur_qp_state: state,
+        path_mtu: mtu_to_ibv(x.path_mtu),
+        path_mig_state: IBV_MIG_MIGRATED,
+        qkey: x.qkey,
+        rq_psn: x.rq_psn,
+        sq_psn: x.sq_psn,
+        dest_qp_num: x.dest_qp_num,
+        qp_access_flags: x.qp_access_flags.bits(),
+        cap: q.cap,
+        ah_attr: ah,
+        alt_ah_attr: ibv_ah_attr::default(),
+        pkey_index: x.pkey_index,
+        alt_pkey_index: 0,
+        en_sqd_async_notify: 0,
+        sq_draining: 0,
+        max_rd_atomic: x.max_rd_atomic,
+        max_dest_rd_atomic: x.max_dest_rd_atomic,
+        min_rnr_timer: x.min_rnr_timer,
+        port_num: 1,
+        timeout: x.timeout,
+        retry_cnt: x.retry_cnt,
+        rnr_retry: x.rnr_retry,
+        alt_port_num: 0,
+        alt_timeout: 0,
+        rate_limit: 0,
+    };
+    let b = &q.qp.qp_base;
+    let init_out = ibv_qp_init_attr {
+        qp_context: b.qp_context,
+        send_cq: b.send_cq,
+        recv_cq: b.recv_cq,
+        srq: b.srq,
+        cap: q.cap,
+        qp_type: q.qp_type,
+        sq_sig_all: q.sq_sig_all as c_int,
+    };
+    // SAFETY: the program's attr and init_attr, checked non-NULL above;
+    // `qp` is live (rdma-core's ibv_query_qp refreshes `state` too).
+    unsafe {
+        *attr = out;
+        *init = init_out;
+        (*qp).state = state;
+    }
+    Ok(())
+}
+
+/// `ibv_query_qp`: every attribute is filled whatever `attr_mask` says
+/// (providers do the same).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _attr_mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi_int(|| query(qp, attr, init_attr))
+}
+
+// ---------------------------------------------------------------------
+// Posting.
+
+/// Why a request could not be posted: itself, or the request at this
+/// index of the batch handed to the engine.
+enum PostErr {
+    This(i32),
+    Batch(usize, i32),
+}
+
+/// Hand the batch to the engine (one lock, one doorbell).
+fn flush(q: &Qp, st: &mut PendingWrs) -> Result<(), (usize, i32)> {
+    st.bounce_used = 0;
+    if st.batch.is_empty() {
+        return Ok(());
+    }
+    let r = q.inner.post_send_list(&st.batch);
+    st.batch.clear();
+    r.map_err(|(i, e)| (i, verbs_fail(e)))
+}
+
+/// Copy inline data (`pieces`: address and length, `total` bytes) into
+/// the staging buffer; returns the SGE that names it there. Flushes the
+/// batch first when the buffer is full.
+///
+/// # Safety
+/// Every piece is `len` readable bytes (rdma-core's contract for inline
+/// data: the addresses are read at post time).
+unsafe fn stage_inline(
+    q: &Qp,
+    st: &mut PendingWrs,
+    total: usize,
+    pieces: impl Iterator<Item = (*const u8, usize)>,
+) -> Result<Vec<Sge>, PostErr> {
+    if total == 0 {
+        return Ok(Vec::new());
+    }
+    let cap = q.cap.max_inline_data as usize * INLINE_SLOTS;
+    if st.bounce.is_none() {
+        let mr =
+            q.pd.reg_mr(cap, AccessFlags::empty())
+                .map_err(|e| PostErr::This(verbs_fail(e)))?;
+        st.bounce = Some(mr);
+    }
+    if st.bounce_used + total > cap {
+        flush(q, st).map_err(|(i, e)| PostErr::Batch(i, e))?;
+    }
+    let off = st.bounce_used;
+    let Some(bounce) = st.bounce.as_ref() else {
+        return Err(PostErr::This(libc::ENOMEM));
+    };
+    let base = bounce.as_ptr();
+    let mut done = 0usize;
+    for (src, len) in pieces {
+        if len == 0 {
+            continue;
+        }
+        if done + len > total {
+            return Err(PostErr::This(libc::EINVAL));
+        }
+        // SAFETY: src..src+len is readable (the caller's contract); the
+        // destination lies inside the staging MR (off + total <= its
+        // length), which no outstanding request uses: the engine copied
+        // every earlier staged request during its post, and the pending
+        // lock we hold keeps other posters out.
+        unsafe { std::ptr::copy_nonoverlapping(src, base.add(off + done), len) };
+        done += len;
+    }
+    st.bounce_used = off + total;
+    Ok(vec![bounce.sge(off, total)])
+}
+
+/// Convert one `ibv_send_wr` (staging its inline data).
+fn convert_send(q: &Qp, st: &mut PendingWrs, w: &ibv_send_wr) -> Result<SendWr, PostErr> {
+    let op = send_opcode(w).map_err(PostErr::This)?;
+    let flags = send_flags(w.send_flags);
+    let n = w.num_sge;
+    if n < 0 || n as u32 > q.cap.max_send_sge {
+        return Err(PostErr::This(fail(
+            libc::EINVAL,
+            format_args!(
+                "post_send: num_sge {n} (max_send_sge is {})",
+                q.cap.max_send_sge
+            ),
+        )));
+    }
+    let sges: &[ibv_sge] = if n == 0 {
+        &[]
+    } else if w.sg_list.is_null() {
+        return Err(PostErr::This(libc::EINVAL));
+    } else {
+        // SAFETY: the program's sg_list holds num_sge entries.
+        unsafe { std::slice::from_raw_parts(w.sg_list, n as usize) }
+    };
+    let total: u64 = sges.iter().map(|s| u64::from(s.length)).sum();
+    if op.is_atomic() && (total < 8 || remote_addr_of(&op) & 7 != 0) {
+        return Err(PostErr::This(fail(
+            libc::EINVAL,
+            "post_send: an atomic needs an 8-byte local buffer and an 8-byte aligned remote_addr",
+        )));
+    }
+    let ud = if q.qp_type == IBV_QPT_UD {
+        // SAFETY: wr.ud is the member a UD send uses.
+        let u = unsafe { w.wr.ud };
+        // SAFETY: an AH pointer comes from this library's create_ah.
+        let ah = unsafe { outer::<_, Ah>(u.ah) }
+            .ok_or_else(|| PostErr::This(fail(libc::EINVAL, "post_send: UD send without an AH")))?;
+        Some(UdAddress {
+            av: ah.av,
+            remote_qpn: u.remote_qpn,
+            remote_qkey: u.remote_qkey,
+        })
+    } else {
+        None
+    };
+    let sg_list = if flags.contains(SendFlags::INLINE) && carries_payload(&op) {
+        if total > u64::from(q.cap.max_inline_data) {
+            return Err(PostErr::This(fail(
+                libc::EINVAL,
+                format_args!(
+                    "post_send: {total} inline bytes (max_inline_data is {})",
+                    q.cap.max_inline_data
+                ),
+            )));
+        }
+        // SAFETY: rdma-core's contract: inline SGEs name readable memory
+        // (no lkey needed), read now.
+        unsafe {
+            stage_inline(
+                q,
+                st,
+                total as usize,
+                sges.iter()
+                    .map(|s| (s.addr as usize as *const u8, s.length as usize)),
+            )?
+        }
+    } else {
+        sges.iter()
+            .map(|s| Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect()
+    };
+    Ok(SendWr {
+        wr_id: w.wr_id,
+        opcode: op,
+        sg_list,
+        flags,
+        ud,
+    })
+}
+
+/// The `i`-th request after `start`.
+///
+/// # Safety
+/// The list from `start` has more than `i` entries.
+unsafe fn nth(mut start: *mut ibv_send_wr, i: usize) -> *mut ibv_send_wr {
+    for _ in 0..i {
+        // SAFETY: the caller's contract.
+        start = unsafe { (*start).next };
+    }
+    start
+}
+
+fn post_send_list(q: &Qp, wr: *mut ibv_send_wr) -> Result<(), (*mut ibv_send_wr, i32)> {
+    let mut st = lock(q);
+    let st = &mut *st;
+    st.batch.clear();
+    st.bounce_used = 0;
+    let mut start = wr;
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: a request of the program's list.
+        let w = unsafe { &*cur };
+        match convert_send(q, st, w) {
+            Ok(sw) => {
+                if st.batch.is_empty() {
+                    start = cur;
+                }
+                st.batch.push(sw);
+            }
+            Err(PostErr::This(e)) => {
+                return match flush(q, st) {
+                    // SAFETY: the batch's requests are the first of the list from start.
+                    Err((i, e2)) => Err((unsafe { nth(start, i) }, e2)),
+                    Ok(()) => Err((cur, e)),
+                };
+            }
+            // SAFETY: as above.
+            Err(PostErr::Batch(i, e)) => return Err((unsafe { nth(start, i) }, e)),
+        }
+        cur = w.next;
+    }
+    // SAFETY: as above.
+    flush(q, st).map_err(|(i, e)| (unsafe { nth(start, i) }, e))
+}
+
+/// `context->ops.post_send` (the inline `ibv_post_send`).
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    ffi_int(|| {
+        if bad_wr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the program's bad_wr slot.
+        unsafe { *bad_wr = std::ptr::null_mut() };
+        // SAFETY: the program passes a live QP of ours.
+        let q = unsafe { qp_ref(qp) }.ok_or(libc::EINVAL)?;
+        if wr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        post_send_list(q, wr).map_err(|(bad, e)| {
+            // SAFETY: as above.
+            unsafe { *bad_wr = bad };
+            e
+        })
+    })
+}
+
+/// `context->ops.post_recv` (the inline `ibv_post_recv`).
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    ffi_int(|| {
+        if bad_wr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the program's bad_wr slot.
+        unsafe { *bad_wr = std::ptr::null_mut() };
+        // SAFETY: the program passes a live QP of ours.
+        let q = unsafe { qp_ref(qp) }.ok_or(libc::EINVAL)?;
+        if wr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let mut cur = wr;
+        while !cur.is_null() {
+            // SAFETY: a request of the program's list.
+            let w = unsafe { &*cur };
+            let r = recv_wr(w, q.cap.max_recv_sge, "post_recv")
+                .and_then(|rw| q.inner.post_recv(&rw).map_err(verbs_fail));
+            if let Err(e) = r {
+                // SAFETY: as above.
+                unsafe { *bad_wr = cur };
+                return Err(e);
+            }
+            cur = w.next;
+        }
+        Ok(())
+    })
+}
+
+/// Convert an `ibv_recv_wr` whose queue takes `max_sge` SGEs.
+pub(crate) fn recv_wr(w: &ibv_recv_wr, max_sge: u32, what: &str) -> Result<RecvWr, i32> {
+    let n = w.num_sge;
+    if n < 0 || n as u32 > max_sge {
+        return Err(fail(
+            libc::EINVAL,
+            format_args!("{what}: num_sge {n} (the queue's max_sge is {max_sge})"),
+        ));
+    }
+    let sg_list = if n == 0 {
+        Vec::new()
+    } else if w.sg_list.is_null() {
+        return Err(libc::EINVAL);
+    } else {
+        // SAFETY: the program's sg_list holds num_sge entries.
+        unsafe { std::slice::from_raw_parts(w.sg_list, n as usize) }
+            .iter()
+            .map(|s| Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect()
+    };
+    Ok(RecvWr {
+        wr_id: w.wr_id,
+        sg_list,
+    })
+}
+
+// ---------------------------------------------------------------------
+// The ibv_wr_* API of struct ibv_qp_ex. Requests are built under the
+// pending lock and handed to the engine by wr_complete, all or (on an
+// error recorded while building) none.
+
+fn set_wr_ops(x: &mut ibv_qp_ex) {
+    x.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    x.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    x.wr_bind_mw = Some(wr_bind_mw);
+    x.wr_local_inv = Some(wr_local_inv);
+    x.wr_rdma_read = Some(wr_rdma_read);
+    x.wr_rdma_write = Some(wr_rdma_write);
+    x.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    x.wr_send = Some(wr_send);
+    x.wr_send_imm = Some(wr_send_imm);
+    x.wr_send_inv = Some(wr_send_inv);
+    x.wr_send_tso = Some(wr_send_tso);
+    x.wr_set_ud_addr = Some(wr_set_ud_addr);
+    x.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+    x.wr_set_inline_data = Some(wr_set_inline_data);
+    x.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    x.wr_set_sge = Some(wr_set_sge);
+    x.wr_set_sge_list = Some(wr_set_sge_list);
+    x.wr_start = Some(wr_start);
+    x.wr_complete = Some(wr_complete);
+    x.wr_abort = Some(wr_abort);
+    x.wr_atomic_write = Some(wr_atomic_write);
+}
+
+/// Run `f` on the QP's pending state unless an error is already recorded;
+/// an error `f` returns is recorded (the first one wins).
+fn with_pending(qp: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut PendingWrs) -> Result<(), i32>) {
+    ffi((), || {
+        // SAFETY: the program passes a live extended QP of ours.
+        let Some(q) = (unsafe { qpx_ref(qp) }) else {
+            return;
+        };
+        let mut st = lock(q);
+        if st.error != 0 {
+            return;
+        }
+        if let Err(e) = f(q, &mut st) {
+            st.error = e;
+        }
+    })
+}
+
+/// A builder: a new request with the QP's current wr_id and wr_flags.
+fn build(qp: *mut ibv_qp_ex, op: WrOpcode) {
+    with_pending(qp, |q, st| {
+        if st.wrs.len() >= q.cap.max_send_wr as usize {
+            return Err(fail(
+                libc::ENOSPC,
+                "ibv_wr_*: more requests than max_send_wr",
+            ));
+        }
+        let wr = SendWr {
+            wr_id: q.qp.wr_id,
+            opcode: op,
+            sg_list: Vec::new(),
+            flags: send_flags(q.qp.wr_flags),
+            ud: None,
+        };
+        st.wrs.push((wr, None));
+        Ok(())
+    })
+}
+
+/// A setter: changes the last request built.
+fn set_last(
+    qp: *mut ibv_qp_ex,
+    f: impl FnOnce(&Qp, &mut (SendWr, InlineBytes)) -> Result<(), i32>,
+) {
+    with_pending(qp, |q, st| match st.wrs.last_mut() {
+        Some(last) => f(q, last),
+        None => Err(fail(
+            libc::EINVAL,
+            "ibv_wr_set_*: no request built since wr_start",
+        )),
+    })
+}
+
+fn unsupported(qp: *mut ibv_qp_ex, what: &str) {
+    with_pending(qp, |_, _| {
+        Err(fail(
+            libc::EOPNOTSUPP,
+            format_args!("{what} is not supported by xroce"),
+        ))
+    })
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    ffi((), || {
+        // SAFETY: the program passes a live extended QP of ours.
+        if let Some(q) = unsafe { qpx_ref(qp) } {
+            let mut st = lock(q);
+            st.wrs.clear();
+            st.error = 0;
+        }
+    })
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program passes a live extended QP of ours.
+        let q = unsafe { qpx_ref(qp) }.ok_or(libc::EINVAL)?;
+        let mut guard = lock(q);
+        let st = &mut *guard;
+        let wrs = std::mem::take(&mut st.wrs);
+        let error = std::mem::take(&mut st.error);
+        if error != 0 {
+            return Err(error);
+        }
+        st.batch.clear();
+        st.bounce_used = 0;
+        let q_is_ud = q.qp_type == IBV_QPT_UD;
+        for (mut wr, bytes) in wrs {
+            if q_is_ud && wr.ud.is_none() {
+                st.batch.clear();
+                return Err(fail(
+                    libc::EINVAL,
+                    "ibv_wr_complete: UD request without ibv_wr_set_ud_addr",
+                ));
+            }
+            if wr.flags.contains(SendFlags::INLINE) && carries_payload(&wr.opcode) {
+                let staged = match &bytes {
+                    // SAFETY: the bytes copied at ibv_wr_set_inline_data*.
+                    Some(b) => unsafe {
+                        stage_inline(q, st, b.len(), std::iter::once((b.as_ptr(), b.len())))
+                    },
+                    None => {
+                        let total: usize = wr.sg_list.iter().map(|s| s.length as usize).sum();
+                        if total > q.cap.max_inline_data as usize {
+                            st.batch.clear();
+                            return Err(libc::EINVAL);
+                        }
+                        let pieces: Vec<(*const u8, usize)> = wr
+                            .sg_list
+                            .iter()
+                            .map(|s| (s.addr as usize as *const u8, s.length as usize))
+                            .collect();
+                        // SAFETY: SGEs set with ibv_wr_set_sge* for an
+                        // INLINE request name readable memory (rdma-core's
+                        // contract), read now.
+                        unsafe { stage_inline(q, st, total, pieces.into_iter()) }
+                    }
+                };
+                match staged {
+                    Ok(sg) => wr.sg_list = sg,
+                    Err(PostErr::This(e)) | Err(PostErr::Batch(_, e)) => {
+                        st.batch.clear();
+                        return Err(e);
+                    }
+                }
+            }
+            st.batch.push(wr);
+        }
+        flush(q, st).map_err(|(_, e)| e)
+    })
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    ffi((), || {
+        // SAFETY: the program passes a live extended QP of ours.
+        if let Some(q) = unsafe { qpx_ref(qp) } {
+            let mut st = lock(q);
+            st.wrs.clear();
+            st.error = 0;
+        }
+    })
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    build(qp, WrOpcode::Send)
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm_data: __be32) {
+    build(
+        qp,
+        WrOpcode::SendWithImm {
+            imm: u32::from_be(imm_data),
+        },
+    )
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    build(qp, WrOpcode::SendWithInv { invalidate_rkey })
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    build(qp, WrOpcode::RdmaWrite { remote_addr, rkey })
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    imm_data: __be32,
+) {
+    build(
+        qp,
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm: u32::from_be(imm_data),
+        },
+    )
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
+    build(qp, WrOpcode::RdmaRead { remote_addr, rkey })
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    compare: u64,
+    swap: u64,
+) {
+    build(
+        qp,
+        WrOpcode::AtomicCmpAndSwp {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        },
+    )
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    remote_addr: u64,
+    add: u64,
+) {
+    build(
+        qp,
+        WrOpcode::AtomicFetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        },
+    )
+}
+
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    _mw: *mut ibv_mw,
+    _rkey: u32,
+    _bind_info: *const ibv_mw_bind_info,
+) {
+    unsupported(qp, "ibv_wr_bind_mw (memory windows)")
+}
+
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, _invalidate_rkey: u32) {
+    unsupported(qp, "ibv_wr_local_inv")
+}
+
+unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
+    unsupported(qp, "ibv_wr_send_tso")
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _remote_srqn: u32) {
+    unsupported(qp, "ibv_wr_set_xrc_srqn (XRC)")
+}
+
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut ibv_qp_ex,
+    _rkey: u32,
+    _remote_addr: u64,
+    _atomic_wr: *const c_void,
+) {
+    unsupported(qp, "ibv_wr_atomic_write")
+}
+
+unsafe extern "C" fn wr_set_ud_addr(
+    qp: *mut ibv_qp_ex,
+    ah: *mut ibv_ah,
+    remote_qpn: u32,
+    remote_qkey: u32,
+) {
+    set_last(qp, |_, (wr, _)| {
+        // SAFETY: an AH pointer comes from this library's create_ah.
+        let a = unsafe { outer::<_, Ah>(ah) }
+            .ok_or_else(|| fail(libc::EINVAL, "ibv_wr_set_ud_addr: AH is NULL"))?;
+        wr.ud = Some(UdAddress {
+            av: a.av,
+            remote_qpn,
+            remote_qkey,
+        });
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    set_last(qp, |_, (wr, bytes)| {
+        *bytes = None;
+        wr.sg_list.clear();
+        if length != 0 {
+            wr.sg_list.push(Sge { addr, length, lkey });
+        }
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, num_sge: usize, sg_list: *const ibv_sge) {
+    set_last(qp, |q, (wr, bytes)| {
+        if num_sge > q.cap.max_send_sge as usize {
+            return Err(fail(
+                libc::ENOSPC,
+                format_args!(
+                    "ibv_wr_set_sge_list: {num_sge} SGEs (max_send_sge is {})",
+                    q.cap.max_send_sge
+                ),
+            ));
+        }
+        if num_sge > 0 && sg_list.is_null() {
+            return Err(libc::EINVAL);
+        }
+        *bytes = None;
+        wr.sg_list.clear();
+        if num_sge > 0 {
+            // SAFETY: the program's list holds num_sge entries.
+            let s = unsafe { std::slice::from_raw_parts(sg_list, num_sge) };
+            wr.sg_list.extend(s.iter().map(|s| Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            }));
+        }
+        Ok(())
+    })
+}
+
+/// Copy inline data now (the program may reuse its buffers as soon as
+/// the setter returns).
+fn set_inline(qp: *mut ibv_qp_ex, bufs: &[ibv_data_buf]) {
+    set_last(qp, |q, (wr, bytes)| {
+        let total: usize = bufs.iter().map(|b| b.length).sum();
+        if total > q.cap.max_inline_data as usize {
+            return Err(fail(
+                libc::ENOSPC,
+                format_args!(
+                    "ibv_wr_set_inline_data: {total} bytes (max_inline_data is {})",
+                    q.cap.max_inline_data
+                ),
+            ));
+        }
+        let mut v = Vec::with_capacity(total);
+        for b in bufs.iter().filter(|b| b.length > 0) {
+            if b.addr.is_null() {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: the program's buffer of `length` readable bytes.
+            v.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(b.addr as *const u8, b.length)
+            });
+        }
+        wr.sg_list.clear();
+        wr.flags |= SendFlags::INLINE;
+        *bytes = Some(v);
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
+    set_inline(qp, &[ibv_data_buf { addr, length }])
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    num_buf: usize,
+    buf_list: *const ibv_data_buf,
+) {
+    if num_buf > 0 && buf_list.is_null() {
+        with_pending(qp, |_, _| Err(libc::EINVAL));
+        return;
+    }
+    let bufs = if num_buf == 0 {
+        &[][..]
+    } else {
+        // SAFETY: the program's list holds num_buf entries.
+        unsafe { std::slice::from_raw_parts(buf_list, num_buf) }
+    };
+    set_inline(qp, bufs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip() {
+        for s in [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Sqe,
+            QpState::Err,
+        ] {
+            assert_eq!(state_from_ibv(state_to_ibv(s)), Some(s));
+        }
+        assert_eq!(state_to_ibv(QpState::Rts), 3);
+        assert_eq!(state_from_ibv(IBV_QPS_UNKNOWN), None);
+    }
+
+    #[test]
+    fn mtus_round_trip() {
+        for (e, b) in [(1, 256), (2, 512), (3, 1024), (4, 2048), (5, 4096)] {
+            let m = mtu_from_ibv(e).unwrap();
+            assert_eq!(m.bytes(), b);
+            assert_eq!(mtu_to_ibv(m), e);
+        }
+        assert_eq!(mtu_from_ibv(0), None);
+        assert_eq!(mtu_from_ibv(6), None);
+    }
+
+    #[test]
+    fn attr_mask_bits_match_xroce() {
+        for (ibv, x) in [
+            (IBV_QP_STATE, QpAttrMask::STATE),
+            (IBV_QP_ACCESS_FLAGS, QpAttrMask::ACCESS_FLAGS),
+            (IBV_QP_AV, QpAttrMask::AV),
+            (IBV_QP_PATH_MTU, QpAttrMask::PATH_MTU),
+            (IBV_QP_TIMEOUT, QpAttrMask::TIMEOUT),
+            (IBV_QP_RQ_PSN, QpAttrMask::RQ_PSN),
+            (IBV_QP_MAX_QP_RD_ATOMIC, QpAttrMask::MAX_QP_RD_ATOMIC),
+            (IBV_QP_MIN_RNR_TIMER, QpAttrMask::MIN_RNR_TIMER),
+            (IBV_QP_SQ_PSN, QpAttrMask::SQ_PSN),
+            (IBV_QP_MAX_DEST_RD_ATOMIC, QpAttrMask::MAX_DEST_RD_ATOMIC),
+            (IBV_QP_CAP, QpAttrMask::CAP),
+            (IBV_QP_DEST_QPN, QpAttrMask::DEST_QPN),
+        ] {
+            assert_eq!(ibv, x.bits());
+        }
+    }
+
+    fn rtr_attr() -> ibv_qp_attr {
+        ibv_qp_attr {
+            qp_state: IBV_QPS_RTR,
+            path_mtu: IBV_MTU_4096,
+            dest_qp_num: 0x12,
+            rq_psn: 0x1234,
+            max_dest_rd_atomic: 128,
+            min_rnr_timer: 12,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn modify_conversion() {
+        // ib_write_bw's RTR (mask 0x129181), AV aside.
+        let (x, m) = convert_modify(&rtr_attr(), 0x129181, QpState::Init, Mtu::Mtu1024).unwrap();
+        assert_eq!(m.bits(), 0x129181);
+        assert_eq!(x.qp_state, QpState::Rtr);
+        // Lowered to what the interface carries; rd_atomic to the engine's.
+        assert_eq!(x.path_mtu, Mtu::Mtu1024);
+        assert_eq!(x.max_dest_rd_atomic, MAX_RD_ATOMIC);
+        assert_eq!(
+            (x.dest_qp_num, x.rq_psn, x.min_rnr_timer),
+            (0x12, 0x1234, 12)
+        );
+        let (x, _) = convert_modify(&rtr_attr(), 0x129181, QpState::Init, Mtu::Mtu4096).unwrap();
+        assert_eq!(x.path_mtu, Mtu::Mtu4096);
+
+        // INIT (mask 0x39): access flags, pkey 0, port 1.
+        let init = ibv_qp_attr {
+            qp_state: IBV_QPS_INIT,
+            qp_access_flags: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE,
+            port_num: 1,
+            ..Default::default()
+        };
+        let (x, m) = convert_modify(&init, 0x39, QpState::Reset, Mtu::Mtu1024).unwrap();
+        assert_eq!(m.bits(), 0x39);
+        assert_eq!(
+            x.qp_access_flags,
+            AccessFlags::REMOTE_WRITE | AccessFlags::LOCAL_WRITE
+        );
+        let bad_port = ibv_qp_attr {
+            port_num: 2,
+            ..init
+        };
+        assert_eq!(
+            convert_modify(&bad_port, 0x39, QpState::Reset, Mtu::Mtu1024).err(),
+            Some(libc::EINVAL)
+        );
+        let bad_pkey = ibv_qp_attr {
+            pkey_index: 1,
+            ..init
+        };
+        assert_eq!(
+            convert_modify(&bad_pkey, 0x39, QpState::Reset, Mtu::Mtu1024).err(),
+            Some(libc::EINVAL)
+        );
+    }
+
+    #[test]
+    fn modify_rejections() {
+        let a = rtr_attr();
+        let mtu = Mtu::Mtu4096;
+        assert_eq!(
+            convert_modify(&a, IBV_QP_ALT_PATH, QpState::Init, mtu).err(),
+            Some(libc::EOPNOTSUPP)
+        );
+        assert_eq!(
+            convert_modify(&a, IBV_QP_RATE_LIMIT, QpState::Init, mtu).err(),
+            Some(libc::EOPNOTSUPP)
+        );
+        assert_eq!(
+            convert_modify(&a, 1 << 22, QpState::Init, mtu).err(),
+            Some(libc::EINVAL)
+        );
+        let bad_state = ibv_qp_attr { qp_state: 7, ..a };
+        assert_eq!(
+            convert_modify(&bad_state, IBV_QP_STATE, QpState::Init, mtu).err(),
+            Some(libc::EINVAL)
+        );
+        let bad_mtu = ibv_qp_attr { path_mtu: 9, ..a };
+        assert_eq!(
+            convert_modify(&bad_mtu, IBV_QP_PATH_MTU, QpState::Init, mtu).err(),
+            Some(libc::EINVAL)
+        );
+        let too_many = ibv_qp_attr {
+            max_rd_atomic: 200,
+            ..a
+        };
+        assert_eq!(
+            convert_modify(&too_many, IBV_QP_MAX_QP_RD_ATOMIC, QpState::Rtr, mtu).err(),
+            Some(libc::EINVAL)
+        );
+        let cur = ibv_qp_attr {
+            cur_qp_state: IBV_QPS_RTS,
+            ..a
+        };
+        assert_eq!(
+            convert_modify(&cur, IBV_QP_CUR_STATE | IBV_QP_STATE, QpState::Init, mtu).err(),
+            Some(libc::EINVAL)
+        );
+        let (_, m) =
+            convert_modify(&cur, IBV_QP_CUR_STATE | IBV_QP_STATE, QpState::Rts, mtu).unwrap();
+        assert_eq!(m, QpAttrMask::STATE);
+        let migrated = ibv_qp_attr {
+            path_mig_state: IBV_MIG_MIGRATED,
+            ..a
+        };
+        let (_, m) = convert_modify(&migrated, IBV_QP_PATH_MIG_STATE, QpState::Rts, mtu).unwrap();
+        assert!(m.is_empty());
+        let armed = ibv_qp_attr {
+            path_mig_state: IBV_MIG_ARMED,
+            ..a
+        };
+        assert_eq!(
+            convert_modify(&armed, IBV_QP_PATH_MIG_STATE, QpState::Rts, mtu).err(),
+            Some(libc::EOPNOTSUPP)
+        );
+    }
+
+    fn wr(opcode: u32) -> ibv_send_wr {
+        ibv_send_wr {
+            opcode,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn opcodes() {
+        let mut w = wr(IBV_WR_SEND_WITH_IMM);
+        // The program stores imm_data in network order: these 4 bytes go
+        // on the wire as they are.
+        w.__bindgen_anon_1.imm_data = u32::from_ne_bytes([0x11, 0x22, 0x33, 0x44]);
+        let op = send_opcode(&w).unwrap();
+        let WrOpcode::SendWithImm { imm } = op else {
+            panic!("{op:?}")
+        };
+        assert_eq!(imm.to_be_bytes(), [0x11, 0x22, 0x33, 0x44]);
+
+        let mut w = wr(IBV_WR_RDMA_WRITE_WITH_IMM);
+        w.wr.rdma.remote_addr = 0x1000;
+        w.wr.rdma.rkey = 7;
+        w.__bindgen_anon_1.imm_data = 0x0100_0000u32.to_be();
+        assert_eq!(
+            send_opcode(&w),
+            Ok(WrOpcode::RdmaWriteWithImm {
+                remote_addr: 0x1000,
+                rkey: 7,
+                imm: 0x0100_0000
+            })
+        );
+
+        let mut w = wr(IBV_WR_ATOMIC_CMP_AND_SWP);
+        w.wr.atomic.remote_addr = 0x2000;
+        w.wr.atomic.rkey = 9;
+        w.wr.atomic.compare_add = 1;
+        w.wr.atomic.swap = 2;
+        assert_eq!(
+            send_opcode(&w),
+            Ok(WrOpcode::AtomicCmpAndSwp {
+                remote_addr: 0x2000,
+                rkey: 9,
+                compare: 1,
+                swap: 2
+            })
+        );
+        let mut w = wr(IBV_WR_ATOMIC_FETCH_AND_ADD);
+        w.wr.atomic.compare_add = 5;
+        assert!(matches!(
+            send_opcode(&w),
+            Ok(WrOpcode::AtomicFetchAndAdd { add: 5, .. })
+        ));
+        let mut w = wr(IBV_WR_SEND_WITH_INV);
+        w.__bindgen_anon_1.invalidate_rkey = 0x55;
+        assert_eq!(
+            send_opcode(&w),
+            Ok(WrOpcode::SendWithInv {
+                invalidate_rkey: 0x55
+            })
+        );
+        assert_eq!(send_opcode(&wr(IBV_WR_SEND)), Ok(WrOpcode::Send));
+        assert!(matches!(
+            send_opcode(&wr(IBV_WR_RDMA_READ)),
+            Ok(WrOpcode::RdmaRead { .. })
+        ));
+        for bad in [
+            IBV_WR_LOCAL_INV,
+            IBV_WR_BIND_MW,
+            IBV_WR_TSO,
+            IBV_WR_DRIVER1,
+            IBV_WR_ATOMIC_WRITE,
+            99,
+        ] {
+            assert_eq!(send_opcode(&wr(bad)), Err(libc::EINVAL));
+        }
+    }
+
+    #[test]
+    fn flags() {
+        assert_eq!(
+            send_flags(IBV_SEND_SIGNALED | IBV_SEND_INLINE | IBV_SEND_IP_CSUM),
+            SendFlags::SIGNALED | SendFlags::INLINE
+        );
+        assert_eq!(
+            send_flags(IBV_SEND_FENCE | IBV_SEND_SOLICITED),
+            SendFlags::FENCE | SendFlags::SOLICITED
+        );
+    }
+
+    #[test]
+    fn caps() {
+        let want = ibv_qp_cap {
+            max_send_wr: 128,
+            max_recv_wr: 512,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        };
+        assert_eq!(grant_caps(&want, false).unwrap().max_recv_wr, 512);
+        let g = grant_caps(&want, true).unwrap();
+        assert_eq!((g.max_recv_wr, g.max_recv_sge, g.max_send_wr), (0, 0, 128));
+        for bad in [
+            ibv_qp_cap {
+                max_send_wr: MAX_QP_WR + 1,
+                ..want
+            },
+            ibv_qp_cap {
+                max_recv_sge: MAX_SGE + 1,
+                ..want
+            },
+            ibv_qp_cap {
+                max_inline_data: MAX_INLINE_DATA + 1,
+                ..want
+            },
+        ] {
+            assert_eq!(grant_caps(&bad, false).err(), Some(libc::EINVAL));
+        }
+        // Receive limits do not apply on an SRQ.
+        let on_srq = ibv_qp_cap {
+            max_recv_wr: MAX_QP_WR + 1,
+            ..want
+        };
+        assert!(grant_caps(&on_srq, true).is_ok());
+    }
+
+    #[test]
+    fn in_order() {
+        assert_eq!(data_in_order(IBV_WR_RDMA_WRITE, 0), 1);
+        assert_eq!(data_in_order(IBV_WR_RDMA_READ, 0), 1);
+        assert_eq!(data_in_order(IBV_WR_SEND, IN_ORDER_DEVICE_ONLY), 1);
+        assert_eq!(
+            data_in_order(IBV_WR_SEND, IN_ORDER_RETURN_CAPS),
+            IN_ORDER_WHOLE_MSG | IN_ORDER_ALIGNED_128_BYTES
+        );
+        assert_eq!(data_in_order(IBV_WR_ATOMIC_FETCH_AND_ADD, 0), 0);
+        assert_eq!(data_in_order(IBV_WR_RDMA_WRITE, 1 << 5), 0);
+    }
+}
+
+/// The post paths end to end: two engines joined by xroce's simulated
+/// link, the QPs wrapped as this library wraps them.
+#[cfg(test)]
+mod sim_tests {
+    use super::*;
+    use xroce::engine::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+    use xroce::verbs::{CompletionQueue, MemoryRegion, Wc, WcFlags, WcStatus};
+
+    struct Side {
+        qp: Box<Qp>,
+        cq: CompletionQueue,
+        mr: MemoryRegion,
+    }
+
+    fn wrap(e: Endpoint) -> Side {
+        let Endpoint { pd, cq, qp, mr } = e;
+        let cap = ibv_qp_cap {
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
+            max_send_sge: 8,
+            max_recv_sge: 8,
+            max_inline_data: 256,
+        };
+        let mut x = ibv_qp_ex::default();
+        x.qp_base.qp_num = qp.qp_num();
+        x.qp_base.qp_type = IBV_QPT_RC;
+        x.qp_base.state = IBV_QPS_RTS;
+        set_wr_ops(&mut x);
+        let q = Box::new(Qp {
+            qp: x,
+            inner: qp,
+            ctx: std::ptr::null_mut(),
+            pd,
+            has_qp_ex: true,
+            pending: Mutex::new(PendingWrs::default()),
+            cap,
+            sq_sig_all: false,
+            qp_type: IBV_QPT_RC,
+            srq: std::ptr::null_mut(),
+            ah_attr: Mutex::new(ibv_ah_attr::default()),
+        });
+        Side { qp: q, cq, mr }
+    }
+
+    fn pair() -> (Sim, Side, Side) {
+        let sim = Sim::pair(LinkConfig::default(), 7);
+        let (a, b) = connect_pair(&sim, &PairParams::default());
+        (sim, wrap(a), wrap(b))
+    }
+
+    fn ptr(s: &mut Side) -> *mut ibv_qp {
+        &mut s.qp.qp.qp_base
+    }
+
+    fn xptr(s: &mut Side) -> *mut ibv_qp_ex {
+        &mut s.qp.qp
+    }
+
+    fn recv(s: &mut Side, n: usize, len: u32) {
+        for i in 0..n {
+            let mut sge = ibv_sge {
+                addr: s.mr.addr() + (i as u64) * u64::from(len),
+                length: len,
+                lkey: s.mr.lkey(),
+            };
+            let mut w = ibv_recv_wr {
+                wr_id: i as u64,
+                sg_list: &mut sge,
+                num_sge: 1,
+                ..Default::default()
+            };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: a QP wrapped as create does, a well-formed request.
+            assert_eq!(unsafe { post_recv(ptr(s), &mut w, &mut bad) }, 0);
+        }
+    }
+
+    fn wait(sim: &mut Sim, cq: &CompletionQueue, n: usize) -> Vec<Wc> {
+        let mut got = Vec::new();
+        let deadline = sim.now + 2_000_000_000;
+        sim.run_until(deadline, |_| {
+            while let Ok(Some(wc)) = cq.poll_one() {
+                got.push(wc);
+            }
+            got.len() >= n
+        });
+        got
+    }
+
+    fn read(mr: &MemoryRegion, off: usize, len: usize) -> Vec<u8> {
+        // SAFETY: the requests that wrote these bytes completed.
+        unsafe { mr.to_vec(off, len) }.unwrap()
+    }
+
+    #[test]
+    fn inline_send_with_imm_from_unregistered_memory() {
+        let (mut sim, mut a, mut b) = pair();
+        recv(&mut b, 1, 64);
+        // Stack memory no MR covers, and no lkey: rdma-core's contract for
+        // inline data.
+        let data = *b"inline, no lkey!";
+        let mut sge = ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        let mut w = ibv_send_wr {
+            wr_id: 42,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: IBV_WR_SEND_WITH_IMM,
+            send_flags: IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+            ..Default::default()
+        };
+        w.__bindgen_anon_1.imm_data = u32::from_ne_bytes([0x11, 0x22, 0x33, 0x44]);
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as in recv.
+        assert_eq!(unsafe { post_send(ptr(&mut a), &mut w, &mut bad) }, 0);
+        assert!(bad.is_null());
+        let wc = wait(&mut sim, &b.cq, 1);
+        assert_eq!(wc[0].status, WcStatus::Success);
+        assert!(wc[0].flags.contains(WcFlags::WITH_IMM));
+        // The same 4 bytes the sender stored.
+        assert_eq!(wc[0].imm_data.to_be_bytes(), [0x11, 0x22, 0x33, 0x44]);
+        assert_eq!(read(&b.mr, 0, data.len()), data);
+        let wc = wait(&mut sim, &a.cq, 1);
+        assert_eq!((wc[0].wr_id, wc[0].status), (42, WcStatus::Success));
+    }
+
+    #[test]
+    fn many_inline_requests_in_one_list() {
+        let (mut sim, mut a, mut b) = pair();
+        const N: usize = 3 * INLINE_SLOTS;
+        recv(&mut b, N, 256);
+        let bufs: Vec<[u8; 200]> = (0..N).map(|i| [i as u8; 200]).collect();
+        let mut sges: Vec<ibv_sge> = bufs
+            .iter()
+            .map(|b| ibv_sge {
+                addr: b.as_ptr() as u64,
+                length: 200,
+                lkey: 0,
+            })
+            .collect();
+        let mut wrs: Vec<ibv_send_wr> = (0..N)
+            .map(|i| ibv_send_wr {
+                wr_id: i as u64,
+                sg_list: &mut sges[i],
+                num_sge: 1,
+                opcode: IBV_WR_SEND,
+                send_flags: IBV_SEND_INLINE,
+                ..Default::default()
+            })
+            .collect();
+        for i in 0..N - 1 {
+            let next: *mut ibv_send_wr = &mut wrs[i + 1];
+            wrs[i].next = next;
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as in recv.
+        assert_eq!(unsafe { post_send(ptr(&mut a), &mut wrs[0], &mut bad) }, 0);
+        let wc = wait(&mut sim, &b.cq, N);
+        assert_eq!(wc.len(), N);
+        for (i, w) in wc.iter().enumerate() {
+            assert_eq!(
+                (w.wr_id, w.status, w.byte_len),
+                (i as u64, WcStatus::Success, 200)
+            );
+            assert_eq!(read(&b.mr, i * 256, 200), vec![i as u8; 200]);
+        }
+    }
+
+    #[test]
+    fn bad_request_in_a_list() {
+        let (mut sim, mut a, b) = pair();
+        let src = a.mr.sge(0, 8);
+        let mut sge = ibv_sge {
+            addr: src.addr,
+            length: 8,
+            lkey: src.lkey,
+        };
+        let sge_ptr: *mut ibv_sge = &mut sge;
+        let mk = |op| {
+            let mut w = ibv_send_wr {
+                sg_list: sge_ptr,
+                num_sge: 1,
+                opcode: op,
+                send_flags: IBV_SEND_SIGNALED,
+                ..Default::default()
+            };
+            w.wr.rdma.remote_addr = b.mr.addr();
+            w.wr.rdma.rkey = b.mr.rkey();
+            w
+        };
+        let mut w3 = mk(IBV_WR_RDMA_WRITE);
+        let mut w2 = mk(IBV_WR_LOCAL_INV);
+        w2.next = &mut w3;
+        let mut w1 = mk(IBV_WR_RDMA_WRITE);
+        w1.next = &mut w2;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as in recv.
+        let r = unsafe { post_send(ptr(&mut a), &mut w1, &mut bad) };
+        assert_eq!(r, libc::EINVAL);
+        assert_eq!(bad, &mut w2 as *mut ibv_send_wr);
+        // The request before the bad one was posted.
+        assert_eq!(wait(&mut sim, &a.cq, 2).len(), 1);
+
+        // Too much inline data, too many SGEs.
+        let mut big = mk(IBV_WR_RDMA_WRITE);
+        big.send_flags |= IBV_SEND_INLINE;
+        let mut bsge = ibv_sge {
+            addr: src.addr,
+            length: 257,
+            lkey: 0,
+        };
+        big.sg_list = &mut bsge;
+        // SAFETY: as in recv.
+        let r = unsafe { post_send(ptr(&mut a), &mut big, &mut bad) };
+        assert_eq!((r, bad), (libc::EINVAL, &mut big as *mut ibv_send_wr));
+        let mut many = mk(IBV_WR_RDMA_WRITE);
+        many.num_sge = 9;
+        // SAFETY: rejected before the SGE list is read.
+        let r = unsafe { post_send(ptr(&mut a), &mut many, &mut bad) };
+        assert_eq!(r, libc::EINVAL);
+    }
+
+    #[test]
+    fn wr_api() {
+        let (mut sim, mut a, b) = pair();
+        let x = xptr(&mut a);
+        let data = *b"built with ibv_wr_*";
+        // SAFETY: the ops set_wr_ops installed, on a live QP.
+        unsafe {
+            let q = &mut *x;
+            (q.wr_start.unwrap())(x);
+            q.wr_id = 7;
+            q.wr_flags = IBV_SEND_SIGNALED;
+            (q.wr_rdma_write.unwrap())(x, b.mr.rkey(), b.mr.addr() + 100);
+            (q.wr_set_inline_data.unwrap())(x, data.as_ptr() as *mut c_void, data.len());
+            assert_eq!((q.wr_complete.unwrap())(x), 0);
+        }
+        let wc = wait(&mut sim, &a.cq, 1);
+        assert_eq!((wc[0].wr_id, wc[0].status), (7, WcStatus::Success));
+        assert_eq!(read(&b.mr, 100, data.len()), data);
+
+        // An unsupported builder makes wr_complete fail and post nothing.
+        // SAFETY: as above.
+        unsafe {
+            let q = &mut *x;
+            (q.wr_start.unwrap())(x);
+            (q.wr_rdma_write.unwrap())(x, b.mr.rkey(), b.mr.addr());
+            (q.wr_set_sge.unwrap())(x, a.mr.lkey(), a.mr.addr(), 8);
+            (q.wr_local_inv.unwrap())(x, 1);
+            assert_eq!((q.wr_complete.unwrap())(x), libc::EOPNOTSUPP);
+            // A setter without a builder.
+            (q.wr_start.unwrap())(x);
+            (q.wr_set_sge.unwrap())(x, a.mr.lkey(), a.mr.addr(), 8);
+            assert_eq!((q.wr_complete.unwrap())(x), libc::EINVAL);
+            (q.wr_start.unwrap())(x);
+            (q.wr_send.unwrap())(x);
+            (q.wr_abort.unwrap())(x);
+        }
+        assert!(wait(&mut sim, &a.cq, 1).is_empty());
+    }
+
+    #[test]
+    fn post_recv_checks() {
+        let (_sim, mut a, _b) = pair();
+        let mut w = ibv_recv_wr {
+            num_sge: 9,
+            ..Default::default()
+        };
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: rejected before the SGE list is read.
+        let r = unsafe { post_recv(ptr(&mut a), &mut w, &mut bad) };
+        assert_eq!((r, bad), (libc::EINVAL, &mut w as *mut ibv_recv_wr));
+        // SAFETY: a NULL bad_wr is refused.
+        let r = unsafe { post_recv(ptr(&mut a), &mut w, std::ptr::null_mut()) };
+        assert_eq!(r, libc::EINVAL);
+    }
+}
+
+/// Every verb of this module on a real device (an interface with an IPv4
+/// address, over the UDP backend; QPs talk to each other through the
+/// runtime's loopback). Run with
+/// `XROCE_IFACES=eth0 XROCE_BACKEND=udp cargo test -p xroce-ibverbs -- --ignored`.
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+    use crate::ah::{ibv_create_ah, ibv_destroy_ah, ibv_init_ah_from_wc};
+    use crate::context::{ibv_close_device, ibv_get_device_list, ibv_open_device};
+    use crate::cq::{ibv_create_cq, ibv_destroy_cq, poll_cq};
+    use crate::mr::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_reg_mr};
+    use crate::query::ibv_query_gid;
+    use crate::srq::{ibv_create_srq, ibv_destroy_srq, post_srq_recv};
+    use std::time::{Duration, Instant};
+
+    struct Dev {
+        ctx: *mut ibv_context,
+        pd: *mut ibv_pd,
+        cq: *mut ibv_cq,
+        buf: Vec<u8>,
+        mr: *mut ibv_mr,
+        gid: ibv_gid,
+    }
+
+    unsafe fn open() -> Dev {
+        let mut n = 0;
+        let list = ibv_get_device_list(&mut n);
+        assert!(n > 0, "no device: set XROCE_IFACES");
+        let ctx = ibv_open_device(*list);
+        assert!(!ctx.is_null());
+        let pd = ibv_alloc_pd(ctx);
+        let cq = ibv_create_cq(ctx, 256, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        assert!(!pd.is_null() && !cq.is_null());
+        let mut buf = vec![0u8; 1 << 16];
+        let access =
+            (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) as c_int;
+        let mr = ibv_reg_mr(pd, buf.as_mut_ptr() as *mut c_void, buf.len(), access);
+        assert!(!mr.is_null());
+        let mut gid = ibv_gid::default();
+        assert_eq!(ibv_query_gid(ctx, 1, 1, &mut gid), 0);
+        Dev {
+            ctx,
+            pd,
+            cq,
+            buf,
+            mr,
+            gid,
+        }
+    }
+
+    unsafe fn qp(d: &Dev, t: u32, srq: *mut ibv_srq) -> *mut ibv_qp {
+        let mut a = ibv_qp_init_attr {
+            send_cq: d.cq,
+            recv_cq: d.cq,
+            srq,
+            cap: ibv_qp_cap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 64,
+            },
+            qp_type: t,
+            ..Default::default()
+        };
+        let q = ibv_create_qp(d.pd, &mut a);
+        assert!(!q.is_null());
+        q
+    }
+
+    unsafe fn connect(d: &Dev, q: *mut ibv_qp, peer: u32) {
+        let mut a = ibv_qp_attr {
+            qp_state: IBV_QPS_INIT,
+            port_num: 1,
+            qp_access_flags: IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+            qkey: 0x1111_1111,
+            ..Default::default()
+        };
+        let ud = (*q).qp_type == IBV_QPT_UD;
+        let extra = if ud { IBV_QP_QKEY } else { IBV_QP_ACCESS_FLAGS };
+        assert_eq!(ibv_modify_qp(q, &mut a, (0x31 | extra) as c_int), 0);
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = IBV_MTU_1024;
+        a.dest_qp_num = peer;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 12;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = d.gid;
+        a.ah_attr.grh.sgid_index = 1;
+        a.ah_attr.grh.hop_limit = 1;
+        a.ah_attr.port_num = 1;
+        let mask = if ud { IBV_QP_STATE } else { 0x129181 };
+        assert_eq!(ibv_modify_qp(q, &mut a, mask as c_int), 0);
+        assert_eq!((*q).state, IBV_QPS_RTR);
+        a.qp_state = IBV_QPS_RTS;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 1;
+        let mask = if ud {
+            IBV_QP_STATE | IBV_QP_SQ_PSN
+        } else {
+            0x12e01
+        };
+        assert_eq!(ibv_modify_qp(q, &mut a, mask as c_int), 0);
+    }
+
+    unsafe fn poll(d: &Dev, n: usize) -> Vec<ibv_wc> {
+        let mut out = Vec::new();
+        let t0 = Instant::now();
+        while out.len() < n && t0.elapsed() < Duration::from_secs(5) {
+            let mut wc = [ibv_wc::default(); 4];
+            let got = poll_cq(d.cq, 4, wc.as_mut_ptr());
+            assert!(got >= 0);
+            out.extend_from_slice(&wc[..got as usize]);
+        }
+        out
+    }
+
+    unsafe fn recv_into(q: *mut ibv_qp, d: &Dev, off: usize, len: u32) {
+        let mut sge = ibv_sge {
+            addr: d.buf.as_ptr() as u64 + off as u64,
+            length: len,
+            lkey: (*d.mr).lkey,
+        };
+        let mut w = ibv_recv_wr {
+            wr_id: 100,
+            sg_list: &mut sge,
+            num_sge: 1,
+            ..Default::default()
+        };
+        let mut bad = std::ptr::null_mut();
+        assert_eq!(post_recv(q, &mut w, &mut bad), 0);
+    }
+
+    unsafe fn send(q: *mut ibv_qp, data: &[u8], ah: *mut ibv_ah, peer: u32) -> c_int {
+        let mut sge = ibv_sge {
+            addr: data.as_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        };
+        let mut w = ibv_send_wr {
+            wr_id: 200,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: IBV_WR_SEND,
+            send_flags: IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+            ..Default::default()
+        };
+        w.wr.ud.ah = ah;
+        w.wr.ud.remote_qpn = peer;
+        w.wr.ud.remote_qkey = 0x1111_1111;
+        let mut bad = std::ptr::null_mut();
+        post_send(q, &mut w, &mut bad)
+    }
+
+    #[test]
+    #[ignore = "needs an interface with IPv4: XROCE_IFACES=IF XROCE_BACKEND=udp"]
+    fn rc_ud_srq_on_a_device() {
+        // SAFETY: the verbs used as a C program uses them.
+        unsafe {
+            let d = open();
+            // RC through modify_qp, inline send, query.
+            let (q1, q2) = (
+                qp(&d, IBV_QPT_RC, std::ptr::null_mut()),
+                qp(&d, IBV_QPT_RC, std::ptr::null_mut()),
+            );
+            // Posting to a QP in RESET is EINVAL.
+            assert_eq!(send(q1, b"x", std::ptr::null_mut(), 0), libc::EINVAL);
+            connect(&d, q1, (*q2).qp_num);
+            connect(&d, q2, (*q1).qp_num);
+            recv_into(q2, &d, 0, 64);
+            assert_eq!(send(q1, b"over RC", std::ptr::null_mut(), 0), 0);
+            let wc = poll(&d, 2);
+            assert_eq!(wc.len(), 2, "completions");
+            assert!(wc.iter().all(|w| w.status == IBV_WC_SUCCESS));
+            assert_eq!(&d.buf[..7], b"over RC");
+            let mut attr = ibv_qp_attr::default();
+            let mut init = ibv_qp_init_attr::default();
+            assert_eq!(
+                ibv_query_qp(q1, &mut attr, IBV_QP_CAP as c_int, &mut init),
+                0
+            );
+            assert_eq!(attr.qp_state, IBV_QPS_RTS);
+            assert_eq!(attr.dest_qp_num, (*q2).qp_num);
+            assert_eq!(attr.ah_attr.grh.dgid.raw, d.gid.raw);
+            assert_eq!(
+                (attr.timeout, attr.retry_cnt, attr.path_mtu),
+                (14, 7, IBV_MTU_1024)
+            );
+            assert_eq!((init.cap.max_inline_data, init.qp_type), (64, IBV_QPT_RC));
+            // The CQ is in use.
+            assert_eq!(ibv_destroy_cq(d.cq), libc::EBUSY);
+            // An IPv6 destination GID is refused.
+            let mut a = ibv_qp_attr::default();
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid.raw = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+            assert_eq!(ibv_modify_qp(q1, &mut a, IBV_QP_AV as c_int), libc::EINVAL);
+
+            // UD with an AH, GRH back to an AH.
+            let (u1, u2) = (
+                qp(&d, IBV_QPT_UD, std::ptr::null_mut()),
+                qp(&d, IBV_QPT_UD, std::ptr::null_mut()),
+            );
+            connect(&d, u1, 0);
+            connect(&d, u2, 0);
+            let mut aa = ibv_ah_attr {
+                is_global: 1,
+                port_num: 1,
+                ..Default::default()
+            };
+            aa.grh.dgid = d.gid;
+            aa.grh.sgid_index = 1;
+            aa.grh.hop_limit = 64;
+            let ah = ibv_create_ah(d.pd, &mut aa);
+            assert!(!ah.is_null());
+            recv_into(u2, &d, 4096, 40 + 64);
+            assert_eq!(send(u1, b"over UD", ah, (*u2).qp_num), 0);
+            let wc = poll(&d, 2);
+            assert_eq!(wc.len(), 2);
+            let r = wc.iter().find(|w| w.opcode == IBV_WC_RECV).unwrap();
+            assert_eq!(r.src_qp, (*u1).qp_num);
+            assert_ne!(r.wc_flags & IBV_WC_GRH, 0);
+            assert_eq!(&d.buf[4096 + 40..4096 + 47], b"over UD");
+            let mut back = ibv_ah_attr::default();
+            let grh = d.buf.as_ptr().add(4096) as *mut ibv_grh;
+            assert_eq!(
+                ibv_init_ah_from_wc(d.ctx, 1, r as *const _ as *mut _, grh, &mut back),
+                0
+            );
+            assert_eq!(back.grh.dgid.raw, d.gid.raw);
+            assert_eq!(back.grh.sgid_index, 1);
+            assert_eq!(ibv_destroy_ah(ah), 0);
+
+            // An SRQ shared by an RC QP.
+            let mut sa = ibv_srq_init_attr::default();
+            sa.attr.max_wr = 4;
+            sa.attr.max_sge = 1;
+            let srq = ibv_create_srq(d.pd, &mut sa);
+            assert!(!srq.is_null());
+            let (s1, s2) = (
+                qp(&d, IBV_QPT_RC, std::ptr::null_mut()),
+                qp(&d, IBV_QPT_RC, srq),
+            );
+            connect(&d, s1, (*s2).qp_num);
+            connect(&d, s2, (*s1).qp_num);
+            let mut sge = ibv_sge {
+                addr: d.buf.as_ptr() as u64 + 8192,
+                length: 64,
+                lkey: (*d.mr).lkey,
+            };
+            let mut rw = ibv_recv_wr {
+                sg_list: &mut sge,
+                num_sge: 1,
+                ..Default::default()
+            };
+            let mut bad = std::ptr::null_mut();
+            assert_eq!(post_srq_recv(srq, &mut rw, &mut bad), 0);
+            assert_eq!(send(s1, b"via SRQ", std::ptr::null_mut(), 0), 0);
+            assert_eq!(poll(&d, 2).len(), 2);
+            assert_eq!(&d.buf[8192..8199], b"via SRQ");
+            assert_eq!(ibv_destroy_srq(srq), libc::EBUSY);
+
+            for q in [q1, q2, u1, u2, s1, s2] {
+                assert_eq!(ibv_destroy_qp(q), 0);
+            }
+            assert_eq!(ibv_destroy_srq(srq), 0);
+            assert_eq!(ibv_destroy_cq(d.cq), 0);
+            assert_eq!(ibv_dereg_mr(d.mr), 0);
+            assert_eq!(ibv_dealloc_pd(d.pd), 0);
+            assert_eq!(ibv_close_device(d.ctx), 0);
+        }
+    }
+}
