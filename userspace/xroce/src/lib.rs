@@ -5,6 +5,7 @@
 //! - [`cc`]: congestion control (reaction point) behind one trait.
 //! - [`io`]: packet I/O backends (AF_XDP, kernel UDP, in-memory channel).
 //! - [`runtime`]: the thread that drives an engine from a backend.
+//! - [`stack`]: one interface opened for RDMA (device, engine, backend, thread).
 //! - [`stats_export`]: a running engine's counters for `xroce stats`.
 //! - [`device`]: an Ethernet interface opened for RoCEv2.
 //! - [`connect`]: out-of-band connection setup (xroce, rdma-core formats).
@@ -15,6 +16,7 @@ pub mod device;
 pub mod engine;
 pub mod io;
 pub mod runtime;
+pub mod stack;
 pub mod stats_export;
 pub mod verbs;
 pub mod xdp;
