@@ -98,11 +98,8 @@ pub(crate) fn grh_target(a: &ibv_ah_attr, what: &str) -> Result<Ipv4Addr, i32> {
 /// The next-hop MAC for `ip`: our own for our own address (the runtime
 /// loops those frames back), else the neighbour table's (ARP).
 pub(crate) fn dest_mac(dev: &OpenDevice, ip: Ipv4Addr) -> Result<[u8; 6], i32> {
-    if ip == dev.ip {
-        return Ok(dev.mac);
-    }
-    dev.net
-        .neighbour_mac(IpAddr::V4(ip), NEIGH_TIMEOUT)
+    dev.stack
+        .neighbour(IpAddr::V4(ip), NEIGH_TIMEOUT)
         .map_err(|e| fail(libc::EHOSTUNREACH, format_args!("no MAC for {ip}: {e}")))
 }
 
@@ -374,10 +371,7 @@ fn resolve_l2(
         Some(ip) => IpAddr::V4(ip),
         None => IpAddr::V6(Ipv6Addr::from(dgid)),
     };
-    let mac = match peer {
-        IpAddr::V4(ip) if ip == c.dev.ip => Ok(c.dev.mac),
-        _ => c.dev.net.neighbour_mac(peer, NEIGH_TIMEOUT),
-    };
+    let mac = c.dev.stack.neighbour(peer, NEIGH_TIMEOUT);
     let Ok(mac) = mac else {
         return -libc::EHOSTUNREACH;
     };

@@ -12,11 +12,9 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-use xroce::cc;
-use xroce::device::{self, Attachment, BackendKind, Device as NetDevice, DeviceConfig};
-use xroce::engine::{AsyncEvent, EngineConfig};
-use xroce::runtime::{Runtime, RuntimeConfig};
-use xroce::stats_export::StatsExporter;
+use xroce::device;
+use xroce::engine::AsyncEvent;
+use xroce::stack::{Stack, StackConfig};
 use xroce::verbs::{Device, Mtu};
 
 use crate::abi::*;
@@ -162,10 +160,7 @@ pub(crate) struct OpenDevice {
     pub active_mtu: Mtu,
     pub backend: &'static str,
     qp_owners: Arc<Mutex<HashMap<u32, QpOwner>>>,
-    // Drop order: exporter and runtime stop before the interface closes.
-    _stats: StatsExporter,
-    _runtime: Runtime,
-    pub net: NetDevice,
+    pub stack: Stack,
 }
 
 fn open_devices() -> &'static Mutex<HashMap<String, Weak<OpenDevice>>> {
@@ -194,37 +189,14 @@ impl OpenDevice {
     }
 
     fn start(iface: &str) -> Result<OpenDevice, String> {
-        let wanted = config::backend()?;
-        let net = NetDevice::open(
-            iface,
-            DeviceConfig {
-                attach: wanted == Some(BackendKind::AfXdp),
-                ..DeviceConfig::default()
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let backend = wanted.unwrap_or(match net.attachment() {
-            Attachment::None => BackendKind::Udp,
-            _ => BackendKind::AfXdp,
-        });
-        let ip = *net.ipv4().first().ok_or_else(|| {
-            format!("{iface} has no IPv4 address; xroce's RoCEv2 runs over IPv4: add one")
-        })?;
-        let path_mtu = net.checked_path_mtu().map_err(|e| e.to_string())?;
-        let active_mtu = Mtu::from_bytes(path_mtu).unwrap_or(Mtu::Mtu1024);
-        let kind = config::cc()?;
-        let engine = EngineConfig {
-            mac: net.mac(),
-            ip,
+        let stack = Stack::open(&StackConfig {
+            backend: config::backend()?,
+            cc: config::cc()?,
             line_rate_bps: LINE_RATE_BPS,
-            cc: Some(Arc::new(move || cc::build(kind, LINE_RATE_BPS))),
-            ..EngineConfig::default()
-        };
-        let io = net
-            .open_io(backend, active_mtu.bytes())
-            .map_err(|e| format!("{backend} backend on {iface}: {e}"))?;
-        let backend_name = io.name();
-        let device = Device::new(engine);
+            ..StackConfig::new(iface)
+        })
+        .map_err(|e| error_chain(&e))?;
+        let device = stack.device.clone();
         let qp_owners: Arc<Mutex<HashMap<u32, QpOwner>>> = Arc::default();
         let owners = qp_owners.clone();
         device.set_async_handler(Some(Arc::new(move |e: AsyncEvent| {
@@ -237,21 +209,29 @@ impl OpenDevice {
                 write_async(o.async_write, o.qp as *mut c_void, kind);
             }
         })));
-        let runtime = Runtime::start(device.clone(), io, RuntimeConfig::default());
-        let stats = StatsExporter::start(device.clone(), iface);
         Ok(OpenDevice {
             iface: iface.to_string(),
             device,
-            mac: net.mac(),
-            ip,
-            active_mtu,
-            backend: backend_name,
+            mac: stack.mac(),
+            ip: stack.ip,
+            active_mtu: stack.path_mtu,
+            backend: stack.backend,
             qp_owners,
-            _stats: stats,
-            _runtime: runtime,
-            net,
+            stack,
         })
     }
+}
+
+/// An error and its causes on one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 /// One record on a context's async fd: what `ibv_get_async_event` returns.

@@ -23,8 +23,10 @@ pub(crate) const MAX_AH: u32 = 1 << 17;
 pub(crate) const MAX_MR: u32 = (1 << 16) - 2;
 /// Largest MR (the engine's lengths are 64-bit; rdma-core reports u64).
 pub(crate) const MAX_MR_SIZE: u64 = u64::MAX;
-/// Outstanding READ/atomic requests per QP, each direction (rxe: 128).
-pub(crate) const MAX_QP_RD_ATOM: u32 = 128;
+/// Outstanding READ/atomic requests per QP, each direction: the engine's
+/// own bound, so ibv_query_device reports what modify_qp accepts
+/// (max_rd_atomic / max_dest_rd_atomic above it are EINVAL).
+pub(crate) const MAX_QP_RD_ATOM: u32 = xroce::verbs::qp::MAX_RD_ATOMIC as u32;
 /// Largest message (2 GiB, as rxe and the engine's length check).
 pub(crate) const MAX_MSG_SZ: u32 = 1 << 31;
 /// Vendor id: neither Mellanox's (0x02c9) nor Amazon's (0x1d0f), so that

@@ -97,12 +97,10 @@ pub(crate) struct Qp {
     pub qp: ibv_qp_ex,
     pub inner: QueuePair,
     pub ctx: *mut Context,
-    /// Its PD (inline data is staged in memory registered there).
-    pub pd: ProtectionDomain,
     /// Created through create_qp_ex (ibv_qp_to_qp_ex returns it; the
     /// ibv_wr_* pointers are set when send_ops_flags were given).
     pub has_qp_ex: bool,
-    /// Send-side scratch state: post_send's batch and inline staging, the
+    /// Send-side scratch state: post_send's batch and inline payload, the
     /// work requests built by ibv_wr_* between wr_start and wr_complete.
     pub pending: Mutex<PendingWrs>,
     /// The QP's creation capabilities, as query_qp reports them.
@@ -114,24 +112,26 @@ pub(crate) struct Qp {
     pub ah_attr: Mutex<ibv_ah_attr>,
 }
 
-/// Inline payload of a work request built with ibv_wr_set_inline_data*.
-pub(crate) type InlineBytes = Option<Vec<u8>>;
+/// Where the inline payload of a work request built with
+/// ibv_wr_set_inline_data* lies in [`PendingWrs::wr_inline`].
+pub(crate) type InlineBytes = Option<std::ops::Range<usize>>;
 
+/// A QP's send-side scratch state; its buffers are reused from post to
+/// post.
 #[derive(Default)]
 pub(crate) struct PendingWrs {
-    /// ibv_wr_*: the requests built since wr_start, with the inline bytes
-    /// copied at ibv_wr_set_inline_data* time.
+    /// ibv_wr_*: the requests built since wr_start, with where their
+    /// inline bytes lie in `wr_inline`.
     pub wrs: Vec<(SendWr, InlineBytes)>,
+    /// ibv_wr_*: the inline bytes of `wrs`, copied by the setters.
+    pub wr_inline: Vec<u8>,
     /// ibv_wr_*: the first error among them (reported by wr_complete).
     pub error: i32,
-    /// Requests converted and not yet handed to the engine (reused).
+    /// Requests converted and not yet handed to the engine.
     pub batch: Vec<SendWr>,
-    /// Registered memory in the QP's PD where inline data waits until the
-    /// engine copies it (during the post): rdma-core's inline SGEs need no
-    /// lkey, the engine's do. Made at the first inline post.
-    pub bounce: Option<MemoryRegion>,
-    /// Bytes of `bounce` used by requests in `batch`.
-    pub bounce_used: usize,
+    /// The payload of the inline request being posted, gathered from the
+    /// program's memory during the post call.
+    pub inline: Vec<u8>,
 }
 
 /// `struct ibv_srq`.

@@ -409,7 +409,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
             return Err(libc::EINVAL);
         }
         let g = gid_at(&context_gids(c), port_num, gid_index)?.ok_or(libc::ENODATA)?;
-        let e = gid_entry(g, gid_index, c.dev.net.ifindex());
+        let e = gid_entry(g, gid_index, c.dev.stack.net().ifindex());
         // SAFETY: the caller's entry is entry_size bytes.
         unsafe { write_sized(&e, entry.cast(), entry_size) };
         Ok(())
@@ -438,7 +438,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         if gids.len() > max_entries {
             return -(libc::EINVAL as isize);
         }
-        let ifindex = c.dev.net.ifindex();
+        let ifindex = c.dev.stack.net().ifindex();
         for (i, g) in gids.iter().enumerate() {
             let e = gid_entry(*g, i as u32, ifindex);
             // SAFETY: the caller's array holds max_entries >= gids.len()

@@ -14,7 +14,7 @@ use crate::context::{context, write_async, Context};
 use crate::errno::{fail, ffi_int, ffi_ptr, verbs_fail};
 use crate::limits::{MAX_SGE, MAX_SRQ_WR};
 use crate::objects::{outer, Pd, Srq};
-use crate::qp::recv_wr;
+use crate::post::recv_wr;
 
 fn next_handle() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(1);
