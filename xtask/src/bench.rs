@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use crate::{
     dropin,
     netns::{in_ns, xroce_bin, NsPair, Started},
-    util::{self, output, require_root_for, step, workspace_root},
+    util::{output, require_root_for, step, workspace_root},
 };
 
 const MTU: u32 = 3500;
@@ -27,14 +27,7 @@ const SECONDS: &str = "5";
 pub fn bench() -> Result<()> {
     require_root_for("the benchmarks (network namespaces and XDP)")?;
     step("build (release)");
-    util::cargo(&[
-        "build",
-        "--release",
-        "--package",
-        "xroce-cli",
-        "--package",
-        "xroce-ibverbs",
-    ])?;
+    dropin::build_release()?;
     let ns = NsPair::new("bench", 1, MTU)?;
     step(&format!("veth pair {} <-> {}, MTU {MTU}", ns.if_a, ns.if_b));
 

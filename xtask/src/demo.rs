@@ -16,7 +16,7 @@ use anyhow::{bail, Result};
 use crate::{
     dropin,
     netns::{in_ns, xroce_bin, NsPair, Started},
-    util::{self, require_root_for, run, step},
+    util::{require_root_for, run, step},
 };
 
 /// veth MTU 3500: RoCE path MTU 2048 fits one AF_XDP chunk (toolchain.md).
@@ -25,14 +25,7 @@ const MTU: u32 = 3500;
 pub fn demo() -> Result<()> {
     require_root_for("the demo (network namespaces and XDP)")?;
     step("build (release)");
-    util::cargo(&[
-        "build",
-        "--release",
-        "--package",
-        "xroce-cli",
-        "--package",
-        "xroce-ibverbs",
-    ])?;
+    dropin::build_release()?;
     let xroce = xroce_bin();
     let ns = NsPair::new("demo", 0, MTU)?;
     step(&format!(

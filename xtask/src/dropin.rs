@@ -13,6 +13,19 @@ use crate::{
     util::output,
 };
 
+/// Builds (release) the `xroce` binary and the drop-in library it runs
+/// programs over.
+pub fn build_release() -> Result<()> {
+    crate::util::cargo(&[
+        "build",
+        "--release",
+        "--package",
+        "xroce-cli",
+        "--package",
+        "xroce-ibverbs",
+    ])
+}
+
 /// What one perftest client printed: its result table's first data row.
 pub struct PerftestRow {
     /// The whole table, as perftest printed it.

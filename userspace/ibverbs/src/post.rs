@@ -358,31 +358,51 @@ pub(crate) unsafe extern "C" fn post_recv(
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     ffi_int(|| {
-        if bad_wr.is_null() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: the program's bad_wr slot.
-        unsafe { *bad_wr = std::ptr::null_mut() };
         // SAFETY: the program passes a live QP of ours.
         let q = unsafe { qp_ref(qp) }.ok_or(libc::EINVAL)?;
-        if wr.is_null() {
-            return Err(libc::EINVAL);
+        // SAFETY: the program's request list and bad_wr slot.
+        unsafe {
+            post_recv_list(wr, bad_wr, q.cap.max_recv_sge, "post_recv", |rw| {
+                q.inner.post_recv(rw)
+            })
         }
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: a request of the program's list.
-            let w = unsafe { &*cur };
-            let r = recv_wr(w, q.cap.max_recv_sge, "post_recv")
-                .and_then(|rw| q.inner.post_recv(&rw).map_err(verbs_fail));
-            if let Err(e) = r {
-                // SAFETY: as above.
-                unsafe { *bad_wr = cur };
-                return Err(e);
-            }
-            cur = w.next;
-        }
-        Ok(())
     })
+}
+
+/// What ibv_post_recv and ibv_post_srq_recv share: EINVAL for a NULL list
+/// or bad_wr, each request converted (at most `max_sge` SGEs) and posted in
+/// order, and on the first failure `*bad_wr` naming it.
+///
+/// # Safety
+/// `wr` is NULL or the head of the program's valid request list; `bad_wr`
+/// is NULL or writable.
+pub(crate) unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    max_sge: u32,
+    what: &str,
+    mut post: impl FnMut(&RecvWr) -> xroce::verbs::error::Result<()>,
+) -> Result<(), i32> {
+    if bad_wr.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's bad_wr slot.
+    unsafe { *bad_wr = std::ptr::null_mut() };
+    if wr.is_null() {
+        return Err(libc::EINVAL);
+    }
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: a request of the program's list.
+        let w = unsafe { &*cur };
+        if let Err(e) = recv_wr(w, max_sge, what).and_then(|rw| post(&rw).map_err(verbs_fail)) {
+            // SAFETY: as above.
+            unsafe { *bad_wr = cur };
+            return Err(e);
+        }
+        cur = w.next;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -95,16 +95,6 @@ pub(crate) fn mtu_from_ibv(m: u32) -> Option<Mtu> {
     })
 }
 
-pub(crate) fn mtu_to_ibv(m: Mtu) -> u32 {
-    match m {
-        Mtu::Mtu256 => IBV_MTU_256,
-        Mtu::Mtu512 => IBV_MTU_512,
-        Mtu::Mtu1024 => IBV_MTU_1024,
-        Mtu::Mtu2048 => IBV_MTU_2048,
-        Mtu::Mtu4096 => IBV_MTU_4096,
-    }
-}
-
 /// The capabilities granted for a create request: the limits of
 /// `limits.rs` are enforced (EINVAL above them) and granted exactly; a QP
 /// on an SRQ has no receive queue of its own (0, as rdma-core reports).
@@ -674,7 +664,7 @@ fn query(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, init: *mut ibv_qp_init_attr) -
     let out = ibv_qp_attr {
         qp_state: state,
         cur_qp_state: state,
-        path_mtu: mtu_to_ibv(x.path_mtu),
+        path_mtu: crate::query::mtu_enum(x.path_mtu),
         path_mig_state: IBV_MIG_MIGRATED,
         qkey: x.qkey,
         rq_psn: x.rq_psn,
@@ -757,7 +747,7 @@ mod tests {
         for (e, b) in [(1, 256), (2, 512), (3, 1024), (4, 2048), (5, 4096)] {
             let m = mtu_from_ibv(e).unwrap();
             assert_eq!(m.bytes(), b);
-            assert_eq!(mtu_to_ibv(m), e);
+            assert_eq!(crate::query::mtu_enum(m), e);
         }
         assert_eq!(mtu_from_ibv(0), None);
         assert_eq!(mtu_from_ibv(6), None);

@@ -14,7 +14,7 @@ use crate::context::{context, write_async, Context};
 use crate::errno::{fail, ffi_int, ffi_ptr, verbs_fail};
 use crate::limits::{MAX_SGE, MAX_SRQ_WR};
 use crate::objects::{outer, Pd, Srq};
-use crate::post::recv_wr;
+use crate::post::post_recv_list;
 
 fn next_handle() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(1);
@@ -214,31 +214,15 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     bad_wr: *mut *mut ibv_recv_wr,
 ) -> c_int {
     ffi_int(|| {
-        if bad_wr.is_null() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: the program's bad_wr slot.
-        unsafe { *bad_wr = std::ptr::null_mut() };
         // SAFETY: the program passes a live SRQ of ours.
         let s = unsafe { srq_ref(srq) }.ok_or(libc::EINVAL)?;
-        if wr.is_null() {
-            return Err(libc::EINVAL);
-        }
         let max_sge = s.inner.max_sge() as u32;
-        let mut cur = wr;
-        while !cur.is_null() {
-            // SAFETY: a request of the program's list.
-            let w = unsafe { &*cur };
-            let r = recv_wr(w, max_sge, "post_srq_recv")
-                .and_then(|rw| s.inner.post_recv(&rw).map_err(verbs_fail));
-            if let Err(e) = r {
-                // SAFETY: as above.
-                unsafe { *bad_wr = cur };
-                return Err(e);
-            }
-            cur = w.next;
+        // SAFETY: the program's request list and bad_wr slot.
+        unsafe {
+            post_recv_list(wr, bad_wr, max_sge, "post_srq_recv", |rw| {
+                s.inner.post_recv(rw)
+            })
         }
-        Ok(())
     })
 }
 
