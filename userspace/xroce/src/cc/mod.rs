@@ -8,7 +8,8 @@
 //! - [`dcqcn`]: DCQCN (Zhu et al., SIGCOMM 2015), ECN/CNP driven.
 //! - [`timely`]: TIMELY (Mittal et al., SIGCOMM 2015), RTT-gradient driven.
 //! - [`NoCc`]: line rate always.
-//! - [`pacer`]: the token bucket that turns a rate into send times.
+//! - [`pacer`]: the token bucket that turns a rate into send times; each
+//!   engine QP paces its data with one, and the closed-loop tests run it.
 //! - [`units`]: parsing of rates, sizes, fractions and durations for the CLI.
 //!
 //! [`build`] makes a controller from a [`CcKind`] ("none", "dcqcn", "timely").

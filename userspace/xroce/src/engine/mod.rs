@@ -105,7 +105,8 @@ pub struct EngineConfig {
     pub ip: Ipv4Addr,
     /// Rate for the default [`NoCc`] controller, bits per second.
     pub line_rate_bps: u64,
-    /// Token-bucket depth of the pacer, bytes.
+    /// Token-bucket depth of each QP's pacer ([`crate::cc::Pacer`]), bytes:
+    /// the most data a QP sends back to back at its controller's rate.
     pub pacing_burst_bytes: u64,
     /// Most unacknowledged PSNs a QP keeps in flight.
     pub max_inflight_pkts: u32,
@@ -345,7 +346,8 @@ impl Engine {
             Some(f) => f(),
             None => Box::new(NoCc::new(self.cfg.line_rate_bps)),
         };
-        self.qps[idx] = Some(Box::new(QpCtx::new(qpn, c, cc)));
+        let burst = self.cfg.pacing_burst_bytes;
+        self.qps[idx] = Some(Box::new(QpCtx::new(qpn, c, cc, burst)));
         Ok(qpn)
     }
 

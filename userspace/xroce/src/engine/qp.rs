@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::codec::{self, PktHdr};
 use super::timers;
 use super::{Env, QpCreate};
-use crate::cc::CongestionControl;
+use crate::cc::{CongestionControl, Pacer};
 use crate::verbs::cq::CqInner;
 use crate::verbs::error::{Result, VerbsError};
 use crate::verbs::mr::{AccessFlags, MrInner, MrTable};
@@ -23,6 +23,15 @@ pub(crate) struct LSge {
     pub mr: Arc<MrInner>,
     pub off: usize,
     pub len: usize,
+}
+
+/// The size a QP's pacer gates on at path MTU `mtu`: the largest data frame
+/// it sends (a full payload under the most headers). Every data packet waits
+/// for this much credit whatever its size, so `poll_timeout` can say when the
+/// next one may go without building it, and back-to-back bursts stay within
+/// `pacing_burst_bytes` (see [`Pacer`]).
+pub(crate) fn pacing_frame_bytes(mtu: u32) -> usize {
+    mtu as usize + codec::MAX_OVERHEAD
 }
 
 /// Resolve and check a local SGL. Returns `Err(status)` for a WC error.
@@ -246,11 +255,6 @@ pub(crate) struct RespState {
     pub replay: VecDeque<(u32, u64)>,
 }
 
-pub(crate) struct Pacer {
-    pub tokens: i64,
-    pub last_ns: u64,
-}
-
 pub(crate) struct QpCtx {
     pub qpn: u32,
     pub qstats: super::QpStats,
@@ -268,6 +272,7 @@ pub(crate) struct QpCtx {
     pub req: ReqState,
     pub resp: RespState,
     pub cc: Box<dyn CongestionControl>,
+    /// Paces request data and READ response data at `cc`'s rate.
     pub pacer: Pacer,
     pub tmpl: PktHdr,
     pub mtu: u32,
@@ -283,7 +288,12 @@ pub(crate) struct QpCtx {
 }
 
 impl QpCtx {
-    pub(crate) fn new(qpn: u32, c: QpCreate, cc: Box<dyn CongestionControl>) -> Self {
+    pub(crate) fn new(
+        qpn: u32,
+        c: QpCreate,
+        cc: Box<dyn CongestionControl>,
+        pacing_burst_bytes: u64,
+    ) -> Self {
         Self {
             qpn,
             qstats: super::QpStats::default(),
@@ -311,10 +321,7 @@ impl QpCtx {
                 replay: VecDeque::with_capacity(16),
             },
             cc,
-            pacer: Pacer {
-                tokens: 0,
-                last_ns: 0,
-            },
+            pacer: Pacer::new(pacing_burst_bytes),
             tmpl: PktHdr::default(),
             mtu: 1024,
             cnp_due: false,
@@ -846,8 +853,13 @@ impl QpCtx {
         m(self.req.rnr_until);
         let req_ready = self.req.idx < self.sq.len() && self.req.rnr_until.is_none();
         let read_ready = matches!(self.resp.out.front(), Some(RespItem::Read { .. }));
-        if self.pacer.tokens <= 0 && (req_ready || read_ready) {
-            m(Some(self.pacer_ready_at()));
+        if req_ready || read_ready {
+            // Rate 0 holds the data until the controller changes its rate,
+            // which only its own timer or an arriving packet does.
+            m(self
+                .pacer
+                .held_until_ns(self.cc.rate_bps(), self.pacing_frame_bytes())
+                .filter(|&t| t != u64::MAX));
         }
         t
     }
@@ -856,10 +868,13 @@ impl QpCtx {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::Err) {
             return;
         }
+        // Book the pacer's credit so far (at the rate that earned it, before
+        // the controller's timer may change it): a send time that has come
+        // while the window or a fence holds the data leaves next_timeout.
+        self.pacer.catch_up(now, self.cc.rate_bps());
         if self.cc.next_timer_ns().is_some_and(|t| t <= now) {
             self.cc.on_timer(now);
         }
-        self.pacer_refill(env, now);
         if self.req.rnr_until.is_some_and(|t| t <= now) {
             self.req.rnr_until = None;
             self.start_retry(env);
@@ -878,29 +893,22 @@ impl QpCtx {
         self.req.comp_psn != self.req.max_psn
     }
 
-    /// Tokens refilled at `now` with the controller's current rate.
-    pub(crate) fn pacer_refill(&mut self, env: &Env<'_>, now: u64) {
-        let rate = self.cc.rate_bps().max(1);
-        let burst = env.cfg.pacing_burst_bytes as i64;
-        if now <= self.pacer.last_ns {
-            return;
-        }
-        let dt = now - self.pacer.last_ns;
-        let add = (rate as u128 * dt as u128 / 8_000_000_000u128).min(i64::MAX as u128) as i64;
-        if self.pacer.tokens.saturating_add(add) >= burst {
-            self.pacer.tokens = burst;
-            self.pacer.last_ns = now;
-        } else if add > 0 {
-            self.pacer.tokens += add;
-            // Advance only by the time those whole bytes took, keeping the
-            // fraction for the next refill.
-            self.pacer.last_ns += (add as u128 * 8_000_000_000u128 / rate as u128) as u64;
-        }
+    /// [`pacing_frame_bytes`] at this QP's path MTU.
+    pub(crate) fn pacing_frame_bytes(&self) -> usize {
+        pacing_frame_bytes(self.mtu)
     }
 
-    pub(crate) fn pacer_ready_at(&self) -> u64 {
-        let rate = self.cc.rate_bps().max(1) as u128;
-        let deficit = (1 - self.pacer.tokens) as u128;
-        self.pacer.last_ns + (deficit * 8_000_000_000u128).div_ceil(rate) as u64
+    /// `true` if the pacer lets a data packet (request or READ response)
+    /// go at `now`.
+    pub(crate) fn pacer_open(&self, now: u64) -> bool {
+        self.pacer
+            .may_send(now, self.cc.rate_bps(), self.pacing_frame_bytes())
+    }
+
+    /// A data packet of `bytes` went at `now`: take its credit and tell the
+    /// congestion controller.
+    pub(crate) fn paced_send(&mut self, now: u64, bytes: usize) {
+        self.pacer.on_send(now, self.cc.rate_bps(), bytes);
+        self.cc.on_send(now, bytes);
     }
 }

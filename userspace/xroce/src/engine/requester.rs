@@ -100,8 +100,7 @@ impl QpCtx {
                 return None;
             }
         }
-        self.pacer_refill(env, now);
-        if self.pacer.tokens <= 0 {
+        if !self.pacer_open(now) {
             return None;
         }
         let first_psn_new = self.req.psn;
@@ -323,8 +322,7 @@ impl QpCtx {
             env.stats.tx_retransmitted += 1;
             self.qstats.retransmitted += 1;
         }
-        self.pacer.tokens -= n as i64;
-        self.cc.on_send(now, n);
+        self.paced_send(now, n);
         Some(n)
     }
 }

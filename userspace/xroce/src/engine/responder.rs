@@ -512,8 +512,7 @@ impl QpCtx {
         if matches!(self.resp.out.front(), Some(RespItem::Read { .. })) {
             // READ response data is paced like request data: the QP's
             // congestion controller governs everything it sends.
-            self.pacer_refill(env, now);
-            if self.pacer.tokens <= 0 {
+            if !self.pacer_open(now) {
                 return None;
             }
         }
@@ -601,8 +600,7 @@ impl QpCtx {
                 env.stats.tx_read_responses += 1;
                 self.qstats.tx_packets += 1;
                 self.qstats.tx_bytes += n as u64;
-                self.pacer.tokens -= n as i64;
-                self.cc.on_send(now, n);
+                self.paced_send(now, n);
                 if self.state == QpState::Err {
                     return None;
                 }

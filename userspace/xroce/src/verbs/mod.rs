@@ -64,7 +64,8 @@
 //! assert!(sim.run_until(sim.now + 1_000_000_000, |_| !cq_a.is_empty()));
 //! let wc = cq_a.poll_one().unwrap().unwrap();
 //! assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
-//! assert_eq!(dst.to_vec(0, 11).unwrap(), b"hello, rdma");
+//! // SAFETY: the WRITE that targeted `dst` has completed.
+//! assert_eq!(unsafe { dst.to_vec(0, 11) }.unwrap(), b"hello, rdma");
 //! ```
 
 pub mod cq;
