@@ -97,8 +97,12 @@ impl QpCtx {
     }
 
     /// After completions: a WQE at the front that failed local checks at
-    /// post time completes now, in order, with its error.
+    /// post time completes now, in order, with its error. Not once an error
+    /// has completed (the QP is on its way to ERR): the rest is flushed.
     pub(crate) fn complete_local_errors(&mut self, env: &mut Env<'_>) {
+        if self.go_error {
+            return;
+        }
         if let Some(w) = self.sq.front() {
             if !w.started {
                 if let Some(st) = w.local_err {
@@ -106,6 +110,17 @@ impl QpCtx {
                 }
             }
         }
+    }
+
+    /// After `ack_up_to(p)` for a NAK of PSN `p`: the front WQE is a
+    /// READ/atomic that ended before `p` and has not had its response (lost
+    /// or late). The NAK is about a later request, not this one: retry it
+    /// (as rxe's check_psn does) rather than complete it with the NAK's
+    /// status.
+    fn front_unanswered_before(&self, p: u32) -> bool {
+        self.sq
+            .front()
+            .is_some_and(|w| w.started && w.op.is_read_or_atomic() && psn::lt(w.last_psn, p))
     }
 
     /// Retry from the completer PSN unless a retry for it already started.
@@ -236,6 +251,10 @@ impl QpCtx {
                     return;
                 }
                 self.ack_up_to(env, p, now);
+                if self.front_unanswered_before(p) {
+                    self.retry_if_new(env);
+                    return;
+                }
                 if self.req.rnr_until.is_some() {
                     return;
                 }
@@ -262,6 +281,10 @@ impl QpCtx {
                 if code == 0 {
                     env.stats.rx_seq_naks += 1;
                     self.qstats.seq_naks_received += 1;
+                    self.retry_if_new(env);
+                    return;
+                }
+                if self.front_unanswered_before(p) {
                     self.retry_if_new(env);
                     return;
                 }

@@ -2,13 +2,25 @@
 //! reordering, delay, jitter, serialization rate and ECN CE marking, driven
 //! by a seeded RNG and simulated nanoseconds. Used by the tests and the
 //! engine-only benchmark; also handy for experiments.
+//!
+//! Determinism: every random choice of a simulation comes from one `u64`
+//! seed through ChaCha8, a fixed algorithm (unlike `StdRng`, whose
+//! algorithm may change between `rand` releases): the link's impairments
+//! draw from stream 0 of ChaCha8 keyed by the seed, and [`Sim::pair`]
+//! gives each device MR keys from streams 1 and 2 ([`derive_seed`]). The
+//! engine itself reads no clock and no RNG, so the same seed replays the
+//! same frames, byte for byte, provided the MRs' addresses are the same
+//! too (heap addresses of [`crate::verbs::ProtectionDomain::reg_mr`]
+//! appear in RETHs; register memory under a fixed iova with
+//! `reg_user_mr` to compare traces across runs). [`SimLink::record_trace`]
+//! keeps a digest of every frame the link carries for such comparisons.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::net::Ipv4Addr;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{Rng, RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use super::EngineConfig;
 use crate::verbs::{
@@ -102,10 +114,32 @@ pub struct LinkStats {
     pub bytes: u64,
 }
 
+/// The seed of consumer `stream` of a simulation's randomness keyed by
+/// `seed`: the first word of ChaCha8 stream `stream` (the link itself uses
+/// stream 0 directly; [`Sim::pair`] seeds the MR keys of device A from
+/// stream 1 and of device B from stream 2).
+pub fn derive_seed(seed: u64, stream: u64) -> u64 {
+    let mut r = ChaCha8Rng::seed_from_u64(seed);
+    r.set_stream(stream);
+    r.next_u64()
+}
+
+/// FNV-1a (64 bit) over `parts`: a fixed, platform-independent digest.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
 /// The link: frames in flight in both directions.
 pub struct SimLink {
     pub cfg: LinkConfig,
-    rng: StdRng,
+    rng: ChaCha8Rng,
     q: BinaryHeap<InFlight>,
     seq: u64,
     busy_until: [u64; 2],
@@ -115,13 +149,15 @@ pub struct SimLink {
     /// Drop everything (peer gone).
     pub cut: bool,
     pcap: Option<std::io::BufWriter<std::fs::File>>,
+    trace: Option<Vec<u64>>,
 }
 
 impl SimLink {
+    /// A link whose impairments draw from ChaCha8 keyed by `seed`.
     pub fn new(cfg: LinkConfig, seed: u64) -> Self {
         Self {
             cfg,
-            rng: StdRng::seed_from_u64(seed),
+            rng: ChaCha8Rng::seed_from_u64(seed),
             q: BinaryHeap::new(),
             seq: 0,
             busy_until: [0; 2],
@@ -130,6 +166,30 @@ impl SimLink {
             stats: LinkStats::default(),
             cut: false,
             pcap: None,
+            trace: None,
+        }
+    }
+
+    /// From now on keep one digest per frame event: every frame put on
+    /// the link (direction, time, bytes) and every frame delivered (the
+    /// same, after loss, duplication, reordering, marking, corruption).
+    /// Two runs from the same seed give identical traces.
+    pub fn record_trace(&mut self) {
+        self.trace.get_or_insert_with(Vec::new);
+    }
+
+    /// The digests recorded since [`SimLink::record_trace`].
+    pub fn trace(&self) -> &[u64] {
+        self.trace.as_deref().unwrap_or(&[])
+    }
+
+    fn trace_frame(&mut self, delivered: bool, to_b: bool, at: u64, frame: &[u8]) {
+        if let Some(t) = &mut self.trace {
+            t.push(fnv1a(&[
+                &[delivered as u8, to_b as u8],
+                &at.to_le_bytes(),
+                frame,
+            ]));
         }
     }
 
@@ -180,6 +240,7 @@ impl SimLink {
     /// Put a frame on the link at `now`.
     pub fn send(&mut self, to_b: bool, frame: &[u8], now: u64) {
         self.pcap_write(frame, now);
+        self.trace_frame(false, to_b, now, frame);
         self.stats.sent += 1;
         self.stats.bytes += frame.len() as u64;
         let d = to_b as usize;
@@ -236,6 +297,7 @@ impl SimLink {
         }
         let p = self.q.pop()?;
         self.stats.delivered += 1;
+        self.trace_frame(true, p.to_b, p.at, &p.data);
         Some((p.to_b, p.data))
     }
 
@@ -279,6 +341,9 @@ pub struct Sim {
 }
 
 impl Sim {
+    /// Join `a` and `b` by `link`. Devices from [`Device::new`] draw their
+    /// MR keys from the OS; for a run that replays exactly, make them with
+    /// [`Device::with_seed`] (as [`Sim::pair`] does).
     pub fn new(a: Device, b: Device, link: SimLink) -> Self {
         Self {
             a,
@@ -290,10 +355,16 @@ impl Sim {
         }
     }
 
-    /// Two devices with default configs (10.0.0.1 / 10.0.0.2).
+    /// Two devices with default configs (10.0.0.1 / 10.0.0.2), everything
+    /// random drawn from `seed`: the link's impairments and both devices'
+    /// MR keys (see the module docs).
     pub fn pair(link: LinkConfig, seed: u64) -> Self {
         let (ca, cb) = sim_configs();
-        Self::new(Device::new(ca), Device::new(cb), SimLink::new(link, seed))
+        Self::new(
+            Device::with_seed(ca, derive_seed(seed, 1)),
+            Device::with_seed(cb, derive_seed(seed, 2)),
+            SimLink::new(link, seed),
+        )
     }
 
     fn flush_tx(&mut self) {

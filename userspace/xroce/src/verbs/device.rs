@@ -116,7 +116,19 @@ impl QpInitAttr {
 
 impl Device {
     pub fn new(cfg: EngineConfig) -> Self {
-        let mrs = Arc::new(MrTable::default());
+        Self::with_mrs(cfg, MrTable::default())
+    }
+
+    /// A device whose MR keys come from `seed` (ChaCha8) instead of the
+    /// OS: with the engine's own determinism, a simulation driven by one
+    /// seed then replays exactly (see [`crate::engine::sim::Sim::pair`]).
+    /// Not for production: a peer knowing the seed can predict rkeys.
+    pub fn with_seed(cfg: EngineConfig, seed: u64) -> Self {
+        Self::with_mrs(cfg, MrTable::seeded(seed))
+    }
+
+    fn with_mrs(cfg: EngineConfig, mrs: MrTable) -> Self {
+        let mrs = Arc::new(mrs);
         Self {
             shared: Arc::new(DeviceShared {
                 engine: Mutex::new(Engine::new(cfg, mrs.clone())),

@@ -1,6 +1,6 @@
 //! Memory regions: registration with access flags, lkey/rkey with random key
-//! bits, bounds/permission checks, deregistration safe while traffic is in
-//! flight.
+//! bits (OS-seeded; from a seed in simulation), bounds/permission checks,
+//! deregistration safe while traffic is in flight.
 //!
 //! An MR covers either memory xroce allocated for it
 //! ([`super::ProtectionDomain::reg_mr`], 8-byte aligned so that atomics
@@ -27,6 +27,9 @@
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+
+use rand::{RngCore, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 use super::error::{Result, VerbsError};
 use super::wr::Sge;
@@ -149,6 +152,27 @@ impl MrInner {
 struct Slots {
     entries: Vec<Option<Arc<MrInner>>>,
     free: Vec<u32>,
+    keys: KeySource,
+}
+
+/// Where the random bits of MR keys come from.
+#[derive(Default)]
+enum KeySource {
+    /// The thread RNG, seeded from the OS: keys a peer cannot predict.
+    #[default]
+    Os,
+    /// A fixed-algorithm RNG from a seed: the same keys on every run (the
+    /// simulator; see [`MrTable::seeded`]).
+    Seeded(Box<ChaCha8Rng>),
+}
+
+impl KeySource {
+    fn next_u32(&mut self) -> u32 {
+        match self {
+            KeySource::Os => rand::random(),
+            KeySource::Seeded(r) => r.next_u32(),
+        }
+    }
 }
 
 /// Device-wide key -> MR table. A key is `(slot + 1) << 16 | 16 random
@@ -156,6 +180,10 @@ struct Slots {
 /// random bits independently, so neither can be derived from the other and
 /// a remote peer guessing an rkey hits 1 in 65536 (and a wrong guess is a
 /// class C error that takes its QP to ERR). Lookup is an index, no hashing.
+///
+/// `MrTable::default()` draws the key bits from the OS-seeded thread RNG;
+/// [`MrTable::seeded`] from ChaCha8 with a given seed, for reproducible
+/// simulations.
 #[derive(Default)]
 pub struct MrTable {
     slots: RwLock<Slots>,
@@ -165,6 +193,18 @@ const KEY_BITS: u32 = 16;
 const MAX_MRS: usize = (1 << (32 - KEY_BITS)) - 2;
 
 impl MrTable {
+    /// A table whose key bits come from ChaCha8 seeded with `seed`: the
+    /// same registrations get the same keys on every run and platform.
+    /// For simulation and tests; production keys come from the OS.
+    pub fn seeded(seed: u64) -> Self {
+        Self {
+            slots: RwLock::new(Slots {
+                keys: KeySource::Seeded(Box::new(ChaCha8Rng::seed_from_u64(seed))),
+                ..Default::default()
+            }),
+        }
+    }
+
     /// Register `len` bytes at `ptr` (or, when `ptr` is `None`, memory
     /// allocated here), named `iova` (the buffer's address when `None`).
     fn insert(
@@ -196,8 +236,8 @@ impl MrTable {
         };
         let slot = ((idx as u32) + 1) << KEY_BITS;
         let mask = (1u32 << KEY_BITS) - 1;
-        let lkey = slot | (rand::random::<u32>() & mask);
-        let mut rkey = slot | (rand::random::<u32>() & mask);
+        let lkey = slot | (s.keys.next_u32() & mask);
+        let mut rkey = slot | (s.keys.next_u32() & mask);
         if rkey == lkey {
             rkey = slot | ((lkey + 1) & mask);
         }
@@ -440,6 +480,23 @@ mod tests {
         );
         // Remote write/atomic without local write is refused (IBTA).
         assert!(MemoryRegion::register(&t, 1, None, 8, AccessFlags::REMOTE_WRITE).is_err());
+    }
+
+    #[test]
+    fn seeded_tables_repeat_their_keys() {
+        let keys = |t: &Arc<MrTable>| -> Vec<(u32, u32)> {
+            let mrs: Vec<MemoryRegion> = (0..64)
+                .map(|_| MemoryRegion::register(t, 1, None, 8, AccessFlags::LOCAL_WRITE).unwrap())
+                .collect();
+            mrs.iter().map(|m| (m.lkey(), m.rkey())).collect()
+        };
+        let a = keys(&Arc::new(MrTable::seeded(7)));
+        assert_eq!(a, keys(&Arc::new(MrTable::seeded(7))));
+        assert_ne!(a, keys(&Arc::new(MrTable::seeded(8))));
+        let low: std::collections::HashSet<u32> = a.iter().map(|k| k.1 & 0xffff).collect();
+        assert!(low.len() > 60, "seeded keys still look random");
+        // The OS-seeded default differs from run to run (and from seed 7).
+        assert_ne!(a, keys(&Arc::new(MrTable::default())));
     }
 
     #[test]
