@@ -187,7 +187,7 @@ impl Runtime {
         match self.thread.take() {
             Some(t) => t
                 .join()
-                .unwrap_or_else(|_| Err(IoError::Setup("the I/O thread panicked".into()))),
+                .unwrap_or_else(|_| Err(IoError::ThreadPanicked)),
             None => Ok(IoStats::default()),
         }
     }

@@ -21,43 +21,21 @@ pub fn export_dir(iface: &str) -> PathBuf {
     Path::new("/run/xroce").join(iface)
 }
 
-/// The counters as (name, value) pairs, in a stable order.
-pub fn engine_fields(s: &EngineStats) -> Vec<(&'static str, u64)> {
-    vec![
-        ("rx_frames", s.rx_frames),
-        ("rx_bytes", s.rx_bytes),
-        ("rx_malformed", s.rx_malformed),
-        ("rx_bad_icrc", s.rx_bad_icrc),
-        ("rx_not_roce", s.rx_not_roce),
-        ("rx_unknown_qp", s.rx_unknown_qp),
-        ("rx_bad_state", s.rx_bad_state),
-        ("rx_unsupported", s.rx_unsupported),
-        ("rx_duplicate", s.rx_duplicate),
-        ("rx_out_of_sequence", s.rx_out_of_sequence),
-        ("rx_ghost_response", s.rx_ghost_response),
-        ("rx_bad_response", s.rx_bad_response),
-        ("rx_dropped_other", s.rx_dropped_other),
-        ("tx_frames", s.tx_frames),
-        ("tx_bytes", s.tx_bytes),
-        ("tx_data_packets", s.tx_data_packets),
-        ("tx_retransmitted", s.tx_retransmitted),
-        ("tx_acks", s.tx_acks),
-        ("tx_read_responses", s.tx_read_responses),
-        ("tx_atomic_acks", s.tx_atomic_acks),
-        ("tx_naks_seq", s.tx_naks_seq),
-        ("tx_naks_rnr", s.tx_naks_rnr),
-        ("tx_naks_other", s.tx_naks_other),
-        ("tx_cnps", s.tx_cnps),
-        ("rx_cnps", s.rx_cnps),
-        ("rx_ce_marked", s.rx_ce_marked),
-        ("retry_timeouts", s.retry_timeouts),
-        ("retries_started", s.retries_started),
-        ("rx_rnr_naks", s.rx_rnr_naks),
-        ("rx_seq_naks", s.rx_seq_naks),
-        ("atomic_replays", s.atomic_replays),
-        ("read_reexecuted", s.read_reexecuted),
-        ("cq_overflows", s.cq_overflows),
-    ]
+/// The exported file's text: one `name value` line per counter, every
+/// field of [`EngineStats`] in declaration order (the list its declaration
+/// generates, so none can be left out).
+fn render(s: &EngineStats) -> String {
+    s.fields().map(|(k, v)| format!("{k} {v}\n")).collect()
+}
+
+/// Parses what [`render`] wrote.
+fn parse(text: &str) -> Vec<(String, u64)> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_string(), v.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 /// Counters published by one live engine.
@@ -90,13 +68,7 @@ pub fn read_published(iface: &str) -> Vec<Published> {
         let Ok(text) = fs::read_to_string(entry.path()) else {
             continue;
         };
-        let fields = text
-            .lines()
-            .filter_map(|l| {
-                let (k, v) = l.split_once(' ')?;
-                Some((k.to_string(), v.trim().parse().ok()?))
-            })
-            .collect();
+        let fields = parse(&text);
         out.push(Published { pid, fields });
     }
     out.sort_by_key(|p| p.pid);
@@ -122,10 +94,7 @@ impl StatsExporter {
             std::thread::spawn(move || {
                 let tmp = path.with_extension("tmp");
                 while !stop.load(Ordering::Acquire) {
-                    let text: String = engine_fields(&device.stats())
-                        .iter()
-                        .map(|(k, v)| format!("{k} {v}\n"))
-                        .collect();
+                    let text = render(&device.stats());
                     if fs::write(&tmp, text).is_ok() {
                         let _ = fs::rename(&tmp, &path);
                     }
@@ -144,5 +113,47 @@ impl Drop for StatsExporter {
             let _ = t.join();
         }
         let _ = fs::remove_file(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_engine_counter_is_exported() {
+        // Every field is a u64 counter, so the name table covers the
+        // struct exactly when their sizes agree.
+        assert_eq!(
+            EngineStats::NAMES.len() * size_of::<u64>(),
+            size_of::<EngineStats>()
+        );
+        let mut names = EngineStats::NAMES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), EngineStats::NAMES.len());
+        // The two the hand-written list once missed.
+        for n in ["rx_bad_header", "async_events_dropped"] {
+            assert!(EngineStats::NAMES.contains(&n), "{n} not exported");
+        }
+
+        let stats = EngineStats {
+            rx_bad_header: 7,
+            async_events_dropped: 9,
+            cq_overflows: 3,
+            ..EngineStats::default()
+        };
+        let read = parse(&render(&stats));
+        let names: Vec<_> = read.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(names, EngineStats::NAMES);
+        assert_eq!(
+            read,
+            stats
+                .fields()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect::<Vec<_>>()
+        );
+        assert!(read.contains(&("rx_bad_header".into(), 7)));
+        assert!(read.contains(&("async_events_dropped".into(), 9)));
     }
 }

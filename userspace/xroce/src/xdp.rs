@@ -82,15 +82,27 @@ pub enum XdpError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{what}: {detail}")]
-    Bpf { what: String, detail: String },
+    #[error("the xroce XDP object has no program named {0}")]
+    NoProgram(&'static str),
+    /// A BPF operation failed; `source` is aya's error (for a rejected
+    /// program, the verifier log is in its chain).
+    #[error("{what}")]
+    Bpf {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
 }
 
-fn bpf_err(what: impl Into<String>) -> impl FnOnce(&dyn fmt::Display) -> XdpError {
+/// Wraps an aya error as [`XdpError::Bpf`] saying what was being done.
+fn bpf_err<E>(what: impl Into<String>) -> impl FnOnce(E) -> XdpError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
     let what = what.into();
     move |e| XdpError::Bpf {
         what,
-        detail: e.to_string(),
+        source: Box::new(e),
     }
 }
 
@@ -183,44 +195,29 @@ fn load_and_attach(iface: &str, mode: Mode, dir: &Path, link_pin: &Path) -> Resu
     }
     let mut ebpf: Ebpf = loader
         .load(XDP_OBJECT)
-        .map_err(|e| bpf_err("load the xroce XDP object")(&e))?;
+        .map_err(bpf_err("load the xroce XDP object"))?;
     let program: &mut Xdp = ebpf
         .program_mut(names::PROGRAM)
-        .ok_or_else(|| XdpError::Bpf {
-            what: "find the XDP program".into(),
-            detail: format!("no program named {} in the object", names::PROGRAM),
-        })?
+        .ok_or(XdpError::NoProgram(names::PROGRAM))?
         .try_into()
-        .map_err(|e| bpf_err("XDP program type")(&e))?;
+        .map_err(bpf_err("XDP program type"))?;
     program
         .load()
-        .map_err(|e| bpf_err("the kernel verifier rejected the XDP program")(&verbose(&e)))?;
+        .map_err(bpf_err("the kernel verifier rejected the XDP program"))?;
     let link_id = program
         .attach(iface, mode.xdp_mode())
-        .map_err(|e| bpf_err(format!("attach XDP to {iface} in {mode:?} mode"))(&verbose(&e)))?;
+        .map_err(bpf_err(format!("attach XDP to {iface} in {mode:?} mode")))?;
     let link = program
         .take_link(link_id)
-        .map_err(|e| bpf_err("take the XDP link")(&e))?;
-    let fd_link: FdLink = link.try_into().map_err(|e| XdpError::Bpf {
-        what: "pin the XDP link".into(),
-        detail: format!("{e} (this kernel has no bpf_link for XDP; it needs 5.9 or later)"),
-    })?;
-    fd_link
-        .pin(link_pin)
-        .map_err(|e| bpf_err(format!("pin the XDP link at {}", link_pin.display()))(&e))?;
+        .map_err(bpf_err("take the XDP link"))?;
+    let fd_link: FdLink = link.try_into().map_err(bpf_err(
+        "pin the XDP link (this kernel has no bpf_link for XDP; it needs 5.9 or later)",
+    ))?;
+    fd_link.pin(link_pin).map_err(bpf_err(format!(
+        "pin the XDP link at {}",
+        link_pin.display()
+    )))?;
     Ok(())
-}
-
-/// Error text with its chain of causes (the verifier log is in a source).
-fn verbose(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// Detaches the program from `iface` and removes its pins.
@@ -232,8 +229,8 @@ pub fn detach(iface: &str) -> Result<(), XdpError> {
         if_index(iface)?;
         return Err(XdpError::NotAttached(iface.into()));
     }
-    let link = PinnedLink::from_pin(&link_pin)
-        .map_err(|e| bpf_err(format!("open {}", link_pin.display()))(&e))?;
+    let link =
+        PinnedLink::from_pin(&link_pin).map_err(bpf_err(format!("open {}", link_pin.display())))?;
     let fd_link = link.unpin().map_err(|source| XdpError::Io {
         what: format!("unpin {}", link_pin.display()),
         source,
@@ -257,7 +254,7 @@ fn open_pinned(iface: &str, map: &str) -> Result<MapData, XdpError> {
         if_index(iface)?;
         return Err(XdpError::NotAttached(iface.into()));
     }
-    MapData::from_pin(&path).map_err(|e| bpf_err(format!("open {}", path.display()))(&e))
+    MapData::from_pin(&path).map_err(bpf_err(format!("open {}", path.display())))
 }
 
 /// Sums of the per-CPU XDP counters of one interface.
@@ -279,12 +276,12 @@ impl XdpCounters {
 pub fn read_counters(iface: &str) -> Result<XdpCounters, XdpError> {
     let map = open_pinned(iface, names::COUNTERS)?;
     let array = PerCpuArray::<MapData, u64>::try_from(aya::maps::Map::PerCpuArray(map))
-        .map_err(|e| bpf_err("counter map")(&e))?;
+        .map_err(bpf_err("counter map"))?;
     let mut values = Vec::with_capacity(Counter::ALL.len());
     for counter in Counter::ALL {
         let per_cpu = array
             .get(&(counter as u32), 0)
-            .map_err(|e| bpf_err(format!("read counter {}", counter.name()))(&e))?;
+            .map_err(bpf_err(format!("read counter {}", counter.name())))?;
         values.push((counter, per_cpu.iter().sum()));
     }
     Ok(XdpCounters { values })
@@ -293,7 +290,7 @@ pub fn read_counters(iface: &str) -> Result<XdpCounters, XdpError> {
 /// The pinned XSKMAP of `iface`: AF_XDP sockets register here per RX queue.
 pub fn xsk_map(iface: &str) -> Result<XskMap<MapData>, XdpError> {
     let map = open_pinned(iface, names::XSKS)?;
-    XskMap::try_from(aya::maps::Map::XskMap(map)).map_err(|e| bpf_err("XSK map")(&e))
+    XskMap::try_from(aya::maps::Map::XskMap(map)).map_err(bpf_err("XSK map"))
 }
 
 /// Turns the destination-QPN filter on or off: when on, RoCEv2 frames whose
@@ -301,56 +298,51 @@ pub fn xsk_map(iface: &str) -> Result<XskMap<MapData>, XdpError> {
 pub fn set_qpn_filter(iface: &str, on: bool) -> Result<(), XdpError> {
     let map = open_pinned(iface, names::CONFIG)?;
     let mut config = aya::maps::Array::<MapData, u32>::try_from(aya::maps::Map::Array(map))
-        .map_err(|e| bpf_err("config map")(&e))?;
-    let flags = config
-        .get(&0, 0)
-        .map_err(|e| bpf_err("read XDP config")(&e))?;
+        .map_err(bpf_err("config map"))?;
+    let flags = config.get(&0, 0).map_err(bpf_err("read XDP config"))?;
     let flags = if on {
         flags | config_flags::QPN_FILTER
     } else {
         flags & !config_flags::QPN_FILTER
     };
-    config
-        .set(0, flags, 0)
-        .map_err(|e| bpf_err("write XDP config")(&e))
+    config.set(0, flags, 0).map_err(bpf_err("write XDP config"))
 }
 
 fn qpn_map(iface: &str) -> Result<aya::maps::HashMap<MapData, u32, u8>, XdpError> {
     let map = open_pinned(iface, names::QPNS)?;
-    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(map)).map_err(|e| bpf_err("QPN map")(&e))
+    aya::maps::HashMap::try_from(aya::maps::Map::HashMap(map)).map_err(bpf_err("QPN map"))
 }
 
 /// Lets frames for local QP `qpn` through the QPN filter.
 pub fn register_qpn(iface: &str, qpn: u32) -> Result<(), XdpError> {
     qpn_map(iface)?
         .insert(qpn & 0x00ff_ffff, 1, 0)
-        .map_err(|e| bpf_err(format!("register QPN {qpn:#x}"))(&e))
+        .map_err(bpf_err(format!("register QPN {qpn:#x}")))
 }
 
 /// Removes `qpn` from the filter (a destroyed QP).
 pub fn unregister_qpn(iface: &str, qpn: u32) -> Result<(), XdpError> {
     qpn_map(iface)?
         .remove(&(qpn & 0x00ff_ffff))
-        .map_err(|e| bpf_err(format!("unregister QPN {qpn:#x}"))(&e))
+        .map_err(bpf_err(format!("unregister QPN {qpn:#x}")))
 }
 
 /// A one-entry array map of `T` pinned for `iface`.
 fn single<T: aya::Pod>(iface: &str, name: &str) -> Result<aya::maps::Array<MapData, T>, XdpError> {
     let map = open_pinned(iface, name)?;
-    aya::maps::Array::try_from(aya::maps::Map::Array(map))
-        .map_err(|e| bpf_err(name.to_string())(&e))
+    aya::maps::Array::try_from(aya::maps::Map::Array(map)).map_err(bpf_err(name.to_string()))
 }
 
 fn read_single<T: aya::Pod>(iface: &str, name: &str) -> Result<T, XdpError> {
     single::<T>(iface, name)?
         .get(&0, 0)
-        .map_err(|e| bpf_err(format!("read {name}"))(&e))
+        .map_err(bpf_err(format!("read {name}")))
 }
 
 fn write_single<T: aya::Pod>(iface: &str, name: &str, value: T) -> Result<(), XdpError> {
     single::<T>(iface, name)?
         .set(0, value, 0)
-        .map_err(|e| bpf_err(format!("write {name}"))(&e))
+        .map_err(bpf_err(format!("write {name}")))
 }
 
 /// The congestion point's settings on `iface`.

@@ -1322,10 +1322,14 @@ fn model_modify(cur: QpState, a: &QpAttr, m: QpAttrMask) -> Result<QpState, Modi
         (M::RETRY_CNT, a.retry_cnt > 7, "retry_cnt"),
         (M::RNR_RETRY, a.rnr_retry > 7, "rnr_retry"),
         (M::MIN_RNR_TIMER, a.min_rnr_timer > 31, "min_rnr_timer"),
-        (M::MAX_QP_RD_ATOMIC, a.max_rd_atomic > 16, "max_rd_atomic"),
+        (
+            M::MAX_QP_RD_ATOMIC,
+            a.max_rd_atomic > xroce::verbs::qp::MAX_RD_ATOMIC,
+            "max_rd_atomic",
+        ),
         (
             M::MAX_DEST_RD_ATOMIC,
-            a.max_dest_rd_atomic > 16,
+            a.max_dest_rd_atomic > xroce::verbs::qp::MAX_RD_ATOMIC,
             "max_dest_rd_atomic",
         ),
         (M::DEST_QPN, a.dest_qp_num > 0xff_ffff, "dest_qp_num"),

@@ -149,45 +149,75 @@ impl Default for EngineConfig {
     }
 }
 
-/// Counters; every dropped packet is counted somewhere here.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    pub rx_frames: u64,
-    pub rx_bytes: u64,
-    pub rx_malformed: u64,
-    pub rx_bad_icrc: u64,
-    pub rx_not_roce: u64,
-    pub rx_unknown_qp: u64,
-    pub rx_bad_state: u64,
-    pub rx_unsupported: u64,
-    /// Wrong P_Key, or a connected QP got a packet from another address.
-    pub rx_bad_header: u64,
-    pub rx_duplicate: u64,
-    pub rx_out_of_sequence: u64,
-    pub rx_ghost_response: u64,
-    pub rx_bad_response: u64,
-    pub rx_dropped_other: u64,
-    pub tx_frames: u64,
-    pub tx_bytes: u64,
-    pub tx_data_packets: u64,
-    pub tx_retransmitted: u64,
-    pub tx_acks: u64,
-    pub tx_read_responses: u64,
-    pub tx_atomic_acks: u64,
-    pub tx_naks_seq: u64,
-    pub tx_naks_rnr: u64,
-    pub tx_naks_other: u64,
-    pub tx_cnps: u64,
-    pub rx_cnps: u64,
-    pub rx_ce_marked: u64,
-    pub retry_timeouts: u64,
-    pub retries_started: u64,
-    pub rx_rnr_naks: u64,
-    pub rx_seq_naks: u64,
-    pub atomic_replays: u64,
-    pub read_reexecuted: u64,
-    pub cq_overflows: u64,
-    pub async_events_dropped: u64,
+/// Declares a counter struct (every field a `u64`) together with its
+/// field-name table, so the list of counters is written once: exporters
+/// and `xroce stats` walk [`EngineStats::NAMES`] / [`EngineStats::fields`]
+/// and can never miss a counter added here.
+macro_rules! counters {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$fmeta:meta])* pub $field:ident: u64, )*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $( $(#[$fmeta])* pub $field: u64, )*
+        }
+
+        impl $name {
+            /// Every counter's name, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+
+            /// Every counter as (name, value), in declaration order.
+            pub fn fields(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($field), self.$field)),*].into_iter()
+            }
+        }
+    };
+}
+
+counters! {
+    /// Counters; every dropped packet is counted somewhere here.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct EngineStats {
+        pub rx_frames: u64,
+        pub rx_bytes: u64,
+        pub rx_malformed: u64,
+        pub rx_bad_icrc: u64,
+        pub rx_not_roce: u64,
+        pub rx_unknown_qp: u64,
+        pub rx_bad_state: u64,
+        pub rx_unsupported: u64,
+        /// Wrong P_Key, or a connected QP got a packet from another address.
+        pub rx_bad_header: u64,
+        pub rx_duplicate: u64,
+        pub rx_out_of_sequence: u64,
+        pub rx_ghost_response: u64,
+        pub rx_bad_response: u64,
+        pub rx_dropped_other: u64,
+        pub tx_frames: u64,
+        pub tx_bytes: u64,
+        pub tx_data_packets: u64,
+        pub tx_retransmitted: u64,
+        pub tx_acks: u64,
+        pub tx_read_responses: u64,
+        pub tx_atomic_acks: u64,
+        pub tx_naks_seq: u64,
+        pub tx_naks_rnr: u64,
+        pub tx_naks_other: u64,
+        pub tx_cnps: u64,
+        pub rx_cnps: u64,
+        pub rx_ce_marked: u64,
+        pub retry_timeouts: u64,
+        pub retries_started: u64,
+        pub rx_rnr_naks: u64,
+        pub rx_seq_naks: u64,
+        pub atomic_replays: u64,
+        pub read_reexecuted: u64,
+        pub cq_overflows: u64,
+        pub async_events_dropped: u64,
+    }
 }
 
 /// Per-QP counters (for stats and congestion experiments).

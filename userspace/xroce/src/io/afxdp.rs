@@ -143,11 +143,15 @@ impl XskConfig {
 pub enum XskError {
     #[error(transparent)]
     Xdp(#[from] xdp::XdpError),
-    #[error("AF_XDP setup on {iface} queue {queue}: {detail}")]
+    /// Opening a socket failed; `source` is xsk-rs's, aya's or the OS's
+    /// error when there is one.
+    #[error("AF_XDP setup on {iface} queue {queue}: {what}")]
     Setup {
         iface: String,
         queue: u32,
-        detail: String,
+        what: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
     },
     #[error("AF_XDP I/O: {0}")]
     Io(#[from] std::io::Error),
@@ -164,7 +168,7 @@ impl From<XskError> for IoError {
                 max: (frame_size - XDP_PACKET_HEADROOM) as usize,
                 hint: MTU4096_HINT,
             },
-            other => IoError::Setup(other.to_string()),
+            other => IoError::Xsk(Box::new(other)),
         }
     }
 }
@@ -228,24 +232,27 @@ pub struct XskSocket {
     io_stats: IoStats,
 }
 
-fn setup_err(iface: &str, queue: u32, detail: impl std::fmt::Display) -> XskError {
+fn setup_err(iface: &str, queue: u32, what: impl Into<String>) -> XskError {
     XskError::Setup {
         iface: iface.into(),
         queue,
-        detail: detail.to_string(),
+        what: what.into(),
+        source: None,
     }
 }
 
-/// Error text with its chain of causes.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
+/// Wraps `source` as [`XskError::Setup`] saying what was being done.
+fn setup_src<E>(iface: &str, queue: u32, what: impl Into<String>) -> impl FnOnce(E) -> XskError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let (iface, what) = (iface.to_string(), what.into());
+    move |e| XskError::Setup {
+        iface,
+        queue,
+        what,
+        source: Some(Box::new(e)),
     }
-    s
 }
 
 fn setsockopt_u32(fd: i32, opt: libc::c_int, value: u32) -> std::io::Result<()> {
@@ -344,17 +351,20 @@ impl XskSocket {
         }
         let half = config.frames / 2;
         let batch = config.batch.clamp(1, half) as usize;
-        let ring = QueueSize::new(half).map_err(|e| setup_err(iface, queue, e))?;
+        let ring = QueueSize::new(half).map_err(setup_src(iface, queue, "ring size"))?;
         let umem_config = UmemConfig::builder()
-            .frame_size(FrameSize::new(config.frame_size).map_err(|e| setup_err(iface, queue, e))?)
+            .frame_size(
+                FrameSize::new(config.frame_size)
+                    .map_err(setup_src(iface, queue, "UMEM frame size"))?,
+            )
             .fill_queue_size(ring)
             .comp_queue_size(ring)
             .build()
-            .map_err(|e| setup_err(iface, queue, e))?;
+            .map_err(setup_src(iface, queue, "UMEM configuration"))?;
         let frame_count = NonZeroU32::new(config.frames)
             .ok_or_else(|| setup_err(iface, queue, "UMEM needs at least one frame"))?;
         let (umem, mut descs) = Umem::new(umem_config, frame_count, false)
-            .map_err(|e| setup_err(iface, queue, chain(&e)))?;
+            .map_err(setup_src(iface, queue, "create the UMEM"))?;
         let mut bind = BindFlags::empty();
         if config.copy_mode {
             bind |= BindFlags::XDP_COPY;
@@ -372,7 +382,9 @@ impl XskSocket {
             .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
             .bind_flags(bind)
             .build();
-        let if_name: Interface = iface.parse().map_err(|e| setup_err(iface, queue, e))?;
+        let if_name: Interface = iface
+            .parse()
+            .map_err(setup_src(iface, queue, "interface name"))?;
         // A socket just closed on this queue (by us or a process that just
         // exited) holds it until the kernel frees its pool from a work
         // queue: EBUSY for a moment is worth a short wait.
@@ -383,16 +395,14 @@ impl XskSocket {
                 Err(e) if is_busy(&e) && Instant::now() < busy_until => {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                other => break other.map_err(|e| {
-                    setup_err(
-                        iface,
-                        queue,
-                        format!(
-                            "{} (is {queue} a valid RX queue of {iface}? is another socket bound to it?)",
-                            chain(&e)
-                        ),
-                    )
-                })?,
+                other => break other.map_err(setup_src(
+                    iface,
+                    queue,
+                    format!(
+                        "create the socket (is {queue} a valid RX queue of {iface}? \
+                         is another socket bound to it?)"
+                    ),
+                ))?,
             }
         };
         let (mut fill, comp) =
@@ -409,7 +419,7 @@ impl XskSocket {
             None => BusyPollStatus::Off,
         };
         xsks.set(queue, fd, 0)
-            .map_err(|e| setup_err(iface, queue, format!("register in XSKMAP: {e}")))?;
+            .map_err(setup_src(iface, queue, "register in XSKMAP"))?;
         descs.truncate(batch);
         Ok(Self {
             umem,

@@ -84,8 +84,19 @@ pub enum IoError {
         backend: &'static str,
         detail: String,
     },
-    #[error("{0}")]
-    Setup(String),
+    /// Setting up a backend failed; `source` is the OS error, when there
+    /// is one.
+    #[error("{what}")]
+    Setup {
+        what: String,
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// Opening AF_XDP sockets failed (see [`afxdp::XskError`]).
+    #[error(transparent)]
+    Xsk(Box<afxdp::XskError>),
+    #[error("the I/O thread panicked")]
+    ThreadPanicked,
     #[error("the other end of the channel is gone")]
     Closed,
 }

@@ -137,8 +137,14 @@ pub struct UdpBackend {
 unsafe impl Send for UdpBackend {}
 
 fn os_err(what: &str) -> IoError {
-    let e = std::io::Error::last_os_error();
-    IoError::Setup(format!("UDP backend: {what}: {e}"))
+    setup_err(what, Some(std::io::Error::last_os_error()))
+}
+
+fn setup_err(what: impl std::fmt::Display, source: Option<std::io::Error>) -> IoError {
+    IoError::Setup {
+        what: format!("UDP backend: {what}"),
+        source,
+    }
 }
 
 fn setopt(fd: i32, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> std::io::Result<()> {
@@ -307,10 +313,13 @@ impl UdpBackend {
         let v6 = cfg.local.is_ipv6();
         let batch = cfg.batch.clamp(1, 1024);
         if cfg.max_frame_len < ETH_LEN + IPV6_LEN + UDP_LEN + BTH_LEN + ICRC_LEN {
-            return Err(IoError::Setup(format!(
-                "UDP backend: max_frame_len {} cannot hold a RoCEv2 frame",
-                cfg.max_frame_len
-            )));
+            return Err(setup_err(
+                format_args!(
+                    "max_frame_len {} cannot hold a RoCEv2 frame",
+                    cfg.max_frame_len
+                ),
+                None,
+            ));
         }
         let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
         // SAFETY: plain socket(2); the fd is owned right away.
@@ -362,23 +371,22 @@ impl UdpBackend {
         };
         for &(level, opt, v, name) in opts {
             setopt(raw, level, opt, v)
-                .map_err(|e| IoError::Setup(format!("UDP backend: {name}: {e}")))?;
+                .map_err(|e| setup_err(name, Some(e)))?;
         }
         let mut ss: libc::sockaddr_storage = unsafe { mem::zeroed() };
         let len = sockaddr_of(SocketAddr::new(cfg.local, cfg.port), &mut ss);
         // SAFETY: `ss` holds a valid sockaddr of `len` bytes.
         if unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) } != 0 {
             let e = std::io::Error::last_os_error();
-            return Err(IoError::Setup(format!(
-                "UDP backend: bind {}:{}: {e}{}",
-                cfg.local,
-                cfg.port,
-                if e.raw_os_error() == Some(libc::EADDRINUSE) {
-                    " (another RoCEv2 stack, e.g. rdma_rxe, owns the port on this host)"
-                } else {
-                    ""
-                }
-            )));
+            let hint = if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                " (another RoCEv2 stack, e.g. rdma_rxe, owns the port on this host)"
+            } else {
+                ""
+            };
+            return Err(setup_err(
+                format_args!("bind {}:{}{hint}", cfg.local, cfg.port),
+                Some(e),
+            ));
         }
         let slot_len = RX_HEADROOM + cfg.max_frame_len;
         let mut me = Self {

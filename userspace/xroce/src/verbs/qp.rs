@@ -161,8 +161,10 @@ impl Default for QpCap {
     }
 }
 
-/// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted.
-pub const MAX_RD_ATOMIC: u8 = 16;
+/// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted: rxe's
+/// (RXE_MAX_QP_RD_ATOM). perftest sets a QP's initiator depth to what the
+/// peer device advertises, so against rxe it asks for 128.
+pub const MAX_RD_ATOMIC: u8 = 128;
 
 fn req(mask: QpAttrMask, need: QpAttrMask, from: QpState, to: QpState) -> Result<()> {
     let missing = need - mask;

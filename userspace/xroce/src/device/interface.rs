@@ -1,0 +1,107 @@
+//! Queries of one network interface: its MAC, MTU and IP addresses, read in
+//! the calling thread's network namespace (getifaddrs and the ioctl socket
+//! are both opened there).
+
+use std::{
+    io,
+    net::{Ipv4Addr, Ipv6Addr},
+};
+
+use nix::{
+    ifaddrs::{getifaddrs, InterfaceAddress},
+    sys::socket::{socket, AddressFamily, SockFlag, SockType},
+};
+
+use super::DeviceError;
+
+fn query_err(iface: &str, what: &'static str, source: io::Error) -> DeviceError {
+    DeviceError::Query {
+        iface: iface.into(),
+        what,
+        source,
+    }
+}
+
+/// Every getifaddrs entry of `iface`: one per address, and one AF_PACKET
+/// entry (its hardware address) per interface.
+fn entries_of(
+    iface: &str,
+    what: &'static str,
+) -> Result<impl Iterator<Item = InterfaceAddress> + '_, DeviceError> {
+    let all = getifaddrs().map_err(|e| query_err(iface, what, e.into()))?;
+    Ok(all.filter(move |a| a.interface_name == iface))
+}
+
+/// MAC address of `iface` (all zeroes for an interface without one, such as
+/// loopback).
+pub fn interface_mac(iface: &str) -> Result<[u8; 6], DeviceError> {
+    let mut exists = false;
+    for entry in entries_of(iface, "MAC address")? {
+        exists = true;
+        if let Some(mac) = entry
+            .address
+            .as_ref()
+            .and_then(|a| a.as_link_addr())
+            .and_then(|l| l.addr())
+        {
+            return Ok(mac);
+        }
+    }
+    if exists {
+        Ok([0; 6])
+    } else {
+        Err(query_err(
+            iface,
+            "MAC address",
+            io::Error::from_raw_os_error(libc::ENODEV),
+        ))
+    }
+}
+
+nix::ioctl_read_bad!(siocgifmtu, libc::SIOCGIFMTU, libc::ifreq);
+
+/// MTU of `iface` (SIOCGIFMTU).
+pub fn interface_mtu(iface: &str) -> Result<u32, DeviceError> {
+    let name = iface.as_bytes();
+    if name.len() >= libc::IFNAMSIZ || name.contains(&0) {
+        return Err(DeviceError::NoSuchInterface(iface.into()));
+    }
+    let mut ifr = libc::ifreq {
+        ifr_name: [0; libc::IFNAMSIZ],
+        ifr_ifru: libc::__c_anonymous_ifr_ifru { ifru_mtu: 0 },
+    };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    let sock = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| query_err(iface, "socket", e.into()))?;
+    // SAFETY: `ifr` is a valid ifreq with a NUL-terminated name that
+    // SIOCGIFMTU only writes into; on success it filled the mtu member.
+    let mtu = unsafe {
+        siocgifmtu(std::os::fd::AsRawFd::as_raw_fd(&sock), &mut ifr)
+            .map_err(|e| query_err(iface, "MTU", e.into()))?;
+        ifr.ifr_ifru.ifru_mtu
+    };
+    Ok(mtu as u32)
+}
+
+/// IPv4 and IPv6 addresses of `iface` (getifaddrs, this namespace); both
+/// empty for an interface that does not exist.
+pub fn interface_addrs(iface: &str) -> Result<(Vec<Ipv4Addr>, Vec<Ipv6Addr>), DeviceError> {
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    for entry in entries_of(iface, "addresses")? {
+        let Some(addr) = entry.address else { continue };
+        if let Some(a) = addr.as_sockaddr_in() {
+            v4.push(a.ip());
+        } else if let Some(a) = addr.as_sockaddr_in6() {
+            v6.push(a.ip());
+        }
+    }
+    Ok((v4, v6))
+}
