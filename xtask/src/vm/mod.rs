@@ -12,7 +12,8 @@
 //!   scripts and reports their output and exit status. Everything is torn
 //!   down on every exit path (drop, panic, Ctrl-C).
 //! - `suites`: the kernel matrix (XDP attach + end-to-end tests in the
-//!   guest) and the interop suite (rxe <-> rxe, xroce <-> rxe).
+//!   guest) and the interop suite (rxe <-> rxe, xroce <-> rxe, and Debian's
+//!   own programs on the host under `xroce run` <-> rxe: "dropin" cases).
 
 mod image;
 mod qemu;

@@ -146,12 +146,22 @@ fn newest(dir: &Path, prefix: &str) -> Option<PathBuf> {
         .max_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok())
 }
 
+/// Builds the release CLI and, beside it, xroce's drop-in libibverbs
+/// (target/release/libxroce_ibverbs.so, which `xroce run` puts first on the
+/// library path as libibverbs.so.1): wherever the suites build the CLI.
+fn build_release_cli() -> Result<()> {
+    cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
+    cargo(&["build", "--release", "-p", "xroce-ibverbs"])
+}
+
 /// Builds the binaries the guest gets and packs them at /opt/xroce/target/...
 /// (where the tests' `workspace_bin` finds xroce): release and debug
-/// `xroce`, and the xdp_redirect end-to-end test binary.
+/// `xroce` (the release one with its drop-in libibverbs beside it, so
+/// `xroce run` works in the guest too), and the xdp_redirect end-to-end
+/// test binary.
 fn payload() -> Result<PathBuf> {
     step("vm: building the xroce binaries for the guest");
-    cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
+    build_release_cli()?;
     cargo(&["build", "-p", "xroce-cli", "--bin", "xroce"])?;
     cargo(&[
         "test",
@@ -168,6 +178,15 @@ fn payload() -> Result<PathBuf> {
     fs::create_dir_all(opt.join("release"))?;
     fs::create_dir_all(opt.join("debug/deps"))?;
     fs::copy(root.join("release/xroce"), opt.join("release/xroce"))?;
+    fs::copy(
+        root.join(format!("release/{DROPIN_LIB}")),
+        opt.join(format!("release/{DROPIN_LIB}")),
+    )?;
+    fs::create_dir_all(opt.join("release/lib"))?;
+    std::os::unix::fs::symlink(
+        format!("../{DROPIN_LIB}"),
+        opt.join("release/lib/libibverbs.so.1"),
+    )?;
     fs::copy(root.join("debug/xroce"), opt.join("debug/xroce"))?;
     let t = newest(&root.join("debug/deps"), "xdp_redirect-")
         .context("no target/debug/deps/xdp_redirect-* test binary")?;
@@ -328,14 +347,21 @@ fn host_xroce() -> PathBuf {
 }
 
 /// Interop: rxe <-> rxe between two VMs, then xroce (host namespace, on
-/// xr0) <-> rxe with ibv_rc_pingpong both ways at path MTU 1024 (AF_XDP
-/// backend) and 4096 (UDP backend: AF_XDP has no multi-buffer yet), and one
-/// run with loss injected by xroce's XDP program. Every run is captured on
-/// the bridge and decoded with `xroce decode`.
+/// xr0) <-> rxe both ways at path MTU 1024 (AF_XDP backend) and 4096 (AF_XDP
+/// with multi-buffer, and the UDP backend): xroce's own tools
+/// (`xroce pingpong` against ibv_rc_pingpong, `xroce bench/lat --perftest`
+/// against perftest), one run with loss injected by xroce's XDP program,
+/// and the drop-in cases (Debian's programs on the host too, under
+/// `xroce run`). Every run is captured on the bridge and decoded with
+/// `xroce decode`.
 pub fn interop() -> Result<()> {
     let xroce = host_xroce();
+    // The drop-in cases need the library beside the CLI; if it does not
+    // build, they fail and the other cases still run.
+    let mut lib_built = Ok(());
     if std::env::var_os("XROCE_BIN").is_none() {
         cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
+        lib_built = cargo(&["build", "--release", "-p", "xroce-ibverbs"]);
     }
     let has_pingpong = Command::new(&xroce)
         .args(["pingpong", "--help"])
@@ -393,7 +419,7 @@ pub fn interop() -> Result<()> {
             "xroce-{role}_rxe_rc_pingpong_mtu{mtu}_{backend}.pcap"
         ));
         let common = format!("-m {mtu} -s 4096 -n 100");
-        let host: Vec<String> = ["pingpong", "-d", HOST_IFACE, "--backend", backend]
+        let host: Vec<String> = [&x, "pingpong", "-d", HOST_IFACE, "--backend", backend]
             .iter()
             .map(|s| s.to_string())
             .chain(common.split(' ').map(String::from))
@@ -438,6 +464,7 @@ pub fn interop() -> Result<()> {
                 ));
                 let iters = PERFTEST_ITERS;
                 let host: Vec<String> = [
+                    &x,
                     cmd,
                     op,
                     "--perftest",
@@ -461,7 +488,8 @@ pub fn interop() -> Result<()> {
             }
         }
     }
-    if has_pingpong {
+    let loss = "xroce server <-> rxe, 5% loss injected by XDP (MTU 1024)";
+    if has_pingpong && wanted(loss) {
         // Loss on the frames rxe sends to xroce, dropped by xroce's XDP
         // program: rxe's retransmissions must bring every message through.
         let t = Instant::now();
@@ -487,7 +515,7 @@ pub fn interop() -> Result<()> {
                 ),
                 Duration::from_secs(300),
             );
-            let h = host_result(&mut host, &log);
+            let h = host_result(&mut host, &log, "xroce");
             let stats = ns
                 .enter(&[&x, "stats", "--iface", HOST_IFACE])
                 .output()
@@ -506,15 +534,191 @@ pub fn interop() -> Result<()> {
             }
             Ok(format!("{}; {dropped} frames dropped by XDP", h?))
         });
-        table.record(
-            "xroce server <-> rxe, 5% loss injected by XDP (MTU 1024)",
-            t,
-            &r,
-        );
+        table.record(loss, t, &r);
     }
+    let ready = lib_built.context("xroce-ibverbs (the drop-in libibverbs) did not build");
+    dropin(&ns, &mut a, &x, ready, &mut table)?;
     a.poweroff()?;
     drop(ns);
     table.print("interop (xroce and rxe)")
+}
+
+/// xroce's drop-in libibverbs as the cdylib names it, beside the CLI.
+const DROPIN_LIB: &str = "libxroce_ibverbs.so";
+
+/// The drop-in programs: (program, arguments both sides give it besides
+/// the device, with {mtu} and {iters} filled in). ibv_*: `-g 1`, perftest:
+/// `-x 1 -F` (GID index 1 is the IPv4-mapped RoCEv2 GID on both sides).
+/// ibv_ud_pingpong has no path MTU flag (UD uses the port's active MTU,
+/// 4096 on both sides of the 4200-byte network): its messages are MTU
+/// bytes, the most one datagram carries at that MTU.
+const DROPIN_PROGRAMS: &[(&str, &str)] = &[
+    ("ibv_rc_pingpong", "-g 1 -m {mtu} -s 4096 -n 100"),
+    ("ibv_ud_pingpong", "-g 1 -s {mtu} -n 100"),
+    ("ib_write_bw", "-x 1 -F -m {mtu} -n {iters}"),
+    ("ib_read_bw", "-x 1 -F -m {mtu} -n {iters}"),
+    ("ib_send_bw", "-x 1 -F -m {mtu} -n {iters}"),
+    (
+        "ib_atomic_bw",
+        "-x 1 -F -m {mtu} -n {iters} -A FETCH_AND_ADD",
+    ),
+    (
+        "ib_atomic_bw",
+        "-x 1 -F -m {mtu} -n {iters} -A CMP_AND_SWAP",
+    ),
+    ("ib_write_lat", "-x 1 -F -m {mtu} -n {iters}"),
+    ("ib_read_lat", "-x 1 -F -m {mtu} -n {iters}"),
+    ("ib_send_lat", "-x 1 -F -m {mtu} -n {iters}"),
+];
+
+/// Drop-in: the very same Debian binaries on both sides, the host's under
+/// `xroce run --iface xr0 --backend B -- PROGRAM -d xroce_xr0 ...` (xroce's
+/// libibverbs.so.1 first on the library path), the guest's on rxe0; both
+/// directions, at the path MTUs and backends of the perftest cases above.
+/// Captured and decoded like every other interop run. `ready` is whether
+/// the library built; a preflight `ibv_devinfo` over `xroce run` must pass
+/// before the cases run (otherwise each fails with its reason, quickly).
+fn dropin(ns: &Netns, vm: &mut Vm, x: &str, ready: Result<()>, table: &mut Table) -> Result<()> {
+    let artifacts = artifacts_dir();
+    let dev = format!("xroce_{HOST_IFACE}");
+    let run_argv = |backend: &str, program: &str| -> Vec<String> {
+        // XROCE_VERBS_DEBUG: the library says on stderr (the host log) why
+        // a verb failed; programs themselves only see an errno.
+        [
+            "env",
+            "XROCE_VERBS_DEBUG=1",
+            x,
+            "run",
+            "--iface",
+            HOST_IFACE,
+            "--backend",
+            backend,
+            "--",
+            program,
+            "-d",
+            &dev,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let configs = [(1024u32, "afxdp"), (4096, "afxdp"), (4096, "udp")];
+    let any_wanted = configs.iter().any(|&(mtu, backend)| {
+        DROPIN_PROGRAMS.iter().any(|&(program, args)| {
+            ["server", "client"]
+                .iter()
+                .any(|role| wanted(&dropin_name(role, program, args, mtu, backend)))
+        })
+    });
+    if !any_wanted {
+        return Ok(());
+    }
+    // Preflight: the CLI has `run`, and the library opens xroce_xr0.
+    let t = Instant::now();
+    let preflight = ready.and_then(|()| {
+        let has_run = Command::new(x)
+            .args(["run", "--help"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !has_run {
+            bail!("{x} has no `run` command (userspace/cli/src/run.rs)");
+        }
+        let mut argv = run_argv("udp", "ibv_devinfo");
+        argv.push("-v".into());
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let out = ns.enter(&argv).output()?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        fs::write(artifacts.join("dropin_ibv_devinfo.txt"), &text)?;
+        if !out.status.success() {
+            bail!(
+                "ibv_devinfo over xroce run: {}: {}",
+                out.status,
+                text.lines().last().unwrap_or("")
+            );
+        }
+        let line = |key: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(key))
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_default()
+        };
+        Ok(format!(
+            "{}; {}; {}",
+            line("hca_id"),
+            line("state"),
+            line("active_mtu")
+        ))
+    });
+    let blocker = preflight
+        .as_ref()
+        .err()
+        .map(|e| format!("{e:#}").lines().next().unwrap_or("").to_string());
+    table.record(&format!("dropin ibv_devinfo -d {dev} (udp)"), t, &preflight);
+    for (mtu, backend) in configs {
+        for &(program, args) in DROPIN_PROGRAMS {
+            for xroce_server in [true, false] {
+                let role = if xroce_server { "server" } else { "client" };
+                let name = dropin_name(role, program, args, mtu, backend);
+                if !wanted(&name) {
+                    continue;
+                }
+                let t = Instant::now();
+                if let Some(b) = &blocker {
+                    table.record(&name, t, &Err(anyhow::anyhow!("not run: {b}")));
+                    continue;
+                }
+                let args = args
+                    .replace("{mtu}", &mtu.to_string())
+                    .replace("{iters}", &PERFTEST_ITERS.to_string());
+                let tag = dropin_tag(args.as_str());
+                let cap = artifacts.join(format!(
+                    "dropin_xroce-{role}_rxe_{program}{tag}_mtu{mtu}_{backend}.pcap"
+                ));
+                let mut host = run_argv(backend, program);
+                host.extend(args.split_whitespace().map(String::from));
+                let guest = format!("{program} -d rxe0 {args}");
+                let r = captured(ns, &cap, || {
+                    xroce_vs_rxe(ns, vm, x, &host, &guest, xroce_server, &cap)
+                });
+                // `xroce run --backend afxdp` leaves its XDP program
+                // attached (pinned) for the next run; the next case (or
+                // suite) starts from a clean interface.
+                let detach = ns.enter(&[x, "detach", "--iface", HOST_IFACE]).output();
+                if backend == "afxdp" && !detach.as_ref().is_ok_and(|o| o.status.success()) {
+                    eprintln!("vm: warning: xroce detach --iface {HOST_IFACE} failed after {name}");
+                }
+                table.record(&name, t, &r);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// "-A CMP_AND_SWAP" -> "_cmp_and_swap" (tells the two atomic runs apart).
+fn dropin_tag(args: &str) -> String {
+    args.split_whitespace()
+        .skip_while(|a| *a != "-A")
+        .nth(1)
+        .map(|op| format!("_{}", op.to_lowercase()))
+        .unwrap_or_default()
+}
+
+/// "dropin xroce-server <-> rxe ib_atomic_bw -A CMP_AND_SWAP MTU 1024
+/// (afxdp)": `xroce-ROLE` (not "xroce ROLE") so an XROCE_VM_ONLY filter for
+/// the xroce-tool cases does not pick these.
+fn dropin_name(role: &str, program: &str, args: &str, mtu: u32, backend: &str) -> String {
+    let flags = args
+        .split_whitespace()
+        .skip_while(|a| *a != "-A")
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("dropin xroce-{role} <-> rxe {program} {flags} MTU {mtu} ({backend})")
+        .replace("  ", " ")
 }
 
 /// ibv_rc_pingpong between two rxe VMs (the peers are sane).
@@ -543,11 +747,12 @@ fn rxe_rxe(ns: &Netns, a: &mut Vm, b: &mut Vm, table: &mut Table) -> Result<()> 
 /// Iterations of each perftest run (rxe under TCG moves ~0.1-0.2 Gb/s).
 const PERFTEST_ITERS: u32 = 200;
 
-/// One xroce (host namespace) <-> rxe (guest) run: `host` are xroce's
-/// arguments, `guest` the rdma-core/perftest command. The server starts
-/// first; the client retries until the server listens. With
-/// `xroce_server`, the guest gets the host's address; otherwise xroce gets
-/// the guest's.
+/// One xroce (host namespace) <-> rxe (guest) run: `host` is the host
+/// side's command line (xroce's own tool, or `xroce run -- PROGRAM ...`),
+/// `xroce` the CLI that reads the XDP counters afterwards, `guest` the
+/// rdma-core/perftest command. The server starts first; the client retries
+/// until the server listens. With `xroce_server`, the guest gets the host's
+/// address; otherwise the host command gets the guest's.
 fn xroce_vs_rxe(
     ns: &Netns,
     vm: &mut Vm,
@@ -559,8 +764,12 @@ fn xroce_vs_rxe(
 ) -> Result<String> {
     let log = cap.with_extension("xroce.log");
     let host_ip = super::qemu::HOST_IP;
-    let mut argv: Vec<&str> = vec![xroce];
-    argv.extend(host.iter().map(String::as_str));
+    let mut argv: Vec<&str> = host.iter().map(String::as_str).collect();
+    // `xroce run ... -- PROGRAM`: name the program in notes and log lines.
+    let label = match argv.iter().position(|a| *a == "--") {
+        Some(i) => format!("{} (xroce run)", argv.get(i + 1).unwrap_or(&"?")),
+        None => "xroce".to_string(),
+    };
     if xroce_server {
         let mut h = super::qemu::Bg::spawn(ns.enter(&argv), &log)?;
         let g = vm.check(
@@ -569,17 +778,22 @@ fn xroce_vs_rxe(
             ),
             Duration::from_secs(180),
         );
-        let hr = host_result(&mut h, &log);
+        let hr = host_result(&mut h, &log, &label);
         save_stats(ns, xroce, cap);
-        let g = g?;
-        let hr = hr?;
-        Ok(format!("{hr}; rxe: {}", summary(&g)))
+        match (hr, g) {
+            (Ok(hr), Ok(g)) => Ok(format!("{hr}; rxe: {}", summary(&g))),
+            (Ok(_), Err(g)) => Err(g),
+            (Err(hr), Ok(_)) => Err(hr),
+            // The server's own reason first: the client's retries only
+            // say that it never got through.
+            (Err(hr), Err(g)) => bail!("{hr:#}; rxe: {g:#}"),
+        }
     } else {
         guest_server(vm, guest)?;
         let ip = vm.ip.clone();
         argv.push(&ip);
         let mut h = super::qemu::Bg::spawn(ns.enter(&argv), &log)?;
-        let hr = host_result(&mut h, &log);
+        let hr = host_result(&mut h, &log, &label);
         save_stats(ns, xroce, cap);
         let g = guest_server_result(vm);
         let hr = hr?;
@@ -640,24 +854,48 @@ fn summary(out: &str) -> String {
     picked.join("; ")
 }
 
-/// Waits for a host-side xroce run (2 min at most); fails with its log.
-fn host_result(host: &mut super::qemu::Bg, log: &Path) -> Result<String> {
+/// Waits for a host-side run (2 min at most); fails with its log. `label`
+/// names it in the note ("xroce", "ib_write_bw (xroce run)").
+fn host_result(host: &mut super::qemu::Bg, log: &Path, label: &str) -> Result<String> {
     let st = host.wait_timeout(Duration::from_secs(120))?;
     let text = fs::read_to_string(log).unwrap_or_default();
     for l in text.lines() {
-        eprintln!("[host xroce] {l}");
+        eprintln!("[host {label}] {l}");
     }
+    // xroce's tools end on their error; Debian's programs print their
+    // banner (stdout, flushed at exit) after the error (stderr).
+    let why = if label == "xroce" {
+        text.lines().last().unwrap_or("")
+    } else {
+        failure_line(&text)
+    };
     match st {
-        Some(s) if s.success() => Ok(format!("xroce: {}", summary(&text))),
-        Some(s) => bail!("xroce {s}: {}", text.lines().last().unwrap_or("")),
+        Some(s) if s.success() => Ok(format!("{label}: {}", summary(&text))),
+        Some(s) => bail!("{label} {s}: {why}"),
         None => {
             host.stop();
-            bail!(
-                "xroce did not finish in 120 s: {}",
-                text.lines().last().unwrap_or("")
-            )
+            bail!("{label} did not finish in 120 s: {why}")
         }
     }
+}
+
+/// The line of a failed rdma-core/perftest run that says why: the drop-in
+/// library's own explanation (XROCE_VERBS_DEBUG), else the program's first
+/// complaint, else its last line with words.
+fn failure_line(text: &str) -> &str {
+    let lines = || text.lines().map(str::trim);
+    lines()
+        .find(|l| l.starts_with("xroce libibverbs:") && l.contains("errno"))
+        .or_else(|| {
+            lines().find(|l| {
+                let l = l.to_lowercase();
+                ["fail", "unable", "couldn't", "error", "cannot", "not found"]
+                    .iter()
+                    .any(|w| l.contains(w))
+            })
+        })
+        .or_else(|| lines().rfind(|l| l.chars().any(char::is_alphanumeric)))
+        .unwrap_or("")
 }
 
 /// Runs `f` with tcpdump capturing on the host side of the VM network, then
@@ -734,5 +972,39 @@ fn decode(pcap: &Path) -> Result<String> {
             "xroce decode {}: {line:?} (want ICRC ok > 0, bad 0)",
             pcap.display()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_line_prefers_the_library_then_the_program() {
+        let perftest = "xroce run: backend afxdp\n\
+            xroce libibverbs: modify QP: max_rd_atomic 128 exceeds the device's 16 (errno 22)\n\
+            Failed to modify QP to RTS\n\
+            ---------------\n \
+            Data ex. method : Ethernet\n\
+            ---------------\n";
+        assert!(failure_line(perftest).contains("(errno 22)"));
+        let pingpong = "  local address: LID 0x0000\nCouldn't post send\n----\n";
+        assert_eq!(failure_line(pingpong), "Couldn't post send");
+        assert_eq!(failure_line("a line\n-----\n"), "a line");
+    }
+
+    #[test]
+    fn dropin_names_and_tags() {
+        let args = "-x 1 -F -m {mtu} -n {iters} -A CMP_AND_SWAP";
+        assert_eq!(
+            dropin_name("server", "ib_atomic_bw", args, 1024, "afxdp"),
+            "dropin xroce-server <-> rxe ib_atomic_bw -A CMP_AND_SWAP MTU 1024 (afxdp)"
+        );
+        assert_eq!(
+            dropin_name("client", "ib_write_bw", "-x 1 -F", 4096, "udp"),
+            "dropin xroce-client <-> rxe ib_write_bw MTU 4096 (udp)"
+        );
+        assert_eq!(dropin_tag(args), "_cmp_and_swap");
+        assert_eq!(dropin_tag("-x 1 -F"), "");
     }
 }
