@@ -1,21 +1,22 @@
-//! `xroce decode FILE.pcap [--json]`: decode every RoCEv2 frame of a capture
+//! `xroce decode FILE [--json]`: decode every RoCEv2 frame of a capture
 //! with the wire codec, verify its ICRC, and report totals, an opcode
 //! histogram, per-QP PSN gaps and malformed frames with the reason.
 //!
-//! Reads classic pcap (microsecond or nanosecond timestamps, either byte
-//! order) with link types Ethernet, Linux cooked SLL / SLL2 and raw IP.
-//! The report logic ([`decode_pcap_bytes`], [`Report`]) is I/O free so tests
-//! can run it on the reference captures.
+//! Reads pcap (microsecond or nanosecond timestamps, either byte order) and
+//! pcapng through [`xroce::capture`], with link types Ethernet, Linux cooked
+//! SLL / SLL2 and raw IP. The report logic ([`decode_capture_bytes`],
+//! [`Report`]) is I/O free so tests can run it on the reference captures.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
+use xroce::capture::{Capture, CaptureError, LINKTYPE_ETHERNET};
 use xroce_wire::{icrc, parse_frame, Error as WireError, Gid, Opcode, Syndrome};
 
 #[derive(clap::Args, Debug)]
 pub struct DecodeArgs {
-    /// pcap file to decode
+    /// pcap or pcapng file to decode
     pub file: PathBuf,
     /// print one JSON object on stdout
     #[arg(long)]
@@ -23,10 +24,7 @@ pub struct DecodeArgs {
 }
 
 pub fn run(args: &DecodeArgs) -> anyhow::Result<()> {
-    let data = std::fs::read(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
-    let report = decode_pcap_bytes(&data)
-        .with_context(|| format!("{} is not a readable pcap file", args.file.display()))?;
+    let report = decode_file(&args.file)?;
     if args.json {
         println!("{}", report.to_json());
     } else {
@@ -84,73 +82,11 @@ pub struct Report {
     pub malformed_list: Vec<Malformed>,
 }
 
-const LINKTYPE_ETHERNET: u32 = 1;
 const LINKTYPE_RAW: u32 = 101;
 const LINKTYPE_IPV4: u32 = 228;
 const LINKTYPE_IPV6: u32 = 229;
 const LINKTYPE_LINUX_SLL: u32 = 113;
 const LINKTYPE_LINUX_SLL2: u32 = 276;
-
-/// A minimal classic-pcap reader over a byte slice.
-struct PcapReader<'a> {
-    data: &'a [u8],
-    pos: usize,
-    big_endian: bool,
-}
-
-impl<'a> PcapReader<'a> {
-    /// Parse the global header; returns (reader, link type, nanosecond).
-    fn new(data: &'a [u8]) -> anyhow::Result<(Self, u32, bool)> {
-        anyhow::ensure!(data.len() >= 24, "file shorter than a pcap header");
-        let m = [data[0], data[1], data[2], data[3]];
-        let (big_endian, ns) = match u32::from_le_bytes(m) {
-            0xa1b2_c3d4 => (false, false),
-            0xa1b2_3c4d => (false, true),
-            0xd4c3_b2a1 => (true, false),
-            0x4d3c_b2a1 => (true, true),
-            0x0a0d_0d0a => anyhow::bail!(
-                "this is pcapng; convert it with `editcap -F pcap IN OUT` or capture with `tcpdump -w`"
-            ),
-            x => anyhow::bail!("bad pcap magic {x:#010x}"),
-        };
-        let r = PcapReader {
-            data,
-            pos: 24,
-            big_endian,
-        };
-        let link = r.u32_at(20) & 0x0fff_ffff;
-        Ok((r, link, ns))
-    }
-    fn u32_at(&self, o: usize) -> u32 {
-        let b = [
-            self.data[o],
-            self.data[o + 1],
-            self.data[o + 2],
-            self.data[o + 3],
-        ];
-        if self.big_endian {
-            u32::from_be_bytes(b)
-        } else {
-            u32::from_le_bytes(b)
-        }
-    }
-    /// Next record: Ok(Some((captured bytes, original length))).
-    fn next_record(&mut self) -> anyhow::Result<Option<(&'a [u8], u32)>> {
-        if self.pos == self.data.len() {
-            return Ok(None);
-        }
-        anyhow::ensure!(
-            self.pos + 16 <= self.data.len(),
-            "pcap ends inside a record header"
-        );
-        let incl = self.u32_at(self.pos + 8) as usize;
-        let orig = self.u32_at(self.pos + 12);
-        let start = self.pos + 16;
-        anyhow::ensure!(start + incl <= self.data.len(), "pcap ends inside a packet");
-        self.pos = start + incl;
-        Ok(Some((&self.data[start..start + incl], orig)))
-    }
-}
 
 /// Turn a captured packet of `link` type into an Ethernet frame the codec
 /// parses (the Ethernet header is not covered by the ICRC, so a synthetic
@@ -363,24 +299,34 @@ fn opcode_name(op: u8) -> &'static str {
     Opcode::from_u8(op).map(|o| o.name()).unwrap_or("UNKNOWN")
 }
 
-/// Decode a whole pcap held in memory.
-pub fn decode_pcap_bytes(data: &[u8]) -> anyhow::Result<Report> {
-    let (mut r, link, ns) = PcapReader::new(data)?;
+/// Read and decode the capture at `path`.
+pub fn decode_file(path: &Path) -> anyhow::Result<Report> {
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    decode_capture_bytes(&data).map_err(|e| match e {
+        CaptureError::NotACapture => {
+            anyhow::anyhow!("{} is not a pcap or pcapng capture", path.display())
+        }
+        e => anyhow::Error::new(e).context(format!("cannot decode {}", path.display())),
+    })
+}
+
+/// Decode a whole pcap or pcapng capture held in memory.
+pub fn decode_capture_bytes(data: &[u8]) -> Result<Report, CaptureError> {
+    let capture = Capture::parse(data)?;
     let mut rep = Report {
-        link_type: link,
-        nanosecond: ns,
+        link_type: capture.link_type().unwrap_or_default(),
+        nanosecond: capture.nanosecond(),
         ..Report::default()
     };
-    let mut n = 0u64;
-    while let Some((pkt, orig_len)) = r.next_record()? {
-        n += 1;
+    for (n, p) in (1u64..).zip(capture) {
+        let p = p?;
         rep.frames += 1;
-        rep.bytes += pkt.len() as u64;
-        let Some(frame) = to_ethernet(link, pkt) else {
+        rep.bytes += p.data.len() as u64;
+        let Some(frame) = to_ethernet(p.link_type, &p.data) else {
             rep.not_roce += 1;
             continue;
         };
-        if (pkt.len() as u32) < orig_len {
+        if p.is_truncated() {
             // Snap length cut the frame: decodable headers, unverifiable ICRC.
             if parse_frame(&frame).is_err_and(|e| e.is_not_roce()) {
                 rep.not_roce += 1;
@@ -388,7 +334,11 @@ pub fn decode_pcap_bytes(data: &[u8]) -> anyhow::Result<Report> {
                 rep.roce += 1;
                 rep.malformed(
                     n,
-                    format!("captured {} of {orig_len} bytes (snaplen)", pkt.len()),
+                    format!(
+                        "captured {} of {} bytes (snaplen)",
+                        p.data.len(),
+                        p.orig_len
+                    ),
                 );
             }
             continue;
@@ -419,10 +369,32 @@ mod tests {
         v
     }
 
+    /// The packets of a capture as (timestamp, frame).
+    fn packets(data: &[u8]) -> Vec<(std::time::Duration, Vec<u8>)> {
+        Capture::parse(data)
+            .unwrap()
+            .map(|p| p.map(|p| (p.timestamp, p.data.into_owned())).unwrap())
+            .collect()
+    }
+
+    /// A classic pcap with `header` holding `frames`.
+    fn write_pcap(
+        header: pcap_file::pcap::PcapHeader,
+        frames: &[(std::time::Duration, Vec<u8>)],
+    ) -> Vec<u8> {
+        use pcap_file::pcap::{PcapPacket, PcapWriter};
+        let mut w = PcapWriter::with_header(Vec::new(), header).unwrap();
+        for (ts, f) in frames {
+            w.write_packet(&PcapPacket::new(*ts, f.len() as u32, f))
+                .unwrap();
+        }
+        w.into_writer()
+    }
+
     #[test]
     fn reference_captures_decode_clean() {
         for p in pcaps() {
-            let rep = decode_pcap_bytes(&std::fs::read(&p).unwrap()).unwrap();
+            let rep = decode_capture_bytes(&std::fs::read(&p).unwrap()).unwrap();
             assert!(rep.roce > 0, "{}: no RoCEv2 frames", p.display());
             assert_eq!(rep.icrc_bad, 0, "{}: {:?}", p.display(), rep.malformed_list);
             assert_eq!(
@@ -455,21 +427,93 @@ mod tests {
         }
     }
 
+    /// Each reference capture rewritten as pcapng (one Ethernet interface,
+    /// microsecond timestamps, as `editcap -F pcapng` writes it) and as a
+    /// big-endian pcap decodes to the same report.
+    #[test]
+    fn pcapng_and_big_endian_decode_as_the_pcap() {
+        use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
+        use pcap_file::pcapng::blocks::interface_description::{
+            InterfaceDescriptionBlock, InterfaceDescriptionOption,
+        };
+        use pcap_file::pcapng::PcapNgWriter;
+        for p in pcaps() {
+            let data = std::fs::read(&p).unwrap();
+            let want = decode_capture_bytes(&data).unwrap().to_json();
+            let frames = packets(&data);
+
+            let mut w = PcapNgWriter::new(Vec::new()).unwrap();
+            let mut idb = InterfaceDescriptionBlock::new(pcap_file::DataLink::ETHERNET, 262144);
+            idb.options.push(InterfaceDescriptionOption::IfTsResol(6));
+            w.write_pcapng_block(idb).unwrap();
+            for (ts, f) in &frames {
+                w.write_pcapng_block(EnhancedPacketBlock {
+                    interface_id: 0,
+                    // Microsecond units, which pcap-file carries as nanoseconds.
+                    timestamp: std::time::Duration::from_nanos(ts.as_micros() as u64),
+                    original_len: f.len() as u32,
+                    data: f.into(),
+                    options: vec![],
+                })
+                .unwrap();
+            }
+            let ng = w.into_inner();
+            assert_eq!(&ng[..4], &[0x0a, 0x0d, 0x0d, 0x0a]);
+            assert_eq!(packets(&ng), frames, "{}", p.display());
+            let got = decode_capture_bytes(&ng).unwrap().to_json();
+            assert_eq!(got, want, "{} as pcapng", p.display());
+
+            let be = write_pcap(
+                pcap_file::pcap::PcapHeader {
+                    endianness: pcap_file::Endianness::Big,
+                    ..Default::default()
+                },
+                &frames,
+            );
+            assert_eq!(&be[..4], &[0xa1, 0xb2, 0xc3, 0xd4]);
+            assert_eq!(decode_capture_bytes(&be).unwrap().to_json(), want);
+        }
+    }
+
+    #[test]
+    fn neither_pcap_nor_pcapng_is_named_as_such() {
+        let dir = std::env::temp_dir().join(format!("xroce-decode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, content) in [("text.pcap", &b"hello, world\n"[..]), ("empty.pcap", b"")] {
+            let f = dir.join(name);
+            std::fs::write(&f, content).unwrap();
+            let e = decode_file(&f).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("{} is not a pcap or pcapng capture", f.display())
+            );
+        }
+        // A real capture cut short is damaged, not foreign.
+        let data = std::fs::read(&pcaps()[0]).unwrap();
+        let f = dir.join("cut.pcap");
+        std::fs::write(&f, &data[..1000]).unwrap();
+        let e = format!("{:#}", decode_file(&f).unwrap_err());
+        assert!(
+            e.starts_with(&format!("cannot decode {}: pcap capture ends", f.display())),
+            "{e}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     #[test]
     fn corrupt_frame_is_reported_not_panicking() {
         let p = &pcaps()[0];
-        let mut data = std::fs::read(p).unwrap();
-        let clean = decode_pcap_bytes(&data).unwrap();
-        // Flip one payload byte of every record near its end: ICRCs break.
-        let mut pos = 24;
-        while pos + 16 <= data.len() {
-            let incl = u32::from_le_bytes(data[pos + 8..pos + 12].try_into().unwrap()) as usize;
-            if incl > 80 {
-                data[pos + 16 + incl - 6] ^= 0x55;
+        let data = std::fs::read(p).unwrap();
+        let clean = decode_capture_bytes(&data).unwrap();
+        // Flip one payload byte of every frame near its end: ICRCs break.
+        let mut frames = packets(&data);
+        for (_, f) in &mut frames {
+            if f.len() > 80 {
+                let n = f.len();
+                f[n - 6] ^= 0x55;
             }
-            pos += 16 + incl;
         }
-        let rep = decode_pcap_bytes(&data).unwrap();
+        let rep = decode_capture_bytes(&write_pcap(Default::default(), &frames)).unwrap();
         assert_eq!(rep.frames, clean.frames);
         assert!(rep.icrc_bad > 0);
         assert!(!rep.malformed_list.is_empty());
@@ -482,13 +526,15 @@ mod tests {
             .find(|p| p.to_string_lossy().contains("ref_06"))
             .unwrap();
         let data = std::fs::read(&p).unwrap();
-        let (mut r, link, _) = PcapReader::new(&data).unwrap();
-        assert_eq!(link, LINKTYPE_ETHERNET);
+        assert_eq!(
+            Capture::parse(&data).unwrap().link_type(),
+            Some(LINKTYPE_ETHERNET)
+        );
         let mut rep = Report::default();
         let (mut n, mut dropped) = (0, 0);
-        while let Some((pkt, _)) = r.next_record().unwrap() {
+        for (_, pkt) in packets(&data) {
             n += 1;
-            let is_write = parse_frame(pkt)
+            let is_write = parse_frame(&pkt)
                 .map(|(f, _)| f.transport.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY)
                 .unwrap_or(false);
             // Drop the 10th and 11th RDMA WRITE: one gap of two PSNs.
@@ -499,7 +545,7 @@ mod tests {
                 }
             }
             rep.frames += 1;
-            rep.add_frame(n, pkt);
+            rep.add_frame(n, &pkt);
         }
         assert_eq!(rep.psn_gaps(), 1);
         let q = rep.qps.values().find(|q| q.requests > 0).unwrap();
@@ -512,26 +558,61 @@ mod tests {
     fn sll_and_nanosecond_pcaps_decode() {
         let p = &pcaps()[0];
         let data = std::fs::read(p).unwrap();
-        let clean = decode_pcap_bytes(&data).unwrap();
+        let clean = decode_capture_bytes(&data).unwrap();
         // Rewrite as nanosecond, Linux cooked (SLL) capture.
-        let mut out = Vec::new();
-        out.extend_from_slice(&0xa1b2_3c4du32.to_le_bytes());
-        out.extend_from_slice(&data[4..20]);
-        out.extend_from_slice(&LINKTYPE_LINUX_SLL.to_le_bytes());
-        let (mut r, _, _) = PcapReader::new(&data).unwrap();
-        while let Some((pkt, _)) = r.next_record().unwrap() {
-            let mut sll = vec![0u8; 14];
-            sll.extend_from_slice(&pkt[12..14]);
-            sll.extend_from_slice(&pkt[14..]);
-            out.extend_from_slice(&[0u8; 8]);
-            out.extend_from_slice(&(sll.len() as u32).to_le_bytes());
-            out.extend_from_slice(&(sll.len() as u32).to_le_bytes());
-            out.extend_from_slice(&sll);
-        }
-        let rep = decode_pcap_bytes(&out).unwrap();
+        let sll: Vec<_> = packets(&data)
+            .into_iter()
+            .map(|(ts, pkt)| {
+                let mut sll = vec![0u8; 14];
+                sll.extend_from_slice(&pkt[12..14]);
+                sll.extend_from_slice(&pkt[14..]);
+                (ts, sll)
+            })
+            .collect();
+        let out = write_pcap(
+            pcap_file::pcap::PcapHeader {
+                datalink: pcap_file::DataLink::LINUX_SLL,
+                ts_resolution: pcap_file::TsResolution::NanoSecond,
+                ..Default::default()
+            },
+            &sll,
+        );
+        let rep = decode_capture_bytes(&out).unwrap();
         assert!(rep.nanosecond);
+        assert_eq!(rep.link_type, LINKTYPE_LINUX_SLL);
         assert_eq!(rep.roce, clean.roce);
         assert_eq!(rep.icrc_ok, clean.icrc_ok);
         assert_eq!(rep.malformed, 0);
+    }
+
+    #[test]
+    fn snap_length_cuts_are_reported() {
+        let p = &pcaps()[0];
+        let frames: Vec<_> = packets(&std::fs::read(p).unwrap());
+        let mut w = pcap_file::pcap::PcapWriter::with_header(
+            Vec::new(),
+            pcap_file::pcap::PcapHeader {
+                snaplen: 100,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        for (ts, f) in &frames {
+            let cut = &f[..f.len().min(100)];
+            w.write_raw_packet(&pcap_file::pcap::RawPcapPacket {
+                ts_sec: ts.as_secs() as u32,
+                ts_frac: ts.subsec_micros(),
+                incl_len: cut.len() as u32,
+                orig_len: f.len() as u32,
+                data: cut.into(),
+            })
+            .unwrap();
+        }
+        let rep = decode_capture_bytes(&w.into_writer()).unwrap();
+        assert_eq!(rep.frames as usize, frames.len());
+        let cut = frames.iter().filter(|(_, f)| f.len() > 100).count() as u64;
+        assert!(cut > 0);
+        assert!(rep.malformed <= cut && rep.malformed > 0);
+        assert!(rep.malformed_list[0].reason.ends_with("bytes (snaplen)"));
     }
 }

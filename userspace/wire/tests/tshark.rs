@@ -102,23 +102,19 @@ fn frames() -> Vec<(Vec<u8>, Opcode, u32, u32)> {
 }
 
 fn write_pcap(path: &std::path::Path, frames: &[(Vec<u8>, Opcode, u32, u32)]) {
-    let mut f = std::fs::File::create(path).unwrap();
-    let mut hdr = Vec::new();
-    hdr.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
-    hdr.extend_from_slice(&2u16.to_le_bytes());
-    hdr.extend_from_slice(&4u16.to_le_bytes());
-    for v in [0u32, 0, 65535, 1] {
-        hdr.extend_from_slice(&v.to_le_bytes());
-    }
-    f.write_all(&hdr).unwrap();
+    use pcap_file::pcap::{PcapHeader, PcapPacket, PcapWriter};
+    let header = PcapHeader {
+        endianness: pcap_file::Endianness::Little,
+        ..PcapHeader::default()
+    };
+    let f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut w = PcapWriter::with_header(f, header).unwrap();
     for (i, (b, ..)) in frames.iter().enumerate() {
-        let mut rec = Vec::new();
-        for v in [i as u32, 0, b.len() as u32, b.len() as u32] {
-            rec.extend_from_slice(&v.to_le_bytes());
-        }
-        f.write_all(&rec).unwrap();
-        f.write_all(b).unwrap();
+        let ts = std::time::Duration::from_secs(i as u64);
+        w.write_packet(&PcapPacket::new(ts, b.len() as u32, b))
+            .unwrap();
     }
+    w.into_writer().flush().unwrap();
 }
 
 /// Protocols with heuristic dissectors on `infiniband.payload` (`tshark -G heuristic-decodes`).

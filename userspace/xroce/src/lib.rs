@@ -8,8 +8,10 @@
 //! - [`stack`]: one interface opened for RDMA (device, engine, backend, thread).
 //! - [`stats_export`]: a running engine's counters for `xroce stats`.
 //! - [`device`]: an Ethernet interface opened for RoCEv2.
+//! - [`capture`]: pcap and pcapng files read packet by packet.
 //! - [`connect`]: out-of-band connection setup (xroce, rdma-core formats).
 //! - [`xdp`]: loads, attaches, pins and reads the XDP program.
+pub mod capture;
 pub mod cc;
 pub mod connect;
 pub mod device;

@@ -968,15 +968,19 @@ fn sim_link_records_a_pcap_the_codec_reads_back() {
     drop(sim); // flush
     let d = std::fs::read(&path).unwrap();
     std::fs::remove_file(&path).ok();
-    assert_eq!(&d[..4], &0xa1b2_3c4du32.to_le_bytes());
-    let mut off = 24;
+    let cap = xroce::capture::Capture::parse(&d).unwrap();
+    assert!(cap.nanosecond());
+    assert_eq!(cap.link_type(), Some(xroce::capture::LINKTYPE_ETHERNET));
+    let mut last = std::time::Duration::ZERO;
     let mut n = 0;
-    while off + 16 <= d.len() {
-        let len = u32::from_le_bytes(d[off + 8..off + 12].try_into().unwrap()) as usize;
-        xroce::engine::codec::parse(&d[off + 16..off + 16 + len]).expect("valid RoCEv2 frame");
-        off += 16 + len;
+    for p in cap {
+        let p = p.unwrap();
+        xroce::engine::codec::parse(&p.data).expect("valid RoCEv2 frame");
+        assert!(!p.is_truncated() && p.timestamp >= last);
+        last = p.timestamp;
         n += 1;
     }
+    assert!(last > std::time::Duration::ZERO, "simulated timestamps");
     assert_eq!(n, 5 + 1); // 5 WRITE packets + 1 ACK
 }
 

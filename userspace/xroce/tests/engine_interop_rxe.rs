@@ -10,6 +10,7 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
+use xroce::capture;
 use xroce::engine::codec::{self, PktHdr};
 use xroce::engine::EngineConfig;
 use xroce::verbs::*;
@@ -19,26 +20,17 @@ fn pcap_dir() -> Option<PathBuf> {
     d.is_dir().then_some(d)
 }
 
-/// (timestamp ns, frame) of every record of a classic little-endian pcap.
+/// (timestamp ns, frame) of every packet of a capture: whole Ethernet frames.
 fn read_pcap(path: &std::path::Path) -> Vec<(u64, Vec<u8>)> {
-    let d = std::fs::read(path).unwrap();
-    assert_eq!(
-        &d[..4],
-        &[0xd4, 0xc3, 0xb2, 0xa1],
-        "classic pcap, microseconds"
-    );
-    let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= d.len() {
-        let u = |o: usize| u32::from_le_bytes(d[o..o + 4].try_into().unwrap()) as u64;
-        let (s, us, cl) = (u(off), u(off + 4), u(off + 8) as usize);
-        out.push((
-            s * 1_000_000_000 + us * 1000,
-            d[off + 16..off + 16 + cl].to_vec(),
-        ));
-        off += 16 + cl;
-    }
-    out
+    capture::read_packets(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .into_iter()
+        .map(|p| {
+            assert_eq!(p.link_type, capture::LINKTYPE_ETHERNET);
+            assert!(!p.is_truncated(), "snap length cut a frame");
+            (p.timestamp.as_nanos() as u64, p.data.into_owned())
+        })
+        .collect()
 }
 
 fn fields(h: &PktHdr) -> impl std::fmt::Debug + PartialEq {

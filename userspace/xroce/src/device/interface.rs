@@ -24,10 +24,10 @@ fn query_err(iface: &str, what: &'static str, source: io::Error) -> DeviceError 
 
 /// Every getifaddrs entry of `iface`: one per address, and one AF_PACKET
 /// entry (its hardware address) per interface.
-fn entries_of(
-    iface: &str,
+fn entries_of<'a>(
+    iface: &'a str,
     what: &'static str,
-) -> Result<impl Iterator<Item = InterfaceAddress> + '_, DeviceError> {
+) -> Result<impl Iterator<Item = InterfaceAddress> + 'a, DeviceError> {
     let all = getifaddrs().map_err(|e| query_err(iface, what, e.into()))?;
     Ok(all.filter(move |a| a.interface_name == iface))
 }
@@ -104,4 +104,32 @@ pub fn interface_addrs(iface: &str) -> Result<(Vec<Ipv4Addr>, Vec<Ipv6Addr>), De
         }
     }
     Ok((v4, v6))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_queries_work_and_errors_name_the_problem() {
+        assert_eq!(interface_mtu("lo").unwrap(), 65536);
+        assert_eq!(interface_mac("lo").unwrap(), [0; 6]);
+        let (v4, v6) = interface_addrs("lo").unwrap();
+        assert!(v4.contains(&Ipv4Addr::LOCALHOST));
+        assert!(v6.iter().all(|a| a.is_loopback()), "{v6:?}");
+        for e in [
+            interface_mtu("nosuchif0").unwrap_err(),
+            interface_mac("nosuchif0").unwrap_err(),
+        ] {
+            assert!(
+                e.to_string().contains("of nosuchif0: No such device"),
+                "{e}"
+            );
+        }
+        assert!(matches!(
+            interface_mtu("a-name-longer-than-ifnamsiz"),
+            Err(DeviceError::NoSuchInterface(_))
+        ));
+        assert_eq!(interface_addrs("nosuchif0").unwrap(), (vec![], vec![]));
+    }
 }

@@ -82,7 +82,7 @@ fn scan_datagram(
             }
         }
         datagram = datagram
-            .get(len.next_multiple_of(NLMSG_ALIGNTO)..)
+            .get(len.next_multiple_of(NLMSG_ALIGNTO.into())..)
             .unwrap_or_default();
     }
     Ok(Dump::More)
@@ -118,8 +118,7 @@ pub fn netlink_neighbour(ifindex: u32, peer: IpAddr) -> io::Result<Option<[u8; 6
     let mut found = None;
     loop {
         let (datagram, _) = socket.recv_from_full()?;
-        if datagram.is_empty()
-            || scan_datagram(&datagram, ifindex, peer, &mut found)? == Dump::Done
+        if datagram.is_empty() || scan_datagram(&datagram, ifindex, peer, &mut found)? == Dump::Done
         {
             return Ok(found);
         }
@@ -133,7 +132,11 @@ fn provoke_resolution(peer: IpAddr, ifindex: u32) {
     let (bind, to): (SocketAddr, SocketAddr) = match peer {
         IpAddr::V4(p) => ((Ipv4Addr::UNSPECIFIED, 0).into(), (p, 9).into()),
         IpAddr::V6(p) => {
-            let scope = if p.is_unicast_link_local() { ifindex } else { 0 };
+            let scope = if p.is_unicast_link_local() {
+                ifindex
+            } else {
+                0
+            };
             (
                 (Ipv6Addr::UNSPECIFIED, 0).into(),
                 SocketAddrV6::new(p, 9, 0, scope).into(),
@@ -196,10 +199,11 @@ mod tests {
         };
         e.header.ifindex = ifindex;
         e.header.state = state;
-        e.attributes.push(NeighbourAttribute::Destination(match dst {
-            IpAddr::V4(a) => NeighbourAddress::Inet(a),
-            IpAddr::V6(a) => NeighbourAddress::Inet6(a),
-        }));
+        e.attributes
+            .push(NeighbourAttribute::Destination(match dst {
+                IpAddr::V4(a) => NeighbourAddress::Inet(a),
+                IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+            }));
         if !mac.is_empty() {
             e.attributes
                 .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
@@ -215,7 +219,7 @@ mod tests {
             m.finalize();
             let mut buf = vec![0; m.buffer_len()];
             m.serialize(&mut buf);
-            buf.resize(buf.len().next_multiple_of(NLMSG_ALIGNTO), 0);
+            buf.resize(buf.len().next_multiple_of(NLMSG_ALIGNTO.into()), 0);
             out.extend(buf);
         }
         out
@@ -254,7 +258,12 @@ mod tests {
         }
         // NDP entries read the same; a malformed MAC is no MAC.
         let dgram = datagram(vec![
-            new_neigh(entry(3, NeighbourState::Delay, p6, &[2, 0x11, 0x22, 0x33, 0x44])),
+            new_neigh(entry(
+                3,
+                NeighbourState::Delay,
+                p6,
+                &[2, 0x11, 0x22, 0x33, 0x44],
+            )),
             new_neigh(entry(4, NeighbourState::Permanent, p6, &MAC)),
             new_neigh(entry(5, NeighbourState::None, p6, &MAC)),
         ]);
@@ -304,6 +313,8 @@ mod tests {
             assert_eq!(hdr.message_type(), libc::RTM_GETNEIGH);
             assert_eq!(hdr.flags(), NLM_F_REQUEST | NLM_F_DUMP);
             assert_eq!(req[16], family as u8);
+            // No state, flags, type or attributes: every entry is listed.
+            assert!(req[17..].iter().all(|b| *b == 0), "{req:?}");
         }
     }
 

@@ -148,7 +148,7 @@ pub struct SimLink {
     pub stats: LinkStats,
     /// Drop everything (peer gone).
     pub cut: bool,
-    pcap: Option<std::io::BufWriter<std::fs::File>>,
+    pcap: Option<pcap_file::pcap::PcapWriter<std::io::BufWriter<std::fs::File>>>,
     trace: Option<Vec<u64>>,
 }
 
@@ -194,31 +194,29 @@ impl SimLink {
     }
 
     /// Record every frame put on the link (both directions, before loss or
-    /// marking) into a classic pcap file with simulated timestamps, for
-    /// `xroce decode`, tshark or Wireshark.
+    /// marking) into a classic pcap file with simulated timestamps
+    /// (nanoseconds, Ethernet), for `xroce decode`, tshark or Wireshark.
     pub fn record_pcap(&mut self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
-        use std::io::Write;
-        let mut w = std::io::BufWriter::new(std::fs::File::create(path)?);
-        // magic (ns resolution), version 2.4, tz 0, sigfigs 0, snaplen, Ethernet
-        w.write_all(&0xa1b2_3c4du32.to_le_bytes())?;
-        w.write_all(&2u16.to_le_bytes())?;
-        w.write_all(&4u16.to_le_bytes())?;
-        w.write_all(&[0; 8])?;
-        w.write_all(&65535u32.to_le_bytes())?;
-        w.write_all(&1u32.to_le_bytes())?;
+        use pcap_file::pcap::{PcapHeader, PcapWriter};
+        let header = PcapHeader {
+            ts_resolution: pcap_file::TsResolution::NanoSecond,
+            endianness: pcap_file::Endianness::Little,
+            ..PcapHeader::default()
+        };
+        let file = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let w = PcapWriter::with_header(file, header).map_err(|e| match e {
+            pcap_file::PcapError::IoError(e) => e,
+            e => std::io::Error::other(e),
+        })?;
         self.pcap = Some(w);
         Ok(())
     }
 
     fn pcap_write(&mut self, frame: &[u8], now: u64) {
-        use std::io::Write;
         if let Some(w) = &mut self.pcap {
-            let mut rec = [0u8; 16];
-            rec[0..4].copy_from_slice(&((now / 1_000_000_000) as u32).to_le_bytes());
-            rec[4..8].copy_from_slice(&((now % 1_000_000_000) as u32).to_le_bytes());
-            rec[8..12].copy_from_slice(&(frame.len() as u32).to_le_bytes());
-            rec[12..16].copy_from_slice(&(frame.len() as u32).to_le_bytes());
-            if w.write_all(&rec).and_then(|_| w.write_all(frame)).is_err() {
+            let ts = std::time::Duration::from_nanos(now);
+            let p = pcap_file::pcap::PcapPacket::new(ts, frame.len() as u32, frame);
+            if w.write_packet(&p).is_err() {
                 self.pcap = None;
             }
         }

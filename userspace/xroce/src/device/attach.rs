@@ -1,0 +1,35 @@
+//! The attach policy: use an xroce XDP program already on the interface,
+//! else attach one if asked (native first, then skb when allowed).
+
+use super::{Attachment, DeviceConfig, DeviceError};
+use crate::xdp::{self, Mode, XdpError};
+
+/// Finds or makes the XDP attachment `cfg` asks for on `iface`. Errors that
+/// skb mode would meet as well (not root, no bpffs, no interface) are not
+/// retried in skb mode; any other native failure is, when allowed, and is
+/// kept as the reason in [`Attachment::Ours`].
+pub(super) fn attach(iface: &str, cfg: DeviceConfig) -> Result<Attachment, DeviceError> {
+    if xdp::is_attached(iface) {
+        return Ok(Attachment::Existing);
+    }
+    if !cfg.attach {
+        return Ok(Attachment::None);
+    }
+    match xdp::attach(iface, cfg.mode) {
+        Ok(()) => Ok(Attachment::Ours {
+            mode: cfg.mode,
+            fallback: None,
+        }),
+        Err(e @ (XdpError::NotRoot | XdpError::NoBpffs | XdpError::NoSuchInterface(_))) => {
+            Err(e.into())
+        }
+        Err(e) if cfg.fallback_to_skb && cfg.mode == Mode::Native => {
+            xdp::attach(iface, Mode::Skb)?;
+            Ok(Attachment::Ours {
+                mode: Mode::Skb,
+                fallback: Some(e.to_string()),
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}

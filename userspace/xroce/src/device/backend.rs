@@ -1,0 +1,43 @@
+//! The backend factory: a packet-I/O backend over an open device, sized
+//! for a RoCE path MTU.
+
+use super::{Attachment, BackendKind, Device, DeviceError, ROCE_HEADER_ALLOWANCE};
+use crate::io::{
+    afxdp::{XskConfig, XskMultiQueue},
+    udp::{UdpBackend, UdpConfig},
+    PacketIo,
+};
+
+impl Device {
+    /// Opens a packet-I/O backend on this device for RoCE path MTU
+    /// `path_mtu`: AF_XDP on every RX queue (multi-buffer when a frame of
+    /// that MTU outgrows a UMEM chunk), or the UDP backend bound to
+    /// [`ip`](Self::ip). Frames of `path_mtu` fit the backend's buffers.
+    pub fn open_io(
+        &self,
+        kind: BackendKind,
+        path_mtu: u32,
+    ) -> Result<Box<dyn PacketIo>, DeviceError> {
+        // Ethernet + VLAN + IPv6 + UDP + BTH + largest extension + ICRC.
+        let frame = path_mtu as usize + 14 + 4 + ROCE_HEADER_ALLOWANCE as usize + 20;
+        match kind {
+            BackendKind::AfXdp => {
+                if self.attachment == Attachment::None {
+                    return Err(DeviceError::NoXdp(self.name.clone()));
+                }
+                let mut cfg = XskConfig::default();
+                if frame > cfg.chunk_capacity() {
+                    cfg.multi_buffer = true;
+                    cfg.multi_buffer_max_frame = cfg.multi_buffer_max_frame.max(frame);
+                }
+                Ok(Box::new(XskMultiQueue::open(&self.name, cfg)?))
+            }
+            BackendKind::Udp => {
+                let mut cfg = UdpConfig::new(self.ip()?);
+                cfg.local_mac = self.mac;
+                cfg.max_frame_len = cfg.max_frame_len.max(frame);
+                Ok(Box::new(UdpBackend::open(cfg)?))
+            }
+        }
+    }
+}
