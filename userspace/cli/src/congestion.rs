@@ -1,8 +1,8 @@
 //! `xroce ecn` and `xroce fault`: program the XDP congestion point and loss
 //! injection of an interface at run time, through its pinned maps.
 
+use crate::units::{Fraction, Rate, Size};
 use anyhow::{bail, Context};
-use xroce::cc::units::{parse_fraction_fixed, parse_rate_bps, parse_size_bytes};
 use xroce_common::ecn::{EcnConfig, EcnPolicy, FaultConfig, OpcodeClass};
 
 #[derive(clap::Args, Debug)]
@@ -13,23 +13,23 @@ pub struct EcnArgs {
     #[arg(long, conflicts_with_all = ["link_rate", "kmin", "kmax", "pmax", "buffer"])]
     pub off: bool,
     /// Drain rate of the virtual bottleneck, e.g. 5gbit, 100mbit
-    #[arg(long)]
-    pub link_rate: Option<String>,
+    #[arg(long, value_parser = crate::units::rate)]
+    pub link_rate: Option<Rate>,
     /// RED: no marking up to this queue length (step: the threshold K), e.g. 5KB
-    #[arg(long)]
-    pub kmin: Option<String>,
+    #[arg(long, value_parser = crate::units::size)]
+    pub kmin: Option<Size>,
     /// RED: marking probability reaches --pmax here, e.g. 200KB
-    #[arg(long)]
-    pub kmax: Option<String>,
+    #[arg(long, value_parser = crate::units::size)]
+    pub kmax: Option<Size>,
     /// RED: marking probability at kmax, e.g. 0.01
-    #[arg(long, default_value = "0.01")]
-    pub pmax: String,
+    #[arg(long, default_value = "0.01", value_parser = crate::units::fraction)]
+    pub pmax: Fraction,
     /// red (DCQCN switch) or step (DCTCP)
     #[arg(long, default_value = "red")]
     pub policy: String,
     /// Virtual buffer: frames beyond it are tail-dropped (default: unlimited)
-    #[arg(long)]
-    pub buffer: Option<String>,
+    #[arg(long, value_parser = crate::units::size)]
+    pub buffer: Option<Size>,
 }
 
 pub fn ecn(args: &EcnArgs) -> anyhow::Result<()> {
@@ -44,20 +44,14 @@ pub fn ecn(args: &EcnArgs) -> anyhow::Result<()> {
     let Some(kmin) = &args.kmin else {
         bail!("give --kmin (e.g. --kmin 5KB): the queue length where marking starts");
     };
-    let link_rate = parse_rate_bps(rate).context("--link-rate")?;
-    let kmin = parse_size_bytes(kmin).context("--kmin")?;
-    let buffer = match &args.buffer {
-        Some(b) => parse_size_bytes(b).context("--buffer")?,
-        None => 0,
-    };
+    let (link_rate, kmin) = (rate.value, kmin.value);
+    let buffer = args.buffer.as_ref().map_or(0, |b| b.value);
     let config = match EcnPolicy::from_name(&args.policy) {
         Some(EcnPolicy::Red) => {
             let Some(kmax) = &args.kmax else {
                 bail!("RED needs --kmax (e.g. --kmax 200KB), or use --policy step");
             };
-            let kmax = parse_size_bytes(kmax).context("--kmax")?;
-            let pmax = parse_fraction_fixed(&args.pmax).context("--pmax")?;
-            EcnConfig::red(link_rate, kmin, kmax, pmax, buffer)
+            EcnConfig::red(link_rate, kmin, kmax.value, args.pmax.value, buffer)
         }
         Some(EcnPolicy::Step) => EcnConfig::step(link_rate, kmin, buffer),
         None => bail!("unknown --policy {:?}; use red or step", args.policy),
@@ -82,8 +76,8 @@ pub struct FaultArgs {
     #[arg(long, conflicts_with_all = ["drop", "opcode", "qpn", "seed"])]
     pub off: bool,
     /// Fraction of RoCEv2 frames to drop, e.g. 0.01
-    #[arg(long)]
-    pub drop: Option<String>,
+    #[arg(long, value_parser = crate::units::fraction)]
+    pub drop: Option<Fraction>,
     /// Only this opcode class: send, write, read, read-request, read-response, ack, atomic, cnp
     #[arg(long)]
     pub opcode: Option<String>,
@@ -104,7 +98,7 @@ pub fn fault(args: &FaultArgs) -> anyhow::Result<()> {
     let Some(drop) = &args.drop else {
         bail!("give --drop FRACTION (e.g. --drop 0.01), or --off");
     };
-    let drop = parse_fraction_fixed(drop).context("--drop")?;
+    let drop = drop.value;
     let mask = match &args.opcode {
         Some(name) => OpcodeClass::mask_from_name(name).with_context(|| {
             format!(

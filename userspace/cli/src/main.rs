@@ -12,6 +12,7 @@ mod perf;
 mod pingpong;
 mod run;
 mod stats;
+mod units;
 
 use clap::{Parser, Subcommand};
 
@@ -53,7 +54,7 @@ enum Command {
     Lat(perf::PerfArgs),
     /// Receive RoCEv2 frames on an AF_XDP socket and count them
     Capture(capture::CaptureArgs),
-    /// Decode RoCEv2 frames in a pcap file and verify their ICRC
+    /// Decode RoCEv2 frames in a pcap or pcapng file and verify their ICRC
     Decode(decode::DecodeArgs),
     /// Run a congestion experiment in namespaces of its own
     Experiment(experiment::ExperimentArgs),

@@ -129,7 +129,7 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             backend: args.backend.into(),
             mtu: Some(args.mtu),
             cc: CcKind::None,
-            rate: "100gbit".into(),
+            line_rate_bps: 100_000_000_000,
             busy_poll: args.busy_poll,
         },
         IpAddr::V4(local_ip),

@@ -64,8 +64,8 @@ pub struct RunArgs {
     #[arg(long, value_enum)]
     pub backend: Option<Backend>,
     /// Congestion control of the program's QPs
-    #[arg(long, value_enum, default_value_t = Cc::None)]
-    pub cc: Cc,
+    #[arg(long, default_value = "none", value_parser = crate::units::cc())]
+    pub cc: xroce::cc::CcKind,
     /// The program to run and its arguments (put them after `--`)
     #[arg(
         required = true,
@@ -88,24 +88,6 @@ impl Backend {
         match self {
             Backend::Afxdp => "afxdp",
             Backend::Udp => "udp",
-        }
-    }
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cc {
-    None,
-    Dcqcn,
-    Timely,
-}
-
-impl Cc {
-    /// The value of `XROCE_CC` the library reads.
-    fn name(self) -> &'static str {
-        match self {
-            Cc::None => "none",
-            Cc::Dcqcn => "dcqcn",
-            Cc::Timely => "timely",
         }
     }
 }

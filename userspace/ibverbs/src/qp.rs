@@ -1174,7 +1174,10 @@ mod device_tests {
             // accepts; one more is EINVAL.
             let mut da = ibv_device_attr::default();
             assert_eq!(ibv_query_device(d.ctx, &mut da), 0);
-            assert_eq!(da.max_qp_rd_atom, c_int::from(xroce::verbs::qp::MAX_RD_ATOMIC));
+            assert_eq!(
+                da.max_qp_rd_atom,
+                c_int::from(xroce::verbs::qp::MAX_RD_ATOMIC)
+            );
             // (connect asked for 16 each way.)
             assert_eq!((attr.max_rd_atomic, attr.max_dest_rd_atomic), (16, 16));
             let mut a = ibv_qp_attr {

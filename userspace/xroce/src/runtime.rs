@@ -185,9 +185,7 @@ impl Runtime {
         }
         self.bell.ring_always();
         match self.thread.take() {
-            Some(t) => t
-                .join()
-                .unwrap_or_else(|_| Err(IoError::ThreadPanicked)),
+            Some(t) => t.join().unwrap_or_else(|_| Err(IoError::ThreadPanicked)),
             None => Ok(IoStats::default()),
         }
     }

@@ -42,7 +42,9 @@ use std::{
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use xroce::cc::units::{parse_duration_ns, parse_rate_bps, parse_size_bytes};
+use xroce::cc::CcKind;
+
+use crate::units::{Fraction, Rate, Seconds, Size};
 
 use self::{
     procs::Proc,
@@ -70,8 +72,8 @@ pub struct IncastArgs {
     pub senders: usize,
     /// Congestion control of every sender (timely reacts to RTT, which the
     /// virtual queue does not lengthen: it sees host delays only)
-    #[arg(long, default_value = "dcqcn", value_parser = ["dcqcn", "timely", "none"])]
-    pub cc: String,
+    #[arg(long, default_value = "dcqcn", value_parser = crate::units::cc())]
+    pub cc: CcKind,
     /// DCQCN parameters of the senders: a preset (software, paper, nvidia)
     /// and key=value overrides, e.g. "software,timer=1ms" (see
     /// DcqcnConfig::from_spec); "software" re-times the paper's set for
@@ -79,36 +81,36 @@ pub struct IncastArgs {
     #[arg(long, default_value = "software")]
     pub dcqcn: String,
     /// Drain rate of the virtual bottleneck at the receiver, e.g. 1gbit
-    #[arg(long, default_value = "1gbit")]
-    pub link_rate: String,
+    #[arg(long, default_value = "1gbit", value_parser = crate::units::rate)]
+    pub link_rate: Rate,
     /// Line rate each sender's pacer and congestion control start from
     /// (default: the link rate, so every sender alone could fill the link)
-    #[arg(long)]
-    pub line_rate: Option<String>,
+    #[arg(long, value_parser = crate::units::rate)]
+    pub line_rate: Option<Rate>,
     /// How long each sender sends: seconds ("5") or with a unit ("500ms")
-    #[arg(long, default_value = "5")]
-    pub duration: String,
+    #[arg(long, default_value = "5", value_parser = crate::units::seconds)]
+    pub duration: Seconds,
     /// Folder for flows.csv, queue.csv, summary.json, the plots and logs
     #[arg(long)]
     pub out: PathBuf,
     /// RED: no marking up to this queue length (step: the threshold K)
-    #[arg(long, default_value = "5KB")]
-    pub kmin: String,
+    #[arg(long, default_value = "5KB", value_parser = crate::units::size)]
+    pub kmin: Size,
     /// RED: marking probability reaches --pmax here
-    #[arg(long, default_value = "200KB")]
-    pub kmax: String,
+    #[arg(long, default_value = "200KB", value_parser = crate::units::size)]
+    pub kmax: Size,
     /// RED: marking probability at kmax
-    #[arg(long, default_value = "0.01")]
-    pub pmax: String,
+    #[arg(long, default_value = "0.01", value_parser = crate::units::fraction)]
+    pub pmax: Fraction,
     /// red (DCQCN switch) or step (DCTCP)
     #[arg(long, default_value = "red", value_parser = ["red", "step"])]
     pub policy: String,
     /// Virtual buffer: frames beyond it are tail-dropped (default: unlimited)
-    #[arg(long)]
-    pub buffer: Option<String>,
+    #[arg(long, value_parser = crate::units::size)]
+    pub buffer: Option<Size>,
     /// Loss injection: fraction of RoCEv2 frames to drop at the receiver
-    #[arg(long)]
-    pub drop: Option<String>,
+    #[arg(long, value_parser = crate::units::fraction)]
+    pub drop: Option<Fraction>,
     /// Loss injection: only this opcode class (send, write, ack, ...)
     #[arg(long, requires = "drop")]
     pub opcode: Option<String>,
@@ -116,8 +118,8 @@ pub struct IncastArgs {
     #[arg(long, default_value_t = 0, requires = "drop")]
     pub seed: u64,
     /// Message size of the WRITEs
-    #[arg(long, default_value = "64KiB")]
-    pub size: String,
+    #[arg(long, default_value = "64KiB", value_parser = crate::units::size)]
+    pub size: Size,
     /// Bin width of flows.csv and queue.csv, in ms (1 or 10 are typical)
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub bin_ms: u32,
@@ -135,18 +137,6 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Seconds from "5", "2.5", "500ms", "2s".
-fn parse_seconds(s: &str) -> anyhow::Result<f64> {
-    let secs = match s.trim().parse::<f64>() {
-        Ok(v) => v,
-        Err(_) => parse_duration_ns(s).context("--duration")? as f64 / 1e9,
-    };
-    if !(secs > 0.0 && secs.is_finite()) {
-        bail!("--duration must be positive, e.g. --duration 5");
-    }
-    Ok(secs)
-}
-
 /// Parsed and checked settings.
 struct Plan {
     link_rate_bps: u64,
@@ -160,18 +150,9 @@ fn check(a: &IncastArgs) -> anyhow::Result<Plan> {
     if a.senders == 0 || a.senders > topology::MAX_SENDERS {
         bail!("--senders must be 1..={}", topology::MAX_SENDERS);
     }
-    let link_rate_bps = parse_rate_bps(&a.link_rate).context("--link-rate")?;
     let line_rate = a.line_rate.clone().unwrap_or_else(|| a.link_rate.clone());
-    let line_rate_bps = parse_rate_bps(&line_rate).context("--line-rate")?;
-    let dcqcn = xroce::cc::DcqcnConfig::from_spec(&a.dcqcn, line_rate_bps)
+    let dcqcn = xroce::cc::DcqcnConfig::from_spec(&a.dcqcn, line_rate.value)
         .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
-    parse_size_bytes(&a.size).context("--size")?;
-    parse_size_bytes(&a.kmin).context("--kmin")?;
-    parse_size_bytes(&a.kmax).context("--kmax")?;
-    let buffer_bytes = match &a.buffer {
-        Some(b) => Some(parse_size_bytes(b).context("--buffer")?),
-        None => None,
-    };
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
@@ -182,11 +163,11 @@ fn check(a: &IncastArgs) -> anyhow::Result<Plan> {
         }
     }
     Ok(Plan {
-        link_rate_bps,
-        line_rate,
+        link_rate_bps: a.link_rate.value,
+        line_rate: line_rate.text().to_string(),
         dcqcn,
-        duration_s: parse_seconds(&a.duration)?,
-        buffer_bytes,
+        duration_s: a.duration.value,
+        buffer_bytes: a.buffer.as_ref().map(|b| b.value),
     })
 }
 
@@ -333,8 +314,15 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
             "--connect",
             &listen,
         ])
-        .args(["--size", &a.size, "--duration", &duration_arg, "--qps", "1"])
-        .args(["--cc", &a.cc, "--rate", &plan.line_rate])
+        .args([
+            "--size",
+            a.size.text(),
+            "--duration",
+            &duration_arg,
+            "--qps",
+            "1",
+        ])
+        .args(["--cc", a.cc.name(), "--rate", &plan.line_rate])
         .args(["--bin-ms", &a.bin_ms.to_string(), "--json"])
         .arg("--trace")
         .arg(&trace)
@@ -497,9 +485,10 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_seconds("5").unwrap(), 5.0);
-        assert_eq!(parse_seconds("500ms").unwrap(), 0.5);
-        assert!(parse_seconds("0").is_err());
+        use crate::units::seconds;
+        assert_eq!(seconds("5").unwrap().value, 5.0);
+        assert_eq!(seconds("500ms").unwrap().value, 0.5);
+        assert!(seconds("0").is_err());
         assert_eq!(format_seconds(5.0), "5");
         assert_eq!(format_seconds(0.5), "0.5");
     }

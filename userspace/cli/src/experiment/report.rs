@@ -332,11 +332,11 @@ impl Report<'_> {
             "experiment": "incast",
             "settings": {
                 "senders": a.senders,
-                "cc": a.cc,
+                "cc": a.cc.name(),
                 "link_rate": a.link_rate,
                 "link_rate_bps": self.link_rate_bps,
                 "line_rate": self.line_rate,
-                "dcqcn": (a.cc == "dcqcn").then(|| {
+                "dcqcn": (a.cc == xroce::cc::CcKind::Dcqcn).then(|| {
                     let d = self.dcqcn;
                     json!({
                         "spec": a.dcqcn,

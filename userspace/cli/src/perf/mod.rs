@@ -99,8 +99,8 @@ pub struct PerfArgs {
     #[arg(long, default_value_t = 1)]
     pub peers: usize,
     /// Message size, e.g. 65536, 64KiB, 8 (default 65536; --perftest lat: 2)
-    #[arg(long, short = 's')]
-    pub size: Option<String>,
+    #[arg(long, short = 's', value_parser = crate::units::size)]
+    pub size: Option<crate::units::Size>,
     /// Messages per QP (client)
     #[arg(long, short = 'n', conflicts_with = "duration")]
     pub iters: Option<u64>,
@@ -119,12 +119,12 @@ pub struct PerfArgs {
     /// Packet I/O: afxdp or udp
     #[arg(long, value_enum, default_value = "afxdp")]
     pub backend: Backend,
-    /// Congestion control: none, dcqcn, timely
-    #[arg(long, default_value = "none")]
+    /// Congestion control
+    #[arg(long, default_value = "none", value_parser = crate::units::cc())]
     pub cc: CcKind,
     /// Line rate the pacer and congestion control start from, e.g. 10gbit
-    #[arg(long, default_value = "100gbit")]
-    pub rate: String,
+    #[arg(long, default_value = "100gbit", value_parser = crate::units::rate)]
+    pub rate: crate::units::Rate,
     /// Write a CSV of progress per time bin (t_ms,bytes,rate_bps,cnps,retransmits)
     #[arg(long)]
     pub trace: Option<std::path::PathBuf>,
@@ -150,15 +150,13 @@ pub struct PerfArgs {
 impl PerfArgs {
     /// --size, or `default` without it.
     pub fn size_or(&self, default: usize) -> anyhow::Result<usize> {
-        let Some(text) = &self.size else {
+        let Some(size) = &self.size else {
             return Ok(default);
         };
-        let size =
-            xroce::cc::units::parse_size_bytes(text).map_err(|e| anyhow::anyhow!("--size: {e}"))?;
-        if size > 1 << 30 {
-            bail!("--size {text} is over the 1 GiB limit");
+        if size.value > 1 << 30 {
+            bail!("--size {size} is over the 1 GiB limit");
         }
-        Ok(size as usize)
+        Ok(size.value as usize)
     }
 
     /// --size, 65536 without it.

@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{bail, Context};
 use xroce::{
-    cc::{units::parse_rate_bps, CcKind},
+    cc::CcKind,
     device::BackendKind,
     stack::{Stack as XStack, StackConfig, StackError},
     verbs::Mtu,
@@ -26,8 +26,8 @@ pub struct StackOptions {
     /// Path MTU in bytes; `None`: the largest the interface allows.
     pub mtu: Option<u32>,
     pub cc: CcKind,
-    /// Line rate, e.g. "100gbit".
-    pub rate: String,
+    /// Line rate in bits per second.
+    pub line_rate_bps: u64,
     pub busy_poll: bool,
 }
 
@@ -38,7 +38,7 @@ impl From<&PerfArgs> for StackOptions {
             backend: a.backend.into(),
             mtu: a.mtu,
             cc: a.cc,
-            rate: a.rate.clone(),
+            line_rate_bps: a.rate.value,
             busy_poll: a.busy_poll,
         }
     }
@@ -73,15 +73,13 @@ impl Stack {
                     .with_context(|| format!("--mtu {m}: use 256, 512, 1024, 2048 or 4096"))
             })
             .transpose()?;
-        let line_rate_bps =
-            parse_rate_bps(&opts.rate).map_err(|e| anyhow::anyhow!("--rate: {e}"))?;
         let stack = XStack::open(&StackConfig {
             iface: opts.iface.clone(),
             backend: Some(opts.backend),
             local_ip: Some(ip),
             path_mtu,
             cc: opts.cc,
-            line_rate_bps,
+            line_rate_bps: opts.line_rate_bps,
             busy_poll: opts.busy_poll,
         })
         .map_err(|e| match e {

@@ -353,18 +353,22 @@ impl XskSocket {
         let batch = config.batch.clamp(1, half) as usize;
         let ring = QueueSize::new(half).map_err(setup_src(iface, queue, "ring size"))?;
         let umem_config = UmemConfig::builder()
-            .frame_size(
-                FrameSize::new(config.frame_size)
-                    .map_err(setup_src(iface, queue, "UMEM frame size"))?,
-            )
+            .frame_size(FrameSize::new(config.frame_size).map_err(setup_src(
+                iface,
+                queue,
+                "UMEM frame size",
+            ))?)
             .fill_queue_size(ring)
             .comp_queue_size(ring)
             .build()
             .map_err(setup_src(iface, queue, "UMEM configuration"))?;
         let frame_count = NonZeroU32::new(config.frames)
             .ok_or_else(|| setup_err(iface, queue, "UMEM needs at least one frame"))?;
-        let (umem, mut descs) = Umem::new(umem_config, frame_count, false)
-            .map_err(setup_src(iface, queue, "create the UMEM"))?;
+        let (umem, mut descs) = Umem::new(umem_config, frame_count, false).map_err(setup_src(
+            iface,
+            queue,
+            "create the UMEM",
+        ))?;
         let mut bind = BindFlags::empty();
         if config.copy_mode {
             bind |= BindFlags::XDP_COPY;
@@ -382,9 +386,10 @@ impl XskSocket {
             .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
             .bind_flags(bind)
             .build();
-        let if_name: Interface = iface
-            .parse()
-            .map_err(setup_src(iface, queue, "interface name"))?;
+        let if_name: Interface =
+            iface
+                .parse()
+                .map_err(setup_src(iface, queue, "interface name"))?;
         // A socket just closed on this queue (by us or a process that just
         // exited) holds it until the kernel frees its pool from a work
         // queue: EBUSY for a moment is worth a short wait.
@@ -395,14 +400,16 @@ impl XskSocket {
                 Err(e) if is_busy(&e) && Instant::now() < busy_until => {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                other => break other.map_err(setup_src(
-                    iface,
-                    queue,
-                    format!(
-                        "create the socket (is {queue} a valid RX queue of {iface}? \
+                other => {
+                    break other.map_err(setup_src(
+                        iface,
+                        queue,
+                        format!(
+                            "create the socket (is {queue} a valid RX queue of {iface}? \
                          is another socket bound to it?)"
-                    ),
-                ))?,
+                        ),
+                    ))?
+                }
             }
         };
         let (mut fill, comp) =

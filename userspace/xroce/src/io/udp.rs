@@ -370,8 +370,7 @@ impl UdpBackend {
             ]
         };
         for &(level, opt, v, name) in opts {
-            setopt(raw, level, opt, v)
-                .map_err(|e| setup_err(name, Some(e)))?;
+            setopt(raw, level, opt, v).map_err(|e| setup_err(name, Some(e)))?;
         }
         let mut ss: libc::sockaddr_storage = unsafe { mem::zeroed() };
         let len = sockaddr_of(SocketAddr::new(cfg.local, cfg.port), &mut ss);
