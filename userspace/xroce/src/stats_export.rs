@@ -113,6 +113,11 @@ impl Drop for StatsExporter {
             let _ = t.join();
         }
         let _ = fs::remove_file(&self.path);
+        // The interface's folder goes with its last exporter (remove_dir
+        // leaves a folder another process still publishes in).
+        if let Some(dir) = self.path.parent() {
+            let _ = fs::remove_dir(dir);
+        }
     }
 }
 
