@@ -40,6 +40,9 @@ use xroce::engine::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::engine::AsyncEvent;
 use xroce::verbs::*;
 
+mod common;
+use common::pattern;
+
 const MS: u64 = 1_000_000;
 
 fn wc_opcode(op: &WrOpcode) -> WcOpcode {
@@ -52,19 +55,6 @@ fn wc_opcode(op: &WrOpcode) -> WcOpcode {
         WrOpcode::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
         WrOpcode::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
     }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        v.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 // ---------------------------------------------------------------------------

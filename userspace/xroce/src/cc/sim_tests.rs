@@ -190,25 +190,6 @@ fn timely_incast_keeps_queue_below_thigh() {
     assert!(jain(&t.goodput) > 0.9);
 }
 
-/// A controller held at one rate.
-struct Fixed(u64);
-
-impl super::CongestionControl for Fixed {
-    fn name(&self) -> &'static str {
-        "fixed"
-    }
-    fn on_send(&mut self, _now_ns: u64, _bytes: usize) {}
-    fn on_ack(&mut self, _now_ns: u64, _acked_bytes: usize, _rtt_ns: Option<u64>) {}
-    fn on_cnp(&mut self, _now_ns: u64) {}
-    fn on_timer(&mut self, _now_ns: u64) {}
-    fn next_timer_ns(&self) -> Option<u64> {
-        None
-    }
-    fn rate_bps(&self) -> u64 {
-        self.0
-    }
-}
-
 /// The same pacer inside the engine: a 1 MB WRITE from a QP whose
 /// controller holds `rate` leaves at that rate (token-bucket bound, and
 /// within 10% of it unless the window is what limits), and a window or a
@@ -230,7 +211,8 @@ fn engine_qp_sends_at_its_controllers_rate() {
     ] {
         let (mut ca, cb) = sim_configs();
         ca.cc = Some(Arc::new(move || {
-            Box::new(Fixed(rate)) as Box<dyn super::CongestionControl>
+            // NoCc holds one rate: the line rate it is given.
+            Box::new(super::NoCc::new(rate)) as Box<dyn super::CongestionControl>
         }));
         ca.max_inflight_pkts = window;
         ca.pacing_burst_bytes = burst;
