@@ -727,15 +727,7 @@ mod tests {
 
     #[test]
     fn states_round_trip() {
-        for s in [
-            QpState::Reset,
-            QpState::Init,
-            QpState::Rtr,
-            QpState::Rts,
-            QpState::Sqd,
-            QpState::Sqe,
-            QpState::Err,
-        ] {
+        for s in QpState::ALL {
             assert_eq!(state_from_ibv(state_to_ibv(s)), Some(s));
         }
         assert_eq!(state_to_ibv(QpState::Rts), 3);

@@ -1547,15 +1547,7 @@ fn verbs_run(actions: Vec<Action>, seed: u64) {
                     (7.., QpState::Rtr | QpState::Sqd | QpState::Sqe) => QpState::Rts,
                     (7.., QpState::Rts) => QpState::Sqd,
                     (7.., QpState::Err) => QpState::Reset,
-                    (s, _) => [
-                        QpState::Reset,
-                        QpState::Init,
-                        QpState::Rtr,
-                        QpState::Rts,
-                        QpState::Sqd,
-                        QpState::Sqe,
-                        QpState::Err,
-                    ][s as usize],
+                    (s, _) => QpState::ALL[s as usize],
                 };
                 let attr = QpAttr {
                     qp_state: st,

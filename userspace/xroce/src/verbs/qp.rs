@@ -27,6 +27,19 @@ pub enum QpState {
     Err,
 }
 
+impl QpState {
+    /// Every state, in `ibv_qp_state` order (IBV_QPS_RESET = 0 ...).
+    pub const ALL: [QpState; 7] = [
+        QpState::Reset,
+        QpState::Init,
+        QpState::Rtr,
+        QpState::Rts,
+        QpState::Sqd,
+        QpState::Sqe,
+        QpState::Err,
+    ];
+}
+
 /// `ibv_mtu`: the RoCE path MTU (payload bytes per packet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Mtu {
