@@ -44,9 +44,10 @@ pub struct Malformed {
     pub reason: String,
 }
 
-/// PSN bookkeeping of the requests sent to one QP (destination GID + QPN).
+/// The traffic seen to one QP (destination GID + QPN): packet counts and PSN
+/// bookkeeping of its requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct QpStats {
+pub struct QpTraffic {
     pub packets: u64,
     pub requests: u64,
     pub responses: u64,
@@ -77,8 +78,8 @@ pub struct Report {
     pub bytes: u64,
     /// Opcode byte -> frames.
     pub opcodes: BTreeMap<u8, u64>,
-    /// (destination GID, destination QPN) -> stats.
-    pub qps: BTreeMap<(Gid, u32), QpStats>,
+    /// (destination GID, destination QPN) -> traffic.
+    pub qps: BTreeMap<(Gid, u32), QpTraffic>,
     pub malformed_list: Vec<Malformed>,
 }
 
