@@ -1,5 +1,5 @@
 //! The AF_XDP backend end to end: two namespaces joined by veth, xroce's XDP
-//! program attached in native mode on both ends by `Device::open`, RoCEv2
+//! program attached in native mode on both ends by `NetDevice::open`, RoCEv2
 //! frames exchanged both ways through `XskSocket`s with their ICRC checked,
 //! and the socket and XDP counters adding up.
 
@@ -10,7 +10,7 @@ use std::{
 };
 
 use xroce::{
-    device::{Attachment, Device, DeviceConfig},
+    device::{Attachment, NetDevice, NetDeviceConfig},
     io::{
         afxdp::{BusyPoll, BusyPollStatus, XskConfig, XskMultiQueue, XskSocket, XskStats},
         IoError, IoStats, PacketIo,
@@ -37,7 +37,7 @@ struct SideResult {
 
 #[allow(clippy::too_many_arguments)]
 fn side(iface: String, me: IpAddr, peer: IpAddr, frames: u32, barrier: Arc<Barrier>) -> SideResult {
-    let dev = Device::open(&iface, DeviceConfig::default()).expect("open device");
+    let dev = NetDevice::open(&iface, NetDeviceConfig::default()).expect("open device");
     assert_eq!(
         dev.attachment(),
         &Attachment::Ours {
@@ -91,7 +91,7 @@ fn side(iface: String, me: IpAddr, peer: IpAddr, frames: u32, barrier: Arc<Barri
     drop(dev);
     assert!(
         !xdp::is_attached(&iface),
-        "Device detached what it attached"
+        "NetDevice detached what it attached"
     );
     SideResult {
         exchange: ex,
@@ -157,7 +157,7 @@ fn afxdp_blast_is_accounted_for_and_measured() {
 
     let (if_b, bar) = (pair.if_b.clone(), barrier.clone());
     let receiver = spawn_in(&pair.b.name, move || {
-        let dev = Device::open(&if_b, DeviceConfig::default()).expect("open b");
+        let dev = NetDevice::open(&if_b, NetDeviceConfig::default()).expect("open b");
         let mut io = XskMultiQueue::open(
             &if_b,
             XskConfig {
@@ -203,7 +203,7 @@ fn afxdp_blast_is_accounted_for_and_measured() {
 
     let (if_a, bar) = (pair.if_a.clone(), barrier);
     let sender = spawn_in(&pair.a.name, move || {
-        let dev = Device::open(&if_a, DeviceConfig::default()).expect("open a");
+        let dev = NetDevice::open(&if_a, NetDeviceConfig::default()).expect("open a");
         let mut sock = XskSocket::open(&if_a, 0, XskConfig::default()).unwrap();
         bar.wait();
         let peer_mac = dev.neighbour_mac(b_ip, Duration::from_secs(5)).unwrap();
@@ -291,7 +291,7 @@ fn afxdp_multi_buffer_carries_path_mtu_4096_frames() {
     let (a_ip, b_ip): (IpAddr, IpAddr) = (pair.addr_a.into(), pair.addr_b.into());
     let barrier = Arc::new(Barrier::new(2));
     let run = move |iface: String, me: IpAddr, peer: IpAddr, bar: Arc<Barrier>| {
-        let dev = Device::open(&iface, DeviceConfig::default()).expect("open device");
+        let dev = NetDevice::open(&iface, NetDeviceConfig::default()).expect("open device");
         assert!(
             matches!(
                 dev.attachment(),
@@ -398,7 +398,7 @@ fn multi_queue_wrapper_receives_from_every_queue() {
             2,
             "ethtool channels"
         );
-        let dev = Device::open(&ifb, DeviceConfig::default()).unwrap();
+        let dev = NetDevice::open(&ifb, NetDeviceConfig::default()).unwrap();
         let mut io = XskMultiQueue::open(&ifb, XskConfig::default()).unwrap();
         assert_eq!(io.sockets().len(), 2);
         bar.wait();

@@ -1,4 +1,4 @@
-//! `Device` in a namespace: it finds the interface's MAC, MTU, addresses,
+//! `NetDevice` in a namespace: it finds the interface's MAC, MTU, addresses,
 //! GID and path MTU; leaves an attachment it did not make in place; falls
 //! attaches in skb mode on request; and a neighbour
 //! that never answers ARP is a clear, bounded error.
@@ -6,7 +6,7 @@
 use std::{net::IpAddr, time::Duration};
 
 use xroce::{
-    device::{self, Attachment, BackendKind, Device, DeviceConfig, DeviceError},
+    device::{self, Attachment, BackendKind, NetDevice, NetDeviceConfig, NetDeviceError},
     io::PacketIo,
     xdp::{self, Mode},
 };
@@ -31,7 +31,7 @@ fn device_reports_the_interface_and_respects_existing_attachments() {
         // and leaves it attached when dropped.
         xdp::attach(&if_a, Mode::Native).expect("attach");
         {
-            let dev = Device::open(&if_a, DeviceConfig::default()).unwrap();
+            let dev = NetDevice::open(&if_a, NetDeviceConfig::default()).unwrap();
             assert_eq!(dev.attachment(), &Attachment::Existing);
             assert_eq!(dev.mtu(), 1500);
             assert_eq!(dev.path_mtu(), 1024);
@@ -66,7 +66,7 @@ fn device_reports_the_interface_and_respects_existing_attachments() {
             let e = dev
                 .neighbour_mac(ghost.into(), Duration::from_millis(700))
                 .unwrap_err();
-            assert!(matches!(e, DeviceError::NeighbourTimeout { .. }), "{e}");
+            assert!(matches!(e, NetDeviceError::NeighbourTimeout { .. }), "{e}");
             assert!(e.to_string().contains(&ghost.to_string()), "{e}");
             assert!(t0.elapsed() < Duration::from_secs(3));
         }
@@ -74,11 +74,11 @@ fn device_reports_the_interface_and_respects_existing_attachments() {
         xdp::detach(&if_a).unwrap();
 
         // Without attach: the UDP backend's case.
-        let dev = Device::open(
+        let dev = NetDevice::open(
             &if_a,
-            DeviceConfig {
+            NetDeviceConfig {
                 attach: false,
-                ..DeviceConfig::default()
+                ..NetDeviceConfig::default()
             },
         )
         .unwrap();
@@ -96,11 +96,11 @@ fn device_reports_the_interface_and_respects_existing_attachments() {
 
         // Skb mode on request (the native->skb fallback runs the same code
         // after a native failure, which veth gives no easy way to force).
-        let dev = Device::open(
+        let dev = NetDevice::open(
             &if_a,
-            DeviceConfig {
+            NetDeviceConfig {
                 mode: Mode::Skb,
-                ..DeviceConfig::default()
+                ..NetDeviceConfig::default()
             },
         )
         .unwrap();
@@ -117,7 +117,7 @@ fn device_reports_the_interface_and_respects_existing_attachments() {
         drop(io);
         drop(dev);
         assert!(!xdp::is_attached(&if_a), "ours is detached on drop");
-        let e = Device::open("xrnosuch0", DeviceConfig::default()).unwrap_err();
+        let e = NetDevice::open("xrnosuch0", NetDeviceConfig::default()).unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
         assert_eq!(device::path_mtu_for(9000), Some(4096));
     })

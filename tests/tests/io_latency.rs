@@ -10,7 +10,7 @@ use std::{
 };
 
 use xroce::{
-    device::{self, Device, DeviceConfig},
+    device::{self, NetDevice, NetDeviceConfig},
     io::{
         afxdp::{BusyPoll, XskConfig, XskSocket},
         udp::{UdpBackend, UdpConfig},
@@ -32,7 +32,7 @@ enum Kind {
     Udp,
 }
 
-fn open(kind: Kind, iface: &str, me: IpAddr) -> (Box<dyn PacketIo>, Option<Device>) {
+fn open(kind: Kind, iface: &str, me: IpAddr) -> (Box<dyn PacketIo>, Option<NetDevice>) {
     match kind {
         Kind::Udp => {
             let mut cfg = UdpConfig::new(me);
@@ -40,7 +40,7 @@ fn open(kind: Kind, iface: &str, me: IpAddr) -> (Box<dyn PacketIo>, Option<Devic
             (Box::new(UdpBackend::open(cfg).unwrap()), None)
         }
         Kind::AfXdp | Kind::AfXdpBusyPoll => {
-            let dev = Device::open(iface, DeviceConfig::default()).unwrap();
+            let dev = NetDevice::open(iface, NetDeviceConfig::default()).unwrap();
             let config = XskConfig {
                 busy_poll: matches!(kind, Kind::AfXdpBusyPoll).then(BusyPoll::default),
                 ..XskConfig::default()

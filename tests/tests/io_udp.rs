@@ -10,7 +10,7 @@ use std::{
 };
 
 use xroce::{
-    device::{self, Device, DeviceConfig},
+    device::{self, NetDevice, NetDeviceConfig},
     io::{
         afxdp::{XskConfig, XskSocket},
         udp::{UdpBackend, UdpConfig, UdpStats},
@@ -88,7 +88,7 @@ fn udp_backend_interoperates_with_afxdp() {
     // Side b: XDP attached natively, AF_XDP socket on queue 0.
     let (if_b, bar) = (pair.if_b.clone(), barrier);
     let b = spawn_in(&pair.b.name, move || {
-        let dev = Device::open(&if_b, DeviceConfig::default()).expect("open b");
+        let dev = NetDevice::open(&if_b, NetDeviceConfig::default()).expect("open b");
         let mut sock = XskSocket::open(&if_b, 0, XskConfig::default()).unwrap();
         bar.wait();
         let peer_mac = dev.neighbour_mac(a_ip, Duration::from_secs(5)).unwrap();
@@ -327,7 +327,7 @@ fn udp_backend_interoperates_with_afxdp_over_ipv6() {
     });
     let (if_b, bar) = (pair.if_b.clone(), barrier);
     let b = spawn_in(&pair.b.name, move || {
-        let dev = Device::open(&if_b, DeviceConfig::default()).expect("open b");
+        let dev = NetDevice::open(&if_b, NetDeviceConfig::default()).expect("open b");
         assert!(dev.ipv6().contains(&match b_ip {
             IpAddr::V6(v6) => v6,
             _ => unreachable!(),

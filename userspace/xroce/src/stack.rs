@@ -12,7 +12,7 @@ use std::{
 
 use crate::{
     cc::{self, CcKind},
-    device::{Attachment, BackendKind, Device as NetDevice, DeviceConfig, DeviceError},
+    device::{Attachment, BackendKind, NetDevice, NetDeviceConfig, NetDeviceError},
     engine::EngineConfig,
     io::wire::Gid,
     runtime::{Runtime, RuntimeConfig},
@@ -56,7 +56,7 @@ impl StackConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum StackError {
     #[error(transparent)]
-    Device(#[from] DeviceError),
+    Device(#[from] NetDeviceError),
     #[error("{0} has no IPv4 address; xroce's RoCEv2 runs over IPv4: add one")]
     NoIpv4(String),
     #[error("{ip} is not an address of {iface}; use the interface that has it")]
@@ -76,7 +76,7 @@ pub enum StackError {
         backend: BackendKind,
         iface: String,
         #[source]
-        source: DeviceError,
+        source: NetDeviceError,
     },
 }
 
@@ -100,9 +100,9 @@ impl Stack {
         let iface = cfg.iface.as_str();
         let net = NetDevice::open(
             iface,
-            DeviceConfig {
+            NetDeviceConfig {
                 attach: cfg.backend == Some(BackendKind::AfXdp),
-                ..DeviceConfig::default()
+                ..NetDeviceConfig::default()
             },
         )?;
         let backend = cfg.backend.unwrap_or(match net.attachment() {
@@ -189,7 +189,7 @@ impl Stack {
 
     /// MAC to reach `peer` on this link (ARP/NDP); our own for our own
     /// address (loopback).
-    pub fn neighbour(&self, peer: IpAddr, timeout: Duration) -> Result<[u8; 6], DeviceError> {
+    pub fn neighbour(&self, peer: IpAddr, timeout: Duration) -> Result<[u8; 6], NetDeviceError> {
         if peer == IpAddr::V4(self.ip) {
             return Ok(self.net.mac());
         }

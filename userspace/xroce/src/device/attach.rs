@@ -1,14 +1,14 @@
 //! The attach policy: use an xroce XDP program already on the interface,
 //! else attach one if asked (native first, then skb when allowed).
 
-use super::{Attachment, DeviceConfig, DeviceError};
+use super::{Attachment, NetDeviceConfig, NetDeviceError};
 use crate::xdp::{self, Mode, XdpError};
 
 /// Finds or makes the XDP attachment `cfg` asks for on `iface`. Errors that
 /// skb mode would meet as well (not root, no bpffs, no interface) are not
 /// retried in skb mode; any other native failure is, when allowed, and is
 /// kept as the reason in [`Attachment::Ours`].
-pub(super) fn attach(iface: &str, cfg: DeviceConfig) -> Result<Attachment, DeviceError> {
+pub(super) fn attach(iface: &str, cfg: NetDeviceConfig) -> Result<Attachment, NetDeviceError> {
     if xdp::is_attached(iface) {
         return Ok(Attachment::Existing);
     }

@@ -1,14 +1,14 @@
 //! The backend factory: a packet-I/O backend over an open device, sized
 //! for a RoCE path MTU.
 
-use super::{Attachment, BackendKind, Device, DeviceError, ROCE_HEADER_ALLOWANCE};
+use super::{Attachment, BackendKind, NetDevice, NetDeviceError, ROCE_HEADER_ALLOWANCE};
 use crate::io::{
     afxdp::{XskConfig, XskMultiQueue},
     udp::{UdpBackend, UdpConfig},
     PacketIo,
 };
 
-impl Device {
+impl NetDevice {
     /// Opens a packet-I/O backend on this device for RoCE path MTU
     /// `path_mtu`: AF_XDP on every RX queue (multi-buffer when a frame of
     /// that MTU outgrows a UMEM chunk), or the UDP backend bound to
@@ -17,13 +17,13 @@ impl Device {
         &self,
         kind: BackendKind,
         path_mtu: u32,
-    ) -> Result<Box<dyn PacketIo>, DeviceError> {
+    ) -> Result<Box<dyn PacketIo>, NetDeviceError> {
         // Ethernet + VLAN + IPv6 + UDP + BTH + largest extension + ICRC.
         let frame = path_mtu as usize + 14 + 4 + ROCE_HEADER_ALLOWANCE as usize + 20;
         match kind {
             BackendKind::AfXdp => {
                 if self.attachment == Attachment::None {
-                    return Err(DeviceError::NoXdp(self.name.clone()));
+                    return Err(NetDeviceError::NoXdp(self.name.clone()));
                 }
                 let mut cfg = XskConfig::default();
                 if frame > cfg.chunk_capacity() {

@@ -12,10 +12,10 @@ use nix::{
     sys::socket::{socket, AddressFamily, SockFlag, SockType},
 };
 
-use super::DeviceError;
+use super::NetDeviceError;
 
-fn query_err(iface: &str, what: &'static str, source: io::Error) -> DeviceError {
-    DeviceError::Query {
+fn query_err(iface: &str, what: &'static str, source: io::Error) -> NetDeviceError {
+    NetDeviceError::Query {
         iface: iface.into(),
         what,
         source,
@@ -27,14 +27,14 @@ fn query_err(iface: &str, what: &'static str, source: io::Error) -> DeviceError 
 fn entries_of<'a>(
     iface: &'a str,
     what: &'static str,
-) -> Result<impl Iterator<Item = InterfaceAddress> + 'a, DeviceError> {
+) -> Result<impl Iterator<Item = InterfaceAddress> + 'a, NetDeviceError> {
     let all = getifaddrs().map_err(|e| query_err(iface, what, e.into()))?;
     Ok(all.filter(move |a| a.interface_name == iface))
 }
 
 /// MAC address of `iface` (all zeroes for an interface without one, such as
 /// loopback).
-pub fn interface_mac(iface: &str) -> Result<[u8; 6], DeviceError> {
+pub fn interface_mac(iface: &str) -> Result<[u8; 6], NetDeviceError> {
     let mut exists = false;
     for entry in entries_of(iface, "MAC address")? {
         exists = true;
@@ -61,10 +61,10 @@ pub fn interface_mac(iface: &str) -> Result<[u8; 6], DeviceError> {
 nix::ioctl_read_bad!(siocgifmtu, libc::SIOCGIFMTU, libc::ifreq);
 
 /// MTU of `iface` (SIOCGIFMTU).
-pub fn interface_mtu(iface: &str) -> Result<u32, DeviceError> {
+pub fn interface_mtu(iface: &str) -> Result<u32, NetDeviceError> {
     let name = iface.as_bytes();
     if name.len() >= libc::IFNAMSIZ || name.contains(&0) {
-        return Err(DeviceError::NoSuchInterface(iface.into()));
+        return Err(NetDeviceError::NoSuchInterface(iface.into()));
     }
     let mut ifr = libc::ifreq {
         ifr_name: [0; libc::IFNAMSIZ],
@@ -92,7 +92,7 @@ pub fn interface_mtu(iface: &str) -> Result<u32, DeviceError> {
 
 /// IPv4 and IPv6 addresses of `iface` (getifaddrs, this namespace); both
 /// empty for an interface that does not exist.
-pub fn interface_addrs(iface: &str) -> Result<(Vec<Ipv4Addr>, Vec<Ipv6Addr>), DeviceError> {
+pub fn interface_addrs(iface: &str) -> Result<(Vec<Ipv4Addr>, Vec<Ipv6Addr>), NetDeviceError> {
     let mut v4 = Vec::new();
     let mut v6 = Vec::new();
     for entry in entries_of(iface, "addresses")? {
@@ -128,7 +128,7 @@ mod tests {
         }
         assert!(matches!(
             interface_mtu("a-name-longer-than-ifnamsiz"),
-            Err(DeviceError::NoSuchInterface(_))
+            Err(NetDeviceError::NoSuchInterface(_))
         ));
         assert_eq!(interface_addrs("nosuchif0").unwrap(), (vec![], vec![]));
     }

@@ -7,7 +7,7 @@
 //! that namespace's interfaces.
 //!
 //! ```ignore
-//! let dev = Device::open("eth1", DeviceConfig::default())?; // attaches if needed
+//! let dev = NetDevice::open("eth1", NetDeviceConfig::default())?; // attaches if needed
 //! let gid = dev.gid()?;                       // ::ffff:10.0.0.1
 //! let mtu = dev.path_mtu();                   // e.g. 1024 on a 1500-byte link
 //! let peer_mac = dev.neighbour_mac(peer_ip, Duration::from_secs(3))?;
@@ -17,7 +17,7 @@
 //!
 //! One job per file: `interface` queries MAC, MTU and addresses, `neighbour`
 //! finds peer MACs over rtnetlink, `attach` is the attach policy and
-//! `backend` the packet-I/O backend factory ([`Device::open_io`]).
+//! `backend` the packet-I/O backend factory ([`NetDevice::open_io`]).
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -45,7 +45,7 @@ pub const ROCE_HEADER_ALLOWANCE: u32 = 80;
 pub const IB_MTUS: [u32; 5] = [256, 512, 1024, 2048, 4096];
 
 #[derive(Debug, thiserror::Error)]
-pub enum DeviceError {
+pub enum NetDeviceError {
     #[error(transparent)]
     Xdp(#[from] XdpError),
     #[error(transparent)]
@@ -90,7 +90,7 @@ pub enum DeviceError {
 
 /// How to open a device.
 #[derive(Clone, Copy, Debug)]
-pub struct DeviceConfig {
+pub struct NetDeviceConfig {
     /// Attach the XDP program if it is not attached yet.
     pub attach: bool,
     /// Mode to try first.
@@ -99,7 +99,7 @@ pub struct DeviceConfig {
     pub fallback_to_skb: bool,
 }
 
-impl Default for DeviceConfig {
+impl Default for NetDeviceConfig {
     fn default() -> Self {
         Self {
             attach: true,
@@ -119,7 +119,7 @@ pub enum Attachment {
         mode: Mode,
         fallback: Option<String>,
     },
-    /// Not attached (DeviceConfig::attach was false and it was absent):
+    /// Not attached (NetDeviceConfig::attach was false and it was absent):
     /// only the UDP backend can run.
     None,
 }
@@ -134,12 +134,12 @@ pub enum BackendKind {
 }
 
 impl std::str::FromStr for BackendKind {
-    type Err = DeviceError;
-    fn from_str(s: &str) -> Result<Self, DeviceError> {
+    type Err = NetDeviceError;
+    fn from_str(s: &str) -> Result<Self, NetDeviceError> {
         match s {
             "afxdp" | "xdp" => Ok(BackendKind::AfXdp),
             "udp" => Ok(BackendKind::Udp),
-            other => Err(DeviceError::BadBackend(other.into())),
+            other => Err(NetDeviceError::BadBackend(other.into())),
         }
     }
 }
@@ -155,7 +155,7 @@ impl std::fmt::Display for BackendKind {
 
 /// An open interface.
 #[derive(Debug)]
-pub struct Device {
+pub struct NetDevice {
     name: String,
     ifindex: u32,
     mac: [u8; 6],
@@ -172,18 +172,18 @@ pub fn path_mtu_for(if_mtu: u32) -> Option<u32> {
     IB_MTUS.iter().rev().copied().find(|&m| m <= room)
 }
 
-impl Device {
+impl NetDevice {
     /// Opens `iface`: reads its MAC, MTU and addresses, and attaches the XDP
     /// program if asked and not attached yet (native first, then skb if
-    /// allowed; [`Device::attachment`] tells which, and why).
-    pub fn open(iface: &str, cfg: DeviceConfig) -> Result<Device, DeviceError> {
+    /// allowed; [`NetDevice::attachment`] tells which, and why).
+    pub fn open(iface: &str, cfg: NetDeviceConfig) -> Result<NetDevice, NetDeviceError> {
         let ifindex =
-            xdp::if_index(iface).map_err(|_| DeviceError::NoSuchInterface(iface.into()))?;
+            xdp::if_index(iface).map_err(|_| NetDeviceError::NoSuchInterface(iface.into()))?;
         let mac = interface_mac(iface)?;
         let mtu = interface_mtu(iface)?;
         let (ipv4, ipv6) = interface_addrs(iface)?;
         let attachment = attach::attach(iface, cfg)?;
-        Ok(Device {
+        Ok(NetDevice {
             name: iface.into(),
             ifindex,
             mac,
@@ -225,7 +225,7 @@ impl Device {
 
     /// The address RoCEv2 uses: the first IPv4 address, else the first
     /// global (non link-local) IPv6 address, else a link-local one.
-    pub fn ip(&self) -> Result<IpAddr, DeviceError> {
+    pub fn ip(&self) -> Result<IpAddr, NetDeviceError> {
         if let Some(a) = self.ipv4.first() {
             return Ok((*a).into());
         }
@@ -236,12 +236,12 @@ impl Device {
             .or_else(|| self.ipv6.first());
         global
             .map(|a| (*a).into())
-            .ok_or_else(|| DeviceError::NoAddress(self.name.clone()))
+            .ok_or_else(|| NetDeviceError::NoAddress(self.name.clone()))
     }
 
     /// The RoCEv2 GID: IPv4-mapped `::ffff:a.b.c.d` for IPv4 (rxe's GID
     /// index 1), the address itself for IPv6.
-    pub fn gid(&self) -> Result<Gid, DeviceError> {
+    pub fn gid(&self) -> Result<Gid, NetDeviceError> {
         Ok(Gid::from(self.ip()?))
     }
 
@@ -251,8 +251,8 @@ impl Device {
     }
 
     /// [`path_mtu`](Self::path_mtu), or an error if the link is too small.
-    pub fn checked_path_mtu(&self) -> Result<u32, DeviceError> {
-        path_mtu_for(self.mtu).ok_or_else(|| DeviceError::MtuTooSmall {
+    pub fn checked_path_mtu(&self) -> Result<u32, NetDeviceError> {
+        path_mtu_for(self.mtu).ok_or_else(|| NetDeviceError::MtuTooSmall {
             iface: self.name.clone(),
             mtu: self.mtu,
             min: 256 + ROCE_HEADER_ALLOWANCE,
@@ -260,12 +260,16 @@ impl Device {
     }
 
     /// MAC of a peer on this link (see [`neighbour_mac`]).
-    pub fn neighbour_mac(&self, peer: IpAddr, timeout: Duration) -> Result<[u8; 6], DeviceError> {
+    pub fn neighbour_mac(
+        &self,
+        peer: IpAddr,
+        timeout: Duration,
+    ) -> Result<[u8; 6], NetDeviceError> {
         neighbour_mac(&self.name, peer, timeout)
     }
 }
 
-impl Drop for Device {
+impl Drop for NetDevice {
     fn drop(&mut self) {
         if let Attachment::Ours { .. } = self.attachment {
             let _ = xdp::detach(&self.name);
@@ -291,7 +295,7 @@ mod tests {
 
     #[test]
     fn opening_a_missing_interface_names_the_problem() {
-        let e = Device::open("nosuchif0", DeviceConfig::default()).unwrap_err();
+        let e = NetDevice::open("nosuchif0", NetDeviceConfig::default()).unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
     }
 }

@@ -19,7 +19,7 @@ use netlink_packet_route::{
 };
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr as NetlinkAddr};
 
-use super::DeviceError;
+use super::NetDeviceError;
 use crate::xdp;
 
 /// NUD_INCOMPLETE | NUD_FAILED: an entry without a usable MAC.
@@ -152,12 +152,17 @@ fn provoke_resolution(peer: IpAddr, ifindex: u32) {
 /// RTM_GETNEIGH), sending one small UDP datagram (to the discard port) to
 /// make the kernel resolve it when it is not known, and polling until
 /// `timeout`.
-pub fn neighbour_mac(iface: &str, peer: IpAddr, timeout: Duration) -> Result<[u8; 6], DeviceError> {
-    let ifindex = xdp::if_index(iface).map_err(|_| DeviceError::NoSuchInterface(iface.into()))?;
+pub fn neighbour_mac(
+    iface: &str,
+    peer: IpAddr,
+    timeout: Duration,
+) -> Result<[u8; 6], NetDeviceError> {
+    let ifindex =
+        xdp::if_index(iface).map_err(|_| NetDeviceError::NoSuchInterface(iface.into()))?;
     let deadline = Instant::now() + timeout;
     let mut poked = false;
     loop {
-        let found = netlink_neighbour(ifindex, peer).map_err(|source| DeviceError::Query {
+        let found = netlink_neighbour(ifindex, peer).map_err(|source| NetDeviceError::Query {
             iface: iface.into(),
             what: "neighbour table",
             source,
@@ -166,7 +171,7 @@ pub fn neighbour_mac(iface: &str, peer: IpAddr, timeout: Duration) -> Result<[u8
             return Ok(mac);
         }
         if Instant::now() >= deadline {
-            return Err(DeviceError::NeighbourTimeout {
+            return Err(NetDeviceError::NeighbourTimeout {
                 iface: iface.into(),
                 peer,
                 proto: if peer.is_ipv4() { "ARP" } else { "NDP" },
