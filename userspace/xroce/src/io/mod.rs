@@ -42,6 +42,7 @@
 
 pub mod afxdp;
 pub mod channel;
+mod sockopt;
 pub mod udp;
 
 /// The RoCEv2 codec the frames are made of (re-exported so that users of

@@ -1,0 +1,163 @@
+//! One socket per RX queue of an interface behind one [`PacketIo`]: every
+//! queue is drained in turn, and a wait covers all of them in one poll(2).
+
+use std::time::Duration;
+
+use super::{rx_queue_count, setup_err, XskConfig, XskError, XskSocket, XskStats, MTU4096_HINT};
+use crate::io::{poll_ms, IoStats, PacketIo};
+
+/// One socket per RX queue of an interface, behind one [`PacketIo`]: frames
+/// from every queue are received; frames are sent on one queue (the first),
+/// which keeps each flow's order.
+pub struct XskMultiQueue {
+    sockets: Vec<XskSocket>,
+    pollfds: Vec<libc::pollfd>,
+    /// Queue whose socket receives first next time (fairness).
+    next_rx: usize,
+}
+
+impl XskMultiQueue {
+    /// Opens a socket on every RX queue of `iface` (see [`rx_queue_count`]).
+    pub fn open(iface: &str, config: XskConfig) -> Result<Self, XskError> {
+        let queues = rx_queue_count(iface);
+        Self::open_queues(iface, 0..queues, config)
+    }
+
+    /// Opens sockets on the given queues.
+    pub fn open_queues(
+        iface: &str,
+        queues: impl IntoIterator<Item = u32>,
+        config: XskConfig,
+    ) -> Result<Self, XskError> {
+        let sockets = queues
+            .into_iter()
+            .map(|q| XskSocket::open(iface, q, config))
+            .collect::<Result<Vec<_>, _>>()?;
+        if sockets.is_empty() {
+            return Err(setup_err(iface, 0, "no RX queues to open"));
+        }
+        let pollfds = sockets
+            .iter()
+            .map(|s| libc::pollfd {
+                fd: s.raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        Ok(Self {
+            sockets,
+            pollfds,
+            next_rx: 0,
+        })
+    }
+
+    pub fn sockets(&self) -> &[XskSocket] {
+        &self.sockets
+    }
+
+    /// The sockets, one per queue (e.g. for per-queue counters).
+    pub fn sockets_mut(&mut self) -> &mut [XskSocket] {
+        &mut self.sockets
+    }
+
+    /// Kernel counters summed over all queues.
+    pub fn xsk_stats(&self) -> Result<XskStats, XskError> {
+        let mut total = XskStats::default();
+        for s in &self.sockets {
+            total.add(&s.stats()?);
+        }
+        Ok(total)
+    }
+}
+
+impl PacketIo for XskMultiQueue {
+    fn name(&self) -> &'static str {
+        "afxdp"
+    }
+
+    fn max_frame_len(&self) -> usize {
+        self.sockets[0].max_frame_len()
+    }
+
+    fn oversize_hint(&self) -> &'static str {
+        MTU4096_HINT
+    }
+
+    fn recv_batch(
+        &mut self,
+        timeout: Duration,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> crate::io::Result<usize> {
+        let count = self.sockets.len();
+        let mut total = 0;
+        for i in 0..count {
+            let q = (self.next_rx + i) % count;
+            total += self.sockets[q].recv_inner(0, on_frame)?;
+        }
+        self.next_rx = (self.next_rx + 1) % count;
+        if total > 0 || timeout.is_zero() {
+            return Ok(total);
+        }
+        if count == 1 {
+            return Ok(self.sockets[0].recv_inner(poll_ms(timeout), on_frame)?);
+        }
+        for p in &mut self.pollfds {
+            p.revents = 0;
+        }
+        // SAFETY: pollfds is a valid array of `count` entries.
+        let rc = unsafe {
+            libc::poll(
+                self.pollfds.as_mut_ptr(),
+                self.pollfds.len() as libc::nfds_t,
+                poll_ms(timeout),
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                return Ok(0);
+            }
+            return Err(e.into());
+        }
+        for q in 0..count {
+            if self.pollfds[q].revents & libc::POLLIN != 0 {
+                total += self.sockets[q].recv_inner(0, on_frame)?;
+            }
+        }
+        Ok(total)
+    }
+
+    fn transmit(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> crate::io::Result<usize> {
+        Ok(self.sockets[0].transmit_inner(fill)?)
+    }
+
+    fn wait_writable(&mut self, timeout: Duration) -> crate::io::Result<bool> {
+        PacketIo::wait_writable(&mut self.sockets[0], timeout)
+    }
+
+    fn stats(&mut self) -> IoStats {
+        let mut t = IoStats::default();
+        for s in &mut self.sockets {
+            let x = s.folded_stats();
+            t.rx_frames += x.rx_frames;
+            t.rx_bytes += x.rx_bytes;
+            t.tx_frames += x.tx_frames;
+            t.tx_bytes += x.tx_bytes;
+            t.rx_dropped += x.rx_dropped;
+            t.tx_errors += x.tx_errors;
+            t.tx_kicks += x.tx_kicks;
+        }
+        t
+    }
+
+    fn poll_fd(&self) -> Option<i32> {
+        (self.sockets.len() == 1).then(|| self.sockets[0].raw_fd())
+    }
+
+    fn poll_fds(&self) -> Vec<i32> {
+        self.sockets.iter().map(|s| s.raw_fd()).collect()
+    }
+}

@@ -1,0 +1,389 @@
+//! The hot path of one socket: frames in through the RX and fill rings,
+//! out through the TX and completion rings, kicking the kernel only when it
+//! asks (XDP_USE_NEED_WAKEUP). Nothing here allocates.
+
+use std::{
+    io::Write,
+    time::{Duration, Instant},
+};
+
+use super::{BusyPollStatus, XskError, XskSocket, MTU4096_HINT, XDP_PKT_CONTD};
+use crate::io::{poll_ms, IoStats, PacketIo};
+
+/// Kicks the kernel on `fd`: sendto for TX, recvfrom for RX/fill.
+fn kick(fd: i32, rx: bool) -> std::io::Result<()> {
+    // SAFETY: zero-length calls with null buffers are how AF_XDP is woken.
+    let rc = unsafe {
+        if rx {
+            libc::recvfrom(
+                fd,
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        } else {
+            libc::sendto(
+                fd,
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        }
+    };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS | libc::ENETDOWN | libc::EINTR) => {}
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl XskSocket {
+    /// Receives up to one batch, waiting at most `timeout_ms` for the first
+    /// frame; calls `on_frame` for each and returns how many arrived.
+    pub fn recv(
+        &mut self,
+        timeout_ms: i32,
+        mut on_frame: impl FnMut(&[u8]),
+    ) -> Result<usize, XskError> {
+        Ok(self.recv_inner(timeout_ms, &mut on_frame)?)
+    }
+
+    fn busy(&self) -> bool {
+        matches!(self.busy_poll, BusyPollStatus::On(_))
+    }
+
+    pub(super) fn recv_inner(
+        &mut self,
+        timeout_ms: i32,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> std::io::Result<usize> {
+        // TX progresses in the same loop that receives.
+        self.complete_tx()?;
+        self.refill()?;
+        // SAFETY: rx_batch descriptors are only written by the ring here.
+        let mut n = unsafe { self.rx.consume(&mut self.rx_batch) };
+        if n == 0 && timeout_ms != 0 {
+            if self.busy() {
+                // Busy polling: drive NAPI from here until a frame shows up.
+                let deadline = Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64);
+                loop {
+                    kick(self.raw_fd(), true)?;
+                    // SAFETY: as above.
+                    n = unsafe { self.rx.consume(&mut self.rx_batch) };
+                    if n > 0 || Instant::now() >= deadline {
+                        break;
+                    }
+                }
+            } else if self.rx.poll(timeout_ms)? {
+                // SAFETY: as above.
+                n = unsafe { self.rx.consume(&mut self.rx_batch) };
+            }
+        }
+        let mut frames = 0;
+        for desc in &self.rx_batch[..n] {
+            // SAFETY: the kernel handed this frame to us; nothing else reads it.
+            let data = unsafe { self.umem.data(desc) };
+            let part = data.contents();
+            // XDP_PKT_CONTD: more fragments of this frame follow.
+            let contd = desc.options() & XDP_PKT_CONTD != 0;
+            if !contd && self.rx_reasm.is_empty() && !self.rx_reasm_bad {
+                on_frame(part);
+                frames += 1;
+                self.io_stats.rx_frames += 1;
+                self.io_stats.rx_bytes += part.len() as u64;
+                continue;
+            }
+            if self.rx_reasm.len() + part.len() <= self.mb_max {
+                self.rx_reasm.extend_from_slice(part);
+            } else {
+                self.rx_reasm_bad = true;
+            }
+            if !contd {
+                if self.rx_reasm_bad {
+                    self.io_stats.rx_dropped += 1;
+                } else {
+                    on_frame(&self.rx_reasm);
+                    frames += 1;
+                    self.io_stats.rx_frames += 1;
+                    self.io_stats.rx_bytes += self.rx_reasm.len() as u64;
+                }
+                self.rx_reasm.clear();
+                self.rx_reasm_bad = false;
+            }
+        }
+        // Give the frames straight back for new arrivals.
+        self.fill_pending.extend_from_slice(&self.rx_batch[..n]);
+        self.refill()?;
+        Ok(frames)
+    }
+
+    /// Puts RX frames back on the fill ring and wakes the kernel if it asks.
+    fn refill(&mut self) -> std::io::Result<()> {
+        if self.fill_pending.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the frames were consumed and are ours again.
+        let done = unsafe { self.fill.produce(&self.fill_pending) };
+        self.fill_pending.drain(..done);
+        if done > 0 && (!self.need_wakeup || self.fill.needs_wakeup()) {
+            kick(self.raw_fd(), true)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `frames`, waiting for TX frames to come back if all are in
+    /// flight. Returns how many were queued.
+    pub fn send<'a>(
+        &mut self,
+        frames: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<usize, XskError> {
+        let max = self.max_frame_len();
+        let mut queued = 0;
+        for frame in frames {
+            if frame.len() > max {
+                return Err(XskError::FrameTooBig {
+                    len: frame.len(),
+                    frame_size: self.frame_size,
+                });
+            }
+            let deadline = Instant::now() + Duration::from_secs(1);
+            loop {
+                let mut once = Some(frame);
+                let n = self.transmit_inner(&mut |buf| {
+                    let f = once.take()?;
+                    buf[..f.len()].copy_from_slice(f);
+                    Some(f.len())
+                })?;
+                if n == 1 {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(XskError::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no TX frame came back from the completion ring within 1 s",
+                    )));
+                }
+                self.wait_tx(1)?;
+            }
+            queued += 1;
+        }
+        Ok(queued)
+    }
+
+    /// Multi-buffer TX: the frame is staged, then spread over chunks.
+    fn transmit_mb(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<usize, XskError> {
+        let cap = self.chunk_capacity();
+        let worst = self.mb_max.div_ceil(cap);
+        let mut queued = 0;
+        let mut too_big = None;
+        // Offer a buffer only while a largest frame would still fit.
+        while self.tx_free.len() >= worst {
+            let len = match fill(&mut self.tx_stage[..self.mb_max]) {
+                None => break,
+                Some(0) => break,
+                Some(len) if len > self.mb_max => {
+                    too_big = Some(len);
+                    break;
+                }
+                Some(len) => len,
+            };
+            let pieces = len.div_ceil(cap);
+            for (j, chunk) in self.tx_stage[..len].chunks(cap).enumerate() {
+                let mut desc = self.tx_free.pop().expect("counted above");
+                // SAFETY: the descriptor came from the free list.
+                let mut data = unsafe { self.umem.data_mut(&mut desc) };
+                let mut c = data.cursor();
+                c.set_pos(0);
+                c.write_all(chunk)?;
+                desc.set_options(if j + 1 < pieces { XDP_PKT_CONTD } else { 0 });
+                self.tx_batch.push(desc);
+            }
+            self.io_stats.tx_bytes += len as u64;
+            queued += 1;
+        }
+        self.finish_send(queued, too_big)
+    }
+
+    pub(super) fn transmit_inner(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<usize, XskError> {
+        self.complete_tx()?;
+        self.tx_batch.clear();
+        if self.multi_buffer {
+            return self.transmit_mb(fill);
+        }
+        let max = self.max_frame_len();
+        let mut too_big = None;
+        while let Some(mut desc) = self.tx_free.pop() {
+            // SAFETY: the descriptor came from the free list: nobody uses it.
+            let mut data = unsafe { self.umem.data_mut(&mut desc) };
+            {
+                let mut c = data.cursor();
+                let cap = c.buf_len();
+                c.set_pos(cap);
+            }
+            let buf = data.contents_mut();
+            let cap = buf.len().min(max);
+            match fill(&mut buf[..cap]) {
+                Some(len) if len > 0 && len <= cap => {
+                    // The length must be set every time: a descriptor back
+                    // from the completion ring has none.
+                    data.cursor().set_pos(len);
+                    desc.set_options(0);
+                    self.io_stats.tx_bytes += len as u64;
+                    self.tx_batch.push(desc);
+                }
+                Some(0) => {
+                    self.tx_free.push(desc);
+                    break;
+                }
+                Some(len) => {
+                    self.tx_free.push(desc);
+                    too_big = Some(len);
+                    break;
+                }
+                None => {
+                    self.tx_free.push(desc);
+                    break;
+                }
+            }
+        }
+        let queued = self.tx_batch.len();
+        self.finish_send(queued, too_big)
+    }
+
+    /// Common end of a send: kick the ring, count, report an oversized frame.
+    fn finish_send(&mut self, queued: usize, too_big: Option<usize>) -> Result<usize, XskError> {
+        self.flush_tx()?;
+        self.io_stats.tx_frames += queued as u64;
+        if let Some(len) = too_big {
+            self.io_stats.tx_errors += 1;
+            return Err(XskError::FrameTooBig {
+                len,
+                frame_size: self.frame_size,
+            });
+        }
+        Ok(queued)
+    }
+
+    fn flush_tx(&mut self) -> Result<(), XskError> {
+        if self.tx_batch.is_empty() {
+            return Ok(());
+        }
+        // The TX ring is as large as the TX half of the UMEM, so it always
+        // has room for every frame we own.
+        // SAFETY: the descriptors were filled above and are owned by us.
+        let done = unsafe { self.tx.produce(&self.tx_batch) };
+        debug_assert_eq!(done, self.tx_batch.len());
+        // Anything the ring did not take goes back to the free list.
+        self.tx_free.extend_from_slice(&self.tx_batch[done..]);
+        self.tx_batch.clear();
+        if done > 0 && (!self.need_wakeup || self.tx.needs_wakeup()) {
+            // Copy mode sends at most 32 frames per kick (the kernel's TX
+            // batch); kick once per 32 so the whole batch leaves now.
+            for _ in 0..done.div_ceil(32) {
+                self.io_stats.tx_kicks += 1;
+                kick(self.raw_fd(), false)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Kicks the kernel if frames wait on the TX ring and it asks for it
+    /// (in copy mode it always does: TX only progresses inside sendto),
+    /// then reclaims completed frames.
+    fn complete_tx(&mut self) -> std::io::Result<()> {
+        self.reclaim();
+        if self.tx_free.len() < self.tx_total && (!self.need_wakeup || self.tx.needs_wakeup()) {
+            self.io_stats.tx_kicks += 1;
+            kick(self.raw_fd(), false)?;
+            self.reclaim();
+        }
+        Ok(())
+    }
+
+    /// Moves completed TX frames back to the free list.
+    fn reclaim(&mut self) {
+        loop {
+            // SAFETY: completed descriptors are ours again.
+            let n = unsafe { self.comp.consume(&mut self.comp_batch) };
+            self.tx_free.extend_from_slice(&self.comp_batch[..n]);
+            if n < self.comp_batch.len() {
+                break;
+            }
+        }
+    }
+
+    /// Waits up to `timeout_ms` for a TX frame to complete.
+    pub(super) fn wait_tx(&mut self, timeout_ms: u64) -> Result<bool, XskError> {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        loop {
+            self.complete_tx()?;
+            if !self.tx_free.is_empty() {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Frames in flight (queued on the TX ring, not yet completed).
+    pub fn tx_in_flight(&mut self) -> usize {
+        let _ = self.complete_tx();
+        self.tx_total - self.tx_free.len()
+    }
+}
+
+impl PacketIo for XskSocket {
+    fn name(&self) -> &'static str {
+        "afxdp"
+    }
+
+    fn max_frame_len(&self) -> usize {
+        XskSocket::max_frame_len(self)
+    }
+
+    fn oversize_hint(&self) -> &'static str {
+        MTU4096_HINT
+    }
+
+    fn recv_batch(
+        &mut self,
+        timeout: Duration,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> crate::io::Result<usize> {
+        Ok(self.recv_inner(poll_ms(timeout), on_frame)?)
+    }
+
+    fn transmit(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> crate::io::Result<usize> {
+        Ok(self.transmit_inner(fill)?)
+    }
+
+    fn wait_writable(&mut self, timeout: Duration) -> crate::io::Result<bool> {
+        Ok(self.wait_tx(timeout.as_millis() as u64)?)
+    }
+
+    fn stats(&mut self) -> IoStats {
+        self.folded_stats()
+    }
+
+    fn poll_fd(&self) -> Option<i32> {
+        Some(self.raw_fd())
+    }
+}
