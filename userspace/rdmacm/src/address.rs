@@ -1,0 +1,395 @@
+//! Addresses and routes: `rdma_bind_addr`, `rdma_resolve_addr`,
+//! `rdma_resolve_route`, `rdma_get_src_port` / `rdma_get_dst_port`.
+//!
+//! As the kernel's rdma_cm over RoCE: the source address and egress
+//! interface come from the routing table; the interface must have an RDMA
+//! device (here an xroce device, `xroce_IF`) whose GID table holds the
+//! source's RoCEv2 GID, else ADDR_ERROR with -ENODEV; the next hop must
+//! answer ARP / NDP within the timeout, else ADDR_ERROR with -ETIMEDOUT;
+//! no route at all fails the call itself (ENETUNREACH). The route's GIDs
+//! are the IPv4-mapped (or IPv6) addresses of both ends.
+
+use std::{
+    ffi::c_int,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    abi,
+    abi::*,
+    devices::{self, PORT},
+    errno::{fail, ffi, ffi_int},
+    id::{CmId, IdShared, IdState, Phase},
+    ports, route, sockaddr,
+};
+
+/// The interface holding local address `ip`.
+fn interface_of(ip: IpAddr) -> Option<String> {
+    route::local_addresses()
+        .into_iter()
+        .find(|(_, a)| *a == ip)
+        .map(|(name, _)| name)
+}
+
+/// Binds the id to `addr` (state lock held): a specific address must be
+/// this host's (EADDRNOTAVAIL) on an interface with an xroce device
+/// holding its GID (ENODEV), which the id is then bound to.
+fn bind_locked(id: *mut rdma_cm_id, st: &mut IdState, addr: SocketAddr) -> Result<(), i32> {
+    if st.phase != Phase::Idle {
+        return Err(libc::EINVAL);
+    }
+    let device = if addr.ip().is_unspecified() {
+        None
+    } else {
+        let iface = interface_of(addr.ip()).ok_or_else(|| {
+            fail(
+                libc::EADDRNOTAVAIL,
+                format_args!(
+                    "rdma_bind_addr: {} is not an address of this host",
+                    addr.ip()
+                ),
+            )
+        })?;
+        let device = devices::of_interface(&iface)
+            .filter(|d| d.gid_index(addr.ip()).is_some())
+            .ok_or_else(|| {
+                fail(
+                    libc::ENODEV,
+                    format_args!(
+                        "rdma_bind_addr: {iface} has no xroce device with {}'s GID \
+                         (is it in XROCE_IFACES / xroce run --iface?)",
+                        addr.ip()
+                    ),
+                )
+            })?;
+        Some(device)
+    };
+    // SAFETY: the program's live id (see CmId).
+    let ps = unsafe { (*id).ps };
+    let (key, port) = ports::bind(ps, addr, st.options.reuseaddr, st.options.afonly)?;
+    st.binding = Some(key);
+    let mut bound = addr;
+    bound.set_port(port);
+    // SAFETY: the id's fields are written under its state lock.
+    unsafe {
+        sockaddr::write(src_storage(id), bound);
+        if let Some(d) = device {
+            (*id).verbs = d.context;
+            (*id).port_num = PORT;
+        }
+    }
+    st.phase = Phase::Bound;
+    Ok(())
+}
+
+fn src_storage(id: *mut rdma_cm_id) -> *mut libc::sockaddr_storage {
+    // SAFETY: a field address inside the live id.
+    unsafe { &raw mut (*id).route.addr.__bindgen_anon_1.src_storage as *mut libc::sockaddr_storage }
+}
+
+fn dst_storage(id: *mut rdma_cm_id) -> *mut libc::sockaddr_storage {
+    // SAFETY: a field address inside the live id.
+    unsafe { &raw mut (*id).route.addr.__bindgen_anon_2.dst_storage as *mut libc::sockaddr_storage }
+}
+
+/// The id's bound source (address and port).
+fn bound_src(id: *mut rdma_cm_id) -> Option<SocketAddr> {
+    // SAFETY: the id's own sockaddr_storage.
+    unsafe { sockaddr::read(src_storage(id) as *const libc::sockaddr) }
+}
+
+fn wildcard_like(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// What the resolution thread needs to finish an address query.
+struct AddrQuery {
+    shared: Arc<IdShared>,
+    query: u64,
+    iface: String,
+    src: IpAddr,
+    dst: IpAddr,
+    /// The neighbour to wait for (gateway or destination), None when the
+    /// destination is this host.
+    next_hop: Option<(u32, IpAddr)>,
+    deadline: Instant,
+}
+
+impl AddrQuery {
+    /// The ADDR_RESOLVED / ADDR_ERROR status: 0, -ENODEV or -ETIMEDOUT.
+    fn run(&self) -> (c_int, Option<&'static devices::Device>) {
+        let Some(device) =
+            devices::of_interface(&self.iface).filter(|d| d.gid_index(self.src).is_some())
+        else {
+            fail(
+                libc::ENODEV,
+                format_args!(
+                    "rdma_resolve_addr: {} leaves through {}, which has no xroce device with \
+                     {}'s GID",
+                    self.dst, self.iface, self.src
+                ),
+            );
+            return (-libc::ENODEV, None);
+        };
+        if let Some((ifindex, hop)) = self.next_hop {
+            let mut solicited = false;
+            loop {
+                if route::neighbour_known(ifindex, hop).unwrap_or(false) {
+                    break;
+                }
+                if Instant::now() >= self.deadline {
+                    fail(
+                        libc::ETIMEDOUT,
+                        format_args!("rdma_resolve_addr: {hop} did not answer ARP/NDP in time"),
+                    );
+                    return (-libc::ETIMEDOUT, None);
+                }
+                if !solicited {
+                    route::solicit(hop);
+                    solicited = true;
+                }
+                std::thread::sleep(
+                    Duration::from_millis(10)
+                        .min(self.deadline.saturating_duration_since(Instant::now())),
+                );
+            }
+        }
+        (0, Some(device))
+    }
+
+    /// Reports the result, unless the id is gone or asked again since.
+    fn finish(self) {
+        let (status, device) = self.run();
+        let mut st = self.shared.state.lock().unwrap();
+        if !st.alive || st.query != self.query {
+            return;
+        }
+        let id = st.c_id();
+        let kind = match device {
+            Some(d) => {
+                // SAFETY: the live id's fields, written under its lock.
+                unsafe {
+                    (*id).verbs = d.context;
+                    (*id).port_num = PORT;
+                    let ib = &mut (*id).route.addr.addr.ibaddr;
+                    ib.sgid.raw = sockaddr::gid_of(self.src);
+                    ib.dgid.raw = sockaddr::gid_of(self.dst);
+                    ib.pkey = 0xffffu16.to_be();
+                }
+                st.phase = Phase::AddrResolved;
+                RDMA_CM_EVENT_ADDR_RESOLVED
+            }
+            None => {
+                st.phase = Phase::Bound;
+                RDMA_CM_EVENT_ADDR_ERROR
+            }
+        };
+        CmId::post(&self.shared, &st, kind, status);
+    }
+}
+
+/// Starts an address query (see the module doc).
+fn resolve_addr(
+    cm: &CmId,
+    id: *mut rdma_cm_id,
+    src: Option<SocketAddr>,
+    dst: SocketAddr,
+    timeout_ms: c_int,
+) -> Result<(), i32> {
+    let mut st = cm.lock();
+    if st.phase == Phase::Idle {
+        let from = src.unwrap_or_else(|| SocketAddr::new(wildcard_like(dst.ip()), 0));
+        bind_locked(id, &mut st, from)?;
+    }
+    let bound = bound_src(id).ok_or(libc::EINVAL)?;
+    if st.phase != Phase::Bound || bound.is_ipv4() != dst.is_ipv4() {
+        return Err(libc::EINVAL);
+    }
+    let from = (!bound.ip().is_unspecified()).then_some(bound.ip());
+    let found = route::lookup(dst.ip(), from).map_err(|e| {
+        let errno = e.raw_os_error().unwrap_or(libc::ENETUNREACH);
+        fail(
+            errno,
+            format_args!("rdma_resolve_addr: no route to {}: {e}", dst.ip()),
+        )
+    })?;
+    // A local destination is reached through the interface holding it.
+    let iface = if found.local {
+        interface_of(dst.ip())
+    } else {
+        route::if_name(found.oif)
+    }
+    .ok_or(libc::ENODEV)?;
+    let src_ip = from
+        .or(found.src)
+        .or_else(|| {
+            route::local_addresses()
+                .into_iter()
+                .find(|(n, a)| *n == iface && a.is_ipv4() == dst.is_ipv4())
+                .map(|(_, a)| a)
+        })
+        .ok_or(libc::EADDRNOTAVAIL)?;
+    let next_hop = (!found.local).then(|| {
+        let hop = found.gateway.unwrap_or(dst.ip());
+        (route::if_index(&iface), hop)
+    });
+    // SAFETY: the id's fields, written under its state lock.
+    unsafe {
+        sockaddr::write(src_storage(id), SocketAddr::new(src_ip, bound.port()));
+        sockaddr::write(dst_storage(id), dst);
+    }
+    st.phase = Phase::AddrQuery;
+    st.query += 1;
+    let query = AddrQuery {
+        shared: cm.shared.clone(),
+        query: st.query,
+        iface,
+        src: src_ip,
+        dst: dst.ip(),
+        next_hop,
+        deadline: Instant::now() + Duration::from_millis(timeout_ms.max(0) as u64),
+    };
+    drop(st);
+    std::thread::Builder::new()
+        .name("rdmacm-addr".into())
+        .spawn(move || query.finish())
+        .map_err(|_| libc::ENOMEM)?;
+    cm.complete()
+}
+
+/// The RoCE path of a resolved address: its GIDs, the port's MTU, the
+/// default P_Key; reported with ROUTE_RESOLVED.
+pub(crate) fn resolve_route(cm: &CmId, id: *mut rdma_cm_id) -> Result<(), i32> {
+    let mut st = cm.lock();
+    if st.phase != Phase::AddrResolved {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the live id's fields, under its lock.
+    let (verbs, ib) = unsafe { ((*id).verbs, (*id).route.addr.addr.ibaddr) };
+    let device = devices::of_context(verbs).ok_or(libc::ENODEV)?;
+    let mtu = device.active_mtu()?;
+    let path = Box::new(ibv_sa_path_rec {
+        dgid: ib.dgid,
+        sgid: ib.sgid,
+        // RoCE: hop limit as IPv4's default TTL, one reversible path.
+        hop_limit: 64,
+        traffic_class: st.options.tos.unwrap_or(0),
+        reversible: 1,
+        numb_path: 1,
+        pkey: 0xffffu16.to_be(),
+        // IB_SA_EQ (2): exactly this MTU; the packet life time is the
+        // kernel's for RoCE (CMA_IBOE_PACKET_LIFETIME).
+        mtu_selector: 2,
+        mtu: mtu as u8,
+        rate_selector: 2,
+        packet_life_time_selector: 2,
+        packet_life_time: 16,
+        ..Default::default()
+    });
+    let raw = &*path as *const ibv_sa_path_rec as *mut ibv_sa_path_rec;
+    st.path = Some(path);
+    // SAFETY: as above; the record lives as long as the id (or the next
+    // resolution replaces it).
+    unsafe {
+        (*id).route.path_rec = raw;
+        (*id).route.num_paths = 1;
+    }
+    st.phase = Phase::RouteResolved;
+    CmId::post(&cm.shared, &st, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    drop(st);
+    cm.complete()
+}
+
+// ------------------------------------------------ C entry points
+
+/// `rdma_bind_addr`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut abi::sockaddr) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program passes a live id.
+        let cm = unsafe { CmId::from_c(id) }?;
+        if addr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a sockaddr of the size its family says.
+        let addr =
+            unsafe { sockaddr::read(addr as *const libc::sockaddr) }.ok_or(libc::EAFNOSUPPORT)?;
+        bind_locked(id, &mut cm.lock(), addr)
+    })
+}
+
+/// `rdma_resolve_addr`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src_addr: *mut abi::sockaddr,
+    dst_addr: *mut abi::sockaddr,
+    timeout_ms: c_int,
+) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program passes a live id.
+        let cm = unsafe { CmId::from_c(id) }?;
+        if dst_addr.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: sockaddrs of the size their family says.
+        let dst = unsafe { sockaddr::read(dst_addr as *const libc::sockaddr) }
+            .ok_or(libc::EAFNOSUPPORT)?;
+        // SAFETY: as above (NULL reads as None).
+        let src = unsafe { sockaddr::read(src_addr as *const libc::sockaddr) };
+        resolve_addr(cm, id, src, dst, timeout_ms)
+    })
+}
+
+/// `rdma_resolve_route`: RoCE needs no path query, so the timeout is not
+/// needed; the event follows at once.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program passes a live id.
+        let cm = unsafe { CmId::from_c(id) }?;
+        resolve_route(cm, id)
+    })
+}
+
+/// The port of a sockaddr_storage as stored (network order), 0 for
+/// another family.
+fn port_of(ss: *const libc::sockaddr_storage) -> u16 {
+    // SAFETY: the id's own storage, read as the family it holds.
+    unsafe {
+        match i32::from((*ss).ss_family) {
+            libc::AF_INET => (*(ss as *const libc::sockaddr_in)).sin_port,
+            libc::AF_INET6 => (*(ss as *const libc::sockaddr_in6)).sin6_port,
+            _ => 0,
+        }
+    }
+}
+
+/// `rdma_get_src_port`: the bound port in network byte order (0 unbound).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    ffi(0, || {
+        if id.is_null() {
+            0
+        } else {
+            port_of(src_storage(id))
+        }
+    })
+}
+
+/// `rdma_get_dst_port`: the peer's port in network byte order.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    ffi(0, || {
+        if id.is_null() {
+            0
+        } else {
+            port_of(dst_storage(id))
+        }
+    })
+}

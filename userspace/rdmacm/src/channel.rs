@@ -1,0 +1,300 @@
+//! Event channels and CM events: `rdma_create_event_channel`,
+//! `rdma_get_cm_event`, `rdma_ack_cm_event`, `rdma_event_str`.
+//!
+//! A channel's `fd` is an eventfd that is readable exactly while events are
+//! queued (its count is 1 then, 0 otherwise), so programs can poll(2) or
+//! epoll it as they poll rdma-core's /dev/infiniband/rdma_cm file; it is
+//! never read by the program. `rdma_get_cm_event` blocks unless the program
+//! set O_NONBLOCK on the fd (then EAGAIN), as a read of the kernel's file
+//! would.
+//!
+//! Lock order: an id's state, then a channel's queue, then an id's unacked
+//! count.
+
+use std::{
+    collections::VecDeque,
+    ffi::{c_char, c_int},
+    sync::{Arc, Condvar, Mutex},
+};
+
+use crate::{
+    abi::*,
+    errno::{ffi, ffi_int, ffi_ptr},
+    id::IdShared,
+};
+
+/// `struct rdma_event_channel` and the queue behind its fd.
+#[repr(C)]
+pub(crate) struct Channel {
+    pub(crate) c: rdma_event_channel,
+    pub(crate) shared: Arc<ChannelShared>,
+}
+
+pub(crate) struct ChannelShared {
+    queue: Mutex<VecDeque<EventPtr>>,
+    ready: Condvar,
+    fd: c_int,
+}
+
+/// A queued event (owned by the queue until handed to the program).
+struct EventPtr(*mut CmEvent);
+// SAFETY: the event is owned by exactly one queue or program at a time.
+unsafe impl Send for EventPtr {}
+
+/// `struct rdma_cm_event` and the id it counts against until acked.
+#[repr(C)]
+pub(crate) struct CmEvent {
+    pub(crate) c: rdma_cm_event,
+    id: Arc<IdShared>,
+}
+
+impl ChannelShared {
+    pub(crate) fn new() -> Result<Arc<Self>, i32> {
+        // SAFETY: eventfd has no memory preconditions.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(crate::errno::errno());
+        }
+        Ok(Arc::new(ChannelShared {
+            queue: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            fd,
+        }))
+    }
+
+    /// Queues an event for `id` (called with the id's state locked).
+    pub(crate) fn post(
+        &self,
+        id: &Arc<IdShared>,
+        c_id: *mut rdma_cm_id,
+        kind: rdma_cm_event_type,
+        status: c_int,
+    ) {
+        let event = Box::new(CmEvent {
+            c: rdma_cm_event {
+                id: c_id,
+                event: kind,
+                status,
+                ..Default::default()
+            },
+            id: id.clone(),
+        });
+        let mut queue = self.queue.lock().unwrap();
+        if queue.is_empty() {
+            self.set_readable(true);
+        }
+        queue.push_back(EventPtr(Box::into_raw(event)));
+        self.ready.notify_all();
+    }
+
+    /// Keeps the eventfd's count at 1 while events are queued, 0 otherwise
+    /// (called with the queue locked, so the count is known).
+    fn set_readable(&self, readable: bool) {
+        let mut one = 1u64;
+        // SAFETY: 8 bytes to or from a live eventfd; a read only happens
+        // when the count is 1, so it never blocks.
+        unsafe {
+            if readable {
+                libc::write(self.fd, &one as *const u64 as *const _, 8);
+            } else {
+                libc::read(self.fd, &mut one as *mut u64 as *mut _, 8);
+            }
+        }
+    }
+
+    fn nonblocking(&self) -> bool {
+        // SAFETY: F_GETFL on our own fd.
+        let flags = unsafe { libc::fcntl(self.fd, libc::F_GETFL) };
+        flags >= 0 && flags & libc::O_NONBLOCK != 0
+    }
+
+    /// The next event, counted as unacked against its id; waits for one
+    /// unless the fd is non-blocking (EAGAIN).
+    fn next(&self) -> Result<*mut CmEvent, i32> {
+        let mut queue = self.queue.lock().unwrap();
+        loop {
+            if let Some(EventPtr(event)) = queue.pop_front() {
+                if queue.is_empty() {
+                    self.set_readable(false);
+                }
+                // SAFETY: queued events are live boxes owned by the queue.
+                unsafe { (*event).id.delivered() };
+                return Ok(event);
+            }
+            if self.nonblocking() {
+                return Err(libc::EAGAIN);
+            }
+            queue = self.ready.wait(queue).unwrap();
+        }
+    }
+
+    /// Drops the queued (not yet delivered) events of `id`.
+    pub(crate) fn purge(&self, id: &Arc<IdShared>) {
+        self.take(id);
+    }
+
+    /// Removes and returns the queued events of `id` (to move them).
+    fn take(&self, id: &Arc<IdShared>) -> Vec<EventPtr> {
+        let mut queue = self.queue.lock().unwrap();
+        let before = queue.len();
+        let mut taken = Vec::new();
+        queue.retain(|e| {
+            // SAFETY: queued events are live boxes owned by the queue.
+            let mine = Arc::ptr_eq(unsafe { &(*e.0).id }, id);
+            if mine {
+                taken.push(EventPtr(e.0));
+            }
+            !mine
+        });
+        if before > 0 && queue.is_empty() {
+            self.set_readable(false);
+        }
+        taken
+    }
+
+    /// Moves the queued events of `id` from here to `to` (rdma_migrate_id).
+    pub(crate) fn move_events(&self, id: &Arc<IdShared>, to: &ChannelShared) {
+        let events = self.take(id);
+        if events.is_empty() {
+            return;
+        }
+        let mut queue = to.queue.lock().unwrap();
+        if queue.is_empty() {
+            to.set_readable(true);
+        }
+        queue.extend(events);
+        to.ready.notify_all();
+    }
+
+    /// Waits for the next event of a synchronous id's private channel.
+    pub(crate) fn wait_event(&self) -> Result<*mut CmEvent, i32> {
+        self.next()
+    }
+}
+
+impl Drop for ChannelShared {
+    fn drop(&mut self) {
+        for EventPtr(event) in self.queue.get_mut().unwrap().drain(..) {
+            // SAFETY: events still queued are owned by the queue.
+            drop(unsafe { Box::from_raw(event) });
+        }
+        // SAFETY: our eventfd, closed once.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+/// Frees an event handed to the program and counts its ack.
+///
+/// # Safety
+/// `event` came from [`rdma_get_cm_event`] and is acked once.
+pub(crate) unsafe fn ack(event: *mut rdma_cm_event) {
+    // SAFETY: CmEvent starts with the rdma_cm_event handed out.
+    let event = unsafe { Box::from_raw(event as *mut CmEvent) };
+    event.id.acked();
+}
+
+// ------------------------------------------------ C entry points
+
+/// `rdma_create_event_channel`.
+#[no_mangle]
+pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    ffi_ptr(|| {
+        let shared = ChannelShared::new()?;
+        let channel = Box::new(Channel {
+            c: rdma_event_channel { fd: shared.fd },
+            shared,
+        });
+        Ok(Box::into_raw(channel) as *mut rdma_event_channel)
+    })
+}
+
+/// `rdma_destroy_event_channel`: the program destroys its ids first (as
+/// rdma-core requires); their queued events go with the channel.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+    ffi((), || {
+        if !channel.is_null() {
+            // SAFETY: a channel from rdma_create_event_channel, destroyed once.
+            drop(unsafe { Box::from_raw(channel as *mut Channel) });
+        }
+    })
+}
+
+/// `rdma_get_cm_event`: the next event, blocking unless the fd is
+/// O_NONBLOCK (then -1/EAGAIN when none is queued).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    ffi_int(|| {
+        if channel.is_null() || event.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: a live channel from rdma_create_event_channel.
+        let channel = unsafe { &*(channel as *const Channel) };
+        let next = channel.shared.next()?;
+        // SAFETY: the program's out-pointer.
+        unsafe { *event = next as *mut rdma_cm_event };
+        Ok(())
+    })
+}
+
+/// `rdma_ack_cm_event`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    ffi_int(|| {
+        if event.is_null() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: an event from rdma_get_cm_event, acked once.
+        unsafe { ack(event) };
+        Ok(())
+    })
+}
+
+/// `rdma_event_str`: rdma-core's names.
+#[no_mangle]
+pub extern "C" fn rdma_event_str(event: rdma_cm_event_type) -> *const c_char {
+    event_name(event).as_ptr()
+}
+
+pub(crate) fn event_name(event: rdma_cm_event_type) -> &'static std::ffi::CStr {
+    match event {
+        RDMA_CM_EVENT_ADDR_RESOLVED => c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        RDMA_CM_EVENT_ADDR_ERROR => c"RDMA_CM_EVENT_ADDR_ERROR",
+        RDMA_CM_EVENT_ROUTE_RESOLVED => c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        RDMA_CM_EVENT_ROUTE_ERROR => c"RDMA_CM_EVENT_ROUTE_ERROR",
+        RDMA_CM_EVENT_CONNECT_REQUEST => c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        RDMA_CM_EVENT_CONNECT_RESPONSE => c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        RDMA_CM_EVENT_CONNECT_ERROR => c"RDMA_CM_EVENT_CONNECT_ERROR",
+        RDMA_CM_EVENT_UNREACHABLE => c"RDMA_CM_EVENT_UNREACHABLE",
+        RDMA_CM_EVENT_REJECTED => c"RDMA_CM_EVENT_REJECTED",
+        RDMA_CM_EVENT_ESTABLISHED => c"RDMA_CM_EVENT_ESTABLISHED",
+        RDMA_CM_EVENT_DISCONNECTED => c"RDMA_CM_EVENT_DISCONNECTED",
+        RDMA_CM_EVENT_DEVICE_REMOVAL => c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        RDMA_CM_EVENT_MULTICAST_JOIN => c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        RDMA_CM_EVENT_MULTICAST_ERROR => c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        RDMA_CM_EVENT_ADDR_CHANGE => c"RDMA_CM_EVENT_ADDR_CHANGE",
+        RDMA_CM_EVENT_TIMEWAIT_EXIT => c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+        _ => c"UNKNOWN EVENT",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_names_are_rdma_cores() {
+        assert_eq!(
+            event_name(RDMA_CM_EVENT_ROUTE_RESOLVED),
+            c"RDMA_CM_EVENT_ROUTE_RESOLVED"
+        );
+        assert_eq!(
+            event_name(RDMA_CM_EVENT_TIMEWAIT_EXIT),
+            c"RDMA_CM_EVENT_TIMEWAIT_EXIT"
+        );
+        assert_eq!(event_name(99), c"UNKNOWN EVENT");
+    }
+}

@@ -1,0 +1,162 @@
+//! The RDMA devices of the process, opened once through libibverbs and
+//! kept open while the library is loaded (as rdma-core's librdmacm keeps
+//! them): `rdma_get_devices`, and the device behind an IP address.
+//!
+//! xroce names the device of interface IF `xroce_IF`; an address belongs
+//! to a device when its interface has one and the device's GID table
+//! holds the address's RoCEv2 GID.
+
+use std::{
+    ffi::{c_int, CStr},
+    net::IpAddr,
+    sync::{Mutex, OnceLock},
+};
+
+use crate::{abi::*, errno::ffi_ptr, sockaddr::gid_of, verbs::*};
+
+/// One opened device.
+pub(crate) struct Device {
+    pub(crate) context: *mut ibv_context,
+    /// `xroce_eth1`.
+    pub(crate) name: String,
+    /// The default PD of rdma_create_qp without one, made on first use.
+    default_pd: Mutex<*mut ibv_pd>,
+}
+
+// SAFETY: ibv_context and ibv_pd are thread-safe libibverbs objects; the
+// pointers are only handed to libibverbs and the program.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+/// The port every xroce device has.
+pub(crate) const PORT: u8 = 1;
+/// The GID table size xroce offers (rxe's is larger; xroce fills index 0
+/// with the link-local GID and 1 with the IPv4-mapped one).
+const MAX_GIDS: c_int = 16;
+
+/// The devices libibverbs lists, opened on first use; ENODEV when it
+/// lists none.
+pub(crate) fn all() -> Result<&'static [Device], i32> {
+    static DEVICES: OnceLock<Result<Vec<Device>, i32>> = OnceLock::new();
+    DEVICES
+        .get_or_init(|| {
+            let mut n: c_int = 0;
+            // SAFETY: libibverbs fills n and returns a NULL-terminated list.
+            let list = unsafe { ibv_get_device_list(&mut n) };
+            if list.is_null() {
+                return Err(libc::ENODEV);
+            }
+            let mut devices = Vec::new();
+            for i in 0..n.max(0) as usize {
+                // SAFETY: i < n entries of the list.
+                let device = unsafe { *list.add(i) };
+                // SAFETY: a device of the list, opened as libibverbs allows.
+                let context = unsafe { ibv_open_device(device) };
+                if context.is_null() {
+                    continue;
+                }
+                // SAFETY: libibverbs returns the device's NUL-terminated name.
+                let name = unsafe { CStr::from_ptr(ibv_get_device_name(device)) };
+                devices.push(Device {
+                    context,
+                    name: name.to_string_lossy().into_owned(),
+                    default_pd: Mutex::new(std::ptr::null_mut()),
+                });
+            }
+            // SAFETY: the list from ibv_get_device_list; opened contexts
+            // stay valid after it is freed.
+            unsafe { ibv_free_device_list(list) };
+            if devices.is_empty() {
+                Err(libc::ENODEV)
+            } else {
+                Ok(devices)
+            }
+        })
+        .as_ref()
+        .map(Vec::as_slice)
+        .map_err(|e| *e)
+}
+
+/// The device of interface `iface`.
+pub(crate) fn of_interface(iface: &str) -> Option<&'static Device> {
+    let name = format!("xroce_{iface}");
+    all().ok()?.iter().find(|d| d.name == name)
+}
+
+/// The device behind a context the program holds (id->verbs, pd->context).
+pub(crate) fn of_context(context: *mut ibv_context) -> Option<&'static Device> {
+    all().ok()?.iter().find(|d| d.context == context)
+}
+
+impl Device {
+    /// The GID table index holding `ip`'s RoCEv2 GID.
+    pub(crate) fn gid_index(&self, ip: IpAddr) -> Option<c_int> {
+        let want = gid_of(ip);
+        (0..MAX_GIDS).find(|&i| {
+            let mut gid = ibv_gid::default();
+            // SAFETY: an open context and a GID to fill.
+            let rc = unsafe { ibv_query_gid(self.context, PORT, i, &mut gid) };
+            // SAFETY: `raw` is the 16 bytes of the union.
+            rc == 0 && unsafe { gid.raw } == want
+        })
+    }
+
+    /// The port's active MTU (`enum ibv_mtu`).
+    pub(crate) fn active_mtu(&self) -> Result<ibv_mtu, i32> {
+        let mut attr = ibv_port_attr::default();
+        // SAFETY: an open context and an attribute struct to fill.
+        let rc = unsafe { ibv_query_port(self.context, PORT, &mut attr) };
+        if rc != 0 {
+            return Err(rc);
+        }
+        Ok(attr.active_mtu)
+    }
+
+    /// The device's default PD, allocated on first use.
+    pub(crate) fn default_pd(&self) -> Result<*mut ibv_pd, i32> {
+        let mut pd = self.default_pd.lock().unwrap();
+        if pd.is_null() {
+            // SAFETY: an open context.
+            let made = unsafe { ibv_alloc_pd(self.context) };
+            if made.is_null() {
+                return Err(crate::errno::errno());
+            }
+            *pd = made;
+        }
+        Ok(*pd)
+    }
+}
+
+/// `rdma_get_devices`: a NULL-terminated array of the opened devices'
+/// contexts (NULL with ENODEV when there are none).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
+    ffi_ptr(|| {
+        let devices = all()?;
+        let mut list: Vec<*mut ibv_context> = devices.iter().map(|d| d.context).collect();
+        list.push(std::ptr::null_mut());
+        if !num_devices.is_null() {
+            // SAFETY: the program's out-pointer.
+            unsafe { *num_devices = devices.len() as c_int };
+        }
+        // A boxed slice, so rdma_free_devices can rebuild it from its length.
+        Ok(Box::into_raw(list.into_boxed_slice()) as *mut *mut ibv_context)
+    })
+}
+
+/// `rdma_free_devices`: frees the array (the devices stay open).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
+    crate::errno::ffi((), || {
+        if list.is_null() {
+            return;
+        }
+        let mut len = 1;
+        // SAFETY: a NULL-terminated array from rdma_get_devices.
+        while !unsafe { *list.add(len - 1) }.is_null() {
+            len += 1;
+        }
+        // SAFETY: the boxed slice of `len` entries rdma_get_devices leaked.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, len)) });
+    })
+}
