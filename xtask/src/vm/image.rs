@@ -363,7 +363,8 @@ pub fn kernel(k: Kernel) -> Result<KernelFiles> {
         }
     };
     let kdir = dir.join(&name);
-    let done = kdir.join("ready");
+    // The marker names the module list: bump it when the list changes.
+    let done = kdir.join("ready-configfs");
     let release = name.trim_start_matches("linux-image-").to_string();
     let files = KernelFiles {
         kernel: k,
@@ -432,6 +433,8 @@ pub fn kernel(k: Kernel) -> Result<KernelFiles> {
         "kernel/crypto",
         "kernel/arch/x86/crypto",
         "kernel/drivers/infiniband",
+        // rdma_cm needs configfs (librdmacm's /dev/infiniband/rdma_cm).
+        "kernel/fs/configfs",
         "kernel/drivers/virtio",
         "kernel/drivers/char/virtio_console.ko",
         "kernel/drivers/net/virtio_net.ko",
