@@ -13,7 +13,7 @@ use crate::{
     util::output,
 };
 
-/// Builds (release) the `xroce` binary and the drop-in library it runs
+/// Builds (release) the `xroce` binary and the drop-in libraries it runs
 /// programs over.
 pub fn build_release() -> Result<()> {
     crate::util::cargo(&[
@@ -23,6 +23,8 @@ pub fn build_release() -> Result<()> {
         "xroce-cli",
         "--package",
         "xroce-ibverbs",
+        "--package",
+        "xroce-rdmacm",
     ])
 }
 

@@ -11,8 +11,9 @@ use crate::util::{is_root, output, run, step, succeeds};
 /// (libelf, zlib, libpcap headers), clang/llvm, and the tools the tests and
 /// benchmarks drive (ip, ping, nsenter, bpftool, tshark, iperf3, sockperf),
 /// and rdma-core's unmodified programs that run over xroce's drop-in
-/// libibverbs (ibverbs-utils, perftest, rdmacm-utils) with the header the
-/// ABI layout tests compare against (libibverbs-dev).
+/// libibverbs and librdmacm (ibverbs-utils, perftest, rdmacm-utils) with the
+/// headers the ABI layout tests compare against (libibverbs-dev,
+/// librdmacm-dev).
 const APT_PACKAGES: &[&str] = &[
     "libelf-dev",
     "zlib1g-dev",
@@ -34,6 +35,7 @@ const APT_PACKAGES: &[&str] = &[
     "perftest",
     "rdmacm-utils",
     "libibverbs-dev",
+    "librdmacm-dev",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.10.3";

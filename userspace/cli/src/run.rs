@@ -22,8 +22,12 @@ use xroce::xdp::{self, Mode, XdpError};
 
 /// The name programs look up (their DT_NEEDED entry).
 const LIB: &str = "libibverbs.so.1";
-/// The cdylib `cargo build` leaves next to the `xroce` executable.
-const CDYLIB: &str = "libxroce_ibverbs.so";
+/// The drop-in libraries: the name programs look up, and the cdylib
+/// `cargo build` leaves next to the `xroce` executable.
+const LIBS: &[(&str, &str)] = &[
+    (LIB, "libxroce_ibverbs.so"),
+    ("librdmacm.so.1", "libxroce_rdmacm.so"),
+];
 
 pub const LONG_ABOUT: &str = "\
 Run an unmodified libibverbs program over xroce.
@@ -34,7 +38,8 @@ path: it sees one RDMA device per interface, named xroce_IF, and its PID,
 signals and exit status are its own.
 
 The library is found in $XROCE_LIB_DIR if set, else in lib/ next to the xroce
-executable (made there from cargo's libxroce_ibverbs.so when missing).
+executable (made there from cargo's libxroce_ibverbs.so when missing), with
+xroce's drop-in librdmacm.so.1 beside it (from libxroce_rdmacm.so).
 
 With the afxdp backend, xroce's XDP program is attached to each --iface that
 lacks it (native mode, else skb) and stays attached after PROGRAM exits, for
@@ -270,29 +275,29 @@ fn library_dir() -> anyhow::Result<PathBuf> {
         .parent()
         .ok_or_else(|| anyhow!("the xroce executable {} has no directory", exe.display()))?;
     let lib_dir = exe_dir.join("lib");
-    let lib = lib_dir.join(LIB);
-    if lib.is_file() {
-        return checked_for_path_list(lib_dir);
+    for (lib, cdylib) in LIBS {
+        if !lib_dir.join(lib).is_file() && exe_dir.join(cdylib).is_file() {
+            link_cdylib(&lib_dir, lib, cdylib)?;
+        }
     }
-    if exe_dir.join(CDYLIB).is_file() {
-        link_cdylib(&lib_dir)?;
+    if lib_dir.join(LIB).is_file() {
         return checked_for_path_list(lib_dir);
     }
     bail!("xroce's {LIB} is not built: run `cargo build -p xroce-ibverbs` (or `cargo xtask build`)")
 }
 
-/// `lib_dir/libibverbs.so.1 -> ../libxroce_ibverbs.so`, made under a
-/// temporary name and renamed into place, so that concurrent runs never
-/// see a half-made link.
-fn link_cdylib(lib_dir: &Path) -> anyhow::Result<()> {
+/// `lib_dir/LIB -> ../CDYLIB` (`libibverbs.so.1 -> ../libxroce_ibverbs.so`),
+/// made under a temporary name and renamed into place, so that concurrent
+/// runs never see a half-made link.
+fn link_cdylib(lib_dir: &Path, lib: &str, cdylib: &str) -> anyhow::Result<()> {
     let hint = "or set XROCE_LIB_DIR to a directory holding libibverbs.so.1";
     fs::create_dir_all(lib_dir)
         .with_context(|| format!("create {} ({hint})", lib_dir.display()))?;
-    let tmp = lib_dir.join(format!(".{LIB}.{}.tmp", std::process::id()));
+    let tmp = lib_dir.join(format!(".{lib}.{}.tmp", std::process::id()));
     let _ = fs::remove_file(&tmp);
-    std::os::unix::fs::symlink(Path::new("..").join(CDYLIB), &tmp)
+    std::os::unix::fs::symlink(Path::new("..").join(cdylib), &tmp)
         .with_context(|| format!("create the symlink {} ({hint})", tmp.display()))?;
-    let lib = lib_dir.join(LIB);
+    let lib = lib_dir.join(lib);
     fs::rename(&tmp, &lib).map_err(|e| {
         let _ = fs::remove_file(&tmp);
         anyhow!(
