@@ -84,6 +84,7 @@ pub mod ext;
 pub mod frame;
 pub mod gid;
 pub mod icrc;
+pub mod icrc_solve;
 pub mod ipv4;
 pub mod ipv6;
 pub mod opcode;

@@ -1,0 +1,200 @@
+//! Sending: each frame the engine wrote becomes one datagram (its UDP
+//! payload, to its destination IP, with its TOS as a control message), its
+//! ICRC recomputed over the headers the kernel will actually send, and a
+//! batch leaves in one sendmmsg.
+
+use std::{
+    mem,
+    net::{IpAddr, SocketAddr},
+    os::fd::AsRawFd,
+    time::Duration,
+};
+
+use xroce_wire::{
+    bth, eth, icrc,
+    ipv4::{self, Ipv4Packet, PROTO_UDP},
+    ipv6::{self, Ipv6Packet, NEXT_HEADER_UDP},
+    udp::{self, UdpPacket},
+    EthRepr, Ipv4Repr, Ipv6Repr, UdpChecksum, UdpRepr, ICRC_LEN,
+};
+
+use super::{sockaddr::sockaddr_of, UdpBackend, CMSG_ROOM};
+
+/// TTL / hop limit in the header the ICRC is computed over (masked by the
+/// ICRC, so any value gives the same result).
+const KERNEL_TTL: u8 = 64;
+
+impl UdpBackend {
+    /// Turns the engine's frame in TX slot `i` (length `len`) into a
+    /// datagram: destination, payload range, fixed ICRC, TOS cmsg.
+    pub(super) fn prepare(&mut self, i: usize, len: usize) -> Result<(), String> {
+        let ml = self.cfg.max_frame_len;
+        let frame = &mut self.tx_buf[i * ml..i * ml + len];
+        if len < eth::HEADER_LEN {
+            return Err(format!("{len}-byte frame has no Ethernet header"));
+        }
+        let (eth, ip_at) = EthRepr::parse(frame).map_err(|e| format!("{len}-byte frame: {e}"))?;
+        let (dst, tos, udp_at, ip_end) = match eth.ethertype {
+            eth::ETHERTYPE_IPV4 if !self.v6 => {
+                let ip = Ipv4Packet::new_checked(&frame[ip_at..])
+                    .map_err(|_| "truncated IPv4 header")?;
+                if ip.version() != 4 || ip.ihl() != 5 || ip.protocol() != PROTO_UDP {
+                    return Err("not IPv4/UDP without options".into());
+                }
+                (
+                    IpAddr::from(ip.dst_addr()),
+                    (ip.dscp() << 2) | ip.ecn(),
+                    ip_at + ipv4::HEADER_LEN,
+                    ip_at + ip.total_len() as usize,
+                )
+            }
+            eth::ETHERTYPE_IPV6 if self.v6 => {
+                let ip = Ipv6Packet::new_checked(&frame[ip_at..])
+                    .map_err(|_| "truncated IPv6 header")?;
+                if ip.next_header() != NEXT_HEADER_UDP {
+                    return Err("IPv6 next header is not UDP".into());
+                }
+                (
+                    IpAddr::from(ip.dst_addr()),
+                    ip.traffic_class(),
+                    ip_at + ipv6::HEADER_LEN,
+                    ip_at + ipv6::HEADER_LEN + ip.payload_len() as usize,
+                )
+            }
+            t => {
+                return Err(format!(
+                    "ethertype {t:#06x} does not match this {} socket",
+                    if self.v6 { "IPv6" } else { "IPv4" }
+                ))
+            }
+        };
+        let datagram =
+            UdpPacket::new_checked(&frame[udp_at..]).map_err(|_| "truncated UDP header")?;
+        let dport = datagram.dst_port();
+        let udp_len = datagram.len() as usize;
+        let udp_end = udp_at + udp_len;
+        if udp_len < udp::HEADER_LEN + bth::HEADER_LEN + ICRC_LEN
+            || udp_end > len
+            || udp_end > ip_end
+        {
+            return Err(format!(
+                "UDP length {udp_len} does not fit the {len}-byte frame"
+            ));
+        }
+        // What the kernel will send: our address and port, IPv4 id 0 with
+        // DF, UDP checksum 0 (masked by the ICRC anyway).
+        UdpRepr {
+            src_port: self.cfg.port,
+            dst_port: dport,
+            checksum: UdpChecksum::Zero,
+        }
+        .emit(&mut frame[udp_at..], udp_len - udp::HEADER_LEN)
+        .map_err(|e| format!("UDP header: {e}"))?;
+        let l4 = &frame[udp_at..udp_end - ICRC_LEN];
+        let mut kernel_ip = [0u8; ipv6::HEADER_LEN];
+        let ip_len = match (self.local, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => Ipv4Repr {
+                src: s.octets(),
+                dst: d.octets(),
+                dscp: tos >> 2,
+                ecn: tos & 3,
+                ident: 0,
+                dont_frag: true,
+                ttl: KERNEL_TTL,
+                payload_len: udp_len as u16,
+            }
+            .emit(&mut kernel_ip),
+            (IpAddr::V6(s), IpAddr::V6(d)) => Ipv6Repr {
+                src: s.octets(),
+                dst: d.octets(),
+                traffic_class: tos,
+                flow_label: 0,
+                hop_limit: KERNEL_TTL,
+                payload_len: udp_len as u16,
+            }
+            .emit(&mut kernel_ip),
+            _ => return Err("address family mismatch".into()),
+        }
+        .map_err(|e| format!("IP header: {e}"))?;
+        let crc = icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?;
+        frame[udp_end - ICRC_LEN..udp_end].copy_from_slice(&crc.to_le_bytes());
+        self.tx_iov[i] = libc::iovec {
+            iov_base: frame[udp_at + udp::HEADER_LEN..].as_mut_ptr().cast(),
+            iov_len: udp_len - udp::HEADER_LEN,
+        };
+        let namelen = sockaddr_of(SocketAddr::new(dst, dport), &mut self.tx_names[i]);
+        // One control message: the TOS / traffic class (DSCP + ECN).
+        let cm = &mut self.tx_cmsg[i * CMSG_ROOM..(i + 1) * CMSG_ROOM];
+        cm.fill(0);
+        let h = &mut self.tx_hdrs[i].msg_hdr;
+        h.msg_name = (&mut self.tx_names[i] as *mut libc::sockaddr_storage).cast();
+        h.msg_namelen = namelen;
+        h.msg_iov = &mut self.tx_iov[i];
+        h.msg_iovlen = 1;
+        h.msg_flags = 0;
+        h.msg_control = cm.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE/LEN are pure; the buffer has CMSG_ROOM bytes,
+        // more than one int-sized control message needs.
+        unsafe {
+            h.msg_controllen = libc::CMSG_SPACE(mem::size_of::<libc::c_int>() as u32) as _;
+            let c = libc::CMSG_FIRSTHDR(h);
+            if self.v6 {
+                (*c).cmsg_level = libc::IPPROTO_IPV6;
+                (*c).cmsg_type = libc::IPV6_TCLASS;
+            } else {
+                (*c).cmsg_level = libc::IPPROTO_IP;
+                (*c).cmsg_type = libc::IP_TOS;
+            }
+            (*c).cmsg_len = libc::CMSG_LEN(mem::size_of::<libc::c_int>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, tos as libc::c_int);
+        }
+        self.tx_hdrs[i].msg_len = 0;
+        self.tx_frame_len[i] = len;
+        Ok(())
+    }
+
+    pub(super) fn sendmmsg(&mut self, n: usize) -> std::io::Result<usize> {
+        let mut done = 0;
+        let mut stalls = 0;
+        while done < n {
+            // SAFETY: headers done..n were prepared and point into self.
+            let rc = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    self.tx_hdrs[done..].as_mut_ptr(),
+                    (n - done) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            self.stats.tx_kicks += 1;
+            if rc < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN | libc::ENOBUFS | libc::EINTR) if stalls < 100 => {
+                        stalls += 1;
+                        self.wait(libc::POLLOUT, Duration::from_millis(1))?;
+                        continue;
+                    }
+                    Some(libc::EAGAIN | libc::ENOBUFS) => {
+                        // Still full: the rest are lost like on a busy link.
+                        self.stats.tx_errors += (n - done) as u64;
+                        break;
+                    }
+                    Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
+                        // An ICMP error from an earlier datagram: skip one.
+                        self.stats.tx_errors += 1;
+                        done += 1;
+                        continue;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            for k in done..done + rc as usize {
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += self.tx_frame_len[k] as u64;
+            }
+            done += rc as usize;
+        }
+        Ok(done)
+    }
+}
