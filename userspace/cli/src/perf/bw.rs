@@ -17,6 +17,7 @@ use super::{
         Conn, Done, Hello, Peer, Remote, ServerSide, Verdict,
     },
     pattern,
+    report::{print_bench, BenchReport},
     stack::Stack,
     Op, PerfArgs, RunLength,
 };
@@ -348,25 +349,26 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
     }
     let msgs: u64 = completed.iter().sum();
     let bytes = msgs * size as u64;
-    let report = serde_json::json!({
-        "op": op.name(),
-        "size": size,
-        "iters": msgs,
-        "qps": hello.qps,
-        "mtu": conn.mtu.bytes(),
-        "backend": stack.backend,
-        "cc": args.cc.to_string(),
-        "seconds": seconds,
-        "bytes": bytes,
-        "gbps": bytes as f64 * 8.0 / seconds / 1e9,
-        "msgs_per_sec": msgs as f64 / seconds,
-        "verified": verified,
-        "retransmits": after.tx_retransmitted - before.tx_retransmitted,
-        "cnps": after.rx_cnps - before.rx_cnps,
-        "server_cnps_sent": verdict.cnps_sent,
-        "server_ce_marked": verdict.ce_marked,
-    });
-    print_report(args.json, &report);
+    let report = BenchReport {
+        op: op.name().into(),
+        size: size as u64,
+        iters: msgs,
+        qps: hello.qps as u64,
+        mtu: conn.mtu.bytes(),
+        backend: stack.backend.into(),
+        cc: args.cc.to_string(),
+        seconds,
+        bytes,
+        gbps: bytes as f64 * 8.0 / seconds / 1e9,
+        msgs_per_sec: msgs as f64 / seconds,
+        verified: Some(verified),
+        retransmits: after.tx_retransmitted - before.tx_retransmitted,
+        cnps: after.rx_cnps - before.rx_cnps,
+        server_cnps_sent: Some(verdict.cnps_sent),
+        server_ce_marked: Some(verdict.ce_marked),
+        perftest: None,
+    };
+    print_bench(args.json, &report)?;
     if !verified {
         bail!("data was not verified: {detail}");
     }
@@ -428,42 +430,4 @@ fn write_trace(path: &std::path::Path, rows: &[TraceRow]) -> anyhow::Result<()> 
         )?;
     }
     Ok(f.flush()?)
-}
-
-/// One JSON object on stdout, or a perftest-style table.
-pub fn print_report(json: bool, r: &serde_json::Value) {
-    if json {
-        println!("{r}");
-        return;
-    }
-    println!(
-        "---------------------------------------------------------------------------------------"
-    );
-    println!(
-        " xroce {} bandwidth   backend {}   path MTU {}   QPs {}   cc {}",
-        r["op"].as_str().unwrap_or(""),
-        r["backend"].as_str().unwrap_or(""),
-        r["mtu"],
-        r["qps"],
-        r["cc"].as_str().unwrap_or("none"),
-    );
-    println!(
-        " #bytes     #iterations    BW average[Gb/sec]    MsgRate[Mpps]    retransmits   verified"
-    );
-    println!(
-        " {:<10} {:<14} {:<21.3} {:<16.4} {:<13} {}",
-        // JSON values ignore widths; format plain numbers and text.
-        r["size"].as_u64().unwrap_or(0),
-        r["iters"].as_u64().unwrap_or(0),
-        r["gbps"].as_f64().unwrap_or(0.0),
-        r["msgs_per_sec"].as_f64().unwrap_or(0.0) / 1e6,
-        r["retransmits"].as_u64().unwrap_or(0),
-        match &r["verified"] {
-            serde_json::Value::Bool(b) => b.to_string(),
-            _ => "n/a".into(),
-        }
-    );
-    println!(
-        "---------------------------------------------------------------------------------------"
-    );
 }

@@ -499,25 +499,3 @@ pub fn server_connect(side: &mut ServerSide<'_>) -> anyhow::Result<(Conn, Remote
     let remote = conn.connect(&infos, addr.ip(), side.stack)?;
     Ok((conn, remote))
 }
-
-/// Percentiles of latencies in nanoseconds, reported in microseconds.
-pub fn percentiles(mut ns: Vec<u64>) -> serde_json::Value {
-    ns.sort_unstable();
-    let at = |q: f64| {
-        if ns.is_empty() {
-            0.0
-        } else {
-            let i = ((ns.len() as f64 - 1.0) * q).round() as usize;
-            ns[i] as f64 / 1000.0
-        }
-    };
-    let avg = if ns.is_empty() {
-        0.0
-    } else {
-        ns.iter().sum::<u64>() as f64 / ns.len() as f64 / 1000.0
-    };
-    serde_json::json!({
-        "min": at(0.0), "p50": at(0.5), "p99": at(0.99), "p999": at(0.999),
-        "max": at(1.0), "avg": avg,
-    })
-}

@@ -12,12 +12,12 @@ use anyhow::{bail, Context};
 use xroce::verbs::{RecvWr, SendWr, Wc, WrOpcode};
 
 use super::{
-    bw::print_report,
     conn::{
-        check_wc, client_setup_until_ready, percentiles, serve_clients, server_connect, ClientSide,
-        Conn, Done, Remote, ServerSide, Verdict,
+        check_wc, client_setup_until_ready, serve_clients, server_connect, ClientSide, Conn, Done,
+        Remote, ServerSide, Verdict,
     },
     pattern,
+    report::{print_json, LatReport, Latency, Table},
     stack::Stack,
     Op, PerfArgs, RunLength,
 };
@@ -253,35 +253,45 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
     )?;
     let _verdict: Verdict = peer.recv("the server's verdict")?;
     let stats = stack.device.stats();
-    let report = serde_json::json!({
-        "op": op.name(),
-        "size": size,
-        "iters": iters,
-        "qps": 1,
-        "mtu": conn.mtu.bytes(),
-        "backend": stack.backend,
-        "seconds": seconds,
-        "bytes": iters * size as u64,
-        "gbps": (iters * size as u64) as f64 * 8.0 / seconds / 1e9,
-        "msgs_per_sec": iters as f64 / seconds,
-        "verified": verified,
-        "retransmits": stats.tx_retransmitted,
-        "cnps": stats.rx_cnps,
-        "lat_us": percentiles(samples),
-    });
+    let bytes = iters * size as u64;
+    let report = LatReport {
+        op: op.name().into(),
+        size: size as u64,
+        iters,
+        qps: 1,
+        mtu: conn.mtu.bytes(),
+        backend: stack.backend.into(),
+        seconds: Some(seconds),
+        bytes: Some(bytes),
+        gbps: Some(bytes as f64 * 8.0 / seconds / 1e9),
+        msgs_per_sec: Some(iters as f64 / seconds),
+        verified: Some(verified),
+        retransmits: stats.tx_retransmitted,
+        cnps: stats.rx_cnps,
+        lat_us: Latency::from_ns(samples),
+        perftest: None,
+    };
     if args.json {
-        println!("{report}");
+        print_json(&report)?;
     } else {
-        let l = &report["lat_us"];
-        print_report(false, &report);
+        let l = &report.lat_us;
+        Table {
+            op: &report.op,
+            backend: &report.backend,
+            mtu: report.mtu,
+            qps: report.qps,
+            cc: None,
+            size: report.size,
+            iters,
+            gbps: bytes as f64 * 8.0 / seconds / 1e9,
+            msgs_per_sec: iters as f64 / seconds,
+            retransmits: report.retransmits,
+            verified: report.verified,
+        }
+        .print();
         println!(
             " latency [us]: min {:.2}  p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}  avg {:.2}",
-            l["min"].as_f64().unwrap_or(0.0),
-            l["p50"].as_f64().unwrap_or(0.0),
-            l["p99"].as_f64().unwrap_or(0.0),
-            l["p999"].as_f64().unwrap_or(0.0),
-            l["max"].as_f64().unwrap_or(0.0),
-            l["avg"].as_f64().unwrap_or(0.0)
+            l.min, l.p50, l.p99, l.p999, l.max, l.avg
         );
     }
     if !verified {

@@ -16,6 +16,7 @@ pub mod conn;
 mod lat;
 mod pattern;
 mod perftest;
+mod report;
 pub mod stack;
 
 use std::{net::SocketAddr, time::Duration};
