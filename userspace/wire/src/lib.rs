@@ -78,6 +78,7 @@
 pub mod aeth;
 pub mod bth;
 mod bytes;
+pub mod cm;
 pub mod error;
 pub mod eth;
 pub mod ext;
@@ -87,8 +88,10 @@ pub mod icrc;
 pub mod icrc_solve;
 pub mod ipv4;
 pub mod ipv6;
+pub mod mad;
 pub mod opcode;
 pub mod psn;
+pub mod rdma_cm;
 pub mod transport;
 pub mod udp;
 
