@@ -13,7 +13,9 @@ use std::{
 };
 
 use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_json::Value;
+use xroce_report::{BenchReport, LatReport};
 
 use crate::{
     dropin,
@@ -24,6 +26,34 @@ use crate::{
 const MTU: u32 = 3500;
 const SECONDS: &str = "5";
 
+/// target/bench/report.json.
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Report {
+    /// The veth pair's MTU.
+    mtu: u32,
+    xroce_write_1qp: BenchReport,
+    xroce_write_4qp: BenchReport,
+    xroce_send_lat: LatReport,
+    iperf3_tcp_gbps: f64,
+    sockperf_udp_half_rtt_p50_us: f64,
+    /// xroce-wire's icrc_bench output as it printed it (copied, not read).
+    icrc: Value,
+    dropin_ib_write_bw_gbps: f64,
+    dropin_ib_send_lat_typical_us: f64,
+    ratios: Ratios,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+struct Ratios {
+    dropin_write_vs_xroce_bench: f64,
+    dropin_send_lat_vs_xroce_lat: f64,
+    write_1qp_vs_tcp: f64,
+    write_4qp_vs_tcp: f64,
+    send_lat_p50_vs_udp: f64,
+}
+
 pub fn bench() -> Result<()> {
     require_root_for("the benchmarks (network namespaces and XDP)")?;
     step("build (release)");
@@ -32,13 +62,13 @@ pub fn bench() -> Result<()> {
     step(&format!("veth pair {} <-> {}, MTU {MTU}", ns.if_a, ns.if_b));
 
     step("xroce RDMA WRITE 64 KiB, 1 QP");
-    let w1 = xroce_pair(
+    let w1: BenchReport = xroce_pair(
         &ns,
         "bench",
         &["write", "--size", "65536", "--duration", SECONDS],
     )?;
     step("xroce RDMA WRITE 64 KiB, 4 QPs");
-    let w4 = xroce_pair(
+    let w4: BenchReport = xroce_pair(
         &ns,
         "bench",
         &[
@@ -52,7 +82,7 @@ pub fn bench() -> Result<()> {
         ],
     )?;
     step("xroce SEND latency, 8 B");
-    let lat = xroce_pair(&ns, "lat", &["send", "--size", "8", "--iters", "20000"])?;
+    let lat: LatReport = xroce_pair(&ns, "lat", &["send", "--size", "8", "--iters", "20000"])?;
     step("Debian ib_write_bw 64 KiB over xroce's libibverbs, 1 QP");
     let dropin_write = dropin::perftest(
         &ns,
@@ -63,7 +93,7 @@ pub fn bench() -> Result<()> {
     let dropin_write = dropin_write?;
     eprintln!("{}", dropin_write.table);
     // #bytes #iterations BW-peak BW-average MsgRate
-    let dropin_write_gbps = dropin_write.columns.get(3).copied().unwrap_or(0.0);
+    let dropin_write_gbps = column(&dropin_write, 3, "ib_write_bw's BW average")?;
     step("Debian ib_send_lat 8 B over xroce's libibverbs");
     let dropin_lat = dropin::perftest(&ns, "ib_send_lat", &["-s", "8", "-n", "20000"]);
     dropin::detach(&ns);
@@ -71,7 +101,7 @@ pub fn bench() -> Result<()> {
     eprintln!("{}", dropin_lat.table);
     // #bytes #iterations t_min t_max t_typical t_avg ...: t_typical is the
     // median half round trip, as `xroce lat` reports p50.
-    let dropin_lat_us = dropin_lat.columns.get(4).copied().unwrap_or(0.0);
+    let dropin_lat_us = column(&dropin_lat, 4, "ib_send_lat's t_typical")?;
     step("iperf3 TCP, one stream");
     let tcp_gbps = iperf3(&ns)?;
     step("sockperf UDP ping-pong, 64 B");
@@ -92,30 +122,30 @@ pub fn bench() -> Result<()> {
     )?)
     .context("icrc_bench output")?;
 
-    let g = |v: &Value| v["gbps"].as_f64().unwrap_or(0.0);
-    let send_p50 = lat["lat_us"]["p50"].as_f64().unwrap_or(0.0);
-    let report = json!({
-        "mtu": MTU,
-        "xroce_write_1qp": w1,
-        "xroce_write_4qp": w4,
-        "xroce_send_lat": lat,
-        "iperf3_tcp_gbps": tcp_gbps,
-        "sockperf_udp_half_rtt_p50_us": udp_p50,
-        "icrc": icrc,
-        "dropin_ib_write_bw_gbps": dropin_write_gbps,
-        "dropin_ib_send_lat_typical_us": dropin_lat_us,
-        "ratios": {
-            "dropin_write_vs_xroce_bench": dropin_write_gbps / g(&w1),
-            "dropin_send_lat_vs_xroce_lat": dropin_lat_us / send_p50,
-            "write_1qp_vs_tcp": g(&w1) / tcp_gbps,
-            "write_4qp_vs_tcp": g(&w4) / tcp_gbps,
-            "send_lat_p50_vs_udp": send_p50 / udp_p50,
+    let send_p50 = lat.lat_us.p50;
+    let report = Report {
+        mtu: MTU,
+        iperf3_tcp_gbps: tcp_gbps,
+        sockperf_udp_half_rtt_p50_us: udp_p50,
+        icrc,
+        dropin_ib_write_bw_gbps: dropin_write_gbps,
+        dropin_ib_send_lat_typical_us: dropin_lat_us,
+        ratios: Ratios {
+            dropin_write_vs_xroce_bench: dropin_write_gbps / w1.gbps,
+            dropin_send_lat_vs_xroce_lat: dropin_lat_us / send_p50,
+            write_1qp_vs_tcp: w1.gbps / tcp_gbps,
+            write_4qp_vs_tcp: w4.gbps / tcp_gbps,
+            send_lat_p50_vs_udp: send_p50 / udp_p50,
         },
-    });
+        xroce_write_1qp: w1,
+        xroce_write_4qp: w4,
+        xroce_send_lat: lat,
+    };
+    let (w1, w4) = (&report.xroce_write_1qp, &report.xroce_write_4qp);
     println!();
     println!("{:<40} {:>12}", "measure", "value");
-    println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 1 QP", g(&w1));
-    println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 4 QPs", g(&w4));
+    println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 1 QP", w1.gbps);
+    println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 4 QPs", w4.gbps);
     println!("{:<40} {:>10.3} Gb/s", "iperf3 TCP (kernel, GSO)", tcp_gbps);
     println!(
         "{:<40} {:>10.3} Gb/s",
@@ -130,7 +160,7 @@ pub fn bench() -> Result<()> {
         "{:<40} {:>10.2} us",
         "sockperf UDP 64B half-RTT p50", udp_p50
     );
-    println!("ratios: {}", report["ratios"]);
+    println!("ratios: {}", serde_json::to_string(&report.ratios)?);
     let dir = workspace_root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("report.json");
@@ -139,8 +169,9 @@ pub fn bench() -> Result<()> {
     Ok(())
 }
 
-/// Runs an xroce server in namespace b and a client in a; the client's JSON.
-fn xroce_pair(ns: &NsPair, tool: &str, args: &[&str]) -> Result<Value> {
+/// Runs an xroce server in namespace b and a client in a; the client's
+/// report (`BenchReport` or `LatReport`).
+fn xroce_pair<R: DeserializeOwned>(ns: &NsPair, tool: &str, args: &[&str]) -> Result<R> {
     let xroce = xroce_bin();
     let listen = format!("{}:18600", ns.addr_b);
     let server = Started::spawn(
@@ -160,9 +191,30 @@ fn xroce_pair(ns: &NsPair, tool: &str, args: &[&str]) -> Result<Value> {
     if !server.wait()?.success() {
         bail!("the xroce {tool} server failed");
     }
-    let v: Value = serde_json::from_str(out.trim()).context("xroce JSON")?;
-    eprintln!("{v}");
-    Ok(v)
+    eprintln!("{}", out.trim());
+    serde_json::from_str(out.trim()).with_context(|| format!("xroce {tool}'s JSON report"))
+}
+
+/// Column `i` of a perftest result row.
+fn column(row: &dropin::PerftestRow, i: usize, what: &str) -> Result<f64> {
+    row.columns
+        .get(i)
+        .copied()
+        .with_context(|| format!("{what} (column {i}) is missing from:\n{}", row.table))
+}
+
+/// What we read of `iperf3 -J`.
+#[derive(Deserialize)]
+struct Iperf3 {
+    end: Iperf3End,
+}
+#[derive(Deserialize)]
+struct Iperf3End {
+    sum_received: Iperf3Sum,
+}
+#[derive(Deserialize)]
+struct Iperf3Sum {
+    bits_per_second: f64,
 }
 
 fn iperf3(ns: &NsPair) -> Result<f64> {
@@ -174,11 +226,8 @@ fn iperf3(ns: &NsPair) -> Result<f64> {
     )?;
     thread::sleep(Duration::from_millis(500));
     let out = output(in_ns(&ns.a, "iperf3").args(["-c", &addr, "-t", SECONDS, "-J"]))?;
-    let v: Value = serde_json::from_str(&out).context("iperf3 -J output")?;
-    let bps = v["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .context("iperf3 reported no received rate")?;
-    Ok(bps / 1e9)
+    let v: Iperf3 = serde_json::from_str(&out).context("iperf3 -J output")?;
+    Ok(v.end.sum_received.bits_per_second / 1e9)
 }
 
 /// sockperf's p50 one-way latency (half the round trip), microseconds.
