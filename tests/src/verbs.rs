@@ -167,6 +167,16 @@ pub fn ibverbs_cdylib() -> PathBuf {
         })
 }
 
+/// xroce's `librdmacm.so.1` (target/<profile>/libxroce_rdmacm.so), built
+/// once per test process with `cargo build -p xroce-rdmacm`.
+pub fn rdmacm_cdylib() -> PathBuf {
+    static BUILT: OnceLock<Result<(), String>> = OnceLock::new();
+    if let Err(e) = BUILT.get_or_init(|| cargo_build(&["-p", "xroce-rdmacm"])) {
+        panic!("xroce's librdmacm.so.1 (crate xroce-rdmacm) does not build: {e}");
+    }
+    build_location().0.join("libxroce_rdmacm.so")
+}
+
 /// The `xroce` executable, built once per test process (`xroce run` is
 /// what is under test, so a stale binary would not do).
 pub fn xroce_exe() -> PathBuf {
