@@ -1,6 +1,6 @@
 /* Drives xroce's librdmacm.so.1 the way RDMA-CM programs do and prints one
  * "key value" line per fact for tests/tests/rdmacm_abi.rs to check.
- * Usage: rdmacm_probe LOCAL_IP PEER_IP UNREACHABLE_IP */
+ * Usage: rdmacm_probe LOCAL_IP PEER_IP UNREACHABLE_IP [LOCAL_IP6 PEER_IP6] */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -85,8 +85,9 @@ static struct rdma_cm_event *next_event(struct rdma_event_channel *ch, const cha
 
 int main(int argc, char **argv)
 {
-	if (argc != 4) {
-		fprintf(stderr, "usage: %s LOCAL_IP PEER_IP UNREACHABLE_IP\n", argv[0]);
+	if (argc != 4 && argc != 6) {
+		fprintf(stderr, "usage: %s LOCAL_IP PEER_IP UNREACHABLE_IP [LOCAL_IP6 PEER_IP6]\n",
+			argv[0]);
 		return 2;
 	}
 	const char *local = argv[1], *peer = argv[2], *unreachable = argv[3];
@@ -264,6 +265,30 @@ int main(int argc, char **argv)
 	out("ep_qp", ep->qp != NULL);
 	rdma_destroy_ep(ep);
 	rdma_freeaddrinfo(res);
+
+	/* IPv6: the same through the IPv6 route, GIDs the addresses themselves. */
+	if (argc == 6) {
+		struct rdma_cm_id *id6;
+		struct sockaddr_in6 src6, dst6;
+		memset(&src6, 0, sizeof(src6));
+		memset(&dst6, 0, sizeof(dst6));
+		src6.sin6_family = dst6.sin6_family = AF_INET6;
+		inet_pton(AF_INET6, argv[4], &src6.sin6_addr);
+		inet_pton(AF_INET6, argv[5], &dst6.sin6_addr);
+		dst6.sin6_port = htons(7475);
+		rdma_create_id(ch, &id6, NULL, RDMA_PS_TCP);
+		out_err("bind6", rdma_bind_addr(id6, (struct sockaddr *)&src6));
+		out_err("resolve_addr6", rdma_resolve_addr(id6, NULL, (struct sockaddr *)&dst6, 2000));
+		ev = next_event(ch, "addr6_event");
+		rdma_ack_cm_event(ev);
+		out_err("resolve_route6", rdma_resolve_route(id6, 2000));
+		ev = next_event(ch, "route6_event");
+		rdma_ack_cm_event(ev);
+		out_gid("sgid6", &id6->route.addr.addr.ibaddr.sgid);
+		out_gid("dgid6", &id6->route.addr.addr.ibaddr.dgid);
+		out("dst6_port", ntohs(rdma_get_dst_port(id6)));
+		out_err("destroy6", rdma_destroy_id(id6));
+	}
 
 	/* Destroy waits until the program acked the events it took. */
 	struct rdma_cm_id *held;

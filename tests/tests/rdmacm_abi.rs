@@ -365,6 +365,12 @@ fn gid_hex(ip: std::net::Ipv4Addr) -> String {
         .collect()
 }
 
+/// An IPv6 address's 16 bytes as the probe prints a GID.
+fn ipv6_hex(addr: &str) -> String {
+    let ip: std::net::Ipv6Addr = addr.parse().unwrap();
+    ip.octets().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 #[test]
 fn a_c_program_resolves_addresses_and_routes_over_xroce() {
     require_root();
@@ -384,6 +390,24 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         pair.addr_a.octets()[2],
         99,
     );
+    // IPv6 addresses of their own (no duplicate detection to wait for).
+    let octet = pair.addr_a.octets()[2];
+    let (addr6_a, addr6_b) = (format!("fd77:{octet:x}::1"), format!("fd77:{octet:x}::2"));
+    for (ns, iface, addr) in [
+        (&pair.a, &pair.if_a, &addr6_a),
+        (&pair.b, &pair.if_b, &addr6_b),
+    ] {
+        ns.exec(&[
+            "ip",
+            "-6",
+            "addr",
+            "add",
+            &format!("{addr}/64"),
+            "dev",
+            iface,
+            "nodad",
+        ]);
+    }
     let out = xroce_run(
         Some(&pair.a),
         &["--backend", "udp", "--iface", &pair.if_a, "--"],
@@ -393,6 +417,8 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         pair.addr_a.to_string(),
         pair.addr_b.to_string(),
         unreachable.to_string(),
+        addr6_a.clone(),
+        addr6_b.clone(),
     ])
     .output()
     .expect("run the probe under xroce run");
@@ -496,6 +522,15 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         ("ep_port", "7473".into()),
         ("create_ep_active", "0 0".into()),
         ("ep_qp", "1".into()),
+        ("bind6", "0 0".into()),
+        ("resolve_addr6", "0 0".into()),
+        ("addr6_event", "RDMA_CM_EVENT_ADDR_RESOLVED 0".into()),
+        ("resolve_route6", "0 0".into()),
+        ("route6_event", "RDMA_CM_EVENT_ROUTE_RESOLVED 0".into()),
+        ("sgid6", ipv6_hex(&addr6_a)),
+        ("dgid6", ipv6_hex(&addr6_b)),
+        ("dst6_port", "7475".into()),
+        ("destroy6", "0 0".into()),
         ("held_event", "RDMA_CM_EVENT_ADDR_RESOLVED 0".into()),
         ("destroy_held", "0 0".into()),
         ("destroy_lost", "0 0".into()),
