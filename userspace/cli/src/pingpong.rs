@@ -193,7 +193,7 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             psn: rem.psn,
             av: AddressVector {
                 dest_mac: mac,
-                dest_ip: peer_ip,
+                dest_ip: peer_ip.into(),
                 ..Default::default()
             },
         };

@@ -2,13 +2,13 @@
 //! `ibv_init_ah_from_wc`, `ibv_create_ah_from_wc`,
 //! `ibv_resolve_eth_l2_from_gid`) and the addressing both they and
 //! `ibv_modify_qp` use: the GID table and the way from an `ibv_ah_attr` to
-//! the engine's [`AddressVector`] (next-hop MAC, peer IPv4 address, DSCP).
+//! the engine's [`AddressVector`] (next-hop MAC, peer IP address, DSCP).
 //!
-//! The GID table is rxe's on an IPv4 interface: index 0 the fe80
-//! link-local GID derived from the MAC, index 1 the interface's IPv4
-//! address mapped into IPv6 (`::ffff:a.b.c.d`), both RoCE v2. xroce's
-//! engine sends RoCEv2 over IPv4, so a destination GID must be
-//! IPv4-mapped.
+//! The GID table is rxe's: index 0 the fe80 link-local GID derived from
+//! the MAC, index 1 the interface's IPv4 address mapped into IPv6
+//! (`::ffff:a.b.c.d`), then the interface's other IPv6 addresses, all
+//! RoCE v2. An IPv4-mapped destination GID means RoCEv2 over IPv4, any
+//! other RoCEv2 over IPv6.
 
 use std::ffi::c_int;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -22,8 +22,6 @@ use crate::context::{context, OpenDevice};
 use crate::errno::{fail, ffi, ffi_int, ffi_ptr, set_errno};
 use crate::objects::{outer, Ah, Pd};
 
-/// Populated entries of the GID table (port 1): link-local, IPv4.
-pub(crate) const GID_TABLE_LEN: u32 = 2;
 /// The IPv4-mapped GID: what `-g 1` / `-x 1` names.
 pub(crate) const GID_INDEX_IPV4: u32 = 1;
 /// How long MAC resolution may take (rdma-core waits as long for the
@@ -42,17 +40,10 @@ pub(crate) fn mapped_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
     Ipv6Addr::from(*gid).to_ipv4_mapped()
 }
 
-/// GID `index` of an interface with this MAC and IPv4 address (the
-/// table `ibv_query_gid` shows, [`crate::query::gid_table`]).
-pub(crate) fn gid_at(mac: [u8; 6], ip: Ipv4Addr, index: u32) -> Option<[u8; 16]> {
-    crate::query::gid_table(mac, Some(ip))
-        .get(index as usize)
-        .copied()
-}
-
-/// The index of `gid` in the table (every entry is RoCE v2).
-pub(crate) fn gid_index_of(mac: [u8; 6], ip: Ipv4Addr, gid: &[u8; 16]) -> Option<u32> {
-    (0..GID_TABLE_LEN).find(|&i| gid_at(mac, ip, i).as_ref() == Some(gid))
+/// The index of `gid` in a GID table ([`crate::query::gid_table`]; every
+/// entry is RoCE v2).
+pub(crate) fn gid_index_of(gids: &[[u8; 16]], gid: &[u8; 16]) -> Option<u32> {
+    gids.iter().position(|g| g == gid).map(|i| i as u32)
 }
 
 fn gid_bytes(g: &ibv_gid) -> [u8; 16] {
@@ -60,12 +51,12 @@ fn gid_bytes(g: &ibv_gid) -> [u8; 16] {
     unsafe { g.raw }
 }
 
-/// The peer's IPv4 address named by an `ibv_ah_attr`, checked as a RoCE
-/// provider checks it: a GRH is required, its source GID index must name
-/// an entry of the table, and (xroce's engine speaking IPv4) its
-/// destination GID must be IPv4-mapped. `what` names the verb in the
-/// XROCE_VERBS_DEBUG explanation.
-pub(crate) fn grh_target(a: &ibv_ah_attr, what: &str) -> Result<Ipv4Addr, i32> {
+/// The peer's IP address named by an `ibv_ah_attr`, checked as a RoCE
+/// provider checks it: a GRH is required and its source GID index must
+/// name an entry of the table (`gids` entries populated). An IPv4-mapped
+/// destination GID is an IPv4 peer, any other an IPv6 one. `what` names
+/// the verb in the XROCE_VERBS_DEBUG explanation.
+pub(crate) fn grh_target(a: &ibv_ah_attr, gids: usize, what: &str) -> Result<IpAddr, i32> {
     if a.is_global == 0 {
         return Err(fail(
             libc::EINVAL,
@@ -74,32 +65,31 @@ pub(crate) fn grh_target(a: &ibv_ah_attr, what: &str) -> Result<Ipv4Addr, i32> {
             ),
         ));
     }
-    if u32::from(a.grh.sgid_index) >= GID_TABLE_LEN {
+    if usize::from(a.grh.sgid_index) >= gids {
         return Err(fail(
             libc::EINVAL,
             format_args!(
-                "{what}: sgid_index {} names no GID (the table holds {GID_TABLE_LEN}; {GID_INDEX_IPV4} is the IPv4 one)",
+                "{what}: sgid_index {} names no GID (the table holds {gids}; {GID_INDEX_IPV4} is the IPv4 one)",
                 a.grh.sgid_index
             ),
         ));
     }
-    let dgid = gid_bytes(&a.grh.dgid);
-    mapped_ipv4(&dgid).ok_or_else(|| {
-        fail(
-            libc::EINVAL,
-            format_args!(
-                "{what}: destination GID {} is not IPv4-mapped (::ffff:a.b.c.d); xroce sends RoCEv2 over IPv4 only: use the peer's IPv4 GID (index {GID_INDEX_IPV4})",
-                Ipv6Addr::from(dgid)
-            ),
-        )
-    })
+    Ok(peer_ip(&gid_bytes(&a.grh.dgid)))
+}
+
+/// The IP address a destination GID names: IPv4 if it is IPv4-mapped.
+fn peer_ip(dgid: &[u8; 16]) -> IpAddr {
+    match mapped_ipv4(dgid) {
+        Some(ip) => IpAddr::V4(ip),
+        None => IpAddr::V6(Ipv6Addr::from(*dgid)),
+    }
 }
 
 /// The next-hop MAC for `ip`: our own for our own address (the runtime
-/// loops those frames back), else the neighbour table's (ARP).
-pub(crate) fn dest_mac(dev: &OpenDevice, ip: Ipv4Addr) -> Result<[u8; 6], i32> {
+/// loops those frames back), else the neighbour table's (ARP / NDP).
+pub(crate) fn dest_mac(dev: &OpenDevice, ip: IpAddr) -> Result<[u8; 6], i32> {
     dev.stack
-        .neighbour(IpAddr::V4(ip), NEIGH_TIMEOUT)
+        .neighbour(ip, NEIGH_TIMEOUT)
         .map_err(|e| fail(libc::EHOSTUNREACH, format_args!("no MAC for {ip}: {e}")))
 }
 
@@ -109,7 +99,7 @@ pub(crate) fn av_from_ah_attr(
     a: &ibv_ah_attr,
     what: &str,
 ) -> Result<AddressVector, i32> {
-    let dest_ip = grh_target(a, what)?;
+    let dest_ip = grh_target(a, dev.gids.len(), what)?;
     Ok(AddressVector {
         dest_mac: dest_mac(dev, dest_ip)?,
         dest_ip,
@@ -288,8 +278,7 @@ fn init_ah_from_wc(
         sl: w.sl,
         dlid_path_bits: w.dlid_path_bits,
     };
-    let (mac, ip) = (c.dev.mac, c.dev.ip);
-    let r = ah_attr_from_grh(wa, port_num, &bytes, |g| gid_index_of(mac, ip, g));
+    let r = ah_attr_from_grh(wa, port_num, &bytes, |g| gid_index_of(&c.dev.gids, g));
     // SAFETY: `out` is the program's ibv_ah_attr; rdma-core clears it
     // even when it fails.
     unsafe { *out = r.unwrap_or_default() };
@@ -362,15 +351,11 @@ fn resolve_l2(
     if mac_out.is_null() {
         return -libc::EINVAL;
     }
-    if u32::from(a.grh.sgid_index) >= GID_TABLE_LEN {
+    if usize::from(a.grh.sgid_index) >= c.dev.gids.len() {
         // rdma-core returns ibv_query_gid's failure as it is.
         return -1;
     }
-    let dgid = gid_bytes(&a.grh.dgid);
-    let peer = match mapped_ipv4(&dgid) {
-        Some(ip) => IpAddr::V4(ip),
-        None => IpAddr::V6(Ipv6Addr::from(dgid)),
-    };
+    let peer = peer_ip(&gid_bytes(&a.grh.dgid));
     let mac = c.dev.stack.neighbour(peer, NEIGH_TIMEOUT);
     let Ok(mac) = mac else {
         return -libc::EHOSTUNREACH;
@@ -404,28 +389,35 @@ mod tests {
 
     const MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x12, 0x34, 0x56];
     const IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    const GLOBAL_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+
+    /// The table of an interface with MAC, IP, its EUI-64 link-local
+    /// address and one global IPv6 address.
+    fn gids() -> Vec<[u8; 16]> {
+        let ll = Ipv6Addr::from(crate::query::link_local_gid(MAC));
+        crate::query::gid_table(MAC, Some(IP), &[ll, GLOBAL_V6])
+    }
 
     #[test]
     fn gid_table() {
-        let g0 = gid_at(MAC, IP, 0).unwrap();
+        let t = gids();
+        let g0 = t[0];
         assert_eq!(
             Ipv6Addr::from(g0),
             "fe80::5054:ff:fe12:3456".parse::<Ipv6Addr>().unwrap()
         );
-        let g1 = gid_at(MAC, IP, 1).unwrap();
+        let g1 = t[1];
         assert_eq!(
             Ipv6Addr::from(g1),
             "::ffff:10.0.0.1".parse::<Ipv6Addr>().unwrap()
         );
-        assert_eq!(gid_at(MAC, IP, 2), None);
+        // The link-local address is GID 0 already: only the global follows.
+        assert_eq!(t[2..], [GLOBAL_V6.octets()]);
+        assert_eq!(gid_index_of(&t, &g1), Some(1));
+        assert_eq!(gid_index_of(&t, &g0), Some(0));
+        assert_eq!(gid_index_of(&t, &GLOBAL_V6.octets()), Some(2));
         assert_eq!(
-            crate::query::gid_table(MAC, Some(IP)).len(),
-            GID_TABLE_LEN as usize
-        );
-        assert_eq!(gid_index_of(MAC, IP, &g1), Some(1));
-        assert_eq!(gid_index_of(MAC, IP, &g0), Some(0));
-        assert_eq!(
-            gid_index_of(MAC, IP, &ipv4_mapped(Ipv4Addr::new(10, 0, 0, 2))),
+            gid_index_of(&t, &ipv4_mapped(Ipv4Addr::new(10, 0, 0, 2))),
             None
         );
         assert_eq!(mapped_ipv4(&g1), Some(IP));
@@ -447,20 +439,23 @@ mod tests {
     #[test]
     fn grh_target_checks() {
         let peer = Ipv4Addr::new(192, 168, 1, 7);
-        assert_eq!(grh_target(&attr(ipv4_mapped(peer), true, 1), "t"), Ok(peer));
-        assert_eq!(grh_target(&attr(ipv4_mapped(peer), true, 0), "t"), Ok(peer));
+        let n = gids().len();
+        let v4 = Ok(IpAddr::V4(peer));
+        assert_eq!(grh_target(&attr(ipv4_mapped(peer), true, 1), n, "t"), v4);
+        assert_eq!(grh_target(&attr(ipv4_mapped(peer), true, 0), n, "t"), v4);
         assert_eq!(
-            grh_target(&attr(ipv4_mapped(peer), false, 1), "t"),
+            grh_target(&attr(ipv4_mapped(peer), false, 1), n, "t"),
             Err(libc::EINVAL)
         );
         assert_eq!(
-            grh_target(&attr(ipv4_mapped(peer), true, 2), "t"),
+            grh_target(&attr(ipv4_mapped(peer), true, 3), n, "t"),
             Err(libc::EINVAL)
         );
+        // Not IPv4-mapped: an IPv6 peer (RoCEv2 over IPv6).
         let v6: Ipv6Addr = "fe80::1".parse().unwrap();
         assert_eq!(
-            grh_target(&attr(v6.octets(), true, 1), "t"),
-            Err(libc::EINVAL)
+            grh_target(&attr(v6.octets(), true, 0), n, "t"),
+            Ok(IpAddr::V6(v6))
         );
     }
 
@@ -485,7 +480,7 @@ mod tests {
             ..Default::default()
         };
         let a = ah_attr_from_grh(wc, 1, &ud_grh(peer, IP, 0x60, 64), |g| {
-            gid_index_of(MAC, IP, g)
+            gid_index_of(&gids(), g)
         })
         .unwrap();
         assert_eq!(a.is_global, 1);
@@ -497,7 +492,7 @@ mod tests {
         // Sent to an address that is not ours: no GID to answer from.
         let other = ud_grh(peer, Ipv4Addr::new(10, 0, 0, 9), 0, 64);
         assert_eq!(
-            ah_attr_from_grh(wc, 1, &other, |g| gid_index_of(MAC, IP, g)).err(),
+            ah_attr_from_grh(wc, 1, &other, |g| gid_index_of(&gids(), g)).err(),
             Some(libc::EINVAL)
         );
         // Without a GRH: no global route, no error.
@@ -512,7 +507,7 @@ mod tests {
 
     #[test]
     fn ah_from_ipv6_grh() {
-        let ours = gid_at(MAC, IP, 0).unwrap();
+        let ours = gids()[0];
         let theirs: Ipv6Addr = "fe80::2".parse().unwrap();
         let mut g = [0u8; 40];
         g[0..4].copy_from_slice(&((6u32 << 28) | (0x28 << 20) | 0x12345).to_be_bytes());
@@ -524,7 +519,7 @@ mod tests {
             grh: true,
             ..Default::default()
         };
-        let a = ah_attr_from_grh(wc, 1, &g, |x| gid_index_of(MAC, IP, x)).unwrap();
+        let a = ah_attr_from_grh(wc, 1, &g, |x| gid_index_of(&gids(), x)).unwrap();
         assert_eq!(gid_bytes(&a.grh.dgid), theirs.octets());
         assert_eq!(a.grh.sgid_index, 0);
         assert_eq!(a.grh.hop_limit, 3);

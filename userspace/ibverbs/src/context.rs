@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
-use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
@@ -155,7 +154,8 @@ pub(crate) struct OpenDevice {
     pub iface: String,
     pub device: Device,
     pub mac: [u8; 6],
-    pub ip: Ipv4Addr,
+    /// The GID table ([`crate::query::gid_table`]), fixed at open.
+    pub gids: Vec<[u8; 16]>,
     /// The largest path MTU the interface allows (rxe's active_mtu).
     pub active_mtu: Mtu,
     pub backend: &'static str,
@@ -213,7 +213,7 @@ impl OpenDevice {
             iface: iface.to_string(),
             device,
             mac: stack.mac(),
-            ip: stack.ip,
+            gids: crate::query::gid_table(stack.mac(), Some(stack.ip), stack.net().ipv6()),
             active_mtu: stack.path_mtu,
             backend: stack.backend,
             qp_owners,

@@ -7,6 +7,7 @@
 //! RC, UC and UD QPs are xroce [`QueuePair`](xroce::verbs::QueuePair)s.
 
 use std::ffi::{c_int, c_void};
+use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard};
 
@@ -14,7 +15,7 @@ use xroce::verbs::qp::check_modify_for;
 use xroce::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
 
 use crate::abi::*;
-use crate::ah::{av_from_ah_attr, ipv4_mapped};
+use crate::ah::av_from_ah_attr;
 use crate::async_event;
 use crate::context::{context, Context};
 use crate::errno::{fail, ffi, ffi_int, ffi_ptr, verbs_fail};
@@ -657,7 +658,10 @@ fn query(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, init: *mut ibv_qp_init_attr) -
     let mut ah = *q.ah_attr.lock().unwrap_or_else(|e| e.into_inner());
     if ah.is_global != 0 {
         // What the engine really uses.
-        ah.grh.dgid.raw = ipv4_mapped(x.ah_attr.dest_ip);
+        ah.grh.dgid.raw = match x.ah_attr.dest_ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        };
         ah.grh.traffic_class = (x.ah_attr.dscp << 2) | (ah.grh.traffic_class & 3);
     }
     let state = state_to_ibv(x.qp_state);

@@ -14,7 +14,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::io::Read;
 use std::mem::size_of;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::OnceLock;
 
 use xroce::device;
@@ -72,19 +72,21 @@ pub(crate) fn link_local_gid(mac: [u8; 6]) -> [u8; 16] {
     g
 }
 
-/// The populated GID table: the link-local GID, then the IPv4-mapped
-/// address (rxe's table on an IPv4 interface; the same entries
-/// `ah::gid_at` resolves source GID indexes against). Every entry is
-/// RoCE v2; the rest of the table is empty.
-pub(crate) fn gid_table(mac: [u8; 6], v4: Option<Ipv4Addr>) -> Vec<[u8; 16]> {
-    let mut t = vec![link_local_gid(mac)];
+/// The populated GID table: the link-local GID, the IPv4-mapped address,
+/// then the interface's IPv6 addresses but the link-local one already at
+/// index 0 (rxe's table; the entries source GID indexes resolve against).
+/// Every entry is RoCE v2; the rest of the table is empty.
+pub(crate) fn gid_table(mac: [u8; 6], v4: Option<Ipv4Addr>, v6: &[Ipv6Addr]) -> Vec<[u8; 16]> {
+    let ll = link_local_gid(mac);
+    let mut t = vec![ll];
     t.extend(v4.map(|a| a.to_ipv6_mapped().octets()));
+    t.extend(v6.iter().map(|a| a.octets()).filter(|g| *g != ll));
     t
 }
 
-/// An open device's GID table: index 1 is the address its engine uses.
+/// An open device's GID table: index 1 is the IPv4 address its engine uses.
 fn context_gids(c: &Context) -> Vec<[u8; 16]> {
-    gid_table(c.dev.mac, Some(c.dev.ip))
+    c.dev.gids.clone()
 }
 
 /// Entry `index` of `port`: Ok(Some) populated, Ok(None) empty (the
@@ -714,7 +716,7 @@ fn our_devices() -> Vec<(String, String, String)> {
 
 fn dev_facts(iface: &str) -> Result<DevFacts, i32> {
     let mac = device::interface_mac(iface).map_err(|_| libc::ENOENT)?;
-    let (v4, _) = device::interface_addrs(iface).unwrap_or_default();
+    let (v4, v6) = device::interface_addrs(iface).unwrap_or_default();
     let mtu = device::interface_mtu(iface)
         .ok()
         .and_then(device::path_mtu_for)
@@ -724,7 +726,7 @@ fn dev_facts(iface: &str) -> Result<DevFacts, i32> {
         iface: iface.to_string(),
         mac,
         port: port_view(iface, mtu),
-        gids: gid_table(mac, v4.first().copied()),
+        gids: gid_table(mac, v4.first().copied(), &v6),
     })
 }
 
@@ -912,9 +914,9 @@ mod tests {
     }
 
     #[test]
-    fn gid_table_is_rxes_on_an_ipv4_interface() {
+    fn gid_table_is_rxes() {
         let v4 = Ipv4Addr::new(192, 168, 1, 7);
-        let t = gid_table(MAC, Some(v4));
+        let t = gid_table(MAC, Some(v4), &[]);
         assert_eq!(t.len(), 2);
         assert_eq!(t[0], link_local_gid(MAC));
         assert_eq!(
@@ -923,15 +925,19 @@ mod tests {
         );
         // The same entries the address checks of ah.rs accept.
         for (i, g) in t.iter().enumerate() {
-            assert_eq!(crate::ah::gid_at(MAC, v4, i as u32), Some(*g));
+            assert_eq!(crate::ah::gid_index_of(&t, g), Some(i as u32));
         }
-        assert_eq!(crate::ah::gid_at(MAC, v4, t.len() as u32), None);
-        assert_eq!(gid_table(MAC, None), vec![link_local_gid(MAC)]);
+        assert_eq!(gid_table(MAC, None, &[]), vec![link_local_gid(MAC)]);
+        // IPv6 addresses follow; the link-local one is GID 0 already.
+        let ll = Ipv6Addr::from(link_local_gid(MAC));
+        let global: Ipv6Addr = "2001:db8::7".parse().unwrap();
+        let t6 = gid_table(MAC, Some(v4), &[ll, global]);
+        assert_eq!(t6, [t[0], t[1], global.octets()]);
     }
 
     #[test]
     fn gid_lookup_semantics() {
-        let t = gid_table(MAC, Some(Ipv4Addr::new(10, 0, 0, 1)));
+        let t = gid_table(MAC, Some(Ipv4Addr::new(10, 0, 0, 1)), &[]);
         assert_eq!(gid_at(&t, 1, 1), Ok(Some(t[1])));
         assert_eq!(gid_at(&t, 1, 2), Ok(None));
         assert_eq!(gid_at(&t, 1, GID_TBL_LEN - 1), Ok(None));
@@ -1025,7 +1031,7 @@ mod tests {
             iface: "eth0".into(),
             mac: MAC,
             port: view(true),
-            gids: gid_table(MAC, Some(Ipv4Addr::new(10, 0, 0, 1))),
+            gids: gid_table(MAC, Some(Ipv4Addr::new(10, 0, 0, 1)), &[]),
         };
         let f = |p: &str| ibdev_file(&d, &p.split('/').collect::<Vec<_>>());
         assert_eq!(f("node_type").unwrap(), "1: CA\n");

@@ -133,7 +133,7 @@ impl AethRepr {
                 have: buf.len(),
             });
         }
-        if self.msn > 0xff_ffff {
+        if self.msn > crate::psn::PSN_MASK {
             return Err(Error::FieldOverflow("aeth.msn"));
         }
         match self.syndrome {

@@ -8,12 +8,13 @@
 use crate::bytes::{be16, be24, put16, put24};
 use crate::error::{Error, Layer, Result};
 use crate::opcode::Opcode;
+use crate::psn::PSN_MASK;
 
 pub const HEADER_LEN: usize = 12;
 /// Default partition key.
 pub const DEFAULT_PKEY: u16 = 0xffff;
-/// Largest 24-bit value (QPN, PSN, MSN).
-pub const MASK24: u32 = 0x00ff_ffff;
+/// Largest QP number (24 bits); PSNs have [`PSN_MASK`].
+pub const QPN_MASK: u32 = 0x00ff_ffff;
 
 /// Zero-copy view of a BTH.
 #[derive(Debug, Clone)]
@@ -75,10 +76,10 @@ impl<T: AsRef<[u8]>> BthHeader<T> {
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> BthHeader<T> {
     pub fn set_psn(&mut self, psn: u32) {
-        put24(self.buffer.as_mut(), 9, psn & MASK24)
+        put24(self.buffer.as_mut(), 9, psn & PSN_MASK)
     }
     pub fn set_dest_qp(&mut self, qpn: u32) {
-        put24(self.buffer.as_mut(), 5, qpn & MASK24)
+        put24(self.buffer.as_mut(), 5, qpn & QPN_MASK)
     }
     pub fn set_ack_req(&mut self, a: bool) {
         let b = self.buffer.as_mut();
@@ -164,10 +165,10 @@ impl BthRepr {
                 have: buf.len(),
             });
         }
-        if self.dest_qp > MASK24 {
+        if self.dest_qp > QPN_MASK {
             return Err(Error::FieldOverflow("bth.dest_qp"));
         }
-        if self.psn > MASK24 {
+        if self.psn > PSN_MASK {
             return Err(Error::FieldOverflow("bth.psn"));
         }
         if pad > 3 {

@@ -79,7 +79,7 @@ impl DethRepr {
     }
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
         room(buf, Self::LEN)?;
-        if self.src_qp > 0xff_ffff {
+        if self.src_qp > crate::bth::QPN_MASK {
             return Err(Error::FieldOverflow("deth.src_qp"));
         }
         put32(buf, 0, self.qkey);

@@ -10,6 +10,17 @@ use crate::ipv6::{self, Ipv6Repr};
 use crate::transport::TransportRepr;
 use crate::udp::{self, UdpChecksum, UdpRepr, ROCEV2_PORT};
 
+/// The most bytes a frame adds to its payload: untagged Ethernet, IPv6 (the
+/// longer IP header), UDP, BTH, the longest extension headers, the largest
+/// pad and the ICRC. A frame of `n` payload bytes is at most `n + MAX_OVERHEAD`.
+pub const MAX_OVERHEAD: usize = crate::eth::HEADER_LEN
+    + ipv6::HEADER_LEN
+    + udp::HEADER_LEN
+    + crate::bth::HEADER_LEN
+    + crate::opcode::HeaderSet::MAX_LEN
+    + 3
+    + ICRC_LEN;
+
 /// IPv4 or IPv6 header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IpRepr {
@@ -35,6 +46,19 @@ impl IpRepr {
         match self {
             IpRepr::V4(r) => r.ecn = ecn & 3,
             IpRepr::V6(r) => r.traffic_class = (r.traffic_class & !3) | (ecn & 3),
+        }
+    }
+    /// DSCP, the traffic class's upper six bits.
+    pub const fn dscp(&self) -> u8 {
+        match self {
+            IpRepr::V4(r) => r.dscp,
+            IpRepr::V6(r) => r.traffic_class >> 2,
+        }
+    }
+    pub fn set_dscp(&mut self, dscp: u8) {
+        match self {
+            IpRepr::V4(r) => r.dscp = dscp & 0x3f,
+            IpRepr::V6(r) => r.traffic_class = (dscp << 2) | (r.traffic_class & 3),
         }
     }
     /// Source GID (IPv4-mapped for IPv4).

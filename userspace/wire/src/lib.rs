@@ -96,17 +96,19 @@ pub mod transport;
 pub mod udp;
 
 pub use aeth::{credits_from_code, rnr_timer_us, AethRepr, NakCode, Syndrome};
-pub use bth::{pad_count, BthRepr};
+pub use bth::{pad_count, BthRepr, QPN_MASK};
 pub use error::{Error, Layer, Result};
 pub use eth::{EthRepr, VlanTag};
 pub use ext::{AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RethRepr};
-pub use frame::{emit_frame, parse_frame, parse_frame_checked, FrameRepr, IpRepr};
+pub use frame::{emit_frame, parse_frame, parse_frame_checked, FrameRepr, IpRepr, MAX_OVERHEAD};
 pub use gid::Gid;
 pub use icrc::ICRC_LEN;
 pub use ipv4::Ipv4Repr;
 pub use ipv6::Ipv6Repr;
 pub use opcode::{HeaderSet, Opcode, Service};
-pub use psn::{psn_add, psn_diff, psn_distance, psn_in_window, psn_lt, Psn};
+pub use psn::{
+    psn_add, psn_diff, psn_distance, psn_in_window, psn_le, psn_lt, psn_sub, Psn, PSN_MASK,
+};
 pub use transport::TransportRepr;
 pub use udp::{rocev2_src_port, UdpChecksum, UdpRepr, ROCEV2_PORT};
 

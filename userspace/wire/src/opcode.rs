@@ -81,6 +81,23 @@ impl HeaderSet {
     }
 }
 
+impl HeaderSet {
+    /// The longest set of extension headers any opcode carries, in bytes
+    /// (the AtomicETH of COMPARE_SWAP / FETCH_ADD).
+    pub const MAX_LEN: usize = {
+        let mut max = 0;
+        let mut i = 0;
+        while i < Opcode::ALL.len() {
+            let n = Opcode::ALL[i].headers().len();
+            if n > max {
+                max = n;
+            }
+            i += 1;
+        }
+        max
+    };
+}
+
 impl core::ops::BitOr for HeaderSet {
     type Output = HeaderSet;
     fn bitor(self, o: HeaderSet) -> HeaderSet {
@@ -193,6 +210,20 @@ impl Opcode {
         match self.service() {
             Service::Cnp => 0xff,
             _ => self.operation(),
+        }
+    }
+    /// The same operation in another service, e.g. `RC_SEND_ONLY` ->
+    /// `UC_SEND_ONLY` or `UD_SEND_ONLY`; `None` if that service lacks it.
+    pub const fn in_service(self, service: Service) -> Option<Opcode> {
+        let high = match (self.service(), service) {
+            (Service::Cnp, _) | (_, Service::Cnp) => return None,
+            (_, Service::Rc) => 0x00,
+            (_, Service::Uc) => 0x20,
+            (_, Service::Ud) => 0x60,
+        };
+        match Opcode::from_u8(high | self.operation()) {
+            Ok(o) => Some(o),
+            Err(_) => None,
         }
     }
     /// SEND of any kind (incl. with immediate / invalidate).

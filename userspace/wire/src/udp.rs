@@ -5,8 +5,9 @@ use crate::error::{Error, Layer, Result};
 use crate::ipv4::ones_complement_sum;
 
 pub const HEADER_LEN: usize = 8;
-/// IANA port for RoCEv2.
-pub const ROCEV2_PORT: u16 = 4791;
+/// IANA port for RoCEv2. Defined in xroce-common, which the XDP program
+/// (built for BPF, without this crate) shares.
+pub use xroce_common::ROCEV2_UDP_PORT as ROCEV2_PORT;
 
 /// Zero-copy view of a UDP header.
 #[derive(Debug, Clone)]

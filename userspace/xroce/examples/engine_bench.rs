@@ -9,11 +9,11 @@
 
 use std::time::Instant;
 
-use xroce::engine::codec::{self, PktHdr, Reth};
 use xroce::engine::sim::{connect_pair, PairParams, Sim};
 use xroce::engine::sim::{LinkConfig, SimLink};
 use xroce::engine::EngineConfig;
 use xroce::verbs::*;
+use xroce_wire::{emit_frame, parse_frame_checked, BthRepr, FrameRepr, Gid, Opcode, TransportRepr};
 
 struct Res {
     name: String,
@@ -23,13 +23,9 @@ struct Res {
 }
 
 fn codec_only(mtu: usize, secs: f64) -> f64 {
-    let h = PktHdr {
-        opcode: codec::op::WRITE_MIDDLE,
-        pkey: 0xffff,
-        dqpn: 0x11,
-        reth: Some(Reth::default()),
-        ..Default::default()
-    };
+    let t = TransportRepr::new(BthRepr::new(Opcode::RC_RDMA_WRITE_MIDDLE, 0x11, 0));
+    let ip = Gid::from_ipv4([10, 0, 0, 1]);
+    let h = FrameRepr::new([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], ip, ip, 0xc000, t);
     let payload = vec![0xa5u8; mtu];
     let mut buf = vec![0u8; 9000];
     let mut sink = vec![0u8; mtu];
@@ -37,10 +33,10 @@ fn codec_only(mtu: usize, secs: f64) -> f64 {
     let mut bytes = 0u64;
     while t0.elapsed().as_secs_f64() < secs {
         for _ in 0..1000 {
-            let n = codec::emit(&h, &payload, &mut buf).unwrap();
-            let (_, r) = codec::parse(&buf[..n]).unwrap();
+            let n = emit_frame(&h, &payload, &mut buf).unwrap();
+            let (_, p) = parse_frame_checked(&buf[..n]).unwrap();
             // The engine copies the payload once on each side; so does this.
-            sink.copy_from_slice(&buf[r]);
+            sink.copy_from_slice(p);
             bytes += mtu as u64;
         }
     }

@@ -139,6 +139,7 @@ impl Stack {
         let engine = EngineConfig {
             mac: net.mac(),
             ip,
+            ipv6: net.ipv6().to_vec(),
             line_rate_bps: rate,
             cc: Some(Arc::new(move || cc::build(kind, rate))),
             ..EngineConfig::default()

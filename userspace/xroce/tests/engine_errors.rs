@@ -487,7 +487,7 @@ fn srq_feeds_two_qps_and_fences_order_reads() {
     };
     let av = |c: &xroce::engine::EngineConfig| AddressVector {
         dest_mac: c.mac,
-        dest_ip: c.ip,
+        dest_ip: c.ip.into(),
         ..Default::default()
     };
     qp_a2
@@ -886,7 +886,7 @@ fn ud_datagrams_to_two_qps_with_qkey_check() {
     }
     let av = AddressVector {
         dest_mac: cb.mac,
-        dest_ip: cb.ip,
+        dest_ip: cb.ip.into(),
         ..Default::default()
     };
     let to = |q: &QueuePair, qkey| UdAddress {
@@ -975,7 +975,7 @@ fn sim_link_records_a_pcap_the_codec_reads_back() {
     let mut n = 0;
     for p in cap {
         let p = p.unwrap();
-        xroce::engine::codec::parse(&p.data).expect("valid RoCEv2 frame");
+        xroce_wire::parse_frame_checked(&p.data).expect("valid RoCEv2 frame");
         assert!(!p.is_truncated() && p.timestamp >= last);
         last = p.timestamp;
         n += 1;
@@ -986,7 +986,7 @@ fn sim_link_records_a_pcap_the_codec_reads_back() {
 
 #[test]
 fn foreign_source_and_pkey_are_dropped() {
-    use xroce::engine::codec::{self, PktHdr};
+    use xroce_wire::{emit_frame, BthRepr, FrameRepr, Gid, Opcode, TransportRepr};
     let sim = Sim::pair(LinkConfig::default(), 25);
     let p = PairParams {
         psn_a: 77,
@@ -999,36 +999,25 @@ fn foreign_source_and_pkey_are_dropped() {
     })
     .unwrap();
     let (ca, cb) = sim_configs();
-    let good = PktHdr {
-        dst_mac: cb.mac,
-        src_mac: ca.mac,
-        src_ip: ca.ip.octets(),
-        dst_ip: cb.ip.octets(),
-        udp_sport: 0xc000,
-        opcode: codec::op::SEND_ONLY,
-        pkey: 0xffff,
-        dqpn: b.qp.qp_num(),
-        psn: 77,
-        ack_req: true,
-        ..Default::default()
+    let mut bth = BthRepr::new(Opcode::RC_SEND_ONLY, b.qp.qp_num(), 77);
+    bth.ack_req = true;
+    let frame_from = |src: Gid, pkey: u16| {
+        let mut t = TransportRepr::new(bth);
+        t.bth.pkey = pkey;
+        FrameRepr::new(ca.mac, cb.mac, src, Gid::from(cb.ip), 0xc000, t)
     };
+    let good = frame_from(Gid::from(ca.ip), 0xffff);
     let mut buf = vec![0u8; 256];
     for bad in [
-        PktHdr {
-            src_ip: [10, 0, 0, 9],
-            ..good
-        },
-        PktHdr {
-            pkey: 0x1234,
-            ..good
-        },
+        frame_from(Gid::from_ipv4([10, 0, 0, 9]), 0xffff),
+        frame_from(Gid::from(ca.ip), 0x1234),
     ] {
-        let n = codec::emit(&bad, b"spoof", &mut buf).unwrap();
+        let n = emit_frame(&bad, b"spoof", &mut buf).unwrap();
         sim.b.handle_frame(&buf[..n], sim.now);
     }
     assert_eq!(sim.b.stats().rx_bad_header, 2);
     assert!(b.cq.is_empty());
-    let n = codec::emit(&good, b"hello", &mut buf).unwrap();
+    let n = emit_frame(&good, b"hello", &mut buf).unwrap();
     sim.b.handle_frame(&buf[..n], sim.now);
     let wc = b.cq.poll_one().unwrap().unwrap();
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 5));

@@ -35,10 +35,13 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
-use xroce::engine::codec::{self, AtomicEth, PktHdr, Reth};
 use xroce::engine::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::engine::AsyncEvent;
 use xroce::verbs::*;
+use xroce_wire::{
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, FrameRepr, Gid,
+    HeaderSet, Opcode, RethRepr, Syndrome, TransportRepr,
+};
 
 mod common;
 use common::pattern;
@@ -538,11 +541,11 @@ proptest! {
             let (to_b, mut f) = corp[pick % corp.len()].clone();
             match kind {
                 0 => { let i = pos % f.len(); f[i] = val; }
-                1 => { let i = codec::L2L3L4 + pos % 40; if i < f.len() { f[i] ^= val | 1; } }
+                1 => { let i = BTH_OFFSET + pos % 40; if i < f.len() { f[i] ^= val | 1; } }
                 2 => f.truncate(pos % (f.len() + 1)),
                 _ => f.extend(std::iter::repeat_n(val, pos % 64)),
             }
-            codec::fix_icrc(&mut f);
+            let _ = xroce_wire::icrc::fill_frame(&mut f); // not every mutant has one
             let dev = if to_b { &sim.b } else { &sim.a };
             dev.handle_frame(&f, sim.now);
             // Replays of the unmodified frame (duplicates) as well.
@@ -573,27 +576,14 @@ proptest! {
             let dst = if to_b { &b.ep } else { &a.ep };
             let rkey = if use_real_key { dst.mr.rkey() } else { key };
             let va = if use_real_key { dst.mr.addr() + (va % 70000) } else { va };
-            let h = PktHdr {
-                dst_mac: [2, 0, 0, 0, 0, if to_b { 2 } else { 1 }],
-                src_mac: [2, 0, 0, 0, 0, if to_b { 1 } else { 2 }],
-                src_ip: [10, 0, 0, if to_b { 1 } else { 2 }],
-                dst_ip: [10, 0, 0, if to_b { 2 } else { 1 }],
-                udp_sport: 0xc000,
-                opcode,
-                pkey: 0xffff,
-                dqpn: dst.qp.qp_num(),
-                ack_req: psn & 1 == 0,
-                psn: psn & 0xff_ffff,
-                ecn: (syn & 3),
-                reth: Some(Reth { va, rkey, len }),
-                aeth: Some((syn, len & 0xff_ffff)),
-                atomic: Some(AtomicEth { va, rkey, swap_add: va, compare: 0 }),
-                atomic_ack: Some(va),
-                imm: Some(key),
-                ieth: Some(key),
-                ..Default::default()
-            };
-            let Some(n) = codec::emit(&h, &vec![0x5a; plen], &mut buf) else { continue };
+            let (from, to) = if to_b { (1, 2) } else { (2, 1) };
+            let mut t = every_header(dst.qp.qp_num(), psn & 0xff_ffff, va, rkey, key);
+            t.bth.ack_req = psn & 1 == 0;
+            t.reth = Some(RethRepr { va, rkey, dma_len: len });
+            t.aeth = Some(AethRepr { syndrome: Syndrome::from_u8(syn), msn: len & 0xff_ffff });
+            let Some(mut f) = forge(from, to, opcode, t) else { continue };
+            f.ip.set_ecn(syn & 3);
+            let Ok(n) = xroce_wire::emit_frame(&f, &vec![0x5a; plen], &mut buf) else { continue };
             let dev = if to_b { &sim.b } else { &sim.a };
             dev.handle_frame(&buf[..n], sim.now);
             sim.step();
@@ -602,6 +592,68 @@ proptest! {
         }
         finish(&mut sim, &mut a, &mut b);
     }
+}
+
+/// Where the BTH starts in the engine's (untagged IPv4) frames.
+const BTH_OFFSET: usize =
+    xroce_wire::eth::HEADER_LEN + xroce_wire::ipv4::HEADER_LEN + xroce_wire::udp::HEADER_LEN;
+
+/// A transport repr holding every extension header (values from the
+/// arguments), for [`forge`] to cut down to an opcode's.
+fn every_header(dest_qp: u32, psn: u32, va: u64, rkey: u32, key: u32) -> TransportRepr {
+    let mut t = TransportRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, dest_qp, psn));
+    t.deth = Some(DethRepr {
+        qkey: key,
+        src_qp: key >> 8,
+    });
+    t.feth = Some(FethRepr {
+        selectivity: 0,
+        placement_type: 0,
+    });
+    t.reth = Some(RethRepr {
+        va,
+        rkey,
+        dma_len: key,
+    });
+    t.atomic_eth = Some(AtomicEthRepr {
+        va,
+        rkey,
+        swap_add: va,
+        compare: 0,
+    });
+    t.aeth = Some(AethRepr {
+        syndrome: Syndrome::ACK,
+        msn: key & 0xff_ffff,
+    });
+    t.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: va });
+    t.imm_data = Some(key);
+    t.invalidate_rkey = Some(key);
+    t
+}
+
+/// A frame from sim endpoint `from` (1 or 2: MAC 02::0n, IP 10.0.0.n) to
+/// `to` with opcode byte `opcode` (`None` if the codec does not carry it)
+/// and, of `t`'s headers, exactly those the opcode has.
+fn forge(from: u8, to: u8, opcode: u8, mut t: TransportRepr) -> Option<FrameRepr> {
+    let op = Opcode::from_u8(opcode).ok()?;
+    let has = |h: HeaderSet| op.headers().contains(h);
+    t.bth.opcode = op;
+    t.deth = t.deth.filter(|_| has(HeaderSet::DETH));
+    t.feth = t.feth.filter(|_| has(HeaderSet::FETH));
+    t.reth = t.reth.filter(|_| has(HeaderSet::RETH));
+    t.atomic_eth = t.atomic_eth.filter(|_| has(HeaderSet::ATOMIC_ETH));
+    t.aeth = t.aeth.filter(|_| has(HeaderSet::AETH));
+    t.atomic_ack_eth = t.atomic_ack_eth.filter(|_| has(HeaderSet::ATOMIC_ACK_ETH));
+    t.imm_data = t.imm_data.filter(|_| has(HeaderSet::IMM_DT));
+    t.invalidate_rkey = t.invalidate_rkey.filter(|_| has(HeaderSet::IETH));
+    Some(FrameRepr::new(
+        [2, 0, 0, 0, 0, from],
+        [2, 0, 0, 0, 0, to],
+        Gid::from_ipv4([10, 0, 0, from]),
+        Gid::from_ipv4([10, 0, 0, to]),
+        0xc000,
+        t,
+    ))
 }
 
 // ---------------------------------------------------------------------------
@@ -1523,7 +1575,7 @@ fn verbs_run(actions: Vec<Action>, seed: u64) {
         let (ca, cb) = (sim.a.lock().config().clone(), sim.b.lock().config().clone());
         let av = |c: &xroce::engine::EngineConfig| AddressVector {
             dest_mac: c.mac,
-            dest_ip: c.ip,
+            dest_ip: c.ip.into(),
             ..Default::default()
         };
         [av(&cb), av(&ca)]
@@ -1792,23 +1844,13 @@ proptest! {
         for (opcode, ud, key, plen, ecn, psn) in pkts {
             let qp = &qps[if ud { 0 } else { 1 }];
             let opcode = if ud { 0x64 | (opcode & 1) } else { 0x20 | (opcode % 0x0c) };
-            let h = PktHdr {
-                dst_mac: [2, 0, 0, 0, 0, 2],
-                src_mac: [2, 0, 0, 0, 0, 1],
-                src_ip: [10, 0, 0, 1],
-                dst_ip: [10, 0, 0, 2],
-                udp_sport: 0xc000,
-                opcode,
-                pkey: 0xffff,
-                dqpn: qp.qp_num(),
-                psn: psn & 0xff_ffff,
-                ecn: ecn & 3,
-                deth: Some((if key & 1 == 0 { 5 } else { key }, key >> 8)),
-                reth: Some(Reth { va: mr.addr() + (key as u64 % 70000), rkey: mr.rkey(), len: plen as u32 }),
-                imm: Some(key),
-                ..Default::default()
-            };
-            if let Some(n) = codec::emit(&h, &vec![0x11; plen], &mut buf) {
+            let va = mr.addr() + (key as u64 % 70000);
+            let mut t = every_header(qp.qp_num(), psn & 0xff_ffff, va, mr.rkey(), key);
+            t.deth = Some(DethRepr { qkey: if key & 1 == 0 { 5 } else { key }, src_qp: key >> 8 });
+            t.reth = Some(RethRepr { va, rkey: mr.rkey(), dma_len: plen as u32 });
+            let Some(mut f) = forge(1, 2, opcode, t) else { continue };
+            f.ip.set_ecn(ecn & 3);
+            if let Ok(n) = xroce_wire::emit_frame(&f, &vec![0x11; plen], &mut buf) {
                 sim.b.handle_frame(&buf[..n], 1_000);
             }
             let [ud_t, uc_t] = &mut tracks[..] else { unreachable!() };

@@ -7,13 +7,17 @@
 //! payload, by the frame our engine emits at that point (SEND segmentation,
 //! PSNs, AckReq, coalesced ACK PSN/syndrome/MSN, UDP source port).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
+use std::ops::Range;
 use std::path::PathBuf;
 
 use xroce::capture;
-use xroce::engine::codec::{self, PktHdr};
 use xroce::engine::EngineConfig;
 use xroce::verbs::*;
+use xroce_wire::{emit_frame, parse_frame_checked, psn_le, FrameRepr, Gid, Opcode};
+
+/// The rxe server of every capture.
+const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 11);
 
 fn pcap_dir() -> Option<PathBuf> {
     let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/pcaps");
@@ -33,12 +37,28 @@ fn read_pcap(path: &std::path::Path) -> Vec<(u64, Vec<u8>)> {
         .collect()
 }
 
-fn fields(h: &PktHdr) -> impl std::fmt::Debug + PartialEq {
+/// A frame's headers (ICRC checked) and where its payload is.
+fn parse(f: &[u8]) -> Option<(FrameRepr, Range<usize>)> {
+    let (h, payload) = parse_frame_checked(f).ok()?;
+    let start = payload.as_ptr() as usize - f.as_ptr() as usize;
+    Some((h, start..start + payload.len()))
+}
+
+fn from_server(h: &FrameRepr) -> bool {
+    h.ip.src_gid() == Gid::from(SERVER_IP)
+}
+
+fn is_ack(h: &FrameRepr) -> bool {
+    h.transport.bth.opcode == Opcode::RC_ACKNOWLEDGE
+}
+
+/// What must match rxe's frame: every transport header, the UDP source
+/// port, addresses.
+fn fields(h: &FrameRepr) -> impl std::fmt::Debug + PartialEq {
     (
-        (h.opcode, h.dqpn, h.psn, h.ack_req, h.aeth, h.udp_sport),
-        (
-            h.src_ip, h.dst_ip, h.src_mac, h.dst_mac, h.se, h.mig, h.pkey,
-        ),
+        h.transport,
+        h.udp.src_port,
+        (h.ip.src_gid(), h.ip.dst_gid(), h.eth.src, h.eth.dst),
     )
 }
 
@@ -47,19 +67,18 @@ fn replay(file: &str, mtu: Mtu) {
         eprintln!("reference captures not found; skipping");
         return;
     };
-    let frames: Vec<(u64, Vec<u8>, PktHdr, std::ops::Range<usize>)> = read_pcap(&dir.join(file))
+    let frames: Vec<(u64, Vec<u8>, FrameRepr, Range<usize>)> = read_pcap(&dir.join(file))
         .into_iter()
-        .filter_map(|(t, f)| codec::parse(&f).ok().map(|(h, r)| (t, f, h, r)))
+        .filter_map(|(t, f)| parse(&f).map(|(h, r)| (t, f, h, r)))
         .collect();
-    let server_ip = [10, 99, 0, 11];
-    let client = frames.iter().find(|f| f.2.src_ip != server_ip).unwrap();
+    let client = frames.iter().find(|f| !from_server(&f.2)).unwrap();
     let server_req = frames
         .iter()
-        .find(|f| f.2.src_ip == server_ip && f.2.opcode != codec::op::ACK)
+        .find(|f| from_server(&f.2) && !is_ack(&f.2))
         .unwrap();
     let cfg = EngineConfig {
-        mac: server_req.2.src_mac,
-        ip: Ipv4Addr::from(server_ip),
+        mac: server_req.2.eth.src,
+        ip: SERVER_IP,
         ecn_capable: false, // rxe does not mark ECT
         ..Default::default()
     };
@@ -69,7 +88,7 @@ fn replay(file: &str, mtu: Mtu) {
     let qp = dev.create_qp(&pd, &QpInitAttr::rc(&cq)).unwrap();
     assert_eq!(
         qp.qp_num(),
-        client.2.dqpn,
+        client.2.transport.bth.dest_qp,
         "rxe's first QPN is 0x11, like ours"
     );
     let rx = pd.reg_mr(512 * 4096, AccessFlags::LOCAL_WRITE).unwrap();
@@ -83,15 +102,15 @@ fn replay(file: &str, mtu: Mtu) {
         min_rnr_timer: 12,
         max_rd_atomic: 1,
         max_dest_rd_atomic: 1,
-        sq_psn: server_req.2.psn,
+        sq_psn: server_req.2.transport.bth.psn,
         ..Default::default()
     };
     let remote = RemoteQp {
-        qpn: client.2.dqpn,
-        psn: client.2.psn,
+        qpn: client.2.transport.bth.dest_qp,
+        psn: client.2.transport.bth.psn,
         av: AddressVector {
-            dest_mac: client.2.src_mac,
-            dest_ip: Ipv4Addr::from(client.2.src_ip),
+            dest_mac: client.2.eth.src,
+            dest_ip: client.2.ip.src_gid().to_ip(),
             ..Default::default()
         },
     };
@@ -113,10 +132,11 @@ fn replay(file: &str, mtu: Mtu) {
     let mut i = 0;
     while i < frames.len() {
         let (t, f, h, r) = &frames[i];
-        if h.src_ip != server_ip {
-            if h.opcode != codec::op::ACK {
+        let opcode = h.transport.bth.opcode;
+        if !from_server(h) {
+            if !is_ack(h) {
                 cur.extend_from_slice(&f[r.clone()]);
-                if matches!(h.opcode, codec::op::SEND_LAST | codec::op::SEND_ONLY) {
+                if matches!(opcode, Opcode::RC_SEND_LAST | Opcode::RC_SEND_ONLY) {
                     client_msgs.push(std::mem::take(&mut cur));
                 }
             }
@@ -124,9 +144,10 @@ fn replay(file: &str, mtu: Mtu) {
             i += 1;
             continue;
         }
-        if h.opcode != codec::op::ACK {
+        if !is_ack(h) {
+            let psn = h.transport.bth.psn;
             if let Some(m) = max_req_psn {
-                if xroce::engine::psn::le(h.psn, m) {
+                if psn_le(psn, m) {
                     // rxe's retransmission timer fired here (TCG stalls);
                     // timing-driven, so our engine does not repeat it.
                     skipped += 1;
@@ -134,16 +155,17 @@ fn replay(file: &str, mtu: Mtu) {
                     continue;
                 }
             }
-            max_req_psn = Some(h.psn);
+            max_req_psn = Some(psn);
         }
-        if matches!(h.opcode, codec::op::SEND_FIRST | codec::op::SEND_ONLY) {
+        if matches!(opcode, Opcode::RC_SEND_FIRST | Opcode::RC_SEND_ONLY) {
             // The server application posts a SEND: gather its payload from
             // the capture and post the same message.
             let mut msg = Vec::new();
             for (_, f2, h2, r2) in &frames[i..] {
-                if h2.src_ip == server_ip && h2.opcode != codec::op::ACK {
+                if from_server(h2) && !is_ack(h2) {
                     msg.extend_from_slice(&f2[r2.clone()]);
-                    if matches!(h2.opcode, codec::op::SEND_LAST | codec::op::SEND_ONLY) {
+                    let op2 = h2.transport.bth.opcode;
+                    if matches!(op2, Opcode::RC_SEND_LAST | Opcode::RC_SEND_ONLY) {
                         break;
                     }
                 }
@@ -161,7 +183,7 @@ fn replay(file: &str, mtu: Mtu) {
         let n = dev
             .poll_transmit(*t, &mut buf)
             .unwrap_or_else(|| panic!("frame {i}: rxe sent {h:?}, we sent nothing"));
-        let (ours, or) = codec::parse(&buf[..n]).expect("our frame parses");
+        let (ours, or) = parse(&buf[..n]).expect("our frame parses");
         assert_eq!(fields(&ours), fields(h), "frame {i}: ours vs rxe");
         assert_eq!(&buf[or], &f[r.clone()], "frame {i}: payload");
         assert_eq!(n, f.len(), "frame {i}: length");
@@ -216,26 +238,25 @@ fn replay_write_bw(file: &str) {
         eprintln!("reference captures not found; skipping");
         return;
     };
-    let frames: Vec<(u64, PktHdr, Vec<u8>)> = read_pcap(&dir.join(file))
+    let frames: Vec<(u64, FrameRepr, Vec<u8>)> = read_pcap(&dir.join(file))
         .into_iter()
-        .filter_map(|(t, f)| codec::parse(&f).ok().map(|(h, r)| (t, h, f[r].to_vec())))
+        .filter_map(|(t, f)| parse(&f).map(|(h, r)| (t, h, f[r].to_vec())))
         .collect();
-    let server_ip = [10, 99, 0, 11];
-    let first = frames.iter().find(|f| f.1.src_ip != server_ip).unwrap();
-    let server_mac = first.1.dst_mac;
+    let first = frames.iter().find(|f| !from_server(&f.1)).unwrap();
+    let server_mac = first.1.eth.dst;
     let min_va = frames
         .iter()
-        .filter_map(|f| f.1.reth.map(|r| r.va))
+        .filter_map(|f| f.1.transport.reth.map(|r| r.va))
         .min()
         .unwrap();
     let max_end = frames
         .iter()
-        .filter_map(|f| f.1.reth.map(|r| r.va + r.len as u64))
+        .filter_map(|f| f.1.transport.reth.map(|r| r.va + r.dma_len as u64))
         .max()
         .unwrap();
     let dev = Device::new(EngineConfig {
         mac: server_mac,
-        ip: Ipv4Addr::from(server_ip),
+        ip: SERVER_IP,
         ecn_capable: false,
         ..Default::default()
     });
@@ -245,7 +266,7 @@ fn replay_write_bw(file: &str) {
     let mut qps = Vec::new();
     let qp = loop {
         let qp = dev.create_qp(&pd, &QpInitAttr::rc(&cq)).unwrap();
-        if qp.qp_num() == first.1.dqpn {
+        if qp.qp_num() == first.1.transport.bth.dest_qp {
             break qp;
         }
         qps.push(qp);
@@ -258,8 +279,8 @@ fn replay_write_bw(file: &str) {
         .unwrap();
     let client_qpn = frames
         .iter()
-        .find(|f| f.1.src_ip == server_ip)
-        .map(|f| f.1.dqpn)
+        .find(|f| from_server(&f.1))
+        .map(|f| f.1.transport.bth.dest_qp)
         .unwrap();
     let local = QpAttr {
         qp_access_flags: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
@@ -274,10 +295,10 @@ fn replay_write_bw(file: &str) {
     };
     let remote = RemoteQp {
         qpn: client_qpn,
-        psn: first.1.psn,
+        psn: first.1.transport.bth.psn,
         av: AddressVector {
-            dest_mac: first.1.src_mac,
-            dest_ip: Ipv4Addr::from(first.1.src_ip),
+            dest_mac: first.1.eth.src,
+            dest_ip: first.1.ip.src_gid().to_ip(),
             ..Default::default()
         },
     };
@@ -287,31 +308,31 @@ fn replay_write_bw(file: &str) {
     let mut theirs = Vec::new();
     let mut last_payload = Vec::new();
     for (t, h, payload) in &frames {
-        if h.src_ip == server_ip {
-            theirs.push((h.opcode, h.psn, h.aeth));
+        if from_server(h) {
+            theirs.push(h.transport);
             continue;
         }
         let mut h2 = *h;
-        if let Some(r) = &mut h2.reth {
+        if let Some(r) = &mut h2.transport.reth {
             r.rkey = mr.rkey();
             r.va = mr.addr() + (r.va - min_va);
             last_payload.clear();
         }
         last_payload.extend_from_slice(payload);
-        let n = codec::emit(&h2, payload, &mut buf).unwrap();
+        let n = emit_frame(&h2, payload, &mut buf).unwrap();
         let f = buf[..n].to_vec();
         dev.handle_frame(&f, *t);
         while let Some(n) = dev.poll_transmit(*t, &mut buf) {
-            let (o, _) = codec::parse(&buf[..n]).unwrap();
+            let (o, _) = parse(&buf[..n]).unwrap();
             assert_eq!(
-                o.udp_sport, h.udp_sport,
+                o.udp.src_port, h.udp.src_port,
                 "rxe's UDP source port for the QP pair"
             );
-            ours.push((o.opcode, o.psn, o.aeth));
+            ours.push(o.transport);
         }
     }
     assert_eq!(ours.len(), theirs.len(), "number of ACKs");
-    assert_eq!(ours, theirs, "ACK sequence (PSN, syndrome, MSN)");
+    assert_eq!(ours, theirs, "ACK sequence (every BTH and AETH field)");
     let st = dev.stats();
     assert_eq!(
         st.rx_bad_icrc + st.rx_malformed + st.rx_out_of_sequence + st.rx_duplicate,
@@ -339,16 +360,18 @@ fn replay_write_bw_requester(file: &str) {
         eprintln!("reference captures not found; skipping");
         return;
     };
-    let frames: Vec<(u64, PktHdr, Vec<u8>, Vec<u8>)> = read_pcap(&dir.join(file))
+    let frames: Vec<(u64, FrameRepr, Vec<u8>, Vec<u8>)> = read_pcap(&dir.join(file))
         .into_iter()
-        .filter_map(|(t, f)| codec::parse(&f).ok().map(|(h, r)| (t, h, f[r].to_vec(), f)))
+        .filter_map(|(t, f)| parse(&f).map(|(h, r)| (t, h, f[r].to_vec(), f)))
         .collect();
-    let server_ip = [10, 99, 0, 11];
-    let first = frames.iter().find(|f| f.1.src_ip != server_ip).unwrap();
-    let ack = frames.iter().find(|f| f.1.src_ip == server_ip).unwrap();
+    let first = frames.iter().find(|f| !from_server(&f.1)).unwrap();
+    let ack = frames.iter().find(|f| from_server(&f.1)).unwrap();
+    let IpAddr::V4(client_ip) = first.1.ip.src_gid().to_ip() else {
+        panic!("the captures are IPv4")
+    };
     let dev = Device::new(EngineConfig {
-        mac: first.1.src_mac,
-        ip: Ipv4Addr::from(first.1.src_ip),
+        mac: first.1.eth.src,
+        ip: client_ip,
         ecn_capable: false,
         // Never the limit here: rxe decided when to send, we follow.
         max_inflight_pkts: 1 << 20,
@@ -361,12 +384,15 @@ fn replay_write_bw_requester(file: &str) {
     let mut qps = Vec::new();
     let qp = loop {
         let qp = dev.create_qp(&pd, &init).unwrap();
-        if qp.qp_num() == ack.1.dqpn {
+        if qp.qp_num() == ack.1.transport.bth.dest_qp {
             break qp;
         }
         qps.push(qp);
     };
-    let msgs = frames.iter().filter(|f| f.1.reth.is_some()).count();
+    let msgs = frames
+        .iter()
+        .filter(|f| f.1.transport.reth.is_some())
+        .count();
     let mr = pd
         .reg_mr(msgs * 4096 + 4096, AccessFlags::LOCAL_WRITE)
         .unwrap();
@@ -379,15 +405,15 @@ fn replay_write_bw_requester(file: &str) {
         min_rnr_timer: 12,
         max_rd_atomic: 1,
         max_dest_rd_atomic: 1,
-        sq_psn: first.1.psn,
+        sq_psn: first.1.transport.bth.psn,
         ..Default::default()
     };
     let remote = RemoteQp {
-        qpn: first.1.dqpn,
-        psn: ack.1.psn, // unused: the server sends no requests
+        qpn: first.1.transport.bth.dest_qp,
+        psn: ack.1.transport.bth.psn, // unused: the server sends no requests
         av: AddressVector {
-            dest_mac: first.1.dst_mac,
-            dest_ip: Ipv4Addr::from(first.1.dst_ip),
+            dest_mac: first.1.eth.dst,
+            dest_ip: first.1.ip.dst_gid().to_ip(),
             ..Default::default()
         },
     };
@@ -396,17 +422,17 @@ fn replay_write_bw_requester(file: &str) {
     let mut msg = 0usize;
     let mut compared = 0;
     for (i, (t, h, payload, raw)) in frames.iter().enumerate() {
-        if h.src_ip == server_ip {
+        if from_server(h) {
             dev.handle_frame(raw, *t);
             continue;
         }
-        if let Some(r) = h.reth {
+        if let Some(r) = h.transport.reth {
             // The application posts the WRITE this FIRST/ONLY packet starts.
             let mut data = Vec::new();
             for (_, h2, p2, _) in &frames[i..] {
-                if h2.src_ip != server_ip {
+                if !from_server(h2) {
                     data.extend_from_slice(p2);
-                    if data.len() >= r.len as usize {
+                    if data.len() >= r.dma_len as usize {
                         break;
                     }
                 }
@@ -420,7 +446,7 @@ fn replay_write_bw_requester(file: &str) {
                     remote_addr: r.va,
                     rkey: r.rkey,
                 },
-                vec![mr.sge(off, r.len as usize)],
+                vec![mr.sge(off, r.dma_len as usize)],
             )
             .flags(SendFlags::empty());
             qp.post_send(&wr).unwrap();
@@ -429,10 +455,10 @@ fn replay_write_bw_requester(file: &str) {
         let n = dev
             .poll_transmit(*t, &mut buf)
             .unwrap_or_else(|| panic!("frame {i}: rxe sent {h:?}, we sent nothing"));
-        let (o, or) = codec::parse(&buf[..n]).unwrap();
+        let (o, or) = parse(&buf[..n]).unwrap();
         assert_eq!(
-            (o.opcode, o.psn, o.ack_req, o.reth, o.dqpn, o.udp_sport),
-            (h.opcode, h.psn, h.ack_req, h.reth, h.dqpn, h.udp_sport),
+            (o.transport, o.udp.src_port),
+            (h.transport, h.udp.src_port),
             "frame {i}"
         );
         assert_eq!(&buf[or], &payload[..], "frame {i} payload");

@@ -343,7 +343,7 @@ pub fn connect_qp(
         psn: rq_psn,
         av: AddressVector {
             dest_mac,
-            dest_ip,
+            dest_ip: dest_ip.into(),
             ..Default::default()
         },
     };

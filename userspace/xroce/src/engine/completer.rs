@@ -2,10 +2,9 @@
 //! completes them in order and maps errors to WC status (IBTA 9.7.5 /
 //! rxe_comp.c).
 
-use super::codec::{op, PktHdr};
-use super::psn;
+use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, NakCode, Opcode, Syndrome, TransportRepr};
+
 use super::qp::{sgl_write, QpCtx};
-use super::timers;
 use super::Env;
 use crate::verbs::wc::WcStatus;
 
@@ -50,14 +49,14 @@ impl QpCtx {
             if w.op.is_read_or_atomic() {
                 break;
             }
-            if psn::lt(w.last_psn, end) {
-                let next = psn::add(w.last_psn, 1);
-                if psn::lt(self.req.comp_psn, next) {
+            if psn_lt(w.last_psn, end) {
+                let next = psn_add(w.last_psn, 1);
+                if psn_lt(self.req.comp_psn, next) {
                     self.req.comp_psn = next;
                 }
                 self.complete_front_ok(env);
             } else {
-                if psn::lt(self.req.comp_psn, end) {
+                if psn_lt(self.req.comp_psn, end) {
                     self.req.comp_psn = end; // part of a multi-packet message
                 }
                 break;
@@ -75,10 +74,10 @@ impl QpCtx {
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
         self.req.started_retry = false;
-        let acked = psn::diff(self.req.comp_psn, old).max(0) as usize;
+        let acked = psn_diff(self.req.comp_psn, old).max(0) as usize;
         let mut rtt = None;
         if let Some((p, t)) = self.req.rtt_sample {
-            if psn::lt(p, self.req.comp_psn) {
+            if psn_lt(p, self.req.comp_psn) {
                 rtt = Some(now.saturating_sub(t));
                 self.req.rtt_sample = None;
             }
@@ -89,7 +88,7 @@ impl QpCtx {
         } else {
             None
         };
-        if psn::lt(self.req.psn, self.req.comp_psn) {
+        if psn_lt(self.req.psn, self.req.comp_psn) {
             let p = self.req.comp_psn;
             self.seek_req(p);
         }
@@ -120,7 +119,7 @@ impl QpCtx {
     fn front_unanswered_before(&self, p: u32) -> bool {
         self.sq
             .front()
-            .is_some_and(|w| w.started && w.op.is_read_or_atomic() && psn::lt(w.last_psn, p))
+            .is_some_and(|w| w.started && w.op.is_read_or_atomic() && psn_lt(w.last_psn, p))
     }
 
     /// Retry from the completer PSN unless a retry for it already started.
@@ -131,20 +130,27 @@ impl QpCtx {
         self.start_retry(env);
     }
 
-    pub(crate) fn comp_handle(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8], now: u64) {
-        let p = h.psn;
+    pub(crate) fn comp_handle(
+        &mut self,
+        env: &mut Env<'_>,
+        t: &TransportRepr,
+        payload: &[u8],
+        now: u64,
+    ) {
+        let p = t.bth.psn;
+        let opcode = t.bth.opcode;
         // Valid responses are for PSNs we have sent and not yet completed.
-        if !psn::lt(p, self.req.max_psn) {
+        if !psn_lt(p, self.req.max_psn) {
             env.stats.rx_ghost_response += 1;
             return;
         }
-        if psn::lt(p, self.req.comp_psn) && h.opcode != op::ACK {
+        if psn_lt(p, self.req.comp_psn) && opcode != Opcode::RC_ACKNOWLEDGE {
             env.stats.rx_duplicate += 1;
             return;
         }
-        match h.opcode {
-            op::ACK => self.on_ack(env, h, now),
-            op::ATOMIC_ACK => {
+        match opcode {
+            Opcode::RC_ACKNOWLEDGE => self.on_ack(env, t, now),
+            Opcode::RC_ATOMIC_ACKNOWLEDGE => {
                 self.ack_up_to(env, p, now);
                 if self.req.comp_psn != p {
                     self.retry_if_new(env);
@@ -158,23 +164,23 @@ impl QpCtx {
                     env.stats.rx_bad_response += 1;
                     return;
                 }
-                let orig = h.atomic_ack.unwrap_or(0);
+                let orig = t.atomic_ack_eth.map_or(0, |a| a.orig_data);
                 if !sgl_write(&w.sges, 0, &orig.to_ne_bytes()) {
                     self.fail_front(env, WcStatus::LocProtErr);
                     return;
                 }
                 let old = self.req.comp_psn;
-                self.req.comp_psn = psn::add(p, 1);
+                self.req.comp_psn = psn_add(p, 1);
                 self.complete_front_ok(env);
                 self.on_progress(env, old, now);
             }
-            _ => self.on_read_response(env, h, payload, now),
+            _ => self.on_read_response(env, t, payload, now),
         }
         self.complete_local_errors(env);
     }
 
-    fn on_read_response(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8], now: u64) {
-        let p = h.psn;
+    fn on_read_response(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8], now: u64) {
+        let p = t.bth.psn;
         self.ack_up_to(env, p, now);
         if self.req.comp_psn != p {
             // A response beyond the next expected one: something was lost.
@@ -189,15 +195,18 @@ impl QpCtx {
         };
         if !matches!(w.op, crate::verbs::wr::WrOpcode::RdmaRead { .. })
             || !w.started
-            || !psn::le(w.first_psn, p)
-            || !psn::le(p, w.last_psn)
+            || !psn_le(w.first_psn, p)
+            || !psn_le(p, w.last_psn)
         {
             env.stats.rx_bad_response += 1;
             return;
         }
-        let k = psn::diff(p, w.first_psn) as usize;
+        let k = psn_diff(p, w.first_psn) as usize;
         let offset = k * mtu;
-        let final_pkt = matches!(h.opcode, op::READ_RESP_LAST | op::READ_RESP_ONLY);
+        let final_pkt = matches!(
+            t.bth.opcode,
+            Opcode::RC_RDMA_READ_RESPONSE_LAST | Opcode::RC_RDMA_READ_RESPONSE_ONLY
+        );
         let is_last_psn = p == w.last_psn;
         let len = w.len as usize;
         let ok_len = if final_pkt {
@@ -214,40 +223,40 @@ impl QpCtx {
             return;
         }
         let old = self.req.comp_psn;
-        self.req.comp_psn = psn::add(p, 1);
+        self.req.comp_psn = psn_add(p, 1);
         if final_pkt {
             self.complete_front_ok(env);
         }
         self.on_progress(env, old, now);
     }
 
-    fn on_ack(&mut self, env: &mut Env<'_>, h: &PktHdr, now: u64) {
-        let p = h.psn;
-        let Some((syn, _msn)) = h.aeth else {
+    fn on_ack(&mut self, env: &mut Env<'_>, t: &TransportRepr, now: u64) {
+        let p = t.bth.psn;
+        let Some(aeth) = t.aeth else {
             env.stats.rx_bad_response += 1;
             return;
         };
-        match syn >> 5 {
-            0 => {
+        match aeth.syndrome {
+            Syndrome::Ack { .. } => {
                 // ACK: everything up to and including p is done.
-                if psn::lt(p, self.req.comp_psn) {
+                if psn_lt(p, self.req.comp_psn) {
                     env.stats.rx_duplicate += 1;
                     return;
                 }
-                self.ack_up_to(env, psn::add(p, 1), now);
+                self.ack_up_to(env, psn_add(p, 1), now);
                 // An ACK covering a READ/atomic whose response we have not
                 // seen means the response was lost: retry it.
                 if let Some(w) = self.sq.front() {
-                    if w.started && w.op.is_read_or_atomic() && psn::le(self.req.comp_psn, p) {
+                    if w.started && w.op.is_read_or_atomic() && psn_le(self.req.comp_psn, p) {
                         self.retry_if_new(env);
                     }
                 }
             }
-            1 => {
+            Syndrome::RnrNak { timer } => {
                 // RNR NAK for PSN p.
                 env.stats.rx_rnr_naks += 1;
                 self.qstats.rnr_naks_received += 1;
-                if psn::lt(p, self.req.comp_psn) {
+                if psn_lt(p, self.req.comp_psn) {
                     return;
                 }
                 self.ack_up_to(env, p, now);
@@ -265,43 +274,38 @@ impl QpCtx {
                 if self.req.rnr_left != 7 {
                     self.req.rnr_left -= 1;
                 }
-                self.req.rnr_until = Some(now + timers::rnr_timer_ns(syn & 0x1f));
+                self.req.rnr_until = Some(now + u64::from(xroce_wire::rnr_timer_us(timer)) * 1_000);
                 self.req.rto_deadline = None;
                 // Stop sending now; the retry starts when the timer fires.
                 let cp = self.req.comp_psn;
                 self.seek_req(cp);
             }
-            3 => {
-                if psn::lt(p, self.req.comp_psn) {
+            Syndrome::Nak(code) => {
+                if psn_lt(p, self.req.comp_psn) {
                     env.stats.rx_duplicate += 1;
                     return;
                 }
-                let code = syn & 0x1f;
                 self.ack_up_to(env, p, now);
-                if code == 0 {
-                    env.stats.rx_seq_naks += 1;
-                    self.qstats.seq_naks_received += 1;
-                    self.retry_if_new(env);
-                    return;
-                }
+                let st = match code {
+                    NakCode::PsnSequenceError => {
+                        env.stats.rx_seq_naks += 1;
+                        self.qstats.seq_naks_received += 1;
+                        self.retry_if_new(env);
+                        return;
+                    }
+                    NakCode::InvalidRequest | NakCode::InvalidRdRequest => WcStatus::RemInvReqErr,
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                };
                 if self.front_unanswered_before(p) {
                     self.retry_if_new(env);
                     return;
                 }
-                let st = match code {
-                    1 | 4 => WcStatus::RemInvReqErr,
-                    2 => WcStatus::RemAccessErr,
-                    3 => WcStatus::RemOpErr,
-                    _ => {
-                        env.stats.rx_bad_response += 1;
-                        return;
-                    }
-                };
                 if self.sq.front().is_some_and(|w| w.started) {
                     self.fail_front(env, st);
                 }
             }
-            _ => env.stats.rx_bad_response += 1,
+            Syndrome::Reserved(_) => env.stats.rx_bad_response += 1,
         }
     }
 }

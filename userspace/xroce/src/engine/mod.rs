@@ -60,14 +60,13 @@
 //! Not yet: end-to-end credits (ACKs carry "invalid credits" 0x1f like
 //! rxe's and incoming credits are ignored); SEND_WITH_INV does not
 //! invalidate anything (no memory windows / fast-reg MRs); alternate paths
-//! and path migration; SQE for UC/UD send errors (they go to ERR); IPv6
-//! emission (IPv6 frames are parsed); solicited-only CQ notification;
+//! and path migration; SQE for UC/UD send errors (they go to ERR);
+//! solicited-only CQ notification;
 //! SRQ limit events; RD/XRC; memory windows; user-supplied memory for MRs
 //! (MRs own their buffer).
 
-pub mod codec;
+mod codec;
 mod completer;
-pub mod psn;
 pub(crate) mod qp;
 mod requester;
 mod responder;
@@ -77,7 +76,7 @@ mod uc;
 mod ud;
 
 use std::collections::VecDeque;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use crate::cc::{CongestionControl, NoCc};
@@ -101,8 +100,11 @@ pub type CcFactory = Arc<dyn Fn() -> Box<dyn CongestionControl> + Send + Sync>;
 pub struct EngineConfig {
     /// Our Ethernet address (source MAC of every frame).
     pub mac: [u8; 6],
-    /// Our IPv4 address (source IP of every frame).
+    /// Our IPv4 address (source of frames to IPv4 peers).
     pub ip: Ipv4Addr,
+    /// Our IPv6 addresses (source of frames to IPv6 peers: a link-local one
+    /// to a link-local peer, else the first other).
+    pub ipv6: Vec<Ipv6Addr>,
     /// Rate for the default [`NoCc`] controller, bits per second.
     pub line_rate_bps: u64,
     /// Token-bucket depth of each QP's pacer ([`crate::cc::Pacer`]), bytes:
@@ -125,6 +127,7 @@ impl std::fmt::Debug for EngineConfig {
         f.debug_struct("EngineConfig")
             .field("mac", &self.mac)
             .field("ip", &self.ip)
+            .field("ipv6", &self.ipv6)
             .field("line_rate_bps", &self.line_rate_bps)
             .field("max_inflight_pkts", &self.max_inflight_pkts)
             .field("ack_every", &self.ack_every)
@@ -138,6 +141,7 @@ impl Default for EngineConfig {
         Self {
             mac: [0x02, 0, 0, 0, 0, 1],
             ip: Ipv4Addr::new(10, 0, 0, 1),
+            ipv6: Vec::new(),
             line_rate_bps: 100_000_000_000,
             pacing_burst_bytes: 64 * 1024,
             max_inflight_pkts: 128, // rxe: RXE_MAX_UNACKED_PSNS
@@ -447,21 +451,18 @@ impl Engine {
     pub fn handle_frame(&mut self, frame: &[u8], now_ns: u64) {
         self.stats.rx_frames += 1;
         self.stats.rx_bytes += frame.len() as u64;
-        let (h, range) = match codec::parse(frame) {
+        let (f, payload) = match xroce_wire::parse_frame_checked(frame) {
             Ok(x) => x,
             Err(e) => {
                 match e {
-                    codec::ParseError::BadIcrc => self.stats.rx_bad_icrc += 1,
-                    codec::ParseError::NotIpv4
-                    | codec::ParseError::NotUdp
-                    | codec::ParseError::NotRoce => self.stats.rx_not_roce += 1,
+                    xroce_wire::Error::BadIcrc { .. } => self.stats.rx_bad_icrc += 1,
+                    e if e.is_not_roce() => self.stats.rx_not_roce += 1,
                     _ => self.stats.rx_malformed += 1,
                 }
                 return;
             }
         };
-        let payload = &frame[range];
-        let Some(idx) = Self::qp_index(h.dqpn) else {
+        let Some(idx) = Self::qp_index(f.transport.bth.dest_qp) else {
             self.stats.rx_unknown_qp += 1;
             return;
         };
@@ -470,7 +471,7 @@ impl Engine {
             env.stats.rx_unknown_qp += 1;
             return;
         };
-        qp.handle_packet(&mut env, &h, payload, now_ns);
+        qp.handle_packet(&mut env, &f, payload, now_ns);
         qp.after_event(&mut env);
     }
 

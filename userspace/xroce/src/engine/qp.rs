@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::codec::{self, PktHdr};
+use super::codec;
 use super::timers;
 use super::{Env, QpCreate};
 use crate::cc::{CongestionControl, Pacer};
@@ -15,6 +15,7 @@ use crate::verbs::qp::{Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 use crate::verbs::srq::SrqInner;
 use crate::verbs::wc::{Wc, WcFlags, WcOpcode, WcStatus};
 use crate::verbs::wr::{RecvWr, SendFlags, SendWr, Sge, WrOpcode};
+use xroce_wire::{FrameRepr, Opcode, Service, Syndrome};
 
 /// A local SGE resolved to its MR at post time (the Arc keeps the memory
 /// alive if the MR is deregistered while the WR is in flight).
@@ -31,7 +32,7 @@ pub(crate) struct LSge {
 /// next one may go without building it, and back-to-back bursts stay within
 /// `pacing_burst_bytes` (see [`Pacer`]).
 pub(crate) fn pacing_frame_bytes(mtu: u32) -> usize {
-    mtu as usize + codec::MAX_OVERHEAD
+    mtu as usize + xroce_wire::MAX_OVERHEAD
 }
 
 /// Resolve and check a local SGL. Returns `Err(status)` for a WC error.
@@ -204,7 +205,7 @@ pub(crate) struct ReqState {
 pub(crate) enum RespItem {
     Ack {
         psn: u32,
-        syndrome: u8,
+        syndrome: Syndrome,
         msn: u32,
         /// Move the QP to ERR once sent (class C errors).
         fatal: bool,
@@ -274,7 +275,7 @@ pub(crate) struct QpCtx {
     pub cc: Box<dyn CongestionControl>,
     /// Paces request data and READ response data at `cc`'s rate.
     pub pacer: Pacer,
-    pub tmpl: PktHdr,
+    pub tmpl: FrameRepr,
     pub mtu: u32,
     pub cnp_due: bool,
     /// Next data packet: the requester's turn (vs READ responses).
@@ -322,7 +323,7 @@ impl QpCtx {
             },
             cc,
             pacer: Pacer::new(pacing_burst_bytes),
-            tmpl: PktHdr::default(),
+            tmpl: codec::unconnected(),
             mtu: 1024,
             cnp_due: false,
             prefer_req: false,
@@ -537,20 +538,7 @@ impl QpCtx {
         let sport = av
             .udp_sport
             .unwrap_or_else(|| xroce_wire::rocev2_src_port(0, self.qpn, self.attr.dest_qp_num));
-        self.tmpl = PktHdr {
-            dst_mac: av.dest_mac,
-            src_mac: env.cfg.mac,
-            src_ip: env.cfg.ip.octets(),
-            dst_ip: av.dest_ip.octets(),
-            ecn: if env.cfg.ecn_capable { 2 } else { 0 },
-            dscp: av.dscp & 0x3f,
-            udp_sport: sport,
-            pkey: 0xffff,
-            // rxe (6.1) sends M=0 (seen in the reference captures).
-            mig: false,
-            dqpn: self.attr.dest_qp_num,
-            ..Default::default()
-        };
+        self.tmpl = codec::template(env.cfg, av, self.attr.dest_qp_num, sport);
     }
 
     /// Post a send WR. With `inline`, those bytes are the payload (copied
@@ -707,17 +695,20 @@ impl QpCtx {
     pub(crate) fn handle_packet(
         &mut self,
         env: &mut Env<'_>,
-        h: &PktHdr,
+        f: &FrameRepr,
         payload: &[u8],
         now: u64,
     ) {
+        let opcode = f.transport.bth.opcode;
         // As rxe: default P_Key only, and for connected QPs only packets
         // from the peer this QP was connected to.
-        if h.pkey & 0x7fff != 0x7fff {
+        if f.transport.bth.pkey & 0x7fff != 0x7fff {
             env.stats.rx_bad_header += 1;
             return;
         }
-        if self.qp_type != QpType::Ud && self.state != QpState::Init && h.src_ip != self.tmpl.dst_ip
+        if self.qp_type != QpType::Ud
+            && self.state != QpState::Init
+            && f.ip.src_gid() != self.tmpl.ip.dst_gid()
         {
             env.stats.rx_bad_header += 1;
             return;
@@ -727,24 +718,24 @@ impl QpCtx {
             self.comm_est = true;
             env.event(super::AsyncEvent::CommEstablished { qpn: self.qpn });
         }
-        if h.opcode == codec::op::CNP {
+        if opcode == Opcode::CNP {
             env.stats.rx_cnps += 1;
             self.qstats.cnps_received += 1;
             self.cc.on_cnp(now);
             return;
         }
         let service = match self.qp_type {
-            QpType::Rc => 0,
-            QpType::Uc => 1,
-            QpType::Ud => 3,
+            QpType::Rc => Service::Rc,
+            QpType::Uc => Service::Uc,
+            QpType::Ud => Service::Ud,
         };
-        if h.opcode >> 5 != service {
+        if opcode.service() != service {
             env.stats.rx_unsupported += 1; // UC opcodes to an RC QP or v.v.
             return;
         }
         if self.qp_type == QpType::Ud {
             if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                self.ud_recv(env, h, payload);
+                self.ud_recv(env, f, payload);
             } else {
                 env.stats.rx_bad_state += 1;
             }
@@ -752,16 +743,13 @@ impl QpCtx {
         }
         if self.qp_type == QpType::Uc {
             if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                let mut n = *h;
-                n.opcode &= 0x1f;
-                self.uc_recv(env, &n, payload);
+                self.uc_recv(env, &f.transport, payload);
             } else {
                 env.stats.rx_bad_state += 1;
             }
             return;
         }
-        let is_response = matches!(h.opcode, codec::op::READ_RESP_FIRST..=codec::op::ATOMIC_ACK);
-        if h.ecn == 3 {
+        if f.ip.ecn() == 3 {
             env.stats.rx_ce_marked += 1;
             self.qstats.ce_marked_received += 1;
             let due = self
@@ -775,17 +763,17 @@ impl QpCtx {
                 self.last_cnp_ns = Some(now);
             }
         }
-        if is_response {
+        if opcode.is_response() {
             match self.state {
                 QpState::Rts | QpState::Sqd | QpState::Sqe => {
-                    self.comp_handle(env, h, payload, now)
+                    self.comp_handle(env, &f.transport, payload, now)
                 }
                 _ => env.stats.rx_bad_state += 1,
             }
         } else {
             match self.state {
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {
-                    self.resp_handle(env, h, payload, now)
+                    self.resp_handle(env, &f.transport, payload, now)
                 }
                 _ => env.stats.rx_bad_state += 1,
             }
@@ -803,15 +791,10 @@ impl QpCtx {
         }
         if self.cnp_due {
             self.cnp_due = false;
-            let h = PktHdr {
-                opcode: codec::op::CNP,
-                becn: true,
-                mig: false,
-                ecn: 0,
-                psn: 0,
-                ..self.tmpl
-            };
-            if let Some(n) = codec::emit(&h, &[], buf) {
+            let mut f = codec::packet(&self.tmpl, Opcode::CNP, 0);
+            f.transport.bth.becn = true;
+            f.ip.set_ecn(0);
+            if let Ok(n) = xroce_wire::emit_frame(&f, &[], buf) {
                 env.stats.tx_cnps += 1;
                 self.qstats.cnps_sent += 1;
                 return Some(n);

@@ -10,8 +10,11 @@
 //!   WQE and byte offset are recomputed from the PSN;
 //! - pacing by the congestion controller's rate (token bucket) and its hooks.
 
-use super::codec::{self, op, AtomicEth, PktHdr, Reth};
-use super::psn;
+use xroce_wire::{
+    psn_add, psn_diff, psn_le, psn_lt, AtomicEthRepr, DethRepr, Opcode, RethRepr, Service,
+};
+
+use super::codec;
 use super::qp::QpCtx;
 use super::Env;
 use crate::verbs::qp::QpState;
@@ -26,9 +29,9 @@ impl QpCtx {
             if !w.started {
                 break;
             }
-            if psn::le(w.first_psn, p) && psn::le(p, w.last_psn) {
+            if psn_le(w.first_psn, p) && psn_le(p, w.last_psn) {
                 self.req.idx = i;
-                self.req.offset = psn::diff(p, w.first_psn) as usize * mtu;
+                self.req.offset = psn_diff(p, w.first_psn) as usize * mtu;
                 self.req.psn = p;
                 return;
             }
@@ -83,7 +86,7 @@ impl QpCtx {
         let idx = self.req.idx;
         let w = self.sq.get(idx)?;
         let window = env.cfg.max_inflight_pkts.max(1);
-        if psn::diff(self.req.psn, self.req.comp_psn) >= window as i32 {
+        if psn_diff(self.req.psn, self.req.comp_psn) >= window as i32 {
             return None;
         }
         let mtu = self.mtu;
@@ -113,32 +116,33 @@ impl QpCtx {
             } else {
                 w.len.div_ceil(mtu).max(1)
             };
-            w.last_psn = psn::add(w.first_psn, w.npkts - 1);
+            w.last_psn = psn_add(w.first_psn, w.npkts - 1);
             if w.op.is_read_or_atomic() {
                 self.req.rd_atomic_outstanding += 1;
             }
         }
         let w = &self.sq[idx];
-        let k = psn::diff(self.req.psn, w.first_psn) as u32;
+        let k = psn_diff(self.req.psn, w.first_psn) as u32;
         let offset = self.req.offset;
-        let mut h = PktHdr {
-            psn: self.req.psn,
-            se: w.flags.contains(SendFlags::SOLICITED),
-            ..self.tmpl
-        };
+        let se = w.flags.contains(SendFlags::SOLICITED);
         let last_pkt;
         let mut payload_len = 0usize;
         let mut consumed = 1u32;
-        match w.op {
+        // Headers the opcode's first/last packet carries (set below).
+        let mut reth = None;
+        let mut imm = None;
+        let mut ieth = None;
+        let mut atomic = None;
+        let opcode = match w.op {
             WrOpcode::RdmaRead { remote_addr, rkey } => {
-                h.opcode = op::READ_REQ;
-                h.reth = Some(Reth {
+                reth = Some(RethRepr {
                     va: remote_addr + offset as u64,
                     rkey,
-                    len: w.len.saturating_sub(offset as u32),
+                    dma_len: w.len.saturating_sub(offset as u32),
                 });
                 consumed = w.npkts - k;
                 last_pkt = true;
+                Opcode::RC_RDMA_READ_REQUEST
             }
             WrOpcode::AtomicCmpAndSwp {
                 remote_addr,
@@ -146,28 +150,28 @@ impl QpCtx {
                 compare,
                 swap,
             } => {
-                h.opcode = op::CMP_SWAP;
-                h.atomic = Some(AtomicEth {
+                atomic = Some(AtomicEthRepr {
                     va: remote_addr,
                     rkey,
                     swap_add: swap,
                     compare,
                 });
                 last_pkt = true;
+                Opcode::RC_COMPARE_SWAP
             }
             WrOpcode::AtomicFetchAndAdd {
                 remote_addr,
                 rkey,
                 add,
             } => {
-                h.opcode = op::FETCH_ADD;
-                h.atomic = Some(AtomicEth {
+                atomic = Some(AtomicEthRepr {
                     va: remote_addr,
                     rkey,
                     swap_add: add,
                     compare: 0,
                 });
                 last_pkt = true;
+                Opcode::RC_FETCH_ADD
             }
             _ => {
                 payload_len = (w.len as usize).saturating_sub(offset).min(mtu as usize);
@@ -175,111 +179,106 @@ impl QpCtx {
                 last_pkt = k + 1 >= w.npkts;
                 let (only_op, first_op, mid_op, last_op) = match w.op {
                     WrOpcode::Send => (
-                        op::SEND_ONLY,
-                        op::SEND_FIRST,
-                        op::SEND_MIDDLE,
-                        op::SEND_LAST,
+                        Opcode::RC_SEND_ONLY,
+                        Opcode::RC_SEND_FIRST,
+                        Opcode::RC_SEND_MIDDLE,
+                        Opcode::RC_SEND_LAST,
                     ),
-                    WrOpcode::SendWithImm { imm } => {
-                        if last_pkt {
-                            h.imm = Some(imm);
-                        }
+                    WrOpcode::SendWithImm { imm: i } => {
+                        imm = last_pkt.then_some(i);
                         (
-                            op::SEND_ONLY_IMM,
-                            op::SEND_FIRST,
-                            op::SEND_MIDDLE,
-                            op::SEND_LAST_IMM,
+                            Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+                            Opcode::RC_SEND_FIRST,
+                            Opcode::RC_SEND_MIDDLE,
+                            Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
                         )
                     }
                     WrOpcode::SendWithInv { invalidate_rkey } => {
-                        if last_pkt {
-                            h.ieth = Some(invalidate_rkey);
-                        }
+                        ieth = last_pkt.then_some(invalidate_rkey);
                         (
-                            op::SEND_ONLY_INV,
-                            op::SEND_FIRST,
-                            op::SEND_MIDDLE,
-                            op::SEND_LAST_INV,
+                            Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+                            Opcode::RC_SEND_FIRST,
+                            Opcode::RC_SEND_MIDDLE,
+                            Opcode::RC_SEND_LAST_WITH_INVALIDATE,
                         )
                     }
                     WrOpcode::RdmaWrite { remote_addr, rkey } => {
-                        if first {
-                            h.reth = Some(Reth {
-                                va: remote_addr,
-                                rkey,
-                                len: w.len,
-                            });
-                        }
+                        reth = first.then_some(RethRepr {
+                            va: remote_addr,
+                            rkey,
+                            dma_len: w.len,
+                        });
                         (
-                            op::WRITE_ONLY,
-                            op::WRITE_FIRST,
-                            op::WRITE_MIDDLE,
-                            op::WRITE_LAST,
+                            Opcode::RC_RDMA_WRITE_ONLY,
+                            Opcode::RC_RDMA_WRITE_FIRST,
+                            Opcode::RC_RDMA_WRITE_MIDDLE,
+                            Opcode::RC_RDMA_WRITE_LAST,
                         )
                     }
                     WrOpcode::RdmaWriteWithImm {
                         remote_addr,
                         rkey,
-                        imm,
+                        imm: i,
                     } => {
-                        if first {
-                            h.reth = Some(Reth {
-                                va: remote_addr,
-                                rkey,
-                                len: w.len,
-                            });
-                        }
-                        if last_pkt {
-                            h.imm = Some(imm);
-                        }
+                        reth = first.then_some(RethRepr {
+                            va: remote_addr,
+                            rkey,
+                            dma_len: w.len,
+                        });
+                        imm = last_pkt.then_some(i);
                         (
-                            op::WRITE_ONLY_IMM,
-                            op::WRITE_FIRST,
-                            op::WRITE_MIDDLE,
-                            op::WRITE_LAST_IMM,
+                            Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                            Opcode::RC_RDMA_WRITE_FIRST,
+                            Opcode::RC_RDMA_WRITE_MIDDLE,
+                            Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
                         )
                     }
                     _ => unreachable!(),
                 };
-                h.opcode = match (first, last_pkt) {
+                match (first, last_pkt) {
                     (true, true) => only_op,
                     (true, false) => first_op,
                     (false, true) => last_op,
                     (false, false) => mid_op,
-                };
+                }
             }
-        }
-        // IBTA 9.2.3: the solicited-event bit goes on the last packet only.
-        h.se = h.se && last_pkt;
+        };
         let window_fill =
-            psn::diff(psn::add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
+            psn_diff(psn_add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
         let ud = self.qp_type == crate::verbs::qp::QpType::Ud;
         let uc = ud || self.qp_type == crate::verbs::qp::QpType::Uc;
-        h.ack_req = !uc && (last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill);
-        if ud {
+        let mut f = if ud {
             // One packet per message to the WR's own destination.
             let d = w.ud.expect("checked at post");
-            h.opcode = if h.imm.is_some() {
-                codec::op::UD_SEND_ONLY_IMM
-            } else {
-                codec::op::UD_SEND_ONLY
-            };
-            h.dst_mac = d.av.dest_mac;
-            h.dst_ip = d.av.dest_ip.octets();
-            h.dscp = d.av.dscp & 0x3f;
-            h.dqpn = d.remote_qpn;
-            h.udp_sport =
+            let sport =
                 d.av.udp_sport
                     .unwrap_or_else(|| xroce_wire::rocev2_src_port(0, self.qpn, d.remote_qpn));
+            let tmpl = codec::template(env.cfg, &d.av, d.remote_qpn, sport);
+            let mut f = codec::packet(&tmpl, in_service(opcode, Service::Ud), self.req.psn);
             let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
                 self.attr.qkey
             } else {
                 d.remote_qkey
             };
-            h.deth = Some((qkey, self.qpn));
+            f.transport.deth = Some(DethRepr {
+                qkey,
+                src_qp: self.qpn,
+            });
+            f
         } else if uc {
-            h.opcode |= 0x20;
-        }
+            codec::packet(&self.tmpl, in_service(opcode, Service::Uc), self.req.psn)
+        } else {
+            codec::packet(&self.tmpl, opcode, self.req.psn)
+        };
+        let t = &mut f.transport;
+        t.reth = reth;
+        t.imm_data = imm;
+        t.invalidate_rkey = ieth;
+        t.atomic_eth = atomic;
+        // IBTA 9.2.3: the solicited-event bit goes on the last packet only.
+        t.bth.solicited = se && last_pkt;
+        t.bth.ack_req = !uc && (last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill);
+        let ack_req = t.bth.ack_req;
         if env.scratch.len() < payload_len {
             env.scratch.resize(payload_len, 0);
         }
@@ -288,12 +287,12 @@ impl QpCtx {
             self.fail_front(env, crate::verbs::wc::WcStatus::LocProtErr);
             return None;
         }
-        let n = codec::emit(&h, &env.scratch[..payload_len], buf)?;
+        let n = xroce_wire::emit_frame(&f, &env.scratch[..payload_len], buf).ok()?;
         // Advance.
         let sent_psn = self.req.psn;
-        let retransmission = psn::lt(sent_psn, self.req.max_psn);
-        self.req.psn = psn::add(self.req.psn, consumed);
-        if psn::lt(self.req.max_psn, self.req.psn) {
+        let retransmission = psn_lt(sent_psn, self.req.max_psn);
+        self.req.psn = psn_add(self.req.psn, consumed);
+        if psn_lt(self.req.max_psn, self.req.psn) {
             self.req.max_psn = self.req.psn;
         }
         if last_pkt {
@@ -302,8 +301,8 @@ impl QpCtx {
         } else {
             self.req.offset += payload_len;
         }
-        self.req.noack = if h.ack_req { 0 } else { self.req.noack + 1 };
-        if h.ack_req && self.req.rtt_sample.is_none() && !retransmission {
+        self.req.noack = if ack_req { 0 } else { self.req.noack + 1 };
+        if ack_req && self.req.rtt_sample.is_none() && !retransmission {
             self.req.rtt_sample = Some((sent_psn, now));
         }
         if uc {
@@ -325,4 +324,10 @@ impl QpCtx {
         self.paced_send(now, n);
         Some(n)
     }
+}
+
+/// `rc` (a SEND or RDMA WRITE) in UC or UD, which post_send allowed.
+fn in_service(rc: Opcode, service: Service) -> Opcode {
+    rc.in_service(service)
+        .expect("post_send admits only operations the QP's service has")
 }

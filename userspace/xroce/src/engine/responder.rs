@@ -10,8 +10,10 @@
 //! - ACKs are coalesced: consecutive ACKs in the output queue merge;
 //! - output (ACK/NAK, READ responses, atomic ACKs) leaves in PSN order.
 
-use super::codec::{self, aeth, op, PktHdr};
-use super::psn;
+use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, psn_sub};
+use xroce_wire::{AethRepr, AtomicAckEthRepr, NakCode, Opcode, Syndrome, TransportRepr};
+
+use super::codec;
 use super::qp::{sgl_write, InMsg, QpCtx, RecvWqe, RespItem, WriteCtx};
 use super::Env;
 use crate::verbs::mr::AccessFlags;
@@ -32,7 +34,7 @@ impl QpCtx {
             fatal: false,
         }) = self.resp.out.back_mut()
         {
-            if *syndrome == aeth::ACK_UNLIMITED {
+            if *syndrome == Syndrome::ACK {
                 *p = psn;
                 *m = msn;
                 return;
@@ -41,17 +43,17 @@ impl QpCtx {
         if self.resp.out.len() < MAX_OUT {
             self.resp.out.push_back(RespItem::Ack {
                 psn,
-                syndrome: aeth::ACK_UNLIMITED,
+                syndrome: Syndrome::ACK,
                 msn,
                 fatal: false,
             });
         }
     }
 
-    fn queue_nak(&mut self, env: &mut Env<'_>, psn: u32, syndrome: u8, fatal: bool) {
-        match syndrome >> 5 {
-            1 => env.stats.tx_naks_rnr += 1,
-            3 if syndrome & 0x1f == 0 => env.stats.tx_naks_seq += 1,
+    fn queue_nak(&mut self, env: &mut Env<'_>, psn: u32, syndrome: Syndrome, fatal: bool) {
+        match syndrome {
+            Syndrome::RnrNak { .. } => env.stats.tx_naks_rnr += 1,
+            Syndrome::Nak(NakCode::PsnSequenceError) => env.stats.tx_naks_seq += 1,
             _ => env.stats.tx_naks_other += 1,
         }
         if fatal {
@@ -79,8 +81,8 @@ impl QpCtx {
     /// RNR NAK for the packet at the expected PSN (sent for every retry of
     /// it; the requester backs off by the encoded timer).
     fn rnr_nak(&mut self, env: &mut Env<'_>, p: u32) {
-        let t = aeth::RNR_NAK | (self.attr.min_rnr_timer & 0x1f);
-        self.queue_nak(env, p, t, false);
+        let timer = self.attr.min_rnr_timer & 0x1f;
+        self.queue_nak(env, p, Syndrome::RnrNak { timer }, false);
     }
 
     fn take_recv_wqe(&mut self) -> Option<RecvWqe> {
@@ -99,7 +101,13 @@ impl QpCtx {
 
     /// Class C error on a request: NAK it, complete a consumed receive WQE
     /// with `recv_status`, and let the QP go to ERR once the NAK is out.
-    fn class_c(&mut self, env: &mut Env<'_>, p: u32, syndrome: u8, recv_status: Option<WcStatus>) {
+    fn class_c(
+        &mut self,
+        env: &mut Env<'_>,
+        p: u32,
+        syndrome: Syndrome,
+        recv_status: Option<WcStatus>,
+    ) {
         if let Some(st) = recv_status {
             if let Some(r) = self.resp.recv.take() {
                 let wc = self.recv_wc(r.wr_id, st);
@@ -109,7 +117,13 @@ impl QpCtx {
         self.queue_nak(env, p, syndrome, true);
     }
 
-    pub(crate) fn resp_handle(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8], _now: u64) {
+    pub(crate) fn resp_handle(
+        &mut self,
+        env: &mut Env<'_>,
+        t: &TransportRepr,
+        payload: &[u8],
+        _now: u64,
+    ) {
         if self
             .resp
             .out
@@ -119,46 +133,46 @@ impl QpCtx {
             env.stats.rx_dropped_other += 1;
             return;
         }
-        let d = psn::diff(h.psn, self.resp.epsn);
+        let d = psn_diff(t.bth.psn, self.resp.epsn);
         if d > 0 {
             env.stats.rx_out_of_sequence += 1;
             if !self.resp.nak_sent {
                 self.resp.nak_sent = true;
                 let e = self.resp.epsn;
-                self.queue_nak(env, e, aeth::NAK_PSN_SEQ, false);
+                self.queue_nak(env, e, Syndrome::Nak(NakCode::PsnSequenceError), false);
             }
             return;
         }
         if d < 0 {
             env.stats.rx_duplicate += 1;
-            self.resp_duplicate(env, h);
+            self.resp_duplicate(env, t);
             return;
         }
-        self.resp_in_order(env, h, payload);
+        self.resp_in_order(env, t, payload);
     }
 
-    fn resp_duplicate(&mut self, env: &mut Env<'_>, h: &PktHdr) {
-        match h.opcode {
-            op::READ_REQ => {
-                let Some(r) = h.reth else { return };
+    fn resp_duplicate(&mut self, env: &mut Env<'_>, t: &TransportRepr) {
+        match t.bth.opcode {
+            Opcode::RC_RDMA_READ_REQUEST => {
+                let Some(r) = t.reth else { return };
                 // Re-execute the (possibly partial) READ from its PSN.
                 let need = AccessFlags::REMOTE_READ;
                 let Some(mr) = env.mrs.by_rkey(r.rkey) else {
                     return;
                 };
-                let Ok(off) = mr.check(self.pd, r.va, r.len as u64, need) else {
+                let Ok(off) = mr.check(self.pd, r.va, r.dma_len as u64, need) else {
                     return;
                 };
                 if self.resp.out.len() >= MAX_OUT {
                     return;
                 }
                 env.stats.read_reexecuted += 1;
-                let npkts = r.len.div_ceil(self.mtu).max(1);
+                let npkts = r.dma_len.div_ceil(self.mtu).max(1);
                 // A queued response covering this PSN restarts in place
                 // (order kept, later READs untouched); otherwise queue it.
                 let covering = self.resp.out.iter().position(|i| {
                     matches!(i, RespItem::Read { psn, npkts, .. }
-                        if psn::le(*psn, h.psn) && psn::lt(h.psn, psn::add(*psn, *npkts)))
+                        if psn_le(*psn, t.bth.psn) && psn_lt(t.bth.psn, psn_add(*psn, *npkts)))
                 });
                 let msn = match covering.map(|k| &self.resp.out[k]) {
                     Some(RespItem::Read { msn, .. }) => *msn,
@@ -171,8 +185,8 @@ impl QpCtx {
                 let item = RespItem::Read {
                     mr,
                     off,
-                    len: r.len,
-                    psn: h.psn,
+                    len: r.dma_len,
+                    psn: t.bth.psn,
                     sent: 0,
                     npkts,
                     msn,
@@ -183,8 +197,13 @@ impl QpCtx {
                     None => self.resp.out.push_back(item),
                 }
             }
-            op::CMP_SWAP | op::FETCH_ADD => {
-                let hit = self.resp.replay.iter().find(|(p, _)| *p == h.psn).copied();
+            Opcode::RC_COMPARE_SWAP | Opcode::RC_FETCH_ADD => {
+                let hit = self
+                    .resp
+                    .replay
+                    .iter()
+                    .find(|(p, _)| *p == t.bth.psn)
+                    .copied();
                 if let Some((p, orig)) = hit {
                     env.stats.atomic_replays += 1;
                     if self.resp.out.len() < MAX_OUT {
@@ -198,209 +217,274 @@ impl QpCtx {
                 }
             }
             _ => {
-                let p = psn::sub(self.resp.epsn, 1);
+                let p = psn_sub(self.resp.epsn, 1);
                 self.queue_ack(p);
             }
         }
     }
 
-    fn resp_in_order(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8]) {
-        let p = h.psn;
-        let o = h.opcode;
+    fn resp_in_order(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
+        let p = t.bth.psn;
+        let o = t.bth.opcode;
         let mtu = self.mtu as usize;
         // Opcode sequence (IBTA 9.7.4.1.5).
         let ok_seq = match self.resp.in_msg {
             InMsg::Send => matches!(
                 o,
-                op::SEND_MIDDLE | op::SEND_LAST | op::SEND_LAST_IMM | op::SEND_LAST_INV
+                Opcode::RC_SEND_MIDDLE
+                    | Opcode::RC_SEND_LAST
+                    | Opcode::RC_SEND_LAST_WITH_IMMEDIATE
+                    | Opcode::RC_SEND_LAST_WITH_INVALIDATE
             ),
-            InMsg::Write => matches!(o, op::WRITE_MIDDLE | op::WRITE_LAST | op::WRITE_LAST_IMM),
+            InMsg::Write => matches!(
+                o,
+                Opcode::RC_RDMA_WRITE_MIDDLE
+                    | Opcode::RC_RDMA_WRITE_LAST
+                    | Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE
+            ),
             InMsg::None => !matches!(
                 o,
-                op::SEND_MIDDLE
-                    | op::SEND_LAST
-                    | op::SEND_LAST_IMM
-                    | op::SEND_LAST_INV
-                    | op::WRITE_MIDDLE
-                    | op::WRITE_LAST
-                    | op::WRITE_LAST_IMM
+                Opcode::RC_SEND_MIDDLE
+                    | Opcode::RC_SEND_LAST
+                    | Opcode::RC_SEND_LAST_WITH_IMMEDIATE
+                    | Opcode::RC_SEND_LAST_WITH_INVALIDATE
+                    | Opcode::RC_RDMA_WRITE_MIDDLE
+                    | Opcode::RC_RDMA_WRITE_LAST
+                    | Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE
             ),
         };
         let len_ok = match o {
-            op::SEND_FIRST | op::SEND_MIDDLE | op::WRITE_FIRST | op::WRITE_MIDDLE => {
-                payload.len() == mtu
+            Opcode::RC_SEND_FIRST
+            | Opcode::RC_SEND_MIDDLE
+            | Opcode::RC_RDMA_WRITE_FIRST
+            | Opcode::RC_RDMA_WRITE_MIDDLE => payload.len() == mtu,
+            Opcode::RC_RDMA_READ_REQUEST | Opcode::RC_COMPARE_SWAP | Opcode::RC_FETCH_ADD => {
+                payload.is_empty()
             }
-            op::READ_REQ | op::CMP_SWAP | op::FETCH_ADD => payload.is_empty(),
             _ => payload.len() <= mtu,
         };
         if !ok_seq || !len_ok {
-            self.class_c(env, p, aeth::NAK_INV_REQ, Some(WcStatus::RemInvReqErr));
+            self.class_c(
+                env,
+                p,
+                Syndrome::Nak(NakCode::InvalidRequest),
+                Some(WcStatus::RemInvReqErr),
+            );
             return;
         }
         // QP-level permission for RDMA operations.
         let qp_acc = self.attr.qp_access_flags;
         let qp_ok = match o {
-            op::WRITE_FIRST | op::WRITE_ONLY | op::WRITE_ONLY_IMM => {
+            Opcode::RC_RDMA_WRITE_FIRST
+            | Opcode::RC_RDMA_WRITE_ONLY
+            | Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE => {
                 qp_acc.contains(AccessFlags::REMOTE_WRITE)
             }
-            op::READ_REQ => qp_acc.contains(AccessFlags::REMOTE_READ),
-            op::CMP_SWAP | op::FETCH_ADD => qp_acc.contains(AccessFlags::REMOTE_ATOMIC),
+            Opcode::RC_RDMA_READ_REQUEST => qp_acc.contains(AccessFlags::REMOTE_READ),
+            Opcode::RC_COMPARE_SWAP | Opcode::RC_FETCH_ADD => {
+                qp_acc.contains(AccessFlags::REMOTE_ATOMIC)
+            }
             _ => true,
         };
         if !qp_ok {
-            self.class_c(env, p, aeth::NAK_INV_REQ, None);
+            self.class_c(env, p, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         }
         match o {
-            op::SEND_FIRST
-            | op::SEND_MIDDLE
-            | op::SEND_LAST
-            | op::SEND_LAST_IMM
-            | op::SEND_ONLY
-            | op::SEND_ONLY_IMM
-            | op::SEND_LAST_INV
-            | op::SEND_ONLY_INV => self.resp_send(env, h, payload),
-            op::WRITE_FIRST
-            | op::WRITE_MIDDLE
-            | op::WRITE_LAST
-            | op::WRITE_LAST_IMM
-            | op::WRITE_ONLY
-            | op::WRITE_ONLY_IMM => self.resp_write(env, h, payload),
-            op::READ_REQ => self.resp_read(env, h),
-            op::CMP_SWAP | op::FETCH_ADD => self.resp_atomic(env, h),
+            Opcode::RC_SEND_FIRST
+            | Opcode::RC_SEND_MIDDLE
+            | Opcode::RC_SEND_LAST
+            | Opcode::RC_SEND_LAST_WITH_IMMEDIATE
+            | Opcode::RC_SEND_ONLY
+            | Opcode::RC_SEND_ONLY_WITH_IMMEDIATE
+            | Opcode::RC_SEND_LAST_WITH_INVALIDATE
+            | Opcode::RC_SEND_ONLY_WITH_INVALIDATE => self.resp_send(env, t, payload),
+            Opcode::RC_RDMA_WRITE_FIRST
+            | Opcode::RC_RDMA_WRITE_MIDDLE
+            | Opcode::RC_RDMA_WRITE_LAST
+            | Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE
+            | Opcode::RC_RDMA_WRITE_ONLY
+            | Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE => self.resp_write(env, t, payload),
+            Opcode::RC_RDMA_READ_REQUEST => self.resp_read(env, t),
+            Opcode::RC_COMPARE_SWAP | Opcode::RC_FETCH_ADD => self.resp_atomic(env, t),
             _ => {
                 env.stats.rx_unsupported += 1;
-                self.class_c(env, p, aeth::NAK_INV_REQ, None);
+                self.class_c(env, p, Syndrome::Nak(NakCode::InvalidRequest), None);
             }
         }
     }
 
-    fn accept(&mut self, env: &mut Env<'_>, h: &PktHdr, npsn: u32) {
+    fn accept(&mut self, env: &mut Env<'_>, t: &TransportRepr, npsn: u32) {
         let _ = env;
-        self.resp.epsn = psn::add(h.psn, npsn);
+        self.resp.epsn = psn_add(t.bth.psn, npsn);
         self.resp.nak_sent = false;
     }
 
-    fn resp_send(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8]) {
-        let o = h.opcode;
+    fn resp_send(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
+        let o = t.bth.opcode;
         let first = matches!(
             o,
-            op::SEND_FIRST | op::SEND_ONLY | op::SEND_ONLY_IMM | op::SEND_ONLY_INV
+            Opcode::RC_SEND_FIRST
+                | Opcode::RC_SEND_ONLY
+                | Opcode::RC_SEND_ONLY_WITH_IMMEDIATE
+                | Opcode::RC_SEND_ONLY_WITH_INVALIDATE
         );
-        let last = !matches!(o, op::SEND_FIRST | op::SEND_MIDDLE);
+        let last = !matches!(o, Opcode::RC_SEND_FIRST | Opcode::RC_SEND_MIDDLE);
         if first {
             let Some(r) = self.take_recv_wqe() else {
-                self.rnr_nak(env, h.psn);
+                self.rnr_nak(env, t.bth.psn);
                 return;
             };
             self.resp.recv = Some(r);
             self.resp.recv_off = 0;
         }
         let Some(r) = self.resp.recv.as_ref() else {
-            self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
+            self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         };
         if let Some(st) = r.local_err {
-            self.class_c(env, h.psn, aeth::NAK_REM_OP, Some(st));
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::RemoteOperationalError),
+                Some(st),
+            );
             return;
         }
         if self.resp.recv_off + payload.len() > r.len {
-            self.class_c(env, h.psn, aeth::NAK_INV_REQ, Some(WcStatus::LocLenErr));
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::InvalidRequest),
+                Some(WcStatus::LocLenErr),
+            );
             return;
         }
         if !sgl_write(&r.sges, self.resp.recv_off, payload) {
-            self.class_c(env, h.psn, aeth::NAK_REM_OP, Some(WcStatus::LocProtErr));
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::RemoteOperationalError),
+                Some(WcStatus::LocProtErr),
+            );
             return;
         }
         self.resp.recv_off += payload.len();
-        self.accept(env, h, 1);
+        self.accept(env, t, 1);
         if last {
             let r = self.resp.recv.take().expect("checked above");
             let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
             wc.byte_len = self.resp.recv_off as u32;
-            if h.se {
+            if t.bth.solicited {
                 wc.flags |= WcFlags::SOLICITED;
             }
-            if let Some(imm) = h.imm {
+            if let Some(imm) = t.imm_data {
                 wc.imm_data = imm;
                 wc.flags |= WcFlags::WITH_IMM;
             }
-            if let Some(k) = h.ieth {
+            if let Some(k) = t.invalidate_rkey {
                 wc.invalidated_rkey = k;
                 wc.flags |= WcFlags::WITH_INV;
             }
-            self.resp.msn = psn::add(self.resp.msn, 1);
+            self.resp.msn = psn_add(self.resp.msn, 1);
             self.resp.in_msg = InMsg::None;
             self.complete(env, false, wc);
         } else {
             self.resp.in_msg = InMsg::Send;
         }
-        if h.ack_req {
-            self.queue_ack(h.psn);
+        if t.bth.ack_req {
+            self.queue_ack(t.bth.psn);
         }
     }
 
-    fn resp_write(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8]) {
-        let o = h.opcode;
-        let first = matches!(o, op::WRITE_FIRST | op::WRITE_ONLY | op::WRITE_ONLY_IMM);
-        let last = !matches!(o, op::WRITE_FIRST | op::WRITE_MIDDLE);
-        let with_imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
+    fn resp_write(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
+        let o = t.bth.opcode;
+        let first = matches!(
+            o,
+            Opcode::RC_RDMA_WRITE_FIRST
+                | Opcode::RC_RDMA_WRITE_ONLY
+                | Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE
+        );
+        let last = !matches!(
+            o,
+            Opcode::RC_RDMA_WRITE_FIRST | Opcode::RC_RDMA_WRITE_MIDDLE
+        );
+        let with_imm = matches!(
+            o,
+            Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE | Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE
+        );
         if with_imm && !self.have_recv_wqe() {
-            self.rnr_nak(env, h.psn);
+            self.rnr_nak(env, t.bth.psn);
             return;
         }
         if first {
-            let Some(r) = h.reth else {
-                self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
+            let Some(r) = t.reth else {
+                self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
                 return;
             };
             let Some(mr) = env.mrs.by_rkey(r.rkey) else {
-                self.class_c(env, h.psn, aeth::NAK_REM_ACCESS, None);
+                self.class_c(
+                    env,
+                    t.bth.psn,
+                    Syndrome::Nak(NakCode::RemoteAccessError),
+                    None,
+                );
                 return;
             };
-            let Ok(off) = mr.check(self.pd, r.va, r.len as u64, AccessFlags::REMOTE_WRITE) else {
-                self.class_c(env, h.psn, aeth::NAK_REM_ACCESS, None);
+            let Ok(off) = mr.check(self.pd, r.va, r.dma_len as u64, AccessFlags::REMOTE_WRITE)
+            else {
+                self.class_c(
+                    env,
+                    t.bth.psn,
+                    Syndrome::Nak(NakCode::RemoteAccessError),
+                    None,
+                );
                 return;
             };
             self.resp.write = Some(WriteCtx {
                 mr,
                 off,
-                remaining: r.len as u64,
-                total: r.len,
+                remaining: r.dma_len as u64,
+                total: r.dma_len,
             });
         }
         let Some(w) = self.resp.write.as_mut() else {
-            self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
+            self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         };
         let n = payload.len() as u64;
         if n > w.remaining || (last && n != w.remaining) {
-            self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
+            self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         }
         if !w.mr.is_valid() {
             // Deregistered while the WRITE was in flight.
-            self.class_c(env, h.psn, aeth::NAK_REM_ACCESS, None);
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::RemoteAccessError),
+                None,
+            );
             return;
         }
         w.mr.write_at(w.off, payload);
         w.off += payload.len();
         w.remaining -= n;
         let total = w.total;
-        self.accept(env, h, 1);
+        self.accept(env, t, 1);
         if last {
             self.resp.write = None;
             self.resp.in_msg = InMsg::None;
-            self.resp.msn = psn::add(self.resp.msn, 1);
+            self.resp.msn = psn_add(self.resp.msn, 1);
             if with_imm {
                 if let Some(r) = self.take_recv_wqe() {
                     let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
                     wc.opcode = WcOpcode::RecvRdmaWithImm;
-                    if h.se {
+                    if t.bth.solicited {
                         wc.flags |= WcFlags::SOLICITED;
                     }
                     wc.byte_len = total;
-                    wc.imm_data = h.imm.unwrap_or(0);
+                    wc.imm_data = t.imm_data.unwrap_or(0);
                     wc.flags |= WcFlags::WITH_IMM;
                     self.complete(env, false, wc);
                 }
@@ -408,14 +492,14 @@ impl QpCtx {
         } else {
             self.resp.in_msg = InMsg::Write;
         }
-        if h.ack_req {
-            self.queue_ack(h.psn);
+        if t.bth.ack_req {
+            self.queue_ack(t.bth.psn);
         }
     }
 
-    fn resp_read(&mut self, env: &mut Env<'_>, h: &PktHdr) {
-        let Some(r) = h.reth else {
-            self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
+    fn resp_read(&mut self, env: &mut Env<'_>, t: &TransportRepr) {
+        let Some(r) = t.reth else {
+            self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         };
         let outstanding = self
@@ -430,25 +514,40 @@ impl QpCtx {
             })
             .count();
         if outstanding >= self.attr.max_dest_rd_atomic.max(1) as usize {
-            self.class_c(env, h.psn, aeth::NAK_INV_RD_REQ, None);
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::InvalidRdRequest),
+                None,
+            );
             return;
         }
         let Some(mr) = env.mrs.by_rkey(r.rkey) else {
-            self.class_c(env, h.psn, aeth::NAK_REM_ACCESS, None);
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::RemoteAccessError),
+                None,
+            );
             return;
         };
-        let Ok(off) = mr.check(self.pd, r.va, r.len as u64, AccessFlags::REMOTE_READ) else {
-            self.class_c(env, h.psn, aeth::NAK_REM_ACCESS, None);
+        let Ok(off) = mr.check(self.pd, r.va, r.dma_len as u64, AccessFlags::REMOTE_READ) else {
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::RemoteAccessError),
+                None,
+            );
             return;
         };
-        let npkts = r.len.div_ceil(self.mtu).max(1);
-        self.accept(env, h, npkts);
-        self.resp.msn = psn::add(self.resp.msn, 1);
+        let npkts = r.dma_len.div_ceil(self.mtu).max(1);
+        self.accept(env, t, npkts);
+        self.resp.msn = psn_add(self.resp.msn, 1);
         self.resp.out.push_back(RespItem::Read {
             mr,
             off,
-            len: r.len,
-            psn: h.psn,
+            len: r.dma_len,
+            psn: t.bth.psn,
             sent: 0,
             npkts,
             msn: self.resp.msn,
@@ -456,29 +555,39 @@ impl QpCtx {
         });
     }
 
-    fn resp_atomic(&mut self, env: &mut Env<'_>, h: &PktHdr) {
-        let Some(a) = h.atomic else {
-            self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
+    fn resp_atomic(&mut self, env: &mut Env<'_>, t: &TransportRepr) {
+        let Some(a) = t.atomic_eth else {
+            self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         };
         if !a.va.is_multiple_of(8) {
-            self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
+            self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         }
         let Some(mr) = env.mrs.by_rkey(a.rkey) else {
-            self.class_c(env, h.psn, aeth::NAK_REM_ACCESS, None);
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::RemoteAccessError),
+                None,
+            );
             return;
         };
         let Ok(off) = mr.check(self.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC) else {
-            self.class_c(env, h.psn, aeth::NAK_REM_ACCESS, None);
+            self.class_c(
+                env,
+                t.bth.psn,
+                Syndrome::Nak(NakCode::RemoteAccessError),
+                None,
+            );
             return;
         };
         let Some(cell) = mr.atomic_at(off) else {
-            self.class_c(env, h.psn, aeth::NAK_INV_REQ, None);
+            self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         };
         use std::sync::atomic::Ordering::SeqCst;
-        let orig = if h.opcode == op::CMP_SWAP {
+        let orig = if t.bth.opcode == Opcode::RC_COMPARE_SWAP {
             match cell.compare_exchange(a.compare, a.swap_add, SeqCst, SeqCst) {
                 Ok(v) | Err(v) => v,
             }
@@ -489,11 +598,11 @@ impl QpCtx {
         while self.resp.replay.len() >= cap.max(16) {
             self.resp.replay.pop_front();
         }
-        self.resp.replay.push_back((h.psn, orig));
-        self.accept(env, h, 1);
-        self.resp.msn = psn::add(self.resp.msn, 1);
+        self.resp.replay.push_back((t.bth.psn, orig));
+        self.accept(env, t, 1);
+        self.resp.msn = psn_add(self.resp.msn, 1);
         self.resp.out.push_back(RespItem::Atomic {
-            psn: h.psn,
+            psn: t.bth.psn,
             orig,
             msn: self.resp.msn,
             dup: false,
@@ -508,7 +617,6 @@ impl QpCtx {
         buf: &mut [u8],
     ) -> Option<usize> {
         let mtu = self.mtu as usize;
-        let tmpl = self.tmpl;
         if matches!(self.resp.out.front(), Some(RespItem::Read { .. })) {
             // READ response data is paced like request data: the QP's
             // congestion controller governs everything it sends.
@@ -524,17 +632,16 @@ impl QpCtx {
                 msn,
                 fatal,
             } => {
-                let h = PktHdr {
-                    opcode: op::ACK,
-                    psn: *psn,
-                    aeth: Some((*syndrome, *msn)),
-                    ..tmpl
-                };
+                let mut f = codec::packet(&self.tmpl, Opcode::RC_ACKNOWLEDGE, *psn);
+                f.transport.aeth = Some(AethRepr {
+                    syndrome: *syndrome,
+                    msn: *msn,
+                });
                 let fatal = *fatal;
                 let syn = *syndrome;
-                let n = codec::emit(&h, &[], buf)?;
+                let n = xroce_wire::emit_frame(&f, &[], buf).ok()?;
                 self.resp.out.pop_front();
-                if syn == aeth::ACK_UNLIMITED {
+                if syn == Syndrome::ACK {
                     env.stats.tx_acks += 1;
                 }
                 if fatal {
@@ -543,14 +650,13 @@ impl QpCtx {
                 Some(n)
             }
             RespItem::Atomic { psn, orig, msn, .. } => {
-                let h = PktHdr {
-                    opcode: op::ATOMIC_ACK,
-                    psn: *psn,
-                    aeth: Some((aeth::ACK_UNLIMITED, *msn)),
-                    atomic_ack: Some(*orig),
-                    ..tmpl
-                };
-                let n = codec::emit(&h, &[], buf)?;
+                let mut f = codec::packet(&self.tmpl, Opcode::RC_ATOMIC_ACKNOWLEDGE, *psn);
+                f.transport.aeth = Some(AethRepr {
+                    syndrome: Syndrome::ACK,
+                    msn: *msn,
+                });
+                f.transport.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: *orig });
+                let n = xroce_wire::emit_frame(&f, &[], buf).ok()?;
                 self.resp.out.pop_front();
                 env.stats.tx_atomic_acks += 1;
                 Some(n)
@@ -566,33 +672,33 @@ impl QpCtx {
                 ..
             } => {
                 if !mr.is_valid() {
-                    let p = psn::add(*first, *sent);
+                    let p = psn_add(*first, *sent);
                     self.resp.out.pop_front();
-                    self.class_c(env, p, aeth::NAK_REM_ACCESS, None);
+                    self.class_c(env, p, Syndrome::Nak(NakCode::RemoteAccessError), None);
                     return self.resp_poll(env, now, buf);
                 }
                 let k = *sent;
                 let o = k as usize * mtu;
                 let plen = (*len as usize - o).min(mtu);
                 let opcode = match (*npkts, k) {
-                    (1, _) => op::READ_RESP_ONLY,
-                    (_, 0) => op::READ_RESP_FIRST,
-                    (n, k) if k + 1 == n => op::READ_RESP_LAST,
-                    _ => op::READ_RESP_MIDDLE,
+                    (1, _) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (_, 0) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (n, k) if k + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                    _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
                 };
-                let h = PktHdr {
-                    opcode,
-                    psn: psn::add(*first, k),
-                    aeth: (opcode != op::READ_RESP_MIDDLE).then_some((aeth::ACK_UNLIMITED, *msn)),
-                    ..tmpl
-                };
+                let mut f = codec::packet(&self.tmpl, opcode, psn_add(*first, k));
+                f.transport.aeth =
+                    (opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE).then_some(AethRepr {
+                        syndrome: Syndrome::ACK,
+                        msn: *msn,
+                    });
                 let src = &*mr;
                 let at = *off + o;
                 if env.scratch.len() < plen {
                     env.scratch.resize(plen, 0);
                 }
                 src.read_at(at, &mut env.scratch[..plen]);
-                let n = codec::emit(&h, &env.scratch[..plen], buf)?;
+                let n = xroce_wire::emit_frame(&f, &env.scratch[..plen], buf).ok()?;
                 *sent += 1;
                 if *sent >= *npkts {
                     self.resp.out.pop_front();

@@ -17,7 +17,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -425,11 +425,13 @@ pub fn sim_configs() -> (EngineConfig, EngineConfig) {
     let a = EngineConfig {
         mac: [2, 0, 0, 0, 0, 1],
         ip: Ipv4Addr::new(10, 0, 0, 1),
+        ipv6: vec![Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)],
         ..Default::default()
     };
     let b = EngineConfig {
         mac: [2, 0, 0, 0, 0, 2],
         ip: Ipv4Addr::new(10, 0, 0, 2),
+        ipv6: vec![Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2)],
         ..Default::default()
     };
     (a, b)
@@ -459,6 +461,8 @@ pub struct PairParams {
     pub max_wr: u32,
     pub access: AccessFlags,
     pub qp_type: QpType,
+    /// Connect over the hosts' first IPv6 addresses instead of IPv4.
+    pub ipv6: bool,
 }
 
 impl Default for PairParams {
@@ -480,6 +484,7 @@ impl Default for PairParams {
                 | AccessFlags::REMOTE_READ
                 | AccessFlags::REMOTE_ATOMIC,
             qp_type: QpType::Rc,
+            ipv6: false,
         }
     }
 }
@@ -516,12 +521,18 @@ pub fn connect_pair(sim: &Sim, p: &PairParams) -> (Endpoint, Endpoint) {
     let ea = endpoint(&sim.a, p);
     let eb = endpoint(&sim.b, p);
     let (ca, cb) = (sim.a.lock().config().clone(), sim.b.lock().config().clone());
+    let addr = |c: &EngineConfig| -> IpAddr {
+        match c.ipv6.first() {
+            Some(v6) if p.ipv6 => IpAddr::V6(*v6),
+            _ => IpAddr::V4(c.ip),
+        }
+    };
     let ra = RemoteQp {
         qpn: ea.qp.qp_num(),
         psn: p.psn_a,
         av: AddressVector {
             dest_mac: ca.mac,
-            dest_ip: ca.ip,
+            dest_ip: addr(&ca),
             ..Default::default()
         },
     };
@@ -530,7 +541,7 @@ pub fn connect_pair(sim: &Sim, p: &PairParams) -> (Endpoint, Endpoint) {
         psn: p.psn_b,
         av: AddressVector {
             dest_mac: cb.mac,
-            dest_ip: cb.ip,
+            dest_ip: addr(&cb),
             ..Default::default()
         },
     };

@@ -5,8 +5,8 @@
 //! missing receive WQE (the receive WQE is reused for the next message),
 //! resynchronising on the next FIRST/ONLY packet.
 
-use super::codec::{op, PktHdr};
-use super::psn;
+use xroce_wire::{psn_add, psn_diff, TransportRepr};
+
 use super::qp::{sgl_write, InMsg, QpCtx, WriteCtx};
 use super::Env;
 use crate::verbs::mr::AccessFlags;
@@ -31,19 +31,12 @@ impl QpCtx {
         self.resp.nak_sent = true; // "drop until the next FIRST/ONLY"
     }
 
-    /// One UC request packet (opcode already reduced to its operation).
-    pub(crate) fn uc_recv(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8]) {
-        let o = h.opcode;
-        let first = matches!(
-            o,
-            op::SEND_FIRST
-                | op::SEND_ONLY
-                | op::SEND_ONLY_IMM
-                | op::WRITE_FIRST
-                | op::WRITE_ONLY
-                | op::WRITE_ONLY_IMM
-        );
-        let d = psn::diff(h.psn, self.resp.epsn);
+    /// One UC request packet (SEND or RDMA WRITE, by the QP's service).
+    pub(crate) fn uc_recv(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
+        let o = t.bth.opcode;
+        let p = t.bth.psn;
+        let first = o.is_first() || o.is_only();
+        let d = psn_diff(p, self.resp.epsn);
         if d < 0 {
             // Behind: a duplicate (rxe would accept a duplicated FIRST/ONLY
             // and deliver the message twice; we drop it).
@@ -54,25 +47,22 @@ impl QpCtx {
             env.stats.rx_out_of_sequence += 1;
             // Lost packets: abandon the message in progress, resync here.
             self.uc_drop_msg(env);
-            self.resp.epsn = h.psn;
+            self.resp.epsn = p;
         }
         if self.resp.nak_sent && !first {
             env.stats.rx_dropped_other += 1;
-            self.resp.epsn = psn::add(h.psn, 1);
+            self.resp.epsn = psn_add(p, 1);
             return;
         }
         self.resp.nak_sent = false;
-        self.resp.epsn = psn::add(h.psn, 1);
+        self.resp.epsn = psn_add(p, 1);
         let mtu = self.mtu as usize;
         let in_seq = match self.resp.in_msg {
-            InMsg::Send => matches!(o, op::SEND_MIDDLE | op::SEND_LAST | op::SEND_LAST_IMM),
-            InMsg::Write => matches!(o, op::WRITE_MIDDLE | op::WRITE_LAST | op::WRITE_LAST_IMM),
+            InMsg::Send => o.is_send() && (o.is_middle() || o.is_last()),
+            InMsg::Write => o.is_rdma_write() && (o.is_middle() || o.is_last()),
             InMsg::None => first,
         };
-        let last = !matches!(
-            o,
-            op::SEND_FIRST | op::SEND_MIDDLE | op::WRITE_FIRST | op::WRITE_MIDDLE
-        );
+        let last = o.is_last() || o.is_only();
         let len_ok = if last {
             payload.len() <= mtu
         } else {
@@ -82,16 +72,7 @@ impl QpCtx {
             self.uc_drop_msg(env);
             return;
         }
-        let is_send = matches!(
-            o,
-            op::SEND_FIRST
-                | op::SEND_MIDDLE
-                | op::SEND_LAST
-                | op::SEND_LAST_IMM
-                | op::SEND_ONLY
-                | op::SEND_ONLY_IMM
-        );
-        if is_send {
+        if o.is_send() {
             if first {
                 if self.resp.recv.is_none() {
                     let r = match &self.srq {
@@ -130,10 +111,10 @@ impl QpCtx {
                 let r = self.resp.recv.take().expect("checked");
                 let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
                 wc.byte_len = self.resp.recv_off as u32;
-                if h.se {
+                if t.bth.solicited {
                     wc.flags |= WcFlags::SOLICITED;
                 }
-                if let Some(imm) = h.imm {
+                if let Some(imm) = t.imm_data {
                     wc.imm_data = imm;
                     wc.flags |= WcFlags::WITH_IMM;
                 }
@@ -146,16 +127,16 @@ impl QpCtx {
         }
         // RDMA WRITE.
         if first {
-            let ok = h.reth.and_then(|r| {
+            let ok = t.reth.and_then(|r| {
                 let mr = env.mrs.by_rkey(r.rkey)?;
                 let off = mr
-                    .check(self.pd, r.va, r.len as u64, AccessFlags::REMOTE_WRITE)
+                    .check(self.pd, r.va, r.dma_len as u64, AccessFlags::REMOTE_WRITE)
                     .ok()?;
                 Some(WriteCtx {
                     mr,
                     off,
-                    remaining: r.len as u64,
-                    total: r.len,
+                    remaining: r.dma_len as u64,
+                    total: r.dma_len,
                 })
             });
             if ok.is_none()
@@ -169,7 +150,7 @@ impl QpCtx {
             }
             self.resp.write = ok;
         }
-        let with_imm = matches!(o, op::WRITE_LAST_IMM | op::WRITE_ONLY_IMM);
+        let with_imm = o.has_immediate();
         let Some(w) = self.resp.write.as_mut() else {
             self.uc_drop_msg(env);
             return;
@@ -199,11 +180,11 @@ impl QpCtx {
             if let Some(r) = r {
                 let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
                 wc.opcode = WcOpcode::RecvRdmaWithImm;
-                if h.se {
+                if t.bth.solicited {
                     wc.flags |= WcFlags::SOLICITED;
                 }
                 wc.byte_len = total;
-                wc.imm_data = h.imm.unwrap_or(0);
+                wc.imm_data = t.imm_data.unwrap_or(0);
                 wc.flags |= WcFlags::WITH_IMM;
                 self.complete(env, false, wc);
             }

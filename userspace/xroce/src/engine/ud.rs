@@ -1,10 +1,11 @@
 //! Unreliable Datagram receive side (IBTA 9.8.5 / rxe): one SEND per packet,
 //! Q_Key checked against the QP's, no PSN ordering, no ACKs. As in ibverbs,
-//! the first 40 bytes of the receive buffer get the GRH; for RoCEv2 over
-//! IPv4 that is 20 zero bytes followed by the packet's IPv4 header, and the
-//! completion has the GRH flag and the sender's QPN.
+//! the first 40 bytes of the receive buffer get the GRH: the packet's IPv6
+//! header, or for RoCEv2 over IPv4 20 zero bytes followed by its IPv4
+//! header; the completion has the GRH flag and the sender's QPN.
 
-use super::codec::{op, PktHdr};
+use xroce_wire::{FrameRepr, IpRepr, Opcode};
+
 use super::qp::{sgl_write, QpCtx};
 use super::Env;
 use crate::verbs::wc::{WcFlags, WcStatus};
@@ -12,16 +13,20 @@ use crate::verbs::wc::{WcFlags, WcStatus};
 pub(crate) const GRH_LEN: usize = 40;
 
 impl QpCtx {
-    pub(crate) fn ud_recv(&mut self, env: &mut Env<'_>, h: &PktHdr, payload: &[u8]) {
-        if !matches!(h.opcode, op::UD_SEND_ONLY | op::UD_SEND_ONLY_IMM) {
+    pub(crate) fn ud_recv(&mut self, env: &mut Env<'_>, f: &FrameRepr, payload: &[u8]) {
+        let t = &f.transport;
+        if !matches!(
+            t.bth.opcode,
+            Opcode::UD_SEND_ONLY | Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
+        ) {
             env.stats.rx_unsupported += 1;
             return;
         }
-        let Some((qkey, src_qp)) = h.deth else {
+        let Some(deth) = t.deth else {
             env.stats.rx_malformed += 1;
             return;
         };
-        if qkey != self.attr.qkey {
+        if deth.qkey != self.attr.qkey {
             env.stats.rx_dropped_other += 1; // Q_Key violation: silently dropped
             return;
         }
@@ -38,7 +43,7 @@ impl QpCtx {
             return;
         };
         let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
-        wc.src_qp = src_qp;
+        wc.src_qp = deth.src_qp;
         if let Some(st) = r.local_err {
             wc.status = st;
             self.complete(env, false, wc);
@@ -50,16 +55,11 @@ impl QpCtx {
             return;
         }
         let mut grh = [0u8; GRH_LEN];
-        let ip = &mut grh[20..];
-        ip[0] = 0x45;
-        ip[1] = (h.dscp << 2) | (h.ecn & 3);
-        let tot = (20 + 8 + 12 + 4 + 4 + payload.len()) as u16;
-        ip[2..4].copy_from_slice(&tot.to_be_bytes());
-        ip[6] = 0x40;
-        ip[8] = 64;
-        ip[9] = 17;
-        ip[12..16].copy_from_slice(&h.src_ip);
-        ip[16..20].copy_from_slice(&h.dst_ip);
+        let emitted = match &f.ip {
+            IpRepr::V4(ip) => ip.emit(&mut grh[GRH_LEN - xroce_wire::ipv4::HEADER_LEN..]),
+            IpRepr::V6(ip) => ip.emit(&mut grh),
+        };
+        debug_assert!(emitted.is_ok(), "a parsed IP header emits: {emitted:?}");
         if !sgl_write(&r.sges, 0, &grh) || !sgl_write(&r.sges, GRH_LEN, payload) {
             wc.status = WcStatus::LocProtErr;
             self.complete(env, false, wc);
@@ -67,10 +67,10 @@ impl QpCtx {
         }
         wc.byte_len = (GRH_LEN + payload.len()) as u32;
         wc.flags |= WcFlags::GRH;
-        if h.se {
+        if t.bth.solicited {
             wc.flags |= WcFlags::SOLICITED;
         }
-        if let Some(imm) = h.imm {
+        if let Some(imm) = t.imm_data {
             wc.imm_data = imm;
             wc.flags |= WcFlags::WITH_IMM;
         }

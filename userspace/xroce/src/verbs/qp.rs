@@ -1,6 +1,6 @@
 //! Queue pair types, attributes and the IBTA state machine (10.3.1).
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use super::error::{Result, VerbsError};
 use super::mr::AccessFlags;
@@ -78,7 +78,8 @@ impl Mtu {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AddressVector {
     pub dest_mac: [u8; 6],
-    pub dest_ip: Ipv4Addr,
+    /// The peer's address: IPv4 (an IPv4-mapped GID) or IPv6.
+    pub dest_ip: IpAddr,
     /// DSCP for the IP header (traffic class >> 2).
     pub dscp: u8,
     /// UDP source port; `None` derives one from the QPN like rxe.
@@ -89,7 +90,7 @@ impl Default for AddressVector {
     fn default() -> Self {
         Self {
             dest_mac: [0; 6],
-            dest_ip: Ipv4Addr::UNSPECIFIED,
+            dest_ip: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             dscp: 0,
             udp_sport: None,
         }
