@@ -284,6 +284,123 @@ pub(crate) fn event_name(event: rdma_cm_event_type) -> &'static std::ffi::CStr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::id::{self, CmId};
+
+    fn readable(fd: c_int) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
+    }
+
+    fn set_nonblocking(fd: c_int) {
+        // SAFETY: fcntl on the channel's own fd.
+        unsafe {
+            libc::fcntl(
+                fd,
+                libc::F_SETFL,
+                libc::fcntl(fd, libc::F_GETFL) | libc::O_NONBLOCK,
+            )
+        };
+    }
+
+    /// Posts one event for `c_id` as a resolution would.
+    fn post(c_id: *mut rdma_cm_id, kind: rdma_cm_event_type, status: c_int) {
+        // SAFETY: a live id made by the test.
+        let cm = unsafe { CmId::from_c(c_id) }.unwrap();
+        let st = cm.lock();
+        CmId::post(&cm.shared, &st, kind, status);
+    }
+
+    #[test]
+    fn the_fd_is_readable_exactly_while_events_are_queued() {
+        let ch = rdma_create_event_channel();
+        // SAFETY: the channel just made.
+        let fd = unsafe { (*ch).fd };
+        let c_id = id::create(ch, std::ptr::null_mut(), RDMA_PS_TCP).unwrap();
+        set_nonblocking(fd);
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        // SAFETY (all FFI calls below): live channel, id and events.
+        unsafe {
+            assert!(!readable(fd));
+            assert_eq!(rdma_get_cm_event(ch, &mut ev), -1);
+            assert_eq!(crate::errno::errno(), libc::EAGAIN);
+            post(c_id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+            post(c_id, RDMA_CM_EVENT_ROUTE_ERROR, -libc::ETIMEDOUT);
+            assert!(readable(fd));
+            assert_eq!(rdma_get_cm_event(ch, &mut ev), 0);
+            assert_eq!(
+                ((*ev).event, (*ev).status, (*ev).id),
+                (RDMA_CM_EVENT_ADDR_RESOLVED, 0, c_id)
+            );
+            assert!(readable(fd), "one event is still queued");
+            assert_eq!(rdma_ack_cm_event(ev), 0);
+            assert_eq!(rdma_get_cm_event(ch, &mut ev), 0);
+            assert_eq!(
+                ((*ev).event, (*ev).status),
+                (RDMA_CM_EVENT_ROUTE_ERROR, -libc::ETIMEDOUT)
+            );
+            assert!(!readable(fd));
+            assert_eq!(rdma_ack_cm_event(ev), 0);
+            // Destroy drops what was never taken, and the fd goes quiet.
+            post(c_id, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+            assert!(readable(fd));
+            assert_eq!(id::rdma_destroy_id(c_id), 0);
+            assert!(!readable(fd));
+            assert_eq!(rdma_get_cm_event(ch, &mut ev), -1);
+            rdma_destroy_event_channel(ch);
+        }
+    }
+
+    #[test]
+    fn a_blocking_get_waits_for_the_event() {
+        let ch = rdma_create_event_channel();
+        let c_id = id::create(ch, std::ptr::null_mut(), RDMA_PS_UDP).unwrap() as usize;
+        let poster = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            post(
+                c_id as *mut rdma_cm_id,
+                RDMA_CM_EVENT_ADDR_ERROR,
+                -libc::ENODEV,
+            );
+        });
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        let t0 = std::time::Instant::now();
+        // SAFETY: live channel, id and event.
+        unsafe {
+            assert_eq!(rdma_get_cm_event(ch, &mut ev), 0);
+            assert!(t0.elapsed() >= std::time::Duration::from_millis(90));
+            assert_eq!((*ev).event, RDMA_CM_EVENT_ADDR_ERROR);
+            rdma_ack_cm_event(ev);
+            poster.join().unwrap();
+            assert_eq!(id::rdma_destroy_id(c_id as *mut rdma_cm_id), 0);
+            rdma_destroy_event_channel(ch);
+        }
+    }
+
+    #[test]
+    fn migrate_moves_queued_events_to_the_new_channel() {
+        let (from, to) = (rdma_create_event_channel(), rdma_create_event_channel());
+        let c_id = id::create(from, std::ptr::null_mut(), RDMA_PS_TCP).unwrap();
+        post(c_id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+        // SAFETY: live channels, id and event.
+        unsafe {
+            assert_eq!(id::rdma_migrate_id(c_id, to), 0);
+            assert_eq!((*c_id).channel, to);
+            assert!(!readable((*from).fd));
+            assert!(readable((*to).fd));
+            let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+            assert_eq!(rdma_get_cm_event(to, &mut ev), 0);
+            assert_eq!((*ev).event, RDMA_CM_EVENT_ROUTE_RESOLVED);
+            rdma_ack_cm_event(ev);
+            assert_eq!(id::rdma_destroy_id(c_id), 0);
+            rdma_destroy_event_channel(from);
+            rdma_destroy_event_channel(to);
+        }
+    }
 
     #[test]
     fn event_names_are_rdma_cores() {

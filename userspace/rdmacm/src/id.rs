@@ -466,3 +466,113 @@ pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(id: *mut rdma_cm_id, level: u32, name: u32, value: &[u8]) -> (c_int, i32) {
+        // SAFETY: a live id and a buffer of value.len() bytes.
+        let rc = unsafe {
+            rdma_set_option(
+                id,
+                level as c_int,
+                name as c_int,
+                value.as_ptr() as *mut _,
+                value.len(),
+            )
+        };
+        (rc, if rc == 0 { 0 } else { crate::errno::errno() })
+    }
+
+    #[test]
+    fn options_are_checked_as_the_kernel_checks_them() {
+        let ch = channel::rdma_create_event_channel();
+        let rc_id = create(ch, std::ptr::null_mut(), RDMA_PS_TCP).unwrap();
+        let ud_id = create(ch, std::ptr::null_mut(), RDMA_PS_UDP).unwrap();
+        let one = 1i32.to_ne_bytes();
+        assert_eq!(
+            set(rc_id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &[32]),
+            (0, 0)
+        );
+        assert_eq!(
+            set(rc_id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &one),
+            (-1, libc::EINVAL)
+        );
+        assert_eq!(
+            set(rc_id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one),
+            (0, 0)
+        );
+        assert_eq!(
+            set(rc_id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &one),
+            (0, 0)
+        );
+        assert_eq!(
+            set(rc_id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &[14]),
+            (0, 0)
+        );
+        // ACK timeout is for connected (RC) ids only.
+        assert_eq!(
+            set(ud_id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &[14]),
+            (-1, libc::EINVAL)
+        );
+        // A path before the address is resolved.
+        let path = [0u8; std::mem::size_of::<ibv_path_data>()];
+        assert_eq!(
+            set(rc_id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, &path),
+            (-1, libc::EINVAL)
+        );
+        assert_eq!(
+            set(rc_id, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, &[0; 3]),
+            (-1, libc::EINVAL)
+        );
+        assert_eq!(set(rc_id, RDMA_OPTION_ID, 99, &one), (-1, libc::ENOSYS));
+        assert_eq!(set(rc_id, 7, 0, &one), (-1, libc::ENOSYS));
+        // SAFETY: a NULL value of non-zero length.
+        let rc = unsafe { rdma_set_option(rc_id, 0, 0, std::ptr::null_mut(), 1) };
+        assert_eq!((rc, crate::errno::errno()), (-1, libc::EFAULT));
+        // SAFETY: the ids and channel made above.
+        unsafe {
+            let st = CmId::from_c(rc_id).unwrap().lock();
+            assert_eq!(st.options.tos, Some(32));
+            assert!(st.options.reuseaddr && st.options.afonly);
+            assert_eq!(st.options.ack_timeout, Some(14));
+            drop(st);
+            assert_eq!(rdma_destroy_id(rc_id), 0);
+            assert_eq!(rdma_destroy_id(ud_id), 0);
+            channel::rdma_destroy_event_channel(ch);
+        }
+    }
+
+    #[test]
+    fn port_spaces_give_qp_types_and_unknown_ones_are_refused() {
+        assert_eq!(qp_type_of(RDMA_PS_TCP), Ok(IBV_QPT_RC));
+        assert_eq!(qp_type_of(RDMA_PS_IB), Ok(IBV_QPT_RC));
+        assert_eq!(qp_type_of(RDMA_PS_UDP), Ok(IBV_QPT_UD));
+        assert_eq!(qp_type_of(RDMA_PS_IPOIB), Ok(IBV_QPT_UD));
+        assert_eq!(qp_type_of(0x42), Err(libc::EINVAL));
+        let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: a NULL channel (synchronous id) and an out-pointer.
+        let rc =
+            unsafe { rdma_create_id(std::ptr::null_mut(), &mut id, std::ptr::null_mut(), 0x42) };
+        assert_eq!((rc, crate::errno::errno()), (-1, libc::EINVAL));
+        // SAFETY: as above, a valid port space.
+        let rc = unsafe {
+            rdma_create_id(
+                std::ptr::null_mut(),
+                &mut id,
+                std::ptr::null_mut(),
+                RDMA_PS_IB,
+            )
+        };
+        assert_eq!(rc, 0);
+        // SAFETY: the synchronous id just made.
+        unsafe {
+            assert!(
+                !(*id).channel.is_null(),
+                "a synchronous id has a channel of its own"
+            );
+            assert_eq!(rdma_destroy_id(id), 0);
+        }
+    }
+}

@@ -250,3 +250,32 @@ pub(crate) fn local_addresses() -> Vec<(String, IpAddr)> {
     unsafe { libc::freeifaddrs(list) };
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_routes_are_local_through_lo() {
+        let r = lookup("127.0.0.1".parse().unwrap(), None).unwrap();
+        assert!(r.local);
+        assert_eq!(r.oif, if_index("lo"));
+        assert_eq!(if_name(r.oif).as_deref(), Some("lo"));
+        assert_eq!(r.src, Some("127.0.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_source_that_is_not_ours_is_refused() {
+        // The kernel refuses `ip route get 127.0.0.1 from 192.0.2.1`.
+        let e = lookup(
+            "127.0.0.1".parse().unwrap(),
+            Some("192.0.2.1".parse().unwrap()),
+        );
+        assert!(e.is_err(), "{e:?}");
+    }
+
+    #[test]
+    fn an_unknown_neighbour_is_not_known() {
+        assert!(!neighbour_known(if_index("lo"), "192.0.2.1".parse().unwrap()).unwrap());
+    }
+}
