@@ -1,6 +1,8 @@
 //! `xroce decode FILE [--json]`: decode every RoCEv2 frame of a capture
 //! with the wire codec, verify its ICRC, and report totals, an opcode
-//! histogram, per-QP PSN gaps and malformed frames with the reason.
+//! histogram, per-QP PSN gaps and malformed frames with the reason, and
+//! one line per connection-management MAD (UD SENDs to QP1: REQ, REP, REJ
+//! with its reason, ..., rdma_cm's service ID and addresses).
 //!
 //! Reads pcap (microsecond or nanosecond timestamps, either byte order) and
 //! pcapng through [`xroce::capture`], with link types Ethernet, Linux cooked
@@ -12,7 +14,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use xroce::capture::{Capture, CaptureError, LINKTYPE_ETHERNET};
-use xroce_wire::{icrc, parse_frame, Error as WireError, Gid, Opcode, Syndrome};
+use xroce_wire::cm::{ib_mtu_bytes, CmMadRepr, CmMessage};
+use xroce_wire::rdma_cm::{split_service_id, CmaHeader};
+use xroce_wire::{icrc, mad, parse_frame, Error as WireError, Gid, Opcode, Syndrome};
 
 #[derive(clap::Args, Debug)]
 pub struct DecodeArgs {
@@ -81,6 +85,8 @@ pub struct Report {
     /// (destination GID, destination QPN) -> traffic.
     pub qps: BTreeMap<(Gid, u32), QpTraffic>,
     pub malformed_list: Vec<Malformed>,
+    /// One line per CM MAD: (frame number, what it says).
+    pub cm: Vec<(u64, String)>,
 }
 
 const LINKTYPE_RAW: u32 = 101;
@@ -128,7 +134,7 @@ impl Report {
 
     /// Account one Ethernet frame (number `n`, 1-based).
     pub fn add_frame(&mut self, n: u64, frame: &[u8]) {
-        let (repr, _payload) = match parse_frame(frame) {
+        let (repr, payload) = match parse_frame(frame) {
             Ok(x) => x,
             Err(e) if e.is_not_roce() => {
                 self.not_roce += 1;
@@ -158,6 +164,12 @@ impl Report {
         let t = &repr.transport;
         let op = t.bth.opcode;
         *self.opcodes.entry(op as u8).or_default() += 1;
+        if mad::is_gsi(t) {
+            match CmMadRepr::parse(payload) {
+                Ok(m) => self.cm.push((n, cm_line(&m))),
+                Err(e) => self.malformed(n, format!("GSI MAD: {e}")),
+            }
+        }
         if op == Opcode::CNP {
             return;
         }
@@ -246,6 +258,7 @@ impl Report {
             "psn_gaps": self.psn_gaps(),
             "qps": qps,
             "problems": malformed,
+            "cm": self.cm.iter().map(|(n, l)| serde_json::json!({"frame": n, "message": l})).collect::<Vec<_>>(),
         })
     }
 
@@ -286,6 +299,12 @@ impl Report {
                 q.naks + q.rnr_naks
             );
         }
+        if !self.cm.is_empty() {
+            let _ = writeln!(s, "\nconnection management ({} MADs):", self.cm.len());
+            for (n, l) in &self.cm {
+                let _ = writeln!(s, "  frame {n}: {l}");
+            }
+        }
         if !self.malformed_list.is_empty() {
             let _ = writeln!(s, "\nproblems (first {MAX_LISTED_MALFORMED}):");
             for m in &self.malformed_list {
@@ -294,6 +313,106 @@ impl Report {
         }
         s
     }
+}
+
+/// "RDMA_PS_TCP:7174" for rdma_cm's service IDs, else the hex ID.
+fn service_name(sid: u64) -> String {
+    match split_service_id(sid) {
+        Some((ps, port)) => format!("{}:{port}", ps.name()),
+        None => format!("{sid:#018x}"),
+    }
+}
+
+/// rdma_cm's header at the start of REQ / SIDR_REQ private data, as
+/// "cma v4 10.0.0.1:40000 -> 10.0.0.2:7174" (the destination port is the
+/// service ID's).
+fn cma_summary(private_data: &[u8], sid: u64) -> String {
+    match (CmaHeader::parse(private_data), split_service_id(sid)) {
+        (Ok(h), Some((_, dport))) => {
+            let v = if h.src_ip.is_ipv4() { 4 } else { 6 };
+            let sock = |ip: std::net::IpAddr, port: u16| match ip {
+                std::net::IpAddr::V4(a) => format!("{a}:{port}"),
+                std::net::IpAddr::V6(a) => format!("[{a}]:{port}"),
+            };
+            format!(
+                "cma v{v} {} -> {}",
+                sock(h.src_ip, h.src_port),
+                sock(h.dst_ip, dport)
+            )
+        }
+        _ => "opaque".into(),
+    }
+}
+
+/// One CM MAD as one line: the message, its IDs and what it negotiates.
+fn cm_line(m: &CmMadRepr) -> String {
+    let tid = m.header.transaction_id;
+    let name = m.message.attribute().name();
+    let rest = match &m.message {
+        CmMessage::Req(r) => format!(
+            "comm={:#010x} svc={} lqpn={:#x} psn={:#x} mtu={} rr={} id={} retry={} rnr={} \
+             gid {} -> {} tc={} hop={} fl={:#x} private={}",
+            r.local_comm_id,
+            service_name(r.service_id),
+            r.local_qpn,
+            r.starting_psn,
+            ib_mtu_bytes(r.path_mtu).unwrap_or(0),
+            r.responder_resources,
+            r.initiator_depth,
+            r.retry_count,
+            r.rnr_retry_count,
+            r.primary_path.local_gid,
+            r.primary_path.remote_gid,
+            r.primary_path.traffic_class,
+            r.primary_path.hop_limit,
+            r.primary_path.flow_label,
+            cma_summary(r.private_data, r.service_id),
+        ),
+        CmMessage::Rep(r) => format!(
+            "comm={:#010x} remote={:#010x} lqpn={:#x} psn={:#x} rr={} id={} rnr={}",
+            r.local_comm_id,
+            r.remote_comm_id,
+            r.local_qpn,
+            r.starting_psn,
+            r.responder_resources,
+            r.initiator_depth,
+            r.rnr_retry_count
+        ),
+        CmMessage::Rtu(r) | CmMessage::Drep(r) => {
+            format!(
+                "comm={:#010x} remote={:#010x}",
+                r.local_comm_id, r.remote_comm_id
+            )
+        }
+        CmMessage::Dreq(r) => format!(
+            "comm={:#010x} remote={:#010x} rqpn={:#x}",
+            r.local_comm_id, r.remote_comm_id, r.remote_qpn
+        ),
+        CmMessage::Rej(r) => format!(
+            "comm={:#010x} remote={:#010x} of={:?} reason={}",
+            r.local_comm_id, r.remote_comm_id, r.message_rejected, r.reason
+        ),
+        CmMessage::Mra(r) => format!(
+            "comm={:#010x} remote={:#010x} of={:?} timeout={}",
+            r.local_comm_id, r.remote_comm_id, r.message_mraed, r.service_timeout
+        ),
+        CmMessage::SidrReq(r) => format!(
+            "req={:#010x} svc={} private={}",
+            r.request_id,
+            service_name(r.service_id),
+            cma_summary(r.private_data, r.service_id)
+        ),
+        CmMessage::SidrRep(r) => format!(
+            "req={:#010x} status={:?} svc={} qpn={:#x} qkey={:#x}",
+            r.request_id,
+            r.status,
+            service_name(r.service_id),
+            r.qpn,
+            r.qkey
+        ),
+        CmMessage::Lap(_) | CmMessage::Apr(_) => "(not decoded)".into(),
+    };
+    format!("CM {name} tid={tid:#x} {rest}")
 }
 
 fn opcode_name(op: u8) -> &'static str {
@@ -390,6 +509,86 @@ mod tests {
                 .unwrap();
         }
         w.into_writer()
+    }
+
+    /// xroce-wire's RDMA-CM captures (Linux rdma_cm over rxe).
+    fn cm_capture(name: &str) -> Report {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../wire/tests/data/cm")
+            .join(format!("{name}.pcap"));
+        decode_capture_bytes(&std::fs::read(&p).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn cm_mads_one_line_each() {
+        let rep = cm_capture("rping");
+        assert_eq!(rep.malformed, 0, "{:?}", rep.malformed_list);
+        let lines: Vec<&str> = rep.cm.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(
+            rep.cm.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            [1, 2, 3, 124, 125]
+        );
+        assert_eq!(
+            lines[0],
+            "CM REQ tid=0x22b3a307b comm=0x7b303a2b svc=RDMA_PS_TCP:7174 lqpn=0x11 psn=0x1c04e \
+             mtu=4096 rr=1 id=1 retry=7 rnr=7 gid 10.77.0.11 -> 10.77.0.10 tc=0 hop=64 \
+             fl=0x47c23 private=cma v4 10.77.0.11:43075 -> 10.77.0.10:7174"
+        );
+        assert_eq!(
+            lines[1],
+            "CM REP tid=0x22b3a307b comm=0x3b9bd8cd remote=0x7b303a2b lqpn=0x11 psn=0x5cb7ea \
+             rr=1 id=1 rnr=7"
+        );
+        assert_eq!(
+            lines[2],
+            "CM RTU tid=0x22b3a307b comm=0x7b303a2b remote=0x3b9bd8cd"
+        );
+        assert_eq!(
+            lines[3],
+            "CM DREQ tid=0x22b3a307b comm=0x7b303a2b remote=0x3b9bd8cd rqpn=0x11"
+        );
+        assert!(lines[4].starts_with("CM DREP "));
+        let text = rep.to_text("rping.pcap");
+        assert!(text.contains("connection management (5 MADs):"));
+        assert!(text.contains("  frame 1: CM REQ "));
+        assert_eq!(rep.to_json()["cm"][2]["frame"], 3);
+
+        let rej = cm_capture("rej");
+        assert_eq!(
+            rej.cm[1].1,
+            "CM REJ tid=0x22b3a307d comm=0x00000000 remote=0x7d303a2b of=Req \
+             reason=invalid service ID (8)"
+        );
+        let sidr = cm_capture("udaddy");
+        assert_eq!(
+            sidr.cm[1].1,
+            "CM SIDR_REP tid=0x22b3a3079 req=0x79303a2b status=Success svc=RDMA_PS_UDP:7174 \
+             qpn=0x13 qkey=0x1234567"
+        );
+        let v6 = cm_capture("rping_ipv6");
+        assert!(v6.cm[1]
+            .1
+            .ends_with("private=cma v6 [fd77::11]:41736 -> [fd77::10]:7174"));
+    }
+
+    #[test]
+    fn malformed_gsi_mad_is_reported() {
+        let data = std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data/cm/rej.pcap"),
+        )
+        .unwrap();
+        let mut frames = packets(&data);
+        // The REQ's MAD starts after Ethernet, IPv4, UDP, BTH and DETH.
+        let mad_at = 14 + 20 + 8 + 12 + 8;
+        frames[0].1[mad_at] = 9; // base version
+        xroce_wire::icrc::fill_frame(&mut frames[0].1).unwrap();
+        let rep = decode_capture_bytes(&write_pcap(Default::default(), &frames)).unwrap();
+        assert_eq!(rep.malformed, 1);
+        assert_eq!(
+            rep.malformed_list[0].reason,
+            "GSI MAD: MAD base version 9 (must be 1)"
+        );
+        assert_eq!(rep.cm.len(), 1);
     }
 
     #[test]
