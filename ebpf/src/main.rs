@@ -19,10 +19,10 @@ use aya_ebpf::{
 };
 use xroce_common::{
     config_flags,
-    ecn::{
-        congestion_point, fault_should_drop, ipv4_ce_update, ipv6_ecn, DropReason, Ecn,
-        EcnConfig, FaultConfig, FaultRng, OpcodeClass, Verdict, VirtualQueue,
-    },
+    congestion::{congestion_point, DropReason, EcnConfig, Verdict, VirtualQueue},
+    ecn::{ipv4_ce_update, ipv6_ecn, Ecn},
+    fault::{fault_should_drop, FaultConfig, FaultRng},
+    opcode_class::OpcodeClass,
     opcode_is_known, Counter, CONFIG_SLOTS, COUNTER_SLOTS, MAX_FILTERED_QPNS, MAX_QUEUES,
     ROCEV2_UDP_PORT,
 };

@@ -3,7 +3,11 @@
 
 use crate::units::{Fraction, Rate, Size};
 use anyhow::{bail, Context};
-use xroce_common::ecn::{EcnConfig, EcnPolicy, FaultConfig, OpcodeClass};
+use xroce_common::{
+    congestion::{EcnConfig, EcnPolicy},
+    fault::FaultConfig,
+    opcode_class::OpcodeClass,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct EcnArgs {
@@ -148,7 +152,7 @@ pub fn describe_ecn(c: &EcnConfig) -> String {
         s += &format!(
             ", kmax {} B, pmax {:.4}",
             c.kmax,
-            xroce_common::ecn::fixed_to_fraction(c.pmax_fixed)
+            xroce_common::fixed::fixed_to_fraction(c.pmax_fixed)
         );
     }
     if c.buffer_bytes != 0 {
@@ -163,12 +167,12 @@ pub fn describe_fault(c: &FaultConfig) -> String {
     }
     let mut s = format!(
         "drop {:.4}",
-        xroce_common::ecn::fixed_to_fraction(c.drop_fixed)
+        xroce_common::fixed::fixed_to_fraction(c.drop_fixed)
     );
     if c.opcode_mask != 0 {
         s += &format!(" of opcode classes {:#x}", c.opcode_mask);
     }
-    if c.qpn != xroce_common::ecn::ANY_QPN {
+    if c.qpn != xroce_common::fault::ANY_QPN {
         s += &format!(" to QPN {:#x}", c.qpn);
     }
     if c.seed != 0 {

@@ -57,11 +57,11 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<()> {
             "engines": engines,
             "ecn": {
                 "enabled": ecn.enabled != 0,
-                "policy": xroce_common::ecn::EcnPolicy::from_u32(ecn.policy).name(),
+                "policy": xroce_common::congestion::EcnPolicy::from_u32(ecn.policy).name(),
                 "link_rate_bps": ecn.link_rate_bps,
                 "kmin": ecn.kmin,
                 "kmax": ecn.kmax,
-                "pmax": xroce_common::ecn::fixed_to_fraction(ecn.pmax_fixed),
+                "pmax": xroce_common::fixed::fixed_to_fraction(ecn.pmax_fixed),
                 "buffer_bytes": ecn.buffer_bytes,
                 "queue_bytes": backlog,
                 "queue_peak_bytes": queue.peak_bytes,
@@ -69,9 +69,9 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<()> {
             },
             "fault": {
                 "enabled": fault.enabled != 0,
-                "drop": xroce_common::ecn::fixed_to_fraction(fault.drop_fixed),
+                "drop": xroce_common::fixed::fixed_to_fraction(fault.drop_fixed),
                 "opcode_mask": fault.opcode_mask,
-                "qpn": (fault.qpn != xroce_common::ecn::ANY_QPN).then_some(fault.qpn),
+                "qpn": (fault.qpn != xroce_common::fault::ANY_QPN).then_some(fault.qpn),
                 "seed": fault.seed,
             },
         });

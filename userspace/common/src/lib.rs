@@ -4,7 +4,11 @@
 //! userspace agree on layout without a serialisation step.
 #![no_std]
 
+pub mod congestion;
 pub mod ecn;
+pub mod fault;
+pub mod fixed;
+pub mod opcode_class;
 
 /// UDP destination port that identifies RoCEv2 (IANA).
 pub const ROCEV2_UDP_PORT: u16 = 4791;

@@ -15,7 +15,8 @@ use aya::{
 };
 use xroce_common::{
     config_flags,
-    ecn::{EcnConfig, FaultConfig, VirtualQueue},
+    congestion::{EcnConfig, VirtualQueue},
+    fault::FaultConfig,
     names, Counter,
 };
 

@@ -238,7 +238,7 @@ fn program_receiver(a: &IncastArgs, iface: &str) -> anyhow::Result<()> {
             qpn: None,
             seed: a.seed,
         }),
-        None => xroce::xdp::set_fault(iface, xroce_common::ecn::FaultConfig::default())
+        None => xroce::xdp::set_fault(iface, xroce_common::fault::FaultConfig::default())
             .map_err(Into::into),
     }
 }

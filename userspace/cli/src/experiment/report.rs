@@ -6,7 +6,11 @@ use std::{io::Write, net::Ipv4Addr, path::Path, process::ExitStatus};
 
 use anyhow::Context;
 use serde_json::{json, Value};
-use xroce_common::ecn::{fixed_to_fraction, EcnConfig, EcnPolicy, FaultConfig, ANY_QPN};
+use xroce_common::{
+    congestion::{EcnConfig, EcnPolicy},
+    fault::{FaultConfig, ANY_QPN},
+    fixed::fixed_to_fraction,
+};
 
 use super::{sampler::Sample, IncastArgs};
 

@@ -9,7 +9,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use aya::maps::{Array, Map, MapData, PerCpuArray};
-use xroce_common::{ecn::VirtualQueue, names, Counter};
+use xroce_common::{congestion::VirtualQueue, names, Counter};
 
 /// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.
 pub fn monotonic_ns() -> u64 {

@@ -1,6 +1,6 @@
 //! A deterministic closed-loop check of the pieces together: N paced senders
 //! run a congestion controller into the XDP congestion point's virtual queue
-//! (`xroce_common::ecn`), and the notification point answers CE marks with at
+//! (`xroce_common::congestion`), and the notification point answers CE marks with at
 //! most one CNP per flow per 50 us after a feedback delay. An incast in
 //! miniature, without sockets or threads.
 //!
@@ -13,9 +13,10 @@
 use super::{build_with, CcConfig, CcKind, Pacer};
 use crate::engine::qp::pacing_frame_bytes;
 use crate::engine::EngineConfig;
-use xroce_common::ecn::{
-    congestion_point, fraction_to_fixed, DropReason, Ecn, EcnConfig, EcnPolicy, Verdict,
-    VirtualQueue,
+use xroce_common::{
+    congestion::{congestion_point, DropReason, EcnConfig, EcnPolicy, Verdict, VirtualQueue},
+    ecn::Ecn,
+    fixed::fraction_to_fixed,
 };
 
 struct Outcome {

@@ -154,7 +154,7 @@ pub fn parse_fraction(s: &str) -> Result<f64, UnitError> {
 
 /// [`parse_fraction`] in the fixed point the XDP maps use (2^32 = 1).
 pub fn parse_fraction_fixed(s: &str) -> Result<u32, UnitError> {
-    parse_fraction(s).map(xroce_common::ecn::fraction_to_fixed)
+    parse_fraction(s).map(xroce_common::fixed::fraction_to_fixed)
 }
 
 /// Parses a duration into nanoseconds: "50us", "10ms", "2s", "1.5ms", "100ns".
