@@ -8,7 +8,8 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use xroce_wire::cm::{
-    Attribute, CmMadRepr, CmMessage, MessageRef, RejReason, SidrStatus, TransportType,
+    Attribute, CmMadRepr, CmMessage, MessageRef, RejReason, RepRepr, ReqRepr, SidrStatus,
+    TransportType,
 };
 use xroce_wire::mad::{self, MAD_LEN};
 use xroce_wire::rdma_cm::{service_id, CmaHeader, PortSpace};
@@ -61,12 +62,13 @@ fn names(m: &[(&Frame, CmMadRepr<'_>)]) -> Vec<&'static str> {
         .collect()
 }
 
-const ALL: [&str; 7] = [
+const ALL: [&str; 8] = [
     "rping",
     "ucmatose",
     "udaddy",
     "rdma_server",
     "ib_write_bw_R",
+    "ib_write_bw_R_rejected",
     "rej",
     "rping_ipv6",
 ];
@@ -97,7 +99,7 @@ fn every_mad_parses_and_re_emits_byte_for_byte() {
             total += 1;
         }
     }
-    assert_eq!(total, 5 + 5 + 2 + 6 + 6 + 2 + 6);
+    assert_eq!(total, 5 + 5 + 2 + 6 + 10 + 6 + 2 + 6);
 }
 
 /// The request PSNs a capture shows for the QP at `dst` / `qpn`.
@@ -299,9 +301,59 @@ fn rdma_server_both_sides_disconnect() {
     assert_eq!((req.responder_resources, req.initiator_depth), (128, 128));
 }
 
+/// The REQ, REP of each connection in a capture, in order.
+fn connections<'a>(m: &[(&Frame, CmMadRepr<'a>)]) -> Vec<(ReqRepr<'a>, RepRepr<'a>)> {
+    let reqs = m.iter().filter_map(|(_, x)| match x.message {
+        CmMessage::Req(r) => Some(r),
+        _ => None,
+    });
+    reqs.filter_map(|r| {
+        m.iter().find_map(|(_, x)| match x.message {
+            CmMessage::Rep(p) if p.remote_comm_id == r.local_comm_id => Some((r, p)),
+            _ => None,
+        })
+    })
+    .collect()
+}
+
 #[test]
-fn perftest_rdma_cm_connect_then_rejected_second_req() {
+fn perftest_rdma_cm_control_and_data_connections() {
     let frames = capture("ib_write_bw_R");
+    let m = mads(&frames);
+    assert_eq!(
+        names(&m),
+        ["REQ", "REP", "RTU", "REQ", "REP", "RTU", "DREQ", "DREP", "DREQ", "DREP"]
+    );
+    // perftest -R: one connection for its parameter exchange (SENDs), one
+    // for the test (RDMA WRITEs), both to RDMA_PS_TCP:18515.
+    let conns = connections(&m);
+    assert_eq!(conns.len(), 2);
+    for (req, _) in &conns {
+        assert_eq!(req.service_id, service_id(PortSpace::Tcp, 18515));
+        assert_eq!((req.responder_resources, req.initiator_depth), (0, 0));
+    }
+    let (_, data_rep) = conns[1];
+    let writes: Vec<u32> = frames
+        .iter()
+        .filter(|f| {
+            let t = &f.repr.transport;
+            t.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY && t.bth.dest_qp == data_rep.local_qpn
+        })
+        .map(|f| f.repr.transport.bth.psn)
+        .collect();
+    assert!(!writes.is_empty());
+    assert_eq!(writes[0], data_rep.starting_psn);
+    // The client disconnects the test QP first, the server the control QP.
+    let CmMessage::Dreq(d) = m[6].1.message else {
+        unreachable!()
+    };
+    assert_eq!(d.remote_qpn, data_rep.local_qpn);
+    assert_eq!(m[8].0.repr.ip.src_gid(), Gid::from(ip(SERVER_V4)));
+}
+
+#[test]
+fn perftest_second_req_rejected_when_server_no_longer_listens() {
+    let frames = capture("ib_write_bw_R_rejected");
     let m = mads(&frames);
     assert_eq!(names(&m), ["REQ", "REP", "RTU", "REQ", "REJ", "DREQ"]);
     let CmMessage::Req(req) = m[0].1.message else {
