@@ -99,7 +99,7 @@ impl Attribute {
     }
 }
 
-/// The REJ reasons (IBTA table 107's "Reason" codes, as ib_cm names them).
+/// The REJ message's reason codes (IBTA vol.1 chapter 12; names as ib_cm has them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RejReason {
     NoQp,

@@ -17,9 +17,8 @@ fn bits8(n: u32) -> impl Strategy<Value = u8> {
     (0..(1u16 << n)).prop_map(|v| v as u8)
 }
 
-/// Private data of at most `max` bytes, ending in a non-zero byte so the
-/// zero padding `emit` adds is distinguishable (the parse gives the whole
-/// field; tests compare its prefix).
+/// Private data of at most `max` bytes (a parse gives the whole field:
+/// the round trips compare its prefix and check the zero padding).
 fn private(max: usize) -> impl Strategy<Value = Vec<u8>> {
     proptest::collection::vec(any::<u8>(), 0..=max)
 }

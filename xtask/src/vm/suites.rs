@@ -887,8 +887,8 @@ fn rxe_rxe_cm(ns: &Netns, k: Kernel, a: &mut Vm, table: &mut Table) -> Result<()
 }
 
 /// Cases reported but not counted: bookworm's perftest (-R) connects
-/// twice; its second REQ is rejected (invalid service ID, the server no
-/// longer listens) and the client then segfaults. Its capture is kept.
+/// twice, and now and then its second REQ comes before the server listens
+/// again (REJ, invalid service ID) and the client segfaults.
 const CM_INFO_ONLY: &[&str] = &["ib_write_bw_R"];
 
 /// Starts an rdma_cm server in the guest's background and waits (10 s at
