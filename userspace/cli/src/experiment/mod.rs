@@ -32,6 +32,7 @@
 mod plot;
 mod procs;
 mod report;
+mod summary;
 mod sampler;
 mod topology;
 

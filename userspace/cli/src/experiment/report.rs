@@ -5,14 +5,19 @@
 use std::{io::Write, net::Ipv4Addr, path::Path, process::ExitStatus};
 
 use anyhow::Context;
-use serde_json::{json, Value};
+use serde_json::Value;
 use xroce_common::{
     congestion::{EcnConfig, EcnPolicy},
     fault::{FaultConfig, ANY_QPN},
     fixed::fixed_to_fraction,
 };
+use xroce_report::BenchReport;
 
-use super::{sampler::Sample, IncastArgs};
+use super::{
+    sampler::Sample,
+    summary::{self, Summary},
+    IncastArgs,
+};
 
 /// One row of a sender's `--trace` CSV.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -74,7 +79,8 @@ pub struct FlowResult {
     /// When the sender was started, ms after the experiment's t0.
     pub offset_ms: f64,
     pub trace: Vec<TraceRow>,
-    pub json: Option<Value>,
+    /// Its `xroce bench --json` report.
+    pub bench: Option<BenchReport>,
     pub error: Option<String>,
 }
 
@@ -94,10 +100,14 @@ impl FlowResult {
             Some(s) => errors.push(format!("exited {s}")),
             None => errors.push("killed".to_string()),
         }
-        let json = match serde_json::from_str::<Value>(stdout.trim()) {
-            Ok(v) => Some(v),
-            Err(_) => {
+        let bench = match serde_json::from_str::<BenchReport>(stdout.trim()) {
+            Ok(r) => Some(r),
+            Err(_) if stdout.trim().is_empty() => {
                 errors.push("no JSON result on stdout".to_string());
+                None
+            }
+            Err(e) => {
+                errors.push(format!("bad JSON result on stdout: {e}"));
                 None
             }
         };
@@ -114,10 +124,7 @@ impl FlowResult {
         // The sender's clock starts after its setup (AF_XDP socket, the
         // connection exchange), not at spawn: it ran `seconds` up to about
         // when it exited, which places its trace on the experiment clock.
-        let seconds = json
-            .as_ref()
-            .and_then(|j| j.get("seconds"))
-            .and_then(Value::as_f64);
+        let seconds = bench.as_ref().map(|b| b.seconds);
         let offset_ms = match (exited_ms, seconds) {
             (Some(end), Some(s)) if end - s * 1e3 >= spawned_ms => end - s * 1e3,
             _ => spawned_ms,
@@ -127,19 +134,15 @@ impl FlowResult {
             addr: Some(addr),
             offset_ms,
             trace,
-            json,
+            bench,
             error: (!errors.is_empty()).then(|| errors.join(", ")),
         }
     }
 
-    fn field(&self, name: &str) -> Option<f64> {
-        self.json.as_ref()?.get(name)?.as_f64()
-    }
-
     /// Average goodput in Gbit/s: the sender's own figure, else its trace.
     pub fn gbps(&self) -> f64 {
-        if let Some(g) = self.field("gbps") {
-            return g;
+        if let Some(b) = &self.bench {
+            return b.gbps;
         }
         let bytes: u64 = self.trace.iter().map(|r| r.bytes).sum();
         let span_ms = self.trace.last().map_or(0.0, |r| r.t_ms);
@@ -151,15 +154,17 @@ impl FlowResult {
     }
 
     pub fn cnps(&self) -> u64 {
-        self.field("cnps")
-            .map(|v| v as u64)
+        self.bench
+            .as_ref()
+            .map(|b| b.cnps)
             .or_else(|| self.trace.last().map(|r| r.cnps))
             .unwrap_or(0)
     }
 
     pub fn retransmits(&self) -> u64 {
-        self.field("retransmits")
-            .map(|v| v as u64)
+        self.bench
+            .as_ref()
+            .map(|b| b.retransmits)
             .or_else(|| self.trace.last().map(|r| r.retransmits))
             .unwrap_or(0)
     }
@@ -289,7 +294,7 @@ impl Report<'_> {
     }
 
     /// Peak, mean, median and 99th percentile of the sampled queue.
-    fn queue_stats(&self, warmup_ms: f64) -> Value {
+    fn queue_stats(&self, warmup_ms: f64) -> summary::QueueStats {
         let mut queue = self.active_queue(warmup_ms);
         let mean = if queue.is_empty() {
             0.0
@@ -297,119 +302,111 @@ impl Report<'_> {
             queue.iter().sum::<u64>() as f64 / queue.len() as f64
         };
         queue.sort_unstable();
-        json!({
-            "peak_bytes": queue.last().copied().unwrap_or(0),
-            "mean_bytes": mean,
-            "p50_bytes": percentile(&queue, 0.5),
-            "p99_bytes": percentile(&queue, 0.99),
-            "samples": queue.len(),
-        })
+        summary::QueueStats {
+            peak_bytes: queue.last().copied().unwrap_or(0),
+            mean_bytes: mean,
+            p50_bytes: percentile(&queue, 0.5),
+            p99_bytes: percentile(&queue, 0.99),
+            samples: queue.len(),
+        }
     }
 
-    pub fn summary(&self) -> Value {
+    pub fn summary(&self) -> Summary {
         let a = self.args;
         let f = &self.final_sample;
         let all = self.queue_stats(0.0);
-        let cnps: u64 = self.flows.iter().map(FlowResult::cnps).sum();
-        let retransmits: u64 = self.flows.iter().map(FlowResult::retransmits).sum();
         let aggregate = self.aggregate_gbps();
-        let flows: Vec<Value> = self
+        let flows = self
             .flows
             .iter()
-            .map(|fl| {
-                json!({
-                    "flow": fl.index,
-                    "addr": fl.addr.map(|a| a.to_string()),
-                    "gbps": fl.gbps(),
-                    "bytes": fl.field("bytes"),
-                    "seconds": fl.field("seconds"),
-                    "cnps": fl.cnps(),
-                    "retransmits": fl.retransmits(),
-                    "min_rate_gbps": fl.trace.iter().map(|r| r.rate_bps / 1e9).reduce(f64::min),
-                    "verified": fl.json.as_ref().and_then(|j| j.get("verified")).cloned(),
-                    "error": fl.error,
-                    "bench": fl.json,
-                })
+            .map(|fl| summary::Flow {
+                flow: fl.index,
+                addr: fl.addr.map(|a| a.to_string()),
+                gbps: fl.gbps(),
+                bytes: fl.bench.as_ref().map(|b| b.bytes),
+                seconds: fl.bench.as_ref().map(|b| b.seconds),
+                cnps: fl.cnps(),
+                retransmits: fl.retransmits(),
+                min_rate_gbps: fl.trace.iter().map(|r| r.rate_bps / 1e9).reduce(f64::min),
+                verified: fl.bench.as_ref().and_then(|b| b.verified),
+                error: fl.error.clone(),
+                bench: fl.bench.clone(),
             })
             .collect();
-        json!({
-            "experiment": "incast",
-            "settings": {
-                "senders": a.senders,
-                "cc": a.cc.name(),
-                "link_rate": a.link_rate,
-                "link_rate_bps": self.link_rate_bps,
-                "line_rate": self.line_rate,
-                "dcqcn": (a.cc == xroce::cc::CcKind::Dcqcn).then(|| {
-                    let d = self.dcqcn;
-                    json!({
-                        "spec": a.dcqcn,
-                        "g": d.g,
-                        "initial_alpha": d.initial_alpha,
-                        "alpha_timer_ns": d.alpha_timer_ns,
-                        "rate_increase_timer_ns": d.rate_increase_timer_ns,
-                        "byte_counter_bytes": d.byte_counter_bytes,
-                        "fast_recovery_stages": d.fast_recovery_stages,
-                        "rai_bps": d.rai_bps,
-                        "rhai_bps": d.rhai_bps,
-                        "min_rate_bps": d.min_rate_bps,
-                        "rate_reduce_period_ns": d.rate_reduce_period_ns,
-                    })
+        let d = self.dcqcn;
+        Summary {
+            experiment: "incast".into(),
+            settings: summary::Settings {
+                senders: a.senders,
+                cc: a.cc.name().into(),
+                link_rate: a.link_rate.text().into(),
+                link_rate_bps: self.link_rate_bps,
+                line_rate: self.line_rate.into(),
+                dcqcn: (a.cc == xroce::cc::CcKind::Dcqcn).then(|| summary::Dcqcn {
+                    spec: a.dcqcn.clone(),
+                    g: d.g,
+                    initial_alpha: d.initial_alpha,
+                    alpha_timer_ns: d.alpha_timer_ns,
+                    rate_increase_timer_ns: d.rate_increase_timer_ns,
+                    byte_counter_bytes: d.byte_counter_bytes,
+                    fast_recovery_stages: d.fast_recovery_stages,
+                    rai_bps: d.rai_bps,
+                    rhai_bps: d.rhai_bps,
+                    min_rate_bps: d.min_rate_bps,
+                    rate_reduce_period_ns: d.rate_reduce_period_ns,
                 }),
-                "duration_s": self.duration_s,
-                "size": a.size,
-                "bin_ms": a.bin_ms,
-                "mtu": a.mtu,
-                "ecn": {
-                    "enabled": self.ecn.enabled != 0,
-                    "policy": EcnPolicy::from_u32(self.ecn.policy).name(),
-                    "kmin_bytes": self.ecn.kmin,
-                    "kmax_bytes": self.ecn.kmax,
-                    "pmax": fixed_to_fraction(self.ecn.pmax_fixed),
-                    "buffer_bytes": self.buffer_bytes,
+                duration_s: self.duration_s,
+                size: a.size.text().into(),
+                bin_ms: a.bin_ms,
+                mtu: a.mtu,
+                ecn: summary::Ecn {
+                    enabled: self.ecn.enabled != 0,
+                    policy: EcnPolicy::from_u32(self.ecn.policy).name().into(),
+                    kmin_bytes: self.ecn.kmin,
+                    kmax_bytes: self.ecn.kmax,
+                    pmax: fixed_to_fraction(self.ecn.pmax_fixed),
+                    buffer_bytes: self.buffer_bytes,
                 },
-                "fault": {
-                    "enabled": self.fault.enabled != 0,
-                    "drop": fixed_to_fraction(self.fault.drop_fixed),
-                    "opcode_mask": self.fault.opcode_mask,
-                    "qpn": (self.fault.qpn != ANY_QPN).then_some(self.fault.qpn),
-                    "seed": self.fault.seed,
+                fault: summary::Fault {
+                    enabled: self.fault.enabled != 0,
+                    drop: fixed_to_fraction(self.fault.drop_fixed),
+                    opcode_mask: self.fault.opcode_mask,
+                    qpn: (self.fault.qpn != ANY_QPN).then_some(self.fault.qpn),
+                    seed: self.fault.seed,
                 },
             },
-            "aggregate_gbps": aggregate,
-            "link_utilisation": aggregate * 1e9 / self.link_rate_bps as f64,
-            "jain_index": self.jain(),
-            "jain_short_term": jain_short_term(self.flows),
-            "jain_short_term_window_ms": SHORT_TERM_WINDOW_MS,
-            "queue": {
-                // The XDP program's own peak (every packet, not only samples).
-                "peak_bytes": f.peak_bytes,
-                "sampled_peak_bytes": all["peak_bytes"],
-                "mean_bytes": all["mean_bytes"],
-                "p50_bytes": all["p50_bytes"],
-                "p99_bytes": all["p99_bytes"],
-                "buffer_bytes": self.buffer_bytes,
-                "arrived_bytes": f.arrived_bytes,
-                "samples": self.samples.len(),
-                // Without the start, where every flow begins at line rate.
-                "after_warmup": self.queue_stats(WARMUP_MS),
-                "warmup_ms": WARMUP_MS,
+            aggregate_gbps: aggregate,
+            link_utilisation: aggregate * 1e9 / self.link_rate_bps as f64,
+            jain_index: self.jain(),
+            jain_short_term: jain_short_term(self.flows),
+            jain_short_term_window_ms: SHORT_TERM_WINDOW_MS,
+            queue: summary::Queue {
+                peak_bytes: f.peak_bytes,
+                sampled_peak_bytes: all.peak_bytes,
+                mean_bytes: all.mean_bytes,
+                p50_bytes: all.p50_bytes,
+                p99_bytes: all.p99_bytes,
+                buffer_bytes: self.buffer_bytes,
+                arrived_bytes: f.arrived_bytes,
+                samples: self.samples.len(),
+                after_warmup: self.queue_stats(WARMUP_MS),
+                warmup_ms: WARMUP_MS,
             },
-            "marks": f.marks,
-            "cnps": cnps,
-            "cnps_seen_at_senders": f.cnps_seen,
-            "drops": {
-                "tail": f.drop_tail,
-                "congestion": f.drop_congestion,
-                "fault": f.drop_fault,
-                "total": f.drop_tail + f.drop_congestion + f.drop_fault,
+            marks: f.marks,
+            cnps: self.flows.iter().map(FlowResult::cnps).sum(),
+            cnps_seen_at_senders: f.cnps_seen,
+            drops: summary::Drops {
+                tail: f.drop_tail,
+                congestion: f.drop_congestion,
+                fault: f.drop_fault,
+                total: f.drop_tail + f.drop_congestion + f.drop_fault,
             },
-            "retransmits": retransmits,
-            "roce_frames_at_receiver": f.roce_frames,
-            "flows": flows,
-            "receiver": self.receiver,
-            "errors": self.errors,
-        })
+            retransmits: self.flows.iter().map(FlowResult::retransmits).sum(),
+            roce_frames_at_receiver: f.roce_frames,
+            flows,
+            receiver: self.receiver.clone(),
+            errors: self.errors.to_vec(),
+        }
     }
 
     pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
@@ -445,17 +442,12 @@ impl Report<'_> {
             self.args.senders,
             self.args.cc,
             self.aggregate_gbps(),
-            s["link_utilisation"].as_f64().unwrap_or(0.0) * 100.0,
+            s.link_utilisation * 100.0,
             self.jain()
         );
         eprintln!(
             "xroce: queue peak {} B, mean {:.0} B; marks {}, CNPs {}, drops {}, retransmits {}",
-            s["queue"]["peak_bytes"],
-            s["queue"]["mean_bytes"].as_f64().unwrap_or(0.0),
-            s["marks"],
-            s["cnps"],
-            s["drops"]["total"],
-            s["retransmits"]
+            s.queue.peak_bytes, s.queue.mean_bytes, s.marks, s.cnps, s.drops.total, s.retransmits
         );
     }
 }
