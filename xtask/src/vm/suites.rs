@@ -553,6 +553,7 @@ pub fn interop() -> Result<()> {
     }
     let ready = lib_built.context("xroce-ibverbs (the drop-in libibverbs) did not build");
     dropin(&ns, &mut a, &x, ready, &mut table)?;
+    dropin_ipv6(&ns, &mut a, &x, &mut table)?;
     a.poweroff()?;
     drop(ns);
     table.print("interop (xroce and rxe)")
@@ -712,6 +713,90 @@ fn dropin(ns: &Netns, vm: &mut Vm, x: &str, ready: Result<()>, table: &mut Table
         }
     }
     Ok(())
+}
+
+/// The RoCEv2-over-IPv6 drop-in programs: GID index 0 on both sides is
+/// the fe80 link-local GID (xroce's from xr0's MAC, rxe's from the guest
+/// NIC's), so the QPs address each other by link-local IPv6.
+const DROPIN_IPV6_PROGRAMS: &[(&str, &str)] = &[
+    ("ibv_rc_pingpong", "-g 0 -m 1024 -s 4096 -n 100"),
+    ("ib_write_bw", "-x 0 -F -m 1024 -n {iters}"),
+];
+
+/// RoCEv2 over IPv6 (XROCE_VM_ONLY=dropin-ipv6): Debian's programs on both
+/// sides, the host's under `xroce run` (AF_XDP, MTU 1024), both
+/// directions, captured and decoded like the other cases; the capture
+/// must hold IPv6 RoCEv2 frames and no IPv4 one.
+fn dropin_ipv6(ns: &Netns, vm: &mut Vm, x: &str, table: &mut Table) -> Result<()> {
+    let artifacts = artifacts_dir();
+    let dev = format!("xroce_{HOST_IFACE}");
+    let backend = "afxdp";
+    for &(program, args) in DROPIN_IPV6_PROGRAMS {
+        for xroce_server in [true, false] {
+            let role = if xroce_server { "server" } else { "client" };
+            let name =
+                format!("dropin-ipv6 xroce-{role} <-> rxe {program} GID 0 MTU 1024 ({backend})");
+            if !wanted(&name) {
+                continue;
+            }
+            let t = Instant::now();
+            let args = args.replace("{iters}", &PERFTEST_ITERS.to_string());
+            let cap = artifacts.join(format!(
+                "dropin-ipv6_xroce-{role}_rxe_{program}_mtu1024_{backend}.pcap"
+            ));
+            let mut host: Vec<String> = [
+                "env",
+                "XROCE_VERBS_DEBUG=1",
+                x,
+                "run",
+                "--iface",
+                HOST_IFACE,
+                "--backend",
+                backend,
+                "--",
+                program,
+                "-d",
+                &dev,
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+            host.extend(args.split_whitespace().map(String::from));
+            let guest = format!("{program} -d rxe0 {args}");
+            let r = captured(ns, &cap, || {
+                xroce_vs_rxe(ns, vm, x, &host, &guest, xroce_server, &cap)
+            })
+            .and_then(|note| {
+                let v6 = roce_frames(&cap, "ip6")?;
+                let v4 = roce_frames(&cap, "ip")?;
+                if v6 == 0 || v4 != 0 {
+                    bail!("{v6} IPv6 and {v4} IPv4 RoCEv2 frames captured; expected IPv6 only");
+                }
+                Ok(format!("{note}; {v6} RoCEv2 frames, all IPv6"))
+            });
+            let _ = ns.enter(&[x, "detach", "--iface", HOST_IFACE]).output();
+            table.record(&name, t, &r);
+        }
+    }
+    Ok(())
+}
+
+/// RoCEv2 frames of a capture over IP version `ip` ("ip" or "ip6"), as
+/// tcpdump's filter counts them.
+fn roce_frames(pcap: &Path, ip: &str) -> Result<usize> {
+    let out = Command::new("tcpdump")
+        .args(["-n", "-r"])
+        .arg(pcap)
+        .arg(format!("{ip} and udp port 4791"))
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "tcpdump -r {}: {}",
+            pcap.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).lines().count())
 }
 
 /// "-A CMP_AND_SWAP" -> "_cmp_and_swap" (tells the two atomic runs apart).
