@@ -613,3 +613,89 @@ fn rping_server_stops_at_rdma_listen_with_enosys() {
         link.display()
     );
 }
+
+/// rdmacm-utils' programs (Debian 12).
+const RDMACM_PROGRAMS: &[&str] = &[
+    "cmtime",
+    "mckey",
+    "rcopy",
+    "rdma_client",
+    "rdma_server",
+    "rdma_xclient",
+    "rdma_xserver",
+    "riostream",
+    "rping",
+    "rstream",
+    "ucmatose",
+    "udaddy",
+    "udpong",
+];
+
+/// What the dynamic loader prints when a program cannot start on a library.
+const LOADER_FAILURES: &[&str] = &[
+    "symbol lookup error",
+    "undefined symbol",
+    "version `",
+    "cannot open shared object",
+    "error while loading shared libraries",
+];
+
+#[test]
+fn every_rdmacm_utils_program_loads_on_the_library() {
+    require_root();
+    require_debian_rdmacm();
+    let _ = (ibverbs_cdylib(), rdmacm_cdylib());
+    let ours = xroce_tests::workspace_bin("lib/librdmacm.so.1");
+    let mut problems = Vec::new();
+    for program in RDMACM_PROGRAMS {
+        assert!(
+            which(program).is_some(),
+            "{program} is missing: install rdmacm-utils"
+        );
+        // An unknown option: usage and exit, after every symbol was bound
+        // (LD_BIND_NOW); `timeout` guards against one that waits instead.
+        let out = xroce_run(None, &["--backend", "udp", "--"])
+            .args(["timeout", "20", program, "--xroce-loading-test"])
+            .env("LD_BIND_NOW", "1")
+            .env("LD_DEBUG", "bindings")
+            .output()
+            .unwrap_or_else(|e| panic!("run {program}: {e}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let mut why = Vec::new();
+        for failure in LOADER_FAILURES {
+            if let Some(l) = stderr.lines().find(|l| l.contains(failure)) {
+                why.push(format!("loader: {}", l.trim()));
+            }
+        }
+        let to_ours = format!(" to {} [", ours.display());
+        let bound = stderr
+            .lines()
+            .filter(|l| l.contains(&to_ours) && l.contains("symbol `r"))
+            .count();
+        if bound == 0 {
+            why.push(format!("no symbol bound to {}", ours.display()));
+        }
+        if let Some(l) = stderr
+            .lines()
+            .find(|l| l.contains("x86_64-linux-gnu/librdmacm.so"))
+        {
+            why.push(format!("Debian's librdmacm seen: {}", l.trim()));
+        }
+        match out.status.code() {
+            None => why.push(format!("killed: {}", out.status)),
+            Some(124) => why.push("still running after 20 s".into()),
+            Some(127) => why.push("exit status 127".into()),
+            Some(_) => {}
+        }
+        if !why.is_empty() {
+            problems.push(format!("{program} ({}): {}", out.status, why.join("; ")));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} of {} rdmacm-utils programs did not start on xroce's librdmacm:\n{}",
+        problems.len(),
+        RDMACM_PROGRAMS.len(),
+        problems.join("\n")
+    );
+}
