@@ -235,6 +235,20 @@ int main(int argc, char **argv)
 	out_err("sync_unreachable", rdma_resolve_addr(sync_lost, NULL, (struct sockaddr *)&nowhere, 300));
 	rdma_destroy_id(sync_lost);
 
+	/* A UD QP on a UDP id: ready to send (RTS) with rdma_cm's Q_Key. */
+	struct rdma_cm_id *ud;
+	rdma_create_id(NULL, &ud, NULL, RDMA_PS_UDP);
+	out_err("ud_resolve_addr", rdma_resolve_addr(ud, NULL, (struct sockaddr *)&dst, 2000));
+	struct ibv_qp_init_attr uda = qa;
+	uda.qp_type = IBV_QPT_UD;
+	out_err("ud_create_qp", rdma_create_qp(ud, NULL, &uda));
+	if (ud->qp && ibv_query_qp(ud->qp, &qattr, IBV_QP_STATE | IBV_QP_QKEY, &qinit) == 0) {
+		out("ud_qp_state", qattr.qp_state);
+		out("ud_qkey", qattr.qkey);
+	}
+	rdma_destroy_qp(ud);
+	rdma_destroy_id(ud);
+
 	/* rdma_getaddrinfo. */
 	struct rdma_addrinfo hints, *res;
 	memset(&hints, 0, sizeof(hints));

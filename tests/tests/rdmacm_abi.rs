@@ -509,6 +509,10 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         ("migrated_channel", "1".into()),
         ("destroy_sync", "0 0".into()),
         ("sync_unreachable", format!("-1 {}", libc::ETIMEDOUT)),
+        ("ud_resolve_addr", "0 0".into()),
+        ("ud_create_qp", "0 0".into()),
+        ("ud_qp_state", "3".into()),          // IBV_QPS_RTS
+        ("ud_qkey", 0x0123_4567.to_string()), // RDMA_UDP_QKEY
         ("getaddrinfo", "0 0".into()),
         ("gai_port_space", "262".into()), // RDMA_PS_TCP
         ("gai_qp_type", "2".into()),
