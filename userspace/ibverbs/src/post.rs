@@ -506,7 +506,7 @@ mod tests {
 pub(crate) mod sim_tests {
     use super::*;
     use std::sync::Mutex;
-    use xroce::engine::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+    use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
     use xroce::verbs::{CompletionQueue, MemoryRegion, Wc, WcFlags, WcStatus};
 
     use crate::objects::PendingWrs;

@@ -9,10 +9,15 @@
 
 use std::time::Instant;
 
-use xroce::engine::sim::{connect_pair, PairParams, Sim};
+use std::sync::{Arc, Mutex};
+
+use xroce::engine::completion::{Completion, WcStatus};
+use xroce::engine::memory::MrTable;
+use xroce::engine::qp_attr::Mtu;
+use xroce::engine::sim::{connect_engines, PairParams, Sim};
 use xroce::engine::sim::{LinkConfig, SimLink};
-use xroce::engine::EngineConfig;
-use xroce::verbs::*;
+use xroce::engine::work::{RecvWr, SendWr, WrOpcode};
+use xroce::engine::{Engine, EngineConfig};
 use xroce_wire::{emit_frame, parse_frame_checked, BthRepr, FrameRepr, Gid, Opcode, TransportRepr};
 
 struct Res {
@@ -51,9 +56,10 @@ fn engine(op: &str, mtu: Mtu, msg: usize, secs: f64) -> (f64, f64) {
             ..c.clone()
         };
     }
+    let engine = |cfg| Mutex::new(Engine::new(cfg, Arc::new(MrTable::default())));
     let sim = Sim::new(
-        Device::new(ca),
-        Device::new(cb),
+        engine(ca),
+        engine(cb),
         SimLink::new(LinkConfig::default(), 0),
     );
     let p = PairParams {
@@ -63,7 +69,7 @@ fn engine(op: &str, mtu: Mtu, msg: usize, secs: f64) -> (f64, f64) {
         cq_depth: 1024,
         ..Default::default()
     };
-    let (a, b) = connect_pair(&sim, &p);
+    let (a, b) = connect_engines(&sim, &p);
     let wr = |id: u64| match op {
         "write" => SendWr::new(
             id,
@@ -81,51 +87,49 @@ fn engine(op: &str, mtu: Mtu, msg: usize, secs: f64) -> (f64, f64) {
     };
     let mut posted = 0u64;
     let mut done = 0u64;
-    let mut wcs = [Wc::default(); 64];
+    let mut completions: Vec<Completion> = Vec::with_capacity(64);
     let mut buf = vec![0u8; 9000];
     let t0 = Instant::now();
     let mut frames = 0u64;
     loop {
         let now = t0.elapsed().as_nanos() as u64 + 1_000_000;
+        let mut ga = sim.a.lock().unwrap();
+        let mut gb = sim.b.lock().unwrap();
         while posted - done < 32 {
             if op == "send" {
-                b.qp.post_recv(&recv).unwrap();
+                gb.post_recv(b.qpn, &recv).unwrap();
             }
-            a.qp.post_send(&wr(posted)).unwrap();
+            ga.post_send(a.qpn, &wr(posted)).unwrap();
             posted += 1;
         }
-        {
-            let mut ga = sim.a.lock();
-            let mut gb = sim.b.lock();
-            for _ in 0..64 {
-                let mut moved = false;
-                if let Some(n) = ga.poll_transmit(now, &mut buf) {
-                    gb.handle_frame(&buf[..n], now);
-                    frames += 1;
-                    moved = true;
-                }
-                if let Some(n) = gb.poll_transmit(now, &mut buf) {
-                    ga.handle_frame(&buf[..n], now);
-                    frames += 1;
-                    moved = true;
-                }
-                if !moved {
-                    break;
-                }
+        for _ in 0..64 {
+            let mut moved = false;
+            if let Some(n) = ga.poll_transmit(now, &mut buf) {
+                gb.handle_frame(&buf[..n], now);
+                frames += 1;
+                moved = true;
             }
-            if ga.poll_timeout().is_some_and(|t| t <= now) {
-                ga.handle_timeout(now);
+            if let Some(n) = gb.poll_transmit(now, &mut buf) {
+                ga.handle_frame(&buf[..n], now);
+                frames += 1;
+                moved = true;
             }
-        }
-        loop {
-            let n = a.cq.poll(&mut wcs).unwrap();
-            if n == 0 {
+            if !moved {
                 break;
             }
-            assert!(wcs[..n].iter().all(|w| w.status == WcStatus::Success));
-            done += n as u64;
         }
-        while b.cq.poll(&mut wcs).unwrap() > 0 {}
+        if ga.poll_timeout().is_some_and(|t| t <= now) {
+            ga.handle_timeout(now);
+        }
+        ga.take_completions(&mut completions);
+        assert!(completions
+            .iter()
+            .all(|c| c.cq == a.cq && c.wc.status == WcStatus::Success));
+        done += completions.len() as u64;
+        completions.clear();
+        gb.take_completions(&mut completions);
+        completions.clear();
+        drop((ga, gb));
         if t0.elapsed().as_secs_f64() >= secs {
             break;
         }

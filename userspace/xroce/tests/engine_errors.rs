@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use xroce::cc::CongestionControl;
-use xroce::engine::sim::{
+use xroce::engine::timers;
+use xroce::verbs::sim::{
     connect_pair, sim_configs, Endpoint, LinkConfig, PairParams, Sim, SimLink,
 };
-use xroce::engine::timers;
 use xroce::verbs::*;
 
 const MS: u64 = 1_000_000;

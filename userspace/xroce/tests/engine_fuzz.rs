@@ -35,8 +35,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
-use xroce::engine::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::engine::AsyncEvent;
+use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 use xroce_wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, FrameRepr, Gid,

@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use xroce::engine::sim::{connect_pair, sim_configs, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, sim_configs, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 use xroce_wire::{parse_frame_checked, Gid, IpRepr, Opcode};
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use xroce::engine::sim::{connect_pair, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 
 struct Counting;

@@ -5,7 +5,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use xroce::engine::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 
 mod common;

@@ -198,7 +198,7 @@ fn timely_incast_keeps_queue_below_thigh() {
 /// run, not a spin at one instant.
 #[test]
 fn engine_qp_sends_at_its_controllers_rate() {
-    use crate::engine::sim::{connect_pair, sim_configs, LinkConfig, PairParams, Sim, SimLink};
+    use crate::verbs::sim::{connect_pair, sim_configs, LinkConfig, PairParams, Sim, SimLink};
     use crate::verbs::{Device, SendWr, Wc, WcStatus, WrOpcode};
     use std::sync::Arc;
 

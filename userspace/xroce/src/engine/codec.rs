@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use xroce_wire::{BthRepr, FrameRepr, Gid, Opcode, TransportRepr};
 
+use super::qp_attr::AddressVector;
 use super::EngineConfig;
-use crate::verbs::qp::AddressVector;
 
 /// ECN codepoint ECT(0) (RFC 3168), on everything but CNPs when the device
 /// is ECN capable.

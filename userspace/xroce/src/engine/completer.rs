@@ -4,9 +4,9 @@
 
 use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, NakCode, Opcode, Syndrome, TransportRepr};
 
+use super::completion::WcStatus;
 use super::qp::{sgl_write, QpCtx};
 use super::Env;
-use crate::verbs::wc::WcStatus;
 
 impl QpCtx {
     /// Complete the front WQE with `status` (an error) and move to ERR.
@@ -193,7 +193,7 @@ impl QpCtx {
             env.stats.rx_bad_response += 1;
             return;
         };
-        if !matches!(w.op, crate::verbs::wr::WrOpcode::RdmaRead { .. })
+        if !matches!(w.op, super::work::WrOpcode::RdmaRead { .. })
             || !w.started
             || !psn_le(w.first_psn, p)
             || !psn_le(p, w.last_psn)

@@ -26,11 +26,14 @@
 //!
 //! `poll_transmit` produces whole Ethernet frames (with ICRC). Bad input
 //! from the wire is counted in [`EngineStats`] and dropped or NAKed; it never
-//! panics. Threading: the verbs [`crate::verbs::Device`] keeps the engine
-//! behind one `Mutex`; posting WRs from application threads and driving I/O
-//! from a backend thread both take it (short critical sections, batched by
-//! [`crate::verbs::Device::lock`]). CQs have their own lock so polling
-//! completions never contends with the I/O thread.
+//! panics. Completions and asynchronous events leave it as values
+//! ([`Engine::take_completions`], [`Engine::poll_async_event`]): it knows
+//! no completion queue, only the [`completion::CqId`] a QP was created with.
+//! Threading: its owner (the verbs device) keeps it behind one `Mutex`;
+//! posting WRs from application threads and driving I/O from a backend
+//! thread both take it (short critical sections, batched), and the owner
+//! drains the completions into its CQs before letting go of the lock, so
+//! polling completions never contends with the I/O thread.
 
 //! # Spec coverage
 //!
@@ -67,25 +70,31 @@
 
 mod codec;
 mod completer;
+pub mod completion;
+pub mod error;
+pub mod memory;
 pub(crate) mod qp;
+pub mod qp_attr;
 mod requester;
 mod responder;
 pub mod sim;
+pub mod srq;
 pub mod timers;
 mod uc;
 mod ud;
+pub mod work;
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use crate::cc::{CongestionControl, NoCc};
-use crate::verbs::cq::CqInner;
-use crate::verbs::error::{Result, VerbsError};
-use crate::verbs::mr::MrTable;
-use crate::verbs::qp::{check_modify_for, QpAttr, QpAttrMask, QpCap, QpType};
-use crate::verbs::srq::SrqInner;
-use crate::verbs::wr::{RecvWr, SendWr};
+use completion::{Completion, CqId};
+use error::{Result, VerbsError};
+use memory::MrTable;
+use qp_attr::{check_modify_for, QpAttr, QpAttrMask, QpCap, QpState, QpType, RemoteQp};
+use srq::Srq;
+use work::{RecvWr, SendWr};
 
 pub(crate) use qp::QpCtx;
 
@@ -272,7 +281,7 @@ pub(crate) struct Env<'a> {
     pub cfg: &'a EngineConfig,
     pub mrs: &'a MrTable,
     pub stats: &'a mut EngineStats,
-    pub notify: &'a mut Vec<Arc<CqInner>>,
+    pub completions: &'a mut Vec<Completion>,
     pub scratch: &'a mut Vec<u8>,
     pub events: &'a mut VecDeque<AsyncEvent>,
 }
@@ -284,20 +293,23 @@ pub struct Engine {
     qps: Vec<Option<Box<QpCtx>>>,
     free_qps: Vec<usize>,
     rr: usize,
-    notify: Vec<Arc<CqInner>>,
+    completions: Vec<Completion>,
     scratch: Vec<u8>,
     events: VecDeque<AsyncEvent>,
     stats: EngineStats,
 }
 
-/// Creation parameters the verbs layer hands the engine.
-pub(crate) struct QpCreate {
+/// What a new QP is made of (`ibv_qp_init_attr` with the CQs named by id).
+#[derive(Clone)]
+pub struct QpCreate {
     pub qp_type: QpType,
+    /// Protection domain: its MRs are the ones the QP may use.
     pub pd: u32,
-    pub send_cq: Arc<CqInner>,
-    pub recv_cq: Arc<CqInner>,
-    pub srq: Option<Arc<SrqInner>>,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+    pub srq: Option<Arc<Srq>>,
     pub cap: QpCap,
+    /// Every send WR generates a completion (ignore SIGNALED).
     pub sq_sig_all: bool,
 }
 
@@ -309,7 +321,7 @@ impl Engine {
             qps: Vec::new(),
             free_qps: Vec::new(),
             rr: 0,
-            notify: Vec::with_capacity(16),
+            completions: Vec::with_capacity(64),
             scratch: vec![0; 4096],
             events: VecDeque::with_capacity(64),
             stats: EngineStats::default(),
@@ -341,9 +353,36 @@ impl Engine {
         self.qps.iter().filter(|q| q.is_some()).count()
     }
 
-    /// CQs whose eventfd must be written (drained by the verbs layer).
-    pub(crate) fn take_notify(&mut self, out: &mut Vec<Arc<CqInner>>) {
-        out.append(&mut self.notify);
+    /// Move the completions produced so far, oldest first, to the end of
+    /// `out`. Whoever holds the engine drains them into its CQs before
+    /// releasing it, so completions appear in the order they were made.
+    pub fn take_completions(&mut self, out: &mut Vec<Completion>) {
+        if out.is_empty() {
+            std::mem::swap(out, &mut self.completions);
+        } else {
+            out.append(&mut self.completions);
+        }
+    }
+
+    /// Are completions waiting for [`Engine::take_completions`]?
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
+    /// The CQ a completion of QP `qpn` was bound for was full, so it was
+    /// lost: the QP goes to ERR (QP_FATAL, `cq_overflow`) and flushes.
+    pub fn cq_overflowed(&mut self, qpn: u32) {
+        let _ = self.with_qp(qpn, |qp, env| {
+            env.stats.cq_overflows += 1;
+            qp.cq_overflowed = true;
+            qp.go_error = true;
+            Ok(())
+        });
+    }
+
+    /// The MR table QPs resolve keys in.
+    pub fn memory(&self) -> &Arc<MrTable> {
+        &self.mrs
     }
 
     fn split(&mut self) -> (&mut Vec<Option<Box<QpCtx>>>, Env<'_>) {
@@ -353,7 +392,7 @@ impl Engine {
                 cfg: &self.cfg,
                 mrs: &self.mrs,
                 stats: &mut self.stats,
-                notify: &mut self.notify,
+                completions: &mut self.completions,
                 scratch: &mut self.scratch,
                 events: &mut self.events,
             },
@@ -364,7 +403,8 @@ impl Engine {
         qpn.checked_sub(QPN_BASE).map(|i| i as usize)
     }
 
-    pub(crate) fn create_qp(&mut self, c: QpCreate) -> Result<u32> {
+    /// `ibv_create_qp`: returns the new QP's number.
+    pub fn create_qp(&mut self, c: QpCreate) -> Result<u32> {
         let idx = match self.free_qps.pop() {
             Some(i) => i,
             None => {
@@ -385,7 +425,8 @@ impl Engine {
         Ok(qpn)
     }
 
-    pub(crate) fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
         let idx = Self::qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         match self.qps.get_mut(idx) {
             Some(slot @ Some(_)) => {
@@ -420,6 +461,48 @@ impl Engine {
             qp.apply_modify(env, to, attr, mask);
             Ok(())
         })
+    }
+
+    /// Move QP `qpn` RESET -> INIT -> RTR -> RTS for a peer described by
+    /// `remote` (qpn, psn, address); `local` holds the rest (access flags,
+    /// MTU, timers, rd_atomic limits, this side's sq_psn).
+    pub fn connect_qp(&mut self, qpn: u32, local: &QpAttr, remote: &RemoteQp) -> Result<()> {
+        let mut a = *local;
+        a.qp_state = QpState::Init;
+        self.modify_qp(
+            qpn,
+            &a,
+            QpAttrMask::STATE
+                | QpAttrMask::ACCESS_FLAGS
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT,
+        )?;
+        a.qp_state = QpState::Rtr;
+        a.dest_qp_num = remote.qpn;
+        a.rq_psn = remote.psn;
+        a.ah_attr = remote.av;
+        self.modify_qp(
+            qpn,
+            &a,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )?;
+        a.qp_state = QpState::Rts;
+        self.modify_qp(
+            qpn,
+            &a,
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
     }
 
     /// `ibv_query_qp`: current attributes (qp_state is the live state).

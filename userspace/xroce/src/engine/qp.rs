@@ -5,16 +5,15 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::codec;
+use super::completion::{Completion, CqId, Wc, WcFlags, WcOpcode, WcStatus};
+use super::error::{Result, VerbsError};
+use super::memory::{AccessFlags, MrInner, MrTable};
+use super::qp_attr::{Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
+use super::srq::Srq;
 use super::timers;
+use super::work::{RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 use super::{Env, QpCreate};
 use crate::cc::{CongestionControl, Pacer};
-use crate::verbs::cq::CqInner;
-use crate::verbs::error::{Result, VerbsError};
-use crate::verbs::mr::{AccessFlags, MrInner, MrTable};
-use crate::verbs::qp::{Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
-use crate::verbs::srq::SrqInner;
-use crate::verbs::wc::{Wc, WcFlags, WcOpcode, WcStatus};
-use crate::verbs::wr::{RecvWr, SendFlags, SendWr, Sge, WrOpcode};
 use xroce_wire::{FrameRepr, Opcode, Service, Syndrome};
 
 /// A local SGE resolved to its MR at post time (the Arc keeps the memory
@@ -122,7 +121,7 @@ pub(crate) struct SendWqe {
     pub last_psn: u32,
     pub npkts: u32,
     /// UD destination.
-    pub ud: Option<crate::verbs::wr::UdAddress>,
+    pub ud: Option<UdAddress>,
 }
 
 impl SendWqe {
@@ -265,9 +264,9 @@ pub(crate) struct QpCtx {
     pub attr: QpAttr,
     pub cap: QpCap,
     pub sq_sig_all: bool,
-    pub send_cq: Arc<CqInner>,
-    pub recv_cq: Arc<CqInner>,
-    pub srq: Option<Arc<SrqInner>>,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+    pub srq: Option<Arc<Srq>>,
     pub rq: VecDeque<RecvWqe>,
     pub sq: VecDeque<SendWqe>,
     pub req: ReqState,
@@ -335,18 +334,11 @@ impl QpCtx {
         }
     }
 
-    /// Push a completion; on overflow the QP goes to ERR (reported by the CQ).
+    /// Queue a completion for the send or the receive CQ (drained by the
+    /// engine's owner; a full CQ comes back as [`super::Engine::cq_overflowed`]).
     pub(crate) fn complete(&mut self, env: &mut Env<'_>, send: bool, wc: Wc) {
-        let cq = if send { &self.send_cq } else { &self.recv_cq };
-        let mut notify = false;
-        if !cq.push(wc, &mut notify) {
-            env.stats.cq_overflows += 1;
-            self.cq_overflowed = true;
-            self.go_error = true;
-        }
-        if notify {
-            env.notify.push(cq.clone());
-        }
+        let cq = if send { self.send_cq } else { self.recv_cq };
+        env.completions.push(Completion { cq, wc });
     }
 
     pub(crate) fn send_wc(&self, w: &SendWqe, status: WcStatus) -> Wc {

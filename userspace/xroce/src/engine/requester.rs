@@ -16,9 +16,9 @@ use xroce_wire::{
 
 use super::codec;
 use super::qp::QpCtx;
+use super::qp_attr::QpState;
+use super::work::{SendFlags, WrOpcode};
 use super::Env;
-use crate::verbs::qp::QpState;
-use crate::verbs::wr::{SendFlags, WrOpcode};
 
 impl QpCtx {
     /// Point the requester at `p` (a PSN the completer has not yet seen
@@ -62,7 +62,7 @@ impl QpCtx {
         env.stats.retry_timeouts += 1;
         self.qstats.timeouts += 1;
         if self.req.retry_left == 0 {
-            self.fail_front(env, crate::verbs::wc::WcStatus::RetryExcErr);
+            self.fail_front(env, super::completion::WcStatus::RetryExcErr);
             return;
         }
         if self.req.retry_left != 7 {
@@ -245,8 +245,8 @@ impl QpCtx {
         };
         let window_fill =
             psn_diff(psn_add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
-        let ud = self.qp_type == crate::verbs::qp::QpType::Ud;
-        let uc = ud || self.qp_type == crate::verbs::qp::QpType::Uc;
+        let ud = self.qp_type == super::qp_attr::QpType::Ud;
+        let uc = ud || self.qp_type == super::qp_attr::QpType::Uc;
         let mut f = if ud {
             // One packet per message to the WR's own destination.
             let d = w.ud.expect("checked at post");
@@ -284,7 +284,7 @@ impl QpCtx {
         }
         if payload_len > 0 && !w.read_payload(offset, &mut env.scratch[..payload_len]) {
             // Cannot happen for checked SGLs; treat as a local error.
-            self.fail_front(env, crate::verbs::wc::WcStatus::LocProtErr);
+            self.fail_front(env, super::completion::WcStatus::LocProtErr);
             return None;
         }
         let n = xroce_wire::emit_frame(&f, &env.scratch[..payload_len], buf).ok()?;

@@ -14,11 +14,11 @@ use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, psn_sub};
 use xroce_wire::{AethRepr, AtomicAckEthRepr, NakCode, Opcode, Syndrome, TransportRepr};
 
 use super::codec;
+use super::completion::{WcFlags, WcOpcode, WcStatus};
+use super::memory::AccessFlags;
 use super::qp::{sgl_write, InMsg, QpCtx, RecvWqe, RespItem, WriteCtx};
+use super::qp_attr::QpState;
 use super::Env;
-use crate::verbs::mr::AccessFlags;
-use crate::verbs::qp::QpState;
-use crate::verbs::wc::{WcFlags, WcOpcode, WcStatus};
 
 /// Bound on queued responder output items (the requester retries whatever
 /// is dropped beyond it).

@@ -1,32 +1,38 @@
-//! A deterministic simulated link between two devices: loss, duplication,
+//! A deterministic simulated link between two engines: loss, duplication,
 //! reordering, delay, jitter, serialization rate and ECN CE marking, driven
 //! by a seeded RNG and simulated nanoseconds. Used by the tests and the
 //! engine-only benchmark; also handy for experiments.
 //!
+//! [`Sim`] drives two [`EngineHost`]s: bare engines (`Mutex<Engine>`, see
+//! [`Sim::engine_pair`] and [`connect_engines`]: completions then stay in
+//! the engine for [`Engine::take_completions`]) or anything else that
+//! holds an engine behind a lock, such as the verbs device.
+//!
 //! Determinism: every random choice of a simulation comes from one `u64`
 //! seed through ChaCha8, a fixed algorithm (unlike `StdRng`, whose
 //! algorithm may change between `rand` releases): the link's impairments
-//! draw from stream 0 of ChaCha8 keyed by the seed, and [`Sim::pair`]
-//! gives each device MR keys from streams 1 and 2 ([`derive_seed`]). The
-//! engine itself reads no clock and no RNG, so the same seed replays the
-//! same frames, byte for byte, provided the MRs' addresses are the same
-//! too (heap addresses of [`crate::verbs::ProtectionDomain::reg_mr`]
-//! appear in RETHs; register memory under a fixed iova with
-//! `reg_user_mr` to compare traces across runs). [`SimLink::record_trace`]
-//! keeps a digest of every frame the link carries for such comparisons.
+//! draw from stream 0 of ChaCha8 keyed by the seed, and a pair of hosts
+//! gets MR keys from streams 1 and 2 ([`derive_seed`], [`MrTable::seeded`]).
+//! The engine itself reads no clock and no RNG, so the same seed replays
+//! the same frames, byte for byte, provided the MRs' addresses are the same
+//! too (heap addresses of allocated regions appear in RETHs; register
+//! memory under a fixed iova with [`MemoryRegion::register_user`] to
+//! compare traces across runs). [`SimLink::record_trace`] keeps a digest
+//! of every frame the link carries for such comparisons.
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::ops::DerefMut;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::EngineConfig;
-use crate::verbs::{
-    AccessFlags, AddressVector, CompletionQueue, Device, Mtu, ProtectionDomain, QpAttr, QpInitAttr,
-    QpType, QueuePair, RemoteQp,
-};
+use super::completion::CqId;
+use super::memory::{AccessFlags, MemoryRegion, MrTable};
+use super::qp_attr::{AddressVector, Mtu, QpAttr, QpCap, QpType, RemoteQp};
+use super::{Engine, EngineConfig, QpCreate};
 
 /// Link impairments (per direction, same for both).
 #[derive(Debug, Clone, Copy)]
@@ -327,10 +333,27 @@ pub fn mark_ce(f: &mut [u8]) {
     f[24..26].copy_from_slice(&c.to_be_bytes());
 }
 
-/// Two devices joined by a [`SimLink`], in simulated time.
-pub struct Sim {
-    pub a: Device,
-    pub b: Device,
+/// Something that holds an engine behind a lock and hands it out for a
+/// batch of calls: a bare `Mutex<Engine>`, or an owner that does more when
+/// the lock is released (the verbs device drains completions into its CQs).
+pub trait EngineHost {
+    type Locked<'a>: DerefMut<Target = Engine>
+    where
+        Self: 'a;
+    fn lock(&self) -> Self::Locked<'_>;
+}
+
+impl EngineHost for Mutex<Engine> {
+    type Locked<'a> = MutexGuard<'a, Engine>;
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        Mutex::lock(self).unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Two engine hosts joined by a [`SimLink`], in simulated time.
+pub struct Sim<H: EngineHost> {
+    pub a: H,
+    pub b: H,
     pub link: SimLink,
     pub now: u64,
     buf: Vec<u8>,
@@ -338,11 +361,10 @@ pub struct Sim {
     pub events: u64,
 }
 
-impl Sim {
-    /// Join `a` and `b` by `link`. Devices from [`Device::new`] draw their
-    /// MR keys from the OS; for a run that replays exactly, make them with
-    /// [`Device::with_seed`] (as [`Sim::pair`] does).
-    pub fn new(a: Device, b: Device, link: SimLink) -> Self {
+impl<H: EngineHost> Sim<H> {
+    /// Join `a` and `b` by `link`. For a run that replays exactly, give the
+    /// hosts MR tables from [`MrTable::seeded`] (see the module docs).
+    pub fn new(a: H, b: H, link: SimLink) -> Self {
         Self {
             a,
             b,
@@ -353,22 +375,10 @@ impl Sim {
         }
     }
 
-    /// Two devices with default configs (10.0.0.1 / 10.0.0.2), everything
-    /// random drawn from `seed`: the link's impairments and both devices'
-    /// MR keys (see the module docs).
-    pub fn pair(link: LinkConfig, seed: u64) -> Self {
-        let (ca, cb) = sim_configs();
-        Self::new(
-            Device::with_seed(ca, derive_seed(seed, 1)),
-            Device::with_seed(cb, derive_seed(seed, 2)),
-            SimLink::new(link, seed),
-        )
-    }
-
     fn flush_tx(&mut self) {
         for to_b in [true, false] {
-            let dev = if to_b { &self.a } else { &self.b };
-            let mut g = dev.lock();
+            let host = if to_b { &self.a } else { &self.b };
+            let mut g = host.lock();
             while let Some(n) = g.poll_transmit(self.now, &mut self.buf) {
                 self.link.send(to_b, &self.buf[..n], self.now);
             }
@@ -379,8 +389,8 @@ impl Sim {
     /// deliver/fire it. Returns false when nothing is pending anywhere.
     pub fn step(&mut self) -> bool {
         self.flush_tx();
-        let ta = self.a.poll_timeout();
-        let tb = self.b.poll_timeout();
+        let ta = self.a.lock().poll_timeout();
+        let tb = self.b.lock().poll_timeout();
         let next = [self.link.next_arrival(), ta, tb]
             .into_iter()
             .flatten()
@@ -390,17 +400,17 @@ impl Sim {
         };
         self.now = self.now.max(t);
         while let Some((to_b, f)) = self.link.pop_due(self.now) {
-            let dev = if to_b { &self.b } else { &self.a };
-            dev.handle_frame(&f, self.now);
+            let host = if to_b { &self.b } else { &self.a };
+            host.lock().handle_frame(&f, self.now);
             self.events += 1;
             self.link.recycle(f);
         }
         if ta.is_some_and(|t| t <= self.now) {
-            self.a.handle_timeout(self.now);
+            self.a.lock().handle_timeout(self.now);
             self.events += 1;
         }
         if tb.is_some_and(|t| t <= self.now) {
-            self.b.handle_timeout(self.now);
+            self.b.lock().handle_timeout(self.now);
             self.events += 1;
         }
         true
@@ -417,6 +427,19 @@ impl Sim {
                 return done(self);
             }
         }
+    }
+}
+
+impl Sim<Mutex<Engine>> {
+    /// Two bare engines with [`sim_configs`], everything random drawn from
+    /// `seed`: the link's impairments and both MR tables' keys.
+    pub fn engine_pair(link: LinkConfig, seed: u64) -> Self {
+        let (ca, cb) = sim_configs();
+        let engine = |cfg, stream| {
+            let mrs = Arc::new(MrTable::seeded(derive_seed(seed, stream)));
+            Mutex::new(Engine::new(cfg, mrs))
+        };
+        Self::new(engine(ca, 1), engine(cb, 2), SimLink::new(link, seed))
     }
 }
 
@@ -437,15 +460,7 @@ pub fn sim_configs() -> (EngineConfig, EngineConfig) {
     (a, b)
 }
 
-/// One connected endpoint: PD, CQ, QP and a data MR.
-pub struct Endpoint {
-    pub pd: ProtectionDomain,
-    pub cq: CompletionQueue,
-    pub qp: QueuePair,
-    pub mr: crate::verbs::MemoryRegion,
-}
-
-/// QP parameters both sides use in [`connect_pair`].
+/// QP parameters both sides of a simulated connection use.
 #[derive(Debug, Clone, Copy)]
 pub struct PairParams {
     pub mtu: Mtu,
@@ -489,67 +504,86 @@ impl Default for PairParams {
     }
 }
 
-fn endpoint(dev: &Device, p: &PairParams) -> Endpoint {
-    let pd = dev.alloc_pd();
-    let cq = dev.create_cq(p.cq_depth).expect("cq");
-    let mut init = QpInitAttr::rc(&cq);
-    init.qp_type = p.qp_type;
-    init.cap.max_send_wr = p.max_wr;
-    init.cap.max_recv_wr = p.max_wr;
-    let qp = dev.create_qp(&pd, &init).expect("qp");
-    let mr = pd.reg_mr(p.mr_len, p.access).expect("mr");
-    Endpoint { pd, cq, qp, mr }
-}
+impl PairParams {
+    /// This side's attributes for `connect` (`sq_psn` its initial PSN).
+    pub fn local_attr(&self, sq_psn: u32) -> QpAttr {
+        QpAttr {
+            qp_access_flags: self.access,
+            path_mtu: self.mtu,
+            sq_psn,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            min_rnr_timer: self.min_rnr_timer,
+            max_rd_atomic: self.max_rd_atomic,
+            max_dest_rd_atomic: self.max_rd_atomic,
+            ..Default::default()
+        }
+    }
 
-fn local_attr(p: &PairParams, sq_psn: u32) -> QpAttr {
-    QpAttr {
-        qp_access_flags: p.access,
-        path_mtu: p.mtu,
-        sq_psn,
-        timeout: p.timeout,
-        retry_cnt: p.retry_cnt,
-        rnr_retry: p.rnr_retry,
-        min_rnr_timer: p.min_rnr_timer,
-        max_rd_atomic: p.max_rd_atomic,
-        max_dest_rd_atomic: p.max_rd_atomic,
-        ..Default::default()
+    /// What the peer learns about a QP `qpn` on a host configured `cfg`
+    /// whose initial send PSN is `psn`: its first IPv6 address if `ipv6`.
+    pub fn remote(&self, cfg: &EngineConfig, qpn: u32, psn: u32) -> RemoteQp {
+        let dest_ip = match cfg.ipv6.first() {
+            Some(v6) if self.ipv6 => IpAddr::V6(*v6),
+            _ => IpAddr::V4(cfg.ip),
+        };
+        RemoteQp {
+            qpn,
+            psn,
+            av: AddressVector {
+                dest_mac: cfg.mac,
+                dest_ip,
+                ..Default::default()
+            },
+        }
     }
 }
 
-/// Create an endpoint on each device of `sim` and connect their RC QPs.
-pub fn connect_pair(sim: &Sim, p: &PairParams) -> (Endpoint, Endpoint) {
-    let ea = endpoint(&sim.a, p);
-    let eb = endpoint(&sim.b, p);
-    let (ca, cb) = (sim.a.lock().config().clone(), sim.b.lock().config().clone());
-    let addr = |c: &EngineConfig| -> IpAddr {
-        match c.ipv6.first() {
-            Some(v6) if p.ipv6 => IpAddr::V6(*v6),
-            _ => IpAddr::V4(c.ip),
-        }
+/// One connected endpoint made directly on an engine: its QP, the id its
+/// completions carry and a data MR (protection domain 1).
+pub struct EngineEndpoint {
+    pub qpn: u32,
+    pub cq: CqId,
+    pub mr: MemoryRegion,
+}
+
+fn engine_endpoint(e: &mut Engine, p: &PairParams, cq: CqId) -> EngineEndpoint {
+    const PD: u32 = 1;
+    let cap = QpCap {
+        max_send_wr: p.max_wr,
+        max_recv_wr: p.max_wr,
+        ..Default::default()
     };
-    let ra = RemoteQp {
-        qpn: ea.qp.qp_num(),
-        psn: p.psn_a,
-        av: AddressVector {
-            dest_mac: ca.mac,
-            dest_ip: addr(&ca),
-            ..Default::default()
-        },
-    };
-    let rb = RemoteQp {
-        qpn: eb.qp.qp_num(),
-        psn: p.psn_b,
-        av: AddressVector {
-            dest_mac: cb.mac,
-            dest_ip: addr(&cb),
-            ..Default::default()
-        },
-    };
-    ea.qp
-        .connect(&local_attr(p, p.psn_a), &rb)
+    let qpn = e
+        .create_qp(QpCreate {
+            qp_type: p.qp_type,
+            pd: PD,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        })
+        .expect("qp");
+    let mr = MemoryRegion::allocate(e.memory(), PD, p.mr_len, p.access).expect("mr");
+    EngineEndpoint { qpn, cq, mr }
+}
+
+/// Create an endpoint on each bare engine of `sim` and connect their QPs
+/// (their completions carry `CqId(1)` on A and `CqId(2)` on B).
+pub fn connect_engines(
+    sim: &Sim<Mutex<Engine>>,
+    p: &PairParams,
+) -> (EngineEndpoint, EngineEndpoint) {
+    let (mut a, mut b) = (EngineHost::lock(&sim.a), EngineHost::lock(&sim.b));
+    let ea = engine_endpoint(&mut a, p, CqId(1));
+    let eb = engine_endpoint(&mut b, p, CqId(2));
+    let ra = p.remote(a.config(), ea.qpn, p.psn_a);
+    let rb = p.remote(b.config(), eb.qpn, p.psn_b);
+    a.connect_qp(ea.qpn, &p.local_attr(p.psn_a), &rb)
         .expect("connect a");
-    eb.qp
-        .connect(&local_attr(p, p.psn_b), &ra)
+    b.connect_qp(eb.qpn, &p.local_attr(p.psn_b), &ra)
         .expect("connect b");
     (ea, eb)
 }

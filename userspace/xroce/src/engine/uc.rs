@@ -7,10 +7,10 @@
 
 use xroce_wire::{psn_add, psn_diff, TransportRepr};
 
+use super::completion::{WcFlags, WcOpcode, WcStatus};
+use super::memory::AccessFlags;
 use super::qp::{sgl_write, InMsg, QpCtx, WriteCtx};
 use super::Env;
-use crate::verbs::mr::AccessFlags;
-use crate::verbs::wc::{WcFlags, WcOpcode, WcStatus};
 
 impl QpCtx {
     pub(crate) fn uc_complete_sent(&mut self, env: &mut Env<'_>) {

@@ -6,9 +6,9 @@
 
 use xroce_wire::{FrameRepr, IpRepr, Opcode};
 
+use super::completion::{WcFlags, WcStatus};
 use super::qp::{sgl_write, QpCtx};
 use super::Env;
-use crate::verbs::wc::{WcFlags, WcStatus};
 
 pub(crate) const GRH_LEN: usize = 40;
 

@@ -1,9 +1,10 @@
 //! Completion queues: batch polling, blocking wait on an eventfd, overflow
 //! reported as an error.
 //!
-//! The engine pushes completions with `CqInner::push` (no syscall); when a
-//! CQ had a waiter-visible transition it is queued for notification and the
-//! [`super::Device`] wrapper writes the eventfd after the engine call.
+//! The engine hands out completions as values tagged with a [`CqId`]; the
+//! [`super::Device`] pushes them here with `CqInner::push` (no syscall)
+//! before it releases the engine lock, and writes the eventfd of every CQ
+//! that had a waiter-visible transition.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -11,15 +12,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::error::{Result, VerbsError};
-use super::wc::{Wc, WcStatus};
+use crate::engine::completion::{CqId, Wc, WcFlags, WcStatus};
+use crate::engine::error::{Result, VerbsError};
 
 pub struct CqInner {
     ring: Mutex<VecDeque<Wc>>,
     /// Capacity; changed only by `resize`, under the ring lock.
     depth: std::sync::atomic::AtomicUsize,
     overflowed: AtomicBool,
-    /// Set by the engine when a completion arrived and the eventfd has not
+    /// Set when a completion arrived and the eventfd has not
     /// been written for it yet.
     pub(crate) signal_pending: AtomicBool,
     pub(crate) event_fd: Option<OwnedFd>,
@@ -77,8 +78,7 @@ impl CqInner {
             *notify = !self.signal_pending.swap(true, Ordering::AcqRel);
             return false;
         }
-        let solicited =
-            wc.flags.contains(super::wc::WcFlags::SOLICITED) || wc.status != WcStatus::Success;
+        let solicited = wc.flags.contains(WcFlags::SOLICITED) || wc.status != WcStatus::Success;
         r.push_back(wc);
         self.pushed.fetch_add(1, Ordering::Release);
         let fired = self.fire_arm(solicited);
@@ -157,6 +157,8 @@ const ARMED_SOLICITED: u8 = 2;
 #[derive(Clone)]
 pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
+    /// What the device's engine calls this CQ.
+    pub(crate) id: CqId,
 }
 
 impl std::fmt::Debug for CompletionQueue {
@@ -169,15 +171,6 @@ impl std::fmt::Debug for CompletionQueue {
 }
 
 impl CompletionQueue {
-    pub(crate) fn new(depth: usize, with_eventfd: bool) -> Result<Self> {
-        if depth == 0 {
-            return Err(VerbsError::InvalidArgument("CQ depth must be at least 1"));
-        }
-        Ok(Self {
-            inner: Arc::new(CqInner::new(depth, with_eventfd)?),
-        })
-    }
-
     /// `ibv_poll_cq`: move up to `wc.len()` completions into `wc`; returns
     /// how many. Once the CQ has overflowed and is drained, returns
     /// [`VerbsError::CqOverflow`].

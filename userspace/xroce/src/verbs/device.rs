@@ -1,38 +1,54 @@
-//! The device/context (`ibv_context`): owns the engine and the MR table.
+//! The device/context (`ibv_context`): owns the engine, the MR table and
+//! the map from the engine's [`CqId`]s to completion queues.
 //!
 //! Threading model: the [`Engine`] sits behind one `Mutex` in the device.
 //! Application threads take it briefly to post WRs or modify QPs; the I/O
 //! backend takes it to feed received frames and pull frames to send (use
 //! [`Device::lock`] to do a whole batch under one acquisition). CQs and
 //! SRQs have their own small locks, so polling completions does not touch
-//! the engine lock. After every engine call the device writes the eventfds
-//! of CQs that got completions (the engine itself makes no syscalls).
+//! the engine lock. Before the engine lock is released the device moves
+//! the engine's completions into their CQs (in order), then delivers
+//! asynchronous events and writes the eventfds of CQs that got completions
+//! (the engine itself makes no syscalls).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::cq::{CompletionQueue, CqInner};
-use super::error::{Result, VerbsError};
-use super::mr::MrTable;
 use super::pd::ProtectionDomain;
-use super::qp::{QpAttr, QpAttrMask, QpCap, QpState, QpType};
-use super::srq::SharedReceiveQueue;
-use super::wr::{RecvWr, SendWr};
+use super::qp::{QpInitAttr, QueuePair};
+use crate::engine::completion::{Completion, CqId};
+use crate::engine::error::{Result, VerbsError};
+use crate::engine::memory::MrTable;
+use crate::engine::sim::EngineHost;
 use crate::engine::{AsyncEvent, Engine, EngineConfig, EngineStats, QpCreate};
 
-/// Called when an application gives the engine new work to send.
-pub type Doorbell = Arc<dyn Fn() + Send + Sync>;
+/// What the device calls when an application gives the engine new work to
+/// send: the hook that rings an I/O thread's doorbell (the runtime's
+/// [`crate::runtime::Doorbell`]).
+pub type DoorbellHook = Arc<dyn Fn() + Send + Sync>;
 
 /// Receives the engine's asynchronous events as they happen (called with
 /// the engine locked: it must not call back into the device).
 pub type AsyncHandler = Arc<dyn Fn(AsyncEvent) + Send + Sync>;
 
+/// What the engine lock guards: the engine and where its completions go.
+struct Locked {
+    engine: Engine,
+    /// `CqId(i)` is `cqs[i]`. Weak: a CQ lives as long as its handles and
+    /// the QPs that use it (each [`QueuePair`] keeps its CQs); a dead slot
+    /// is reused by the next CQ.
+    cqs: Vec<Weak<CqInner>>,
+    /// Completions being moved into CQs (kept to reuse its allocation).
+    draining: Vec<Completion>,
+}
+
 pub(crate) struct DeviceShared {
-    engine: Mutex<Engine>,
+    engine: Mutex<Locked>,
     pub(crate) mrs: Arc<MrTable>,
     next_pd: AtomicU32,
-    doorbell: std::sync::RwLock<Option<Doorbell>>,
+    doorbell: std::sync::RwLock<Option<DoorbellHook>>,
     on_async: std::sync::RwLock<Option<AsyncHandler>>,
 }
 
@@ -48,69 +64,106 @@ impl std::fmt::Debug for Device {
     }
 }
 
-/// The engine, locked; drives I/O in batches. Dropping it signals CQ
-/// eventfds for completions produced meanwhile.
+/// The engine, locked; drives I/O in batches. Dropping it moves the
+/// completions produced meanwhile into their CQs and signals them.
 pub struct DeviceGuard<'a> {
-    g: MutexGuard<'a, Engine>,
-    pending: Vec<Arc<CqInner>>,
+    g: MutexGuard<'a, Locked>,
     on_async: &'a std::sync::RwLock<Option<AsyncHandler>>,
 }
 
 impl Deref for DeviceGuard<'_> {
     type Target = Engine;
     fn deref(&self) -> &Engine {
-        &self.g
+        &self.g.engine
     }
 }
 impl DerefMut for DeviceGuard<'_> {
     fn deref_mut(&mut self) -> &mut Engine {
-        &mut self.g
+        &mut self.g.engine
     }
 }
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
-        if self.g.has_async_events() {
+        let mut signal = Vec::new();
+        if self.g.engine.has_completions() {
+            self.g.deliver_completions(&mut signal);
+        }
+        if self.g.engine.has_async_events() {
             let handler = self
                 .on_async
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
                 .clone();
             if let Some(h) = handler {
-                while let Some(e) = self.g.poll_async_event() {
+                while let Some(e) = self.g.engine.poll_async_event() {
                     h(e);
                 }
             }
         }
-        self.g.take_notify(&mut self.pending);
-        for cq in self.pending.drain(..) {
+        for cq in signal {
             cq.signal();
         }
     }
 }
 
-/// `ibv_qp_init_attr`.
-#[derive(Clone)]
-pub struct QpInitAttr {
-    pub qp_type: QpType,
-    pub send_cq: CompletionQueue,
-    pub recv_cq: CompletionQueue,
-    pub srq: Option<SharedReceiveQueue>,
-    pub cap: QpCap,
-    /// Every send WR generates a completion (ignore SIGNALED).
-    pub sq_sig_all: bool,
+impl Locked {
+    /// Move the engine's completions into their CQs, in order. A full CQ
+    /// loses the completion and its QP goes to ERR, whose flush completions
+    /// are delivered (or lost) in turn. CQs to signal go to `signal`.
+    fn deliver_completions(&mut self, signal: &mut Vec<Arc<CqInner>>) {
+        let mut batch = std::mem::take(&mut self.draining);
+        let mut overflowed = Vec::new();
+        while self.engine.has_completions() {
+            self.engine.take_completions(&mut batch);
+            let mut cur: Option<(CqId, Arc<CqInner>)> = None;
+            for c in batch.drain(..) {
+                if cur.as_ref().is_none_or(|(id, _)| *id != c.cq) {
+                    cur = self.cqs[c.cq.0 as usize].upgrade().map(|cq| (c.cq, cq));
+                }
+                // A CQ dropped with its last QP: nobody can poll it.
+                let Some((_, cq)) = &cur else { continue };
+                let mut notify = false;
+                if !cq.push(c.wc, &mut notify) {
+                    overflowed.push(c.wc.qp_num);
+                }
+                if notify {
+                    signal.push(cq.clone());
+                }
+            }
+            for qpn in overflowed.drain(..) {
+                self.engine.cq_overflowed(qpn);
+            }
+        }
+        self.draining = batch;
+    }
+
+    fn add_cq(&mut self, cq: &Arc<CqInner>) -> CqId {
+        let weak = Arc::downgrade(cq);
+        let i = match self.cqs.iter().position(|w| w.strong_count() == 0) {
+            Some(i) => {
+                self.cqs[i] = weak;
+                i
+            }
+            None => {
+                self.cqs.push(weak);
+                self.cqs.len() - 1
+            }
+        };
+        CqId(i as u32)
+    }
+
+    /// Is `cq` the CQ this device knows as `cq.id`?
+    fn owns_cq(&self, cq: &CompletionQueue) -> bool {
+        self.cqs
+            .get(cq.id.0 as usize)
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&cq.inner)))
+    }
 }
 
-impl QpInitAttr {
-    /// An RC QP with default capacities using `cq` for both queues.
-    pub fn rc(cq: &CompletionQueue) -> Self {
-        Self {
-            qp_type: QpType::Rc,
-            send_cq: cq.clone(),
-            recv_cq: cq.clone(),
-            srq: None,
-            cap: QpCap::default(),
-            sq_sig_all: false,
-        }
+impl EngineHost for Device {
+    type Locked<'a> = DeviceGuard<'a>;
+    fn lock(&self) -> DeviceGuard<'_> {
+        Device::lock(self)
     }
 }
 
@@ -131,7 +184,11 @@ impl Device {
         let mrs = Arc::new(mrs);
         Self {
             shared: Arc::new(DeviceShared {
-                engine: Mutex::new(Engine::new(cfg, mrs.clone())),
+                engine: Mutex::new(Locked {
+                    engine: Engine::new(cfg, mrs.clone()),
+                    cqs: Vec::new(),
+                    draining: Vec::new(),
+                }),
                 mrs,
                 next_pd: AtomicU32::new(1),
                 doorbell: std::sync::RwLock::new(None),
@@ -144,7 +201,7 @@ impl Device {
     /// successful post_send and every QP modify, so an I/O thread sleeping
     /// until the engine's next timer can wake up and transmit (e.g. write an
     /// eventfd it polls, or unpark the thread).
-    pub fn set_doorbell(&self, f: Option<Doorbell>) {
+    pub fn set_doorbell(&self, f: Option<DoorbellHook>) {
         *self
             .shared
             .doorbell
@@ -162,23 +219,10 @@ impl Device {
             .unwrap_or_else(|e| e.into_inner()) = f;
     }
 
-    pub(crate) fn ring(&self) {
-        let d = self
-            .shared
-            .doorbell
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        if let Some(d) = d {
-            d();
-        }
-    }
-
     /// Lock the engine (batch I/O; see the module docs).
     pub fn lock(&self) -> DeviceGuard<'_> {
         DeviceGuard {
             g: self.shared.engine.lock().unwrap_or_else(|e| e.into_inner()),
-            pending: Vec::new(),
             on_async: &self.shared.on_async,
         }
     }
@@ -193,14 +237,23 @@ impl Device {
 
     /// `ibv_create_cq` with an eventfd for [`CompletionQueue::wait`].
     pub fn create_cq(&self, depth: usize) -> Result<CompletionQueue> {
-        CompletionQueue::new(depth, true)
+        self.add_cq(depth, true)
     }
 
     /// A CQ without an eventfd: for consumers that poll, or that take
     /// completion events through [`CompletionQueue::set_event_handler`]
     /// (saves a write(2) per batch of completions).
     pub fn create_cq_polled(&self, depth: usize) -> Result<CompletionQueue> {
-        CompletionQueue::new(depth, false)
+        self.add_cq(depth, false)
+    }
+
+    fn add_cq(&self, depth: usize, with_eventfd: bool) -> Result<CompletionQueue> {
+        if depth == 0 {
+            return Err(VerbsError::InvalidArgument("CQ depth must be at least 1"));
+        }
+        let inner = Arc::new(CqInner::new(depth, with_eventfd)?);
+        let id = self.lock().g.add_cq(&inner);
+        Ok(CompletionQueue { inner, id })
     }
 
     /// `ibv_create_qp`.
@@ -209,22 +262,29 @@ impl Device {
             return Err(VerbsError::InvalidArgument("PD belongs to another device"));
         }
         if let Some(s) = &init.srq {
-            if s.inner.pd != pd.id {
+            if s.inner.pd() != pd.id {
                 return Err(VerbsError::InvalidArgument("SRQ belongs to another PD"));
             }
         }
-        let qpn = self.lock().create_qp(QpCreate {
-            qp_type: init.qp_type,
-            pd: pd.id,
-            send_cq: init.send_cq.inner.clone(),
-            recv_cq: init.recv_cq.inner.clone(),
-            srq: init.srq.as_ref().map(|s| s.inner.clone()),
-            cap: init.cap,
-            sq_sig_all: init.sq_sig_all,
-        })?;
+        let qpn = {
+            let mut g = self.lock();
+            if !g.g.owns_cq(&init.send_cq) || !g.g.owns_cq(&init.recv_cq) {
+                return Err(VerbsError::InvalidArgument("CQ belongs to another device"));
+            }
+            g.create_qp(QpCreate {
+                qp_type: init.qp_type,
+                pd: pd.id,
+                send_cq: init.send_cq.id,
+                recv_cq: init.recv_cq.id,
+                srq: init.srq.as_ref().map(|s| s.inner.clone()),
+                cap: init.cap,
+                sq_sig_all: init.sq_sig_all,
+            })?
+        };
         Ok(QueuePair {
             dev: self.clone(),
             qpn,
+            _cqs: [init.send_cq.clone(), init.recv_cq.clone()],
         })
     }
 
@@ -251,133 +311,16 @@ impl Device {
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
         self.lock().poll_async_event()
     }
-}
 
-/// A queue pair (`ibv_qp`). Dropping it destroys the QP.
-pub struct QueuePair {
-    dev: Device,
-    qpn: u32,
-}
-
-impl std::fmt::Debug for QueuePair {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueuePair").field("qpn", &self.qpn).finish()
-    }
-}
-
-impl QueuePair {
-    pub fn qp_num(&self) -> u32 {
-        self.qpn
-    }
-    /// `ibv_modify_qp`.
-    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        let r = self.dev.lock().modify_qp(self.qpn, attr, mask);
-        if r.is_ok() {
-            self.dev.ring();
+    pub(crate) fn ring(&self) {
+        let d = self
+            .shared
+            .doorbell
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if let Some(d) = d {
+            d();
         }
-        r
-    }
-    /// This QP's counters.
-    pub fn stats(&self) -> Option<crate::engine::QpStats> {
-        self.dev.lock().qp_stats(self.qpn)
-    }
-    /// The pacing rate its congestion controller currently allows.
-    pub fn rate_bps(&self) -> Option<u64> {
-        self.dev.lock().qp_rate_bps(self.qpn)
-    }
-    /// `ibv_query_qp`.
-    pub fn query(&self) -> Result<QpAttr> {
-        self.dev.lock().query_qp(self.qpn)
-    }
-    pub fn state(&self) -> QpState {
-        self.query().map(|a| a.qp_state).unwrap_or(QpState::Err)
-    }
-    /// `ibv_post_send` for one WR.
-    pub fn post_send(&self, wr: &SendWr) -> Result<()> {
-        let r = self.dev.lock().post_send(self.qpn, wr);
-        if r.is_ok() {
-            self.dev.ring();
-        }
-        r
-    }
-    /// `ibv_post_send` of one WR with IBV_SEND_INLINE: `data` is the
-    /// payload, copied now (`wr.sg_list` is not read), so the program's
-    /// buffer needs no registration, as rdma-core promises for inline.
-    pub fn post_send_inline(&self, wr: &SendWr, data: &[u8]) -> Result<()> {
-        let r = self.dev.lock().post_send_inline(self.qpn, wr, data);
-        if r.is_ok() {
-            self.dev.ring();
-        }
-        r
-    }
-    /// `ibv_post_send` for a list: stops at the first failure and returns
-    /// its index with the error (like `bad_wr`).
-    pub fn post_send_list(&self, wrs: &[SendWr]) -> Result<(), (usize, VerbsError)> {
-        let r = {
-            let mut g = self.dev.lock();
-            wrs.iter()
-                .enumerate()
-                .try_for_each(|(i, wr)| g.post_send(self.qpn, wr).map_err(|e| (i, e)))
-        };
-        self.dev.ring();
-        r
-    }
-    /// `ibv_post_recv` for one WR.
-    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.dev.lock().post_recv(self.qpn, wr)
-    }
-    /// Move the QP to RESET -> INIT -> RTR -> RTS in one call for a peer
-    /// described by `remote` (qpn, psn, address); `local` holds the rest
-    /// (access flags, MTU, timers, rd_atomic limits, this side's sq_psn).
-    pub fn connect(&self, local: &QpAttr, remote: &RemoteQp) -> Result<()> {
-        let mut a = *local;
-        a.qp_state = QpState::Init;
-        self.modify(
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::ACCESS_FLAGS
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT,
-        )?;
-        a.qp_state = QpState::Rtr;
-        a.dest_qp_num = remote.qpn;
-        a.rq_psn = remote.psn;
-        a.ah_attr = remote.av;
-        self.modify(
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER,
-        )?;
-        a.qp_state = QpState::Rts;
-        self.modify(
-            &a,
-            QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC,
-        )
-    }
-}
-
-/// What one side learns about the other out of band (like the
-/// `LID:QPN:PSN:GID` string of ibv_rc_pingpong).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RemoteQp {
-    pub qpn: u32,
-    /// The peer's initial send PSN (our rq_psn).
-    pub psn: u32,
-    pub av: super::qp::AddressVector,
-}
-
-impl Drop for QueuePair {
-    fn drop(&mut self) {
-        let _ = self.dev.lock().destroy_qp(self.qpn);
     }
 }

@@ -11,14 +11,16 @@
 //! | `ibv_create_qp` / `ibv_modify_qp` / `ibv_query_qp` | [`Device::create_qp`] / [`QueuePair::modify`] / [`QueuePair::query`] |
 //! | `ibv_post_send` / `ibv_post_recv` | [`QueuePair::post_send`] / [`QueuePair::post_recv`] |
 //!
-//! The transport itself is [`crate::engine`]; an I/O backend drives it via
+//! The transport itself is [`crate::engine`], which knows nothing of this
+//! layer: the types of work requests, completions, QP attributes and
+//! memory regions are its own, re-exported here. An I/O backend drives it via
 //! [`Device::lock`] (or the one-shot [`Device::handle_frame`],
 //! [`Device::poll_transmit`], [`Device::poll_timeout`], [`Device::handle_timeout`]).
 //!
 //! # Example: two devices, one RC connection, an RDMA WRITE
 //!
 //! ```
-//! use xroce::engine::sim::{sim_configs, LinkConfig, Sim, SimLink};
+//! use xroce::verbs::sim::{sim_configs, LinkConfig, Sim, SimLink};
 //! use xroce::verbs::*;
 //!
 //! let (cfg_a, cfg_b) = sim_configs(); // MAC + IPv4 of each host
@@ -71,19 +73,19 @@
 pub mod cq;
 pub mod device;
 pub mod error;
-pub mod mr;
 pub mod pd;
 pub mod qp;
+pub mod sim;
 pub mod srq;
-pub mod wc;
-pub mod wr;
 
+pub use crate::engine::completion::{Wc, WcFlags, WcOpcode, WcStatus};
+pub use crate::engine::memory::{AccessFlags, MemoryRegion};
+pub use crate::engine::work::{RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 pub use cq::CompletionQueue;
-pub use device::{Device, DeviceGuard, Doorbell, QpInitAttr, QueuePair, RemoteQp};
+pub use device::{Device, DeviceGuard, DoorbellHook};
 pub use error::VerbsError;
-pub use mr::{AccessFlags, MemoryRegion};
 pub use pd::ProtectionDomain;
-pub use qp::{AddressVector, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType};
+pub use qp::{
+    AddressVector, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, QueuePair, RemoteQp,
+};
 pub use srq::SharedReceiveQueue;
-pub use wc::{Wc, WcFlags, WcOpcode, WcStatus};
-pub use wr::{RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};

@@ -1,9 +1,9 @@
 //! Protection domains (`ibv_pd`).
 
 use super::device::Device;
-use super::error::Result;
-use super::mr::{AccessFlags, MemoryRegion};
 use super::srq::SharedReceiveQueue;
+use crate::engine::error::Result;
+use crate::engine::memory::{AccessFlags, MemoryRegion};
 
 /// A protection domain: MRs, QPs and SRQs created from the same PD may be
 /// used together; keys from another PD fail their checks.
@@ -31,7 +31,7 @@ impl ProtectionDomain {
 
     /// Allocate and register `len` zeroed bytes (8-byte aligned).
     pub fn reg_mr(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
-        MemoryRegion::register(&self.dev.shared.mrs, self.id, None, len, access)
+        MemoryRegion::allocate(&self.dev.shared.mrs, self.id, len, access)
     }
 
     /// `ibv_reg_mr_iova2`: register `len` bytes of the caller's memory at
@@ -41,7 +41,7 @@ impl ProtectionDomain {
     /// # Safety
     /// `addr..addr+len` stays mapped and writable (readable, if the access
     /// flags allow only reads) until the returned region is dropped, and
-    /// the caller keeps the contract of [`super::mr`]: no access of its own
+    /// the caller keeps the contract of [`crate::engine::memory`]: no access of its own
     /// to bytes an outstanding work request uses.
     pub unsafe fn reg_user_mr(
         &self,
@@ -50,13 +50,10 @@ impl ProtectionDomain {
         iova: u64,
         access: AccessFlags,
     ) -> Result<MemoryRegion> {
-        MemoryRegion::register(
-            &self.dev.shared.mrs,
-            self.id,
-            Some((addr, iova)),
-            len,
-            access,
-        )
+        // SAFETY: the caller's contract is register_user's.
+        unsafe {
+            MemoryRegion::register_user(&self.dev.shared.mrs, self.id, addr, len, iova, access)
+        }
     }
 
     /// Register a region initialised with `data`.

@@ -1,7 +1,7 @@
-//! Work requests (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`).
+//! Work requests the engine executes (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`).
 
 /// One scatter/gather element (`ibv_sge`): `addr` is an address inside the
-/// MR named by `lkey` (see [`super::MemoryRegion::sge`]).
+/// MR named by `lkey` (see [`super::memory::MemoryRegion::sge`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
     pub addr: u64,
@@ -82,7 +82,7 @@ impl WrOpcode {
 /// remote_qkey).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UdAddress {
-    pub av: super::qp::AddressVector,
+    pub av: super::qp_attr::AddressVector,
     pub remote_qpn: u32,
     /// Q_Key to send with; a value with the high bit set means "use the
     /// QP's own Q_Key" (IBTA 10.2.5).

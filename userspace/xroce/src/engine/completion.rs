@@ -1,4 +1,7 @@
-//! Work completions (`ibv_wc`).
+//! Work completions (`ibv_wc`) and how they leave the engine: as
+//! [`Completion`] values naming their CQ by [`CqId`], which whoever holds
+//! the engine drains ([`super::Engine::take_completions`]) into its
+//! completion queues, in order.
 
 /// `ibv_wc_status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -62,4 +65,16 @@ pub struct Wc {
     pub qp_num: u32,
     pub src_qp: u32,
     pub flags: WcFlags,
+}
+
+/// Names a completion queue to the engine. The engine only tags
+/// completions with it; the layer that owns the CQs (verbs) maps it to one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CqId(pub u32);
+
+/// A work completion on its way out of the engine, bound for CQ `cq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    pub cq: CqId,
+    pub wc: Wc,
 }

@@ -1,18 +1,18 @@
-//! Memory regions: registration with access flags, lkey/rkey with random key
-//! bits (OS-seeded; from a seed in simulation), bounds/permission checks,
+//! Registered memory, the transport's own state (as rxe keeps `rxe_mr` in
+//! the driver): regions with access flags, lkey/rkey with random key bits
+//! (OS-seeded; from a seed in simulation), bounds/permission checks, and
 //! deregistration safe while traffic is in flight.
 //!
-//! An MR covers either memory xroce allocated for it
-//! ([`super::ProtectionDomain::reg_mr`], 8-byte aligned so that atomics
-//! work) or the application's own memory
-//! ([`super::ProtectionDomain::reg_user_mr`], as `ibv_reg_mr` does): WRITE,
-//! READ, atomics and RECV then land in and come from that memory, never a
-//! copy. Addresses in SGEs and RETHs are in the MR's iova space (the
-//! buffer's address, unless registered with another iova as by
-//! `ibv_reg_mr_iova2`).
+//! A region covers either memory xroce allocated for it
+//! ([`MemoryRegion::allocate`], 8-byte aligned so that atomics work) or the
+//! application's own memory ([`MemoryRegion::register_user`], as
+//! `ibv_reg_mr` does): WRITE, READ, atomics and RECV then land in and come
+//! from that memory, never a copy. Addresses in SGEs and RETHs are in the
+//! region's iova space (the buffer's address, unless registered with
+//! another iova as by `ibv_reg_mr_iova2`).
 //!
 //! The contract is rdma-core's: while a work request may access a range of
-//! an MR, the application must not touch it. That is why every direct
+//! a region, the application must not touch it. That is why every direct
 //! access from the application ([`MemoryRegion::write`], [`MemoryRegion::read`],
 //! ...) is `unsafe`: the engine's I/O thread writes the same bytes.
 //!
@@ -32,7 +32,7 @@ use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::error::{Result, VerbsError};
-use super::wr::Sge;
+use super::work::Sge;
 
 bitflags::bitflags! {
     /// `ibv_access_flags`.
@@ -315,9 +315,39 @@ impl std::fmt::Debug for MemoryRegion {
 }
 
 impl MemoryRegion {
+    /// `ibv_reg_mr` of `len` zeroed bytes xroce allocates (8-byte aligned),
+    /// in protection domain `pd`, keys from `table`.
+    pub fn allocate(
+        table: &Arc<MrTable>,
+        pd: u32,
+        len: usize,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        Self::register(table, pd, None, len, access)
+    }
+
+    /// `ibv_reg_mr_iova2`: register `len` bytes of the caller's memory at
+    /// `addr`, named `iova` by SGEs and peers.
+    ///
+    /// # Safety
+    /// `addr..addr+len` stays mapped and writable (readable, if the access
+    /// flags allow only reads) until the returned region is dropped, and
+    /// the caller keeps the contract of the module docs: no access of its
+    /// own to bytes an outstanding work request uses.
+    pub unsafe fn register_user(
+        table: &Arc<MrTable>,
+        pd: u32,
+        addr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Self> {
+        Self::register(table, pd, Some((addr, iova)), len, access)
+    }
+
     /// Register xroce-allocated memory (`mem == None`) or `len` bytes of the
     /// caller's at `mem.0`, named `mem.1` (iova).
-    pub(crate) fn register(
+    fn register(
         table: &Arc<MrTable>,
         pd: u32,
         mem: Option<(*mut u8, u64)>,
