@@ -5,7 +5,8 @@
 use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, NakCode, Opcode, Syndrome, TransportRepr};
 
 use super::completion::WcStatus;
-use super::qp::{sgl_write, QpCtx};
+use super::qp::QpCtx;
+use super::wqe::sgl_write;
 use super::Env;
 
 impl QpCtx {

@@ -71,8 +71,11 @@
 mod codec;
 mod completer;
 pub mod completion;
+mod dispatch;
 pub mod error;
 pub mod memory;
+mod modify;
+mod post;
 pub(crate) mod qp;
 pub mod qp_attr;
 mod requester;
@@ -83,6 +86,7 @@ pub mod timers;
 mod uc;
 mod ud;
 pub mod work;
+mod wqe;
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, Ipv6Addr};

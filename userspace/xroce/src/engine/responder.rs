@@ -16,8 +16,9 @@ use xroce_wire::{AethRepr, AtomicAckEthRepr, NakCode, Opcode, Syndrome, Transpor
 use super::codec;
 use super::completion::{WcFlags, WcOpcode, WcStatus};
 use super::memory::AccessFlags;
-use super::qp::{sgl_write, InMsg, QpCtx, RecvWqe, RespItem, WriteCtx};
+use super::qp::{InMsg, QpCtx, RespItem, WriteCtx};
 use super::qp_attr::QpState;
+use super::wqe::{sgl_write, RecvWqe};
 use super::Env;
 
 /// Bound on queued responder output items (the requester retries whatever

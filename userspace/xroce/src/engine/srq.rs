@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use super::error::{Result, VerbsError};
 use super::memory::MrTable;
-use super::qp::RecvWqe;
 use super::work::RecvWr;
+use super::wqe::RecvWqe;
 
 /// Called once when an armed SRQ limit is crossed
 /// (`IBV_EVENT_SRQ_LIMIT_REACHED`), with the engine locked.

@@ -9,7 +9,8 @@ use xroce_wire::{psn_add, psn_diff, TransportRepr};
 
 use super::completion::{WcFlags, WcOpcode, WcStatus};
 use super::memory::AccessFlags;
-use super::qp::{sgl_write, InMsg, QpCtx, WriteCtx};
+use super::qp::{InMsg, QpCtx, WriteCtx};
+use super::wqe::sgl_write;
 use super::Env;
 
 impl QpCtx {

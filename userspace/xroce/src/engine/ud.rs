@@ -7,7 +7,8 @@
 use xroce_wire::{FrameRepr, IpRepr, Opcode};
 
 use super::completion::{WcFlags, WcStatus};
-use super::qp::{sgl_write, QpCtx};
+use super::qp::QpCtx;
+use super::wqe::sgl_write;
 use super::Env;
 
 pub(crate) const GRH_LEN: usize = 40;

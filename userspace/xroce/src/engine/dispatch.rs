@@ -1,0 +1,187 @@
+//! The per-QP dispatch: a parsed packet to the requester, completer or
+//! responder (and the UC/UD paths), whose turn it is to transmit, and
+//! which timers are due.
+
+use super::codec;
+use super::qp::{QpCtx, RespItem};
+use super::qp_attr::{QpState, QpType};
+use super::Env;
+use xroce_wire::{FrameRepr, Opcode, Service};
+
+impl QpCtx {
+    /// Dispatch one parsed packet addressed to this QP.
+    pub(crate) fn handle_packet(
+        &mut self,
+        env: &mut Env<'_>,
+        f: &FrameRepr,
+        payload: &[u8],
+        now: u64,
+    ) {
+        let opcode = f.transport.bth.opcode;
+        // As rxe: default P_Key only, and for connected QPs only packets
+        // from the peer this QP was connected to.
+        if f.transport.bth.pkey & 0x7fff != 0x7fff {
+            env.stats.rx_bad_header += 1;
+            return;
+        }
+        if self.qp_type != QpType::Ud
+            && self.state != QpState::Init
+            && f.ip.src_gid() != self.tmpl.ip.dst_gid()
+        {
+            env.stats.rx_bad_header += 1;
+            return;
+        }
+        self.qstats.rx_packets += 1;
+        if self.state == QpState::Rtr && !self.comm_est {
+            self.comm_est = true;
+            env.event(super::AsyncEvent::CommEstablished { qpn: self.qpn });
+        }
+        if opcode == Opcode::CNP {
+            env.stats.rx_cnps += 1;
+            self.qstats.cnps_received += 1;
+            self.cc.on_cnp(now);
+            return;
+        }
+        let service = match self.qp_type {
+            QpType::Rc => Service::Rc,
+            QpType::Uc => Service::Uc,
+            QpType::Ud => Service::Ud,
+        };
+        if opcode.service() != service {
+            env.stats.rx_unsupported += 1; // UC opcodes to an RC QP or v.v.
+            return;
+        }
+        if self.qp_type == QpType::Ud {
+            if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                self.ud_recv(env, f, payload);
+            } else {
+                env.stats.rx_bad_state += 1;
+            }
+            return;
+        }
+        if self.qp_type == QpType::Uc {
+            if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
+                self.uc_recv(env, &f.transport, payload);
+            } else {
+                env.stats.rx_bad_state += 1;
+            }
+            return;
+        }
+        if f.ip.ecn() == 3 {
+            env.stats.rx_ce_marked += 1;
+            self.qstats.ce_marked_received += 1;
+            let due = self
+                .last_cnp_ns
+                .is_none_or(|t| now.saturating_sub(t) >= env.cfg.cnp_interval_ns);
+            if due
+                && self.qp_type != QpType::Ud
+                && matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd)
+            {
+                self.cnp_due = true;
+                self.last_cnp_ns = Some(now);
+            }
+        }
+        if opcode.is_response() {
+            match self.state {
+                QpState::Rts | QpState::Sqd | QpState::Sqe => {
+                    self.comp_handle(env, &f.transport, payload, now)
+                }
+                _ => env.stats.rx_bad_state += 1,
+            }
+        } else {
+            match self.state {
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {
+                    self.resp_handle(env, &f.transport, payload, now)
+                }
+                _ => env.stats.rx_bad_state += 1,
+            }
+        }
+    }
+
+    pub(crate) fn poll_transmit(
+        &mut self,
+        env: &mut Env<'_>,
+        now: u64,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Err) {
+            return None;
+        }
+        if self.cnp_due {
+            self.cnp_due = false;
+            let mut f = codec::packet(&self.tmpl, Opcode::CNP, 0);
+            f.transport.bth.becn = true;
+            f.ip.set_ecn(0);
+            if let Ok(n) = xroce_wire::emit_frame(&f, &[], buf) {
+                env.stats.tx_cnps += 1;
+                self.qstats.cnps_sent += 1;
+                return Some(n);
+            }
+        }
+        // ACK/NAK/atomic responses go first; READ response data and request
+        // data alternate so neither direction starves the other.
+        let read_first = matches!(self.resp.out.front(), Some(RespItem::Read { .. }));
+        let req_turn = read_first && self.prefer_req;
+        if !req_turn {
+            if let Some(n) = self.resp_poll(env, now, buf) {
+                self.prefer_req = read_first;
+                return Some(n);
+            }
+        }
+        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            if let Some(n) = self.req_poll(env, now, buf) {
+                self.prefer_req = false;
+                return Some(n);
+            }
+        }
+        if req_turn {
+            return self.resp_poll(env, now, buf);
+        }
+        None
+    }
+
+    pub(crate) fn next_timeout(&self) -> Option<u64> {
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Err) {
+            return None;
+        }
+        let mut t = self.cc.next_timer_ns();
+        let mut m = |x: Option<u64>| {
+            if let Some(x) = x {
+                t = Some(t.map_or(x, |t: u64| t.min(x)));
+            }
+        };
+        m(self.req.rto_deadline);
+        m(self.req.rnr_until);
+        let req_ready = self.req.idx < self.sq.len() && self.req.rnr_until.is_none();
+        let read_ready = matches!(self.resp.out.front(), Some(RespItem::Read { .. }));
+        if req_ready || read_ready {
+            // Rate 0 holds the data until the controller changes its rate,
+            // which only its own timer or an arriving packet does.
+            m(self
+                .pacer
+                .held_until_ns(self.cc.rate_bps(), self.pacing_frame_bytes())
+                .filter(|&t| t != u64::MAX));
+        }
+        t
+    }
+
+    pub(crate) fn handle_timeout(&mut self, env: &mut Env<'_>, now: u64) {
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::Err) {
+            return;
+        }
+        // Book the pacer's credit so far (at the rate that earned it, before
+        // the controller's timer may change it): a send time that has come
+        // while the window or a fence holds the data leaves next_timeout.
+        self.pacer.catch_up(now, self.cc.rate_bps());
+        if self.cc.next_timer_ns().is_some_and(|t| t <= now) {
+            self.cc.on_timer(now);
+        }
+        if self.req.rnr_until.is_some_and(|t| t <= now) {
+            self.req.rnr_until = None;
+            self.start_retry(env);
+        }
+        if self.req.rto_deadline.is_some_and(|t| t <= now) {
+            self.on_retransmit_timeout(env, now);
+        }
+    }
+}

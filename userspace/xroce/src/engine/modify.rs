@@ -1,0 +1,178 @@
+//! QP state transitions: `ibv_modify_qp` applied to the context, reset,
+//! and the move to ERR with its flush (deferred to the end of each event).
+
+use super::codec;
+use super::completion::WcStatus;
+use super::qp::{InMsg, QpCtx, ReqState};
+use super::qp_attr::{Mtu, QpAttr, QpAttrMask, QpState};
+use super::Env;
+
+impl QpCtx {
+    /// Called after every event: applies deferred transitions to ERR.
+    pub(crate) fn after_event(&mut self, env: &mut Env<'_>) {
+        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            self.complete_local_errors(env);
+        }
+        if self.go_error {
+            self.go_error = false;
+            if self.state != QpState::Err {
+                env.event(super::AsyncEvent::QpFatal {
+                    qpn: self.qpn,
+                    cq_overflow: self.cq_overflowed,
+                });
+                self.enter_error(env);
+            }
+        }
+        if self.state == QpState::Sqd
+            && !self.sqd_notified
+            && self.sq.front().is_none_or(|w| !w.started)
+        {
+            self.sqd_notified = true;
+            env.event(super::AsyncEvent::SqDrained { qpn: self.qpn });
+        }
+    }
+
+    /// Move to ERR and flush every outstanding WR with WR_FLUSH_ERR.
+    pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
+        self.state = QpState::Err;
+        while let Some(w) = self.sq.pop_front() {
+            let wc = self.send_wc(&w, WcStatus::WrFlushErr);
+            self.complete(env, true, wc);
+        }
+        if let Some(r) = self.resp.recv.take() {
+            let wc = self.recv_wc(r.wr_id, WcStatus::WrFlushErr);
+            self.complete(env, false, wc);
+        }
+        while let Some(r) = self.rq.pop_front() {
+            let wc = self.recv_wc(r.wr_id, WcStatus::WrFlushErr);
+            self.complete(env, false, wc);
+        }
+        self.go_error = false;
+        self.resp.out.clear();
+        self.resp.write = None;
+        self.resp.in_msg = InMsg::None;
+        self.req.idx = 0;
+        self.req.offset = 0;
+        self.req.rd_atomic_outstanding = 0;
+        self.req.rto_deadline = None;
+        self.req.rnr_until = None;
+        self.cnp_due = false;
+    }
+
+    fn reset(&mut self) {
+        self.state = QpState::Reset;
+        self.comm_est = false;
+        self.cq_overflowed = false;
+        self.sq.clear();
+        self.rq.clear();
+        self.req = ReqState::default();
+        self.resp.recv = None;
+        self.resp.out.clear();
+        self.resp.replay.clear();
+        self.resp.write = None;
+        self.resp.in_msg = InMsg::None;
+        self.resp.nak_sent = false;
+        self.resp.msn = 0;
+        self.cnp_due = false;
+    }
+
+    pub(crate) fn apply_modify(
+        &mut self,
+        env: &mut Env<'_>,
+        to: QpState,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) {
+        let from = self.state;
+        let a = &mut self.attr;
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.contains(QpAttrMask::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if mask.contains(QpAttrMask::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if mask.contains(QpAttrMask::AV) {
+            a.ah_attr = attr.ah_attr;
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.contains(QpAttrMask::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if mask.contains(QpAttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn;
+        }
+        if mask.contains(QpAttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn;
+        }
+        if mask.contains(QpAttrMask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.contains(QpAttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            self.req.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(QpAttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            self.req.rnr_left = attr.rnr_retry;
+        }
+        if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if mask.contains(QpAttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        match (from, to) {
+            (_, QpState::Reset) => self.reset(),
+            (_, QpState::Err) => {
+                if from != QpState::Err {
+                    self.enter_error(env);
+                }
+            }
+            (QpState::Init, QpState::Rtr) => {
+                self.state = to;
+                self.resp.epsn = self.attr.rq_psn;
+                self.resp.msn = 0;
+                self.mtu = self.attr.path_mtu.bytes();
+                self.build_template(env);
+            }
+            (QpState::Rtr, QpState::Rts) => {
+                self.state = to;
+                let p = self.attr.sq_psn;
+                self.req.psn = p;
+                self.req.max_psn = p;
+                self.req.comp_psn = p;
+                self.req.retry_left = self.attr.retry_cnt;
+                self.req.rnr_left = self.attr.rnr_retry;
+            }
+            _ => {
+                // The path MTU only takes effect at INIT -> RTR (segments in
+                // flight are numbered with it).
+                self.attr.path_mtu = Mtu::from_bytes(self.mtu).unwrap_or_default();
+                if to == QpState::Sqd && from != QpState::Sqd {
+                    self.sqd_notified = false;
+                }
+                self.state = to;
+            }
+        }
+    }
+
+    fn build_template(&mut self, env: &Env<'_>) {
+        let av = &self.attr.ah_attr;
+        // rxe's choice (rdma_get_udp_sport): a hash of the two QPNs.
+        let sport = av
+            .udp_sport
+            .unwrap_or_else(|| xroce_wire::rocev2_src_port(0, self.qpn, self.attr.dest_qp_num));
+        self.tmpl = codec::template(env.cfg, av, self.attr.dest_qp_num, sport);
+    }
+}
