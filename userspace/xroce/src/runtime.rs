@@ -12,8 +12,8 @@
 //!
 //! When idle, the thread sleeps in ppoll(2) on the backend's descriptors
 //! ([`PacketIo::poll_fds`]) and a [`Doorbell`] (an eventfd), with nanosecond
-//! precision up to the engine's next timer. The runtime installs the
-//! doorbell on the device ([`Device::set_doorbell`]), which rings it after
+//! precision up to the engine's next timer. The runtime installs a hook
+//! that rings it on the device ([`Device::set_doorbell`]), called after
 //! every post_send and QP modify, so a WR posted while the thread sleeps
 //! goes out at once instead of after the wait.
 
@@ -250,6 +250,9 @@ fn run(
         if engine.poll_timeout().is_some_and(|t| t <= now) {
             engine.handle_timeout(now);
         }
+        // Completions of what arrived are for the application now, not
+        // after the sends below.
+        engine.deliver_completions();
         // Send all the engine has now. When the backend's TX ring is full,
         // give it a moment, then go back to receiving (ACKs free the ring).
         let mut sent = 0;

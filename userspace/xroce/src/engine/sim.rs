@@ -587,3 +587,93 @@ pub fn connect_engines(
         .expect("connect b");
     (ea, eb)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::completion::{WcOpcode, WcStatus};
+    use crate::engine::qp_attr::QpState;
+    use crate::engine::work::{SendWr, WrOpcode};
+    use crate::engine::AsyncEvent;
+
+    fn write(id: u64, from: &EngineEndpoint, to: &EngineEndpoint, off: u64, len: usize) -> SendWr {
+        SendWr::new(
+            id,
+            WrOpcode::RdmaWrite {
+                remote_addr: to.mr.addr() + off,
+                rkey: to.mr.rkey(),
+            },
+            vec![from.mr.sge(0, len)],
+        )
+    }
+
+    #[test]
+    fn bare_engines_hand_out_completions_as_values() {
+        let mut sim = Sim::engine_pair(LinkConfig::default(), 3);
+        let p = PairParams {
+            mr_len: 4096,
+            ..Default::default()
+        };
+        let (a, b) = connect_engines(&sim, &p);
+        // SAFETY: no work request uses A's region yet.
+        unsafe { a.mr.write(0, b"engine alone").unwrap() };
+        EngineHost::lock(&sim.a)
+            .post_send(a.qpn, &write(7, &a, &b, 100, 12))
+            .unwrap();
+        let mut done = Vec::new();
+        let deadline = sim.now + 1_000_000_000;
+        assert!(sim.run_until(deadline, |s| {
+            EngineHost::lock(&s.a).take_completions(&mut done);
+            !done.is_empty()
+        }));
+        assert_eq!(done.len(), 1);
+        let c = done[0];
+        assert_eq!(c.cq, a.cq);
+        assert_eq!(
+            (c.wc.wr_id, c.wc.status, c.wc.opcode, c.wc.byte_len),
+            (7, WcStatus::Success, WcOpcode::RdmaWrite, 12)
+        );
+        assert_eq!((c.wc.qp_num, c.wc.src_qp), (a.qpn, b.qpn));
+        // SAFETY: the WRITE has completed.
+        assert_eq!(unsafe { b.mr.to_vec(100, 12) }.unwrap(), b"engine alone");
+        // A WRITE without immediate completes nothing at the responder.
+        let mut at_b = Vec::new();
+        EngineHost::lock(&sim.b).take_completions(&mut at_b);
+        assert_eq!(at_b, []);
+    }
+
+    #[test]
+    fn a_lost_completion_takes_its_qp_to_err_and_flushes_in_order() {
+        let sim = Sim::engine_pair(LinkConfig::default(), 4);
+        let (a, b) = connect_engines(&sim, &PairParams::default());
+        let mut e = EngineHost::lock(&sim.a);
+        for id in [1, 2] {
+            e.post_send(a.qpn, &write(id, &a, &b, 0, 8)).unwrap();
+        }
+        let mut done = Vec::new();
+        e.take_completions(&mut done);
+        assert_eq!(done, []);
+        e.cq_overflowed(a.qpn);
+        assert_eq!(
+            e.poll_async_event(),
+            Some(AsyncEvent::QpFatal {
+                qpn: a.qpn,
+                cq_overflow: true
+            })
+        );
+        assert_eq!(e.query_qp(a.qpn).unwrap().qp_state, QpState::Err);
+        assert_eq!(e.stats().cq_overflows, 1);
+        e.take_completions(&mut done);
+        let got: Vec<_> = done
+            .iter()
+            .map(|c| (c.cq, c.wc.wr_id, c.wc.status))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (a.cq, 1, WcStatus::WrFlushErr),
+                (a.cq, 2, WcStatus::WrFlushErr)
+            ]
+        );
+    }
+}

@@ -69,6 +69,19 @@ impl std::fmt::Debug for Device {
 pub struct DeviceGuard<'a> {
     g: MutexGuard<'a, Locked>,
     on_async: &'a std::sync::RwLock<Option<AsyncHandler>>,
+    /// CQs that got completions: their eventfds are written on drop.
+    signal: Vec<Arc<CqInner>>,
+}
+
+impl DeviceGuard<'_> {
+    /// Move the completions produced so far into their CQs now, where
+    /// pollers see them, instead of when the guard is dropped (eventfds
+    /// are still written then). For long batches.
+    pub fn deliver_completions(&mut self) {
+        if self.g.engine.has_completions() {
+            self.g.deliver_completions(&mut self.signal);
+        }
+    }
 }
 
 impl Deref for DeviceGuard<'_> {
@@ -84,10 +97,7 @@ impl DerefMut for DeviceGuard<'_> {
 }
 impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
-        let mut signal = Vec::new();
-        if self.g.engine.has_completions() {
-            self.g.deliver_completions(&mut signal);
-        }
+        self.deliver_completions();
         if self.g.engine.has_async_events() {
             let handler = self
                 .on_async
@@ -100,7 +110,7 @@ impl Drop for DeviceGuard<'_> {
                 }
             }
         }
-        for cq in signal {
+        for cq in self.signal.drain(..) {
             cq.signal();
         }
     }
@@ -197,7 +207,7 @@ impl Device {
         }
     }
 
-    /// Install the doorbell: called (outside the engine lock) after every
+    /// Install the doorbell hook: called (outside the engine lock) after every
     /// successful post_send and every QP modify, so an I/O thread sleeping
     /// until the engine's next timer can wake up and transmit (e.g. write an
     /// eventfd it polls, or unpark the thread).
@@ -224,6 +234,7 @@ impl Device {
         DeviceGuard {
             g: self.shared.engine.lock().unwrap_or_else(|e| e.into_inner()),
             on_async: &self.shared.on_async,
+            signal: Vec::new(),
         }
     }
 
