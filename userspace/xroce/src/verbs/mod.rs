@@ -47,7 +47,7 @@
 //! };
 //! let av = |c: &xroce::engine::EngineConfig| AddressVector {
 //!     dest_mac: c.mac,
-//!     dest_ip: c.ip,
+//!     dest_ip: c.ip.into(),
 //!     ..Default::default()
 //! };
 //! // RESET -> INIT -> RTR -> RTS (or QueuePair::modify step by step).
