@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 
 static void out(const char *key, long value)
 {
@@ -200,6 +201,17 @@ int main(int argc, char **argv)
 	out_err("create_qp_twice", rdma_create_qp(id, NULL, &qa));
 	rdma_destroy_qp(id);
 	out("qp_gone", id->qp == NULL && id->send_cq == NULL);
+
+	/* An SRQ on the id, on the default PD. */
+	struct ibv_srq_init_attr sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.attr.max_wr = 8;
+	sa.attr.max_sge = 1;
+	out_err("create_srq", rdma_create_srq(id, NULL, &sa));
+	out("srq_max_wr_ok", sa.attr.max_wr >= 8);
+	out("srq_has_pd", id->srq && id->srq->pd != NULL);
+	rdma_destroy_srq(id);
+	out("srq_gone", id->srq == NULL);
 
 	/* Connections are not built yet. */
 	out_err("listen", rdma_listen(id, 1));
