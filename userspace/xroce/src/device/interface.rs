@@ -5,6 +5,7 @@
 use std::{
     io,
     net::{Ipv4Addr, Ipv6Addr},
+    os::fd::OwnedFd,
 };
 
 use nix::{
@@ -58,13 +59,12 @@ pub fn interface_mac(iface: &str) -> Result<[u8; 6], NetDeviceError> {
     }
 }
 
-nix::ioctl_read_bad!(siocgifmtu, libc::SIOCGIFMTU, libc::ifreq);
-
-/// MTU of `iface` (SIOCGIFMTU).
-pub fn interface_mtu(iface: &str) -> Result<u32, NetDeviceError> {
+/// An `ifreq` naming `iface` (NUL-terminated, the rest zero) for the
+/// interface ioctls; `None` for a name the kernel cannot hold.
+pub(crate) fn ifreq_named(iface: &str) -> Option<libc::ifreq> {
     let name = iface.as_bytes();
     if name.len() >= libc::IFNAMSIZ || name.contains(&0) {
-        return Err(NetDeviceError::NoSuchInterface(iface.into()));
+        return None;
     }
     let mut ifr = libc::ifreq {
         ifr_name: [0; libc::IFNAMSIZ],
@@ -73,13 +73,26 @@ pub fn interface_mtu(iface: &str) -> Result<u32, NetDeviceError> {
     for (d, s) in ifr.ifr_name.iter_mut().zip(name) {
         *d = *s as libc::c_char;
     }
-    let sock = socket(
+    Some(ifr)
+}
+
+/// A socket to issue interface ioctls on, in this thread's namespace.
+pub(crate) fn ioctl_socket() -> nix::Result<OwnedFd> {
+    socket(
         AddressFamily::Inet,
         SockType::Datagram,
         SockFlag::SOCK_CLOEXEC,
         None,
     )
-    .map_err(|e| query_err(iface, "socket", e.into()))?;
+}
+
+nix::ioctl_read_bad!(siocgifmtu, libc::SIOCGIFMTU, libc::ifreq);
+
+/// MTU of `iface` (SIOCGIFMTU).
+pub fn interface_mtu(iface: &str) -> Result<u32, NetDeviceError> {
+    let mut ifr =
+        ifreq_named(iface).ok_or_else(|| NetDeviceError::NoSuchInterface(iface.into()))?;
+    let sock = ioctl_socket().map_err(|e| query_err(iface, "socket", e.into()))?;
     // SAFETY: `ifr` is a valid ifreq with a NUL-terminated name that
     // SIOCGIFMTU only writes into; on success it filled the mtu member.
     let mtu = unsafe {

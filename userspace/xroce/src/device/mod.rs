@@ -34,6 +34,7 @@ mod backend;
 mod interface;
 mod neighbour;
 
+pub(crate) use interface::{ifreq_named, ioctl_socket};
 pub use interface::{interface_addrs, interface_mac, interface_mtu};
 pub use neighbour::{neighbour_mac, netlink_neighbour};
 

@@ -3,7 +3,7 @@
 
 use std::{fs, os::fd::AsRawFd};
 
-use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+use crate::device::{ifreq_named, ioctl_socket};
 
 /// Number of RX queues of `iface`: ethtool's channel count (works in the
 /// caller's network namespace), else /sys/class/net/IF/queues, else 1.
@@ -44,30 +44,13 @@ struct EthtoolChannels {
 nix::ioctl_readwrite_bad!(siocethtool, libc::SIOCETHTOOL, libc::ifreq);
 
 fn ethtool_rx_queues(iface: &str) -> Option<u32> {
-    let name = iface.as_bytes();
-    if name.len() >= libc::IFNAMSIZ || name.contains(&0) {
-        return None;
-    }
     let mut ch = EthtoolChannels {
         cmd: ETHTOOL_GCHANNELS,
         ..Default::default()
     };
-    let mut ifr = libc::ifreq {
-        ifr_name: [0; libc::IFNAMSIZ],
-        ifr_ifru: libc::__c_anonymous_ifr_ifru {
-            ifru_data: (&mut ch as *mut EthtoolChannels).cast(),
-        },
-    };
-    for (d, s) in ifr.ifr_name.iter_mut().zip(name) {
-        *d = *s as libc::c_char;
-    }
-    let sock = socket(
-        AddressFamily::Inet,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .ok()?;
+    let mut ifr = ifreq_named(iface)?;
+    ifr.ifr_ifru.ifru_data = (&mut ch as *mut EthtoolChannels).cast();
+    let sock = ioctl_socket().ok()?;
     // SAFETY: `ifr` has a NUL-terminated name and points at `ch`, a valid
     // ethtool_channels that outlives the call; the ioctl writes only there.
     unsafe { siocethtool(sock.as_raw_fd(), &mut ifr) }.ok()?;

@@ -46,12 +46,12 @@ mod socket;
 mod tx;
 
 use std::{
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::{AsRawFd, OwnedFd},
     time::Duration,
 };
 
-use xroce_wire::{eth, ipv6, udp, ROCEV2_PORT};
+use xroce_wire::{eth, ipv6, udp, Ipv4Repr, Ipv6Repr, ROCEV2_PORT};
 
 use super::{poll_ms, IoError, IoStats, PacketIo, Result};
 
@@ -134,6 +134,38 @@ pub struct UdpBackend {
 // buffers this value owns on the heap (never reallocated); nothing is
 // shared with another thread.
 unsafe impl Send for UdpBackend {}
+
+/// The IPv4 header the kernel writes in front of a datagram of `udp_len`
+/// bytes (UDP header included) with TOS `tos`: id 0 with DF (what an
+/// unconnected IP_PMTUDISC_DO socket sends), TTL 64 (the ICRC masks TTL, TOS
+/// and the checksum). What the TX side computes the ICRC over, and what
+/// the RX side rebuilds before it looks for another id.
+fn kernel_ipv4(src: Ipv4Addr, dst: Ipv4Addr, tos: u8, udp_len: usize) -> Ipv4Repr {
+    Ipv4Repr {
+        src: src.octets(),
+        dst: dst.octets(),
+        dscp: tos >> 2,
+        ecn: tos & 3,
+        ident: 0,
+        dont_frag: true,
+        ttl: 64,
+        payload_len: udp_len as u16,
+    }
+}
+
+/// The IPv6 header the kernel writes in front of a datagram of `udp_len`
+/// bytes with traffic class `tclass`: flow label 0, hop limit 64 (both
+/// masked by the ICRC).
+fn kernel_ipv6(src: Ipv6Addr, dst: Ipv6Addr, tclass: u8, udp_len: usize) -> Ipv6Repr {
+    Ipv6Repr {
+        src: src.octets(),
+        dst: dst.octets(),
+        traffic_class: tclass,
+        flow_label: 0,
+        hop_limit: 64,
+        payload_len: udp_len as u16,
+    }
+}
 
 fn setup_err(what: impl std::fmt::Display, source: Option<std::io::Error>) -> IoError {
     IoError::Setup {
@@ -252,7 +284,6 @@ impl PacketIo for UdpBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{Ipv4Addr, Ipv6Addr};
     use xroce_wire::{emit_frame, icrc, BthRepr, FrameRepr, Gid, Opcode, TransportRepr};
 
     /// A valid RC SEND_ONLY frame from xroce's codec.

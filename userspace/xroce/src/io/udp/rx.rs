@@ -9,15 +9,11 @@ use std::{
 };
 
 use xroce_wire::{
-    bth, eth, icrc, icrc_solve::solve_ipv4_ident, ipv4, ipv6, udp, EthRepr, Ipv4Repr, Ipv6Repr,
-    UdpChecksum, UdpRepr, ICRC_LEN,
+    bth, eth, icrc, icrc_solve::solve_ipv4_ident, ipv4, ipv6, udp, EthRepr, UdpChecksum, UdpRepr,
+    ICRC_LEN,
 };
 
-use super::{sockaddr::addr_of, UdpBackend, CMSG_ROOM, RX_HEADROOM};
-
-/// Hop limit / TTL written into rebuilt headers (the socket does not see
-/// the real one; the ICRC masks it).
-const REBUILT_TTL: u8 = 64;
+use super::{kernel_ipv4, kernel_ipv6, sockaddr::addr_of, UdpBackend, CMSG_ROOM, RX_HEADROOM};
 
 impl UdpBackend {
     pub(super) fn recvmmsg(&mut self) -> std::io::Result<usize> {
@@ -129,16 +125,7 @@ impl UdpBackend {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 let ip_at = udp_at - ipv4::HEADER_LEN;
                 // What xroce (and this backend) send: id 0 with DF.
-                let mut ip = Ipv4Repr {
-                    src: s.octets(),
-                    dst: d.octets(),
-                    dscp: tos >> 2,
-                    ecn: tos & 3,
-                    ident: 0,
-                    dont_frag: true,
-                    ttl: REBUILT_TTL,
-                    payload_len: udp_len as u16,
-                };
+                let mut ip = kernel_ipv4(s, d, tos, udp_len);
                 ip.emit(&mut head[ip_at..]).ok()?;
                 if icrc::compute(&head[ip_at..], l4).ok() != Some(found) {
                     match solve_ipv4_ident(&ip, l4, found) {
@@ -155,16 +142,9 @@ impl UdpBackend {
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
                 let ip_at = udp_at - ipv6::HEADER_LEN;
-                Ipv6Repr {
-                    src: s.octets(),
-                    dst: d.octets(),
-                    traffic_class: tos,
-                    flow_label: 0,
-                    hop_limit: REBUILT_TTL,
-                    payload_len: udp_len as u16,
-                }
-                .emit(&mut head[ip_at..])
-                .ok()?;
+                kernel_ipv6(s, d, tos, udp_len)
+                    .emit(&mut head[ip_at..])
+                    .ok()?;
                 if icrc::compute(&head[ip_at..], l4).ok() != Some(found) {
                     self.udp_stats.icrc_unmatched += 1;
                 }

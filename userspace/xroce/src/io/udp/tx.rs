@@ -15,14 +15,10 @@ use xroce_wire::{
     ipv4::{self, Ipv4Packet, PROTO_UDP},
     ipv6::{self, Ipv6Packet, NEXT_HEADER_UDP},
     udp::{self, UdpPacket},
-    EthRepr, Ipv4Repr, Ipv6Repr, UdpChecksum, UdpRepr, ICRC_LEN,
+    EthRepr, UdpChecksum, UdpRepr, ICRC_LEN,
 };
 
-use super::{sockaddr::sockaddr_of, UdpBackend, CMSG_ROOM};
-
-/// TTL / hop limit in the header the ICRC is computed over (masked by the
-/// ICRC, so any value gives the same result).
-const KERNEL_TTL: u8 = 64;
+use super::{kernel_ipv4, kernel_ipv6, sockaddr::sockaddr_of, UdpBackend, CMSG_ROOM};
 
 impl UdpBackend {
     /// Turns the engine's frame in TX slot `i` (length `len`) into a
@@ -93,26 +89,8 @@ impl UdpBackend {
         let l4 = &frame[udp_at..udp_end - ICRC_LEN];
         let mut kernel_ip = [0u8; ipv6::HEADER_LEN];
         let ip_len = match (self.local, dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => Ipv4Repr {
-                src: s.octets(),
-                dst: d.octets(),
-                dscp: tos >> 2,
-                ecn: tos & 3,
-                ident: 0,
-                dont_frag: true,
-                ttl: KERNEL_TTL,
-                payload_len: udp_len as u16,
-            }
-            .emit(&mut kernel_ip),
-            (IpAddr::V6(s), IpAddr::V6(d)) => Ipv6Repr {
-                src: s.octets(),
-                dst: d.octets(),
-                traffic_class: tos,
-                flow_label: 0,
-                hop_limit: KERNEL_TTL,
-                payload_len: udp_len as u16,
-            }
-            .emit(&mut kernel_ip),
+            (IpAddr::V4(s), IpAddr::V4(d)) => kernel_ipv4(s, d, tos, udp_len).emit(&mut kernel_ip),
+            (IpAddr::V6(s), IpAddr::V6(d)) => kernel_ipv6(s, d, tos, udp_len).emit(&mut kernel_ip),
             _ => return Err("address family mismatch".into()),
         }
         .map_err(|e| format!("IP header: {e}"))?;
