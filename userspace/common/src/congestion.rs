@@ -339,7 +339,7 @@ pub enum DropReason {
 pub enum Verdict {
     /// Enqueued, left alone.
     Pass,
-    /// Enqueued; set CE ([`ipv4_set_ce`] / [`ipv6_set_ce`]). Also returned
+    /// Enqueued; set CE ([`crate::ecn::ipv4_set_ce`] / [`crate::ecn::ipv6_set_ce`]). Also returned
     /// for packets that already carry CE (setting it again changes nothing).
     Mark,
     /// Not enqueued; drop the frame.

@@ -1,7 +1,7 @@
 //! BTH opcode classes: what the XDP program counts frames by and what loss
 //! injection filters on.
 
-/// Bit positions of [`OpcodeClass`] in [`FaultConfig::opcode_mask`].
+/// Bit positions of [`OpcodeClass`] in [`FaultConfig::opcode_mask`](crate::fault::FaultConfig::opcode_mask).
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpcodeClass {
@@ -45,7 +45,7 @@ impl OpcodeClass {
         }
     }
 
-    /// This class's bit in [`FaultConfig::opcode_mask`].
+    /// This class's bit in [`FaultConfig::opcode_mask`](crate::fault::FaultConfig::opcode_mask).
     #[inline(always)]
     pub const fn bit(self) -> u32 {
         1 << (self as u32)
