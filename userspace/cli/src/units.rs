@@ -1,8 +1,9 @@
 //! clap value parsers for the flags that take quantities (rates, sizes,
 //! fractions, durations) and `--cc`: a bad value fails while clap parses
 //! the command line, with a message naming the flag and the accepted forms.
-//! The parsing itself is [`xroce::cc::units`] (the library reads the same
-//! forms from `XROCE_DCQCN`).
+//! Rates, sizes and durations are parsed by [`xroce::cc::units`], the
+//! grammar of the DCQCN specs the library reads from `$XROCE_DCQCN`;
+//! fractions, which only the CLI's flags take, are parsed here.
 
 use std::fmt;
 
@@ -73,8 +74,48 @@ pub fn size(s: &str) -> Result<Size, UnitError> {
 }
 
 /// Value parser of a fraction flag (fixed point, as the XDP maps hold it).
-pub fn fraction(s: &str) -> Result<Fraction, UnitError> {
-    given(s, units::parse_fraction_fixed)
+pub fn fraction(s: &str) -> Result<Fraction, FractionError> {
+    given(s, |s| {
+        parse_fraction(s).map(xroce_common::fixed::fraction_to_fixed)
+    })
+}
+
+/// A fraction flag that could not be parsed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FractionError {
+    input: String,
+    reason: &'static str,
+}
+
+impl fmt::Display for FractionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid fraction {:?}: {}; expected a fraction between 0 and 1 or a percentage, e.g. 0.01 or 1%",
+            self.input, self.reason
+        )
+    }
+}
+
+impl std::error::Error for FractionError {}
+
+/// Parses a fraction in `[0, 1]`: "0.01", "1e-3", "1%", "0.5 %".
+pub fn parse_fraction(s: &str) -> Result<f64, FractionError> {
+    let err = |reason| FractionError {
+        input: s.to_string(),
+        reason,
+    };
+    let t = s.trim();
+    let (num, div) = match t.strip_suffix('%') {
+        Some(n) => (n.trim(), 100.0),
+        None => (t, 1.0),
+    };
+    let v: f64 = num.parse().map_err(|_| err("not a number"))?;
+    let v = v / div;
+    if !(0.0..=1.0).contains(&v) {
+        return Err(err("outside 0..1"));
+    }
+    Ok(v)
 }
 
 /// Value parser of a positive duration in seconds: a bare number of
@@ -140,6 +181,26 @@ mod tests {
         let d = Flags::try_parse_from(["x"]).unwrap();
         assert_eq!((d.rate.value, d.duration.value), (100_000_000_000, 5.0));
         assert_eq!(serde_json::to_string(&d.rate).unwrap(), "\"100gbit\"");
+    }
+
+    #[test]
+    fn fractions() {
+        assert_eq!(parse_fraction("0.01"), Ok(0.01));
+        assert_eq!(parse_fraction("1%"), Ok(0.01));
+        assert_eq!(parse_fraction("50 %"), Ok(0.5));
+        assert_eq!(parse_fraction("1e-3"), Ok(0.001));
+        assert_eq!(parse_fraction("1"), Ok(1.0));
+        assert_eq!(fraction("0.5").unwrap().value, 1 << 31);
+        assert_eq!(fraction("100%").unwrap().value, u32::MAX);
+        assert_eq!(fraction("1%").unwrap().text(), "1%");
+        let e = parse_fraction("1.5").unwrap_err().to_string();
+        assert!(
+            e.contains("outside 0..1") && e.contains("0.01 or 1%"),
+            "{e}"
+        );
+        assert!(parse_fraction("-0.1").is_err());
+        assert!(parse_fraction("lots").is_err());
+        assert!(parse_fraction("NaN").is_err());
     }
 
     #[test]

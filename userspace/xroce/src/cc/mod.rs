@@ -10,7 +10,8 @@
 //! - [`NoCc`]: line rate always.
 //! - [`pacer`]: the token bucket that turns a rate into send times; each
 //!   engine QP paces its data with one, and the closed-loop tests run it.
-//! - [`units`]: parsing of rates, sizes, fractions and durations for the CLI.
+//! - [`units`]: the rates, sizes and durations of a DCQCN spec
+//!   (`$XROCE_DCQCN`), which the CLI's flags take too.
 //!
 //! [`build`] makes a controller from a [`CcKind`] ("none", "dcqcn", "timely").
 

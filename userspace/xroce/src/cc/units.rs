@@ -1,6 +1,8 @@
-//! Parsing of the quantities the `xroce ecn`, `xroce fault` and
-//! `xroce experiment` flags take: link rates ("5gbit"), sizes ("200KB",
-//! "1MiB"), fractions ("0.01", "1%") and durations ("50us").
+//! The quantities of a DCQCN spec ([`super::DcqcnConfig::from_spec`],
+//! which the library reads from `$XROCE_DCQCN`): rates ("5gbit"), sizes
+//! ("200KB", "1MiB") and durations ("50us"). The CLI's flags take the same
+//! forms through these functions (its clap value parsers, with fractions,
+//! are in the CLI's units.rs).
 //!
 //! Numbers may have a decimal point ("2.5gbit"); the result must then be a
 //! whole number of the base unit. Units are case-insensitive and may be
@@ -12,18 +14,15 @@ const RATE_FORMS: &str = "a number of bits per second with a unit: bit, kbit, mb
      (powers of 1000, as tc spells them), e.g. 5gbit, 100mbit, 2.5gbit";
 const SIZE_FORMS: &str = "a number of bytes, optionally with a unit: B, KB, MB, GB (powers of \
      1000) or KiB, MiB, GiB (powers of 1024), e.g. 5KB, 200KB, 1MiB";
-const FRACTION_FORMS: &str = "a fraction between 0 and 1 or a percentage, e.g. 0.01 or 1%";
 const DURATION_FORMS: &str = "a number with a unit: ns, us, ms or s, e.g. 50us, 10ms, 2s";
 
-/// A flag value that could not be parsed; the message names the accepted forms.
+/// A quantity that could not be parsed; the message names the accepted forms.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum UnitError {
     #[error("invalid rate {input:?}: {reason}; expected {RATE_FORMS}")]
     Rate { input: String, reason: String },
     #[error("invalid size {input:?}: {reason}; expected {SIZE_FORMS}")]
     Size { input: String, reason: String },
-    #[error("invalid fraction {input:?}: {reason}; expected {FRACTION_FORMS}")]
-    Fraction { input: String, reason: String },
     #[error("invalid duration {input:?}: {reason}; expected {DURATION_FORMS}")]
     Duration { input: String, reason: String },
 }
@@ -133,30 +132,6 @@ pub fn parse_size_bytes(s: &str) -> Result<u64, UnitError> {
     scale(d, mult, "bytes").map_err(err)
 }
 
-/// Parses a fraction in `[0, 1]`: "0.01", "1e-3", "1%", "0.5 %".
-pub fn parse_fraction(s: &str) -> Result<f64, UnitError> {
-    let err = |reason: &str| UnitError::Fraction {
-        input: s.to_string(),
-        reason: reason.to_string(),
-    };
-    let t = s.trim();
-    let (num, div) = match t.strip_suffix('%') {
-        Some(n) => (n.trim(), 100.0),
-        None => (t, 1.0),
-    };
-    let v: f64 = num.parse().map_err(|_| err("not a number"))?;
-    let v = v / div;
-    if !(0.0..=1.0).contains(&v) {
-        return Err(err("outside 0..1"));
-    }
-    Ok(v)
-}
-
-/// [`parse_fraction`] in the fixed point the XDP maps use (2^32 = 1).
-pub fn parse_fraction_fixed(s: &str) -> Result<u32, UnitError> {
-    parse_fraction(s).map(xroce_common::fixed::fraction_to_fixed)
-}
-
 /// Parses a duration into nanoseconds: "50us", "10ms", "2s", "1.5ms", "100ns".
 /// A unit is required.
 pub fn parse_duration_ns(s: &str) -> Result<u64, UnitError> {
@@ -235,25 +210,6 @@ mod tests {
         assert!(e.contains("whole number of bytes"), "{e}");
         assert!(parse_size_bytes("").is_err());
         assert!(parse_size_bytes("KB").is_err());
-    }
-
-    #[test]
-    fn fractions() {
-        assert_eq!(parse_fraction("0.01"), Ok(0.01));
-        assert_eq!(parse_fraction("1%"), Ok(0.01));
-        assert_eq!(parse_fraction("50 %"), Ok(0.5));
-        assert_eq!(parse_fraction("1e-3"), Ok(0.001));
-        assert_eq!(parse_fraction("1"), Ok(1.0));
-        assert_eq!(parse_fraction_fixed("0.5"), Ok(1 << 31));
-        assert_eq!(parse_fraction_fixed("100%"), Ok(u32::MAX));
-        let e = parse_fraction("1.5").unwrap_err().to_string();
-        assert!(
-            e.contains("outside 0..1") && e.contains("0.01 or 1%"),
-            "{e}"
-        );
-        assert!(parse_fraction("-0.1").is_err());
-        assert!(parse_fraction("lots").is_err());
-        assert!(parse_fraction("NaN").is_err());
     }
 
     #[test]
