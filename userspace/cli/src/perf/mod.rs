@@ -8,7 +8,9 @@
 //!   (`xroce::connect::Session`: a hello and results as blobs, the QPs as
 //!   `ConnInfo`, barriers as `sync`).
 //! - `bw.rs` / `lat.rs`: the measurements.
-//! - `perftest.rs`: `--perftest`, the same measurements against perftest's
+//! - `report.rs`: printing their reports (the types are `xroce-report`'s,
+//!   shared with the tools that read them): JSON or a table.
+//! - `perftest/`: `--perftest`, the same measurements against perftest's
 //!   ib_*_bw / ib_*_lat (its OOB exchange, defaults and report).
 
 mod bw;
