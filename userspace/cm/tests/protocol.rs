@@ -1,0 +1,521 @@
+//! The protocol's corners, each with exact values: retries and their
+//! timing, rejects, MRA, backlog, simultaneous disconnect, strays and
+//! malformed MADs, the consumer's misuse.
+
+mod common;
+
+use common::{engine, kinds, Sim, A_GID, A_GUID, B_GID, B_GUID, CLEAN, LINK_DELAY_NS};
+use xroce_cm::{
+    timeout_ns, CmError, CmEvent, ConnId, ConnectParams, PathParams, PeerAddr, RejReason,
+    RepParams, SidrReplyParams, SidrRequestParams, SidrStatus, State,
+};
+use xroce_wire::cm::{CmMadRepr, CmMessage, CommIdsRepr, DreqRepr, MessageRef};
+use xroce_wire::mad::{MadError, MAD_LEN};
+
+const SID: u64 = 0x0106_4e20;
+
+fn params() -> ConnectParams {
+    ConnectParams::new(SID, 0x40, 0x100, PathParams::roce(A_GID, B_GID, 3, 7))
+}
+
+fn parse(mad: &[u8; MAD_LEN]) -> CmMadRepr<'_> {
+    CmMadRepr::parse(mad).unwrap()
+}
+
+#[test]
+fn req_to_a_vanished_peer_is_retried_then_unreachable() {
+    let mut a = engine(A_GID, A_GUID, 1);
+    let conn = a.connect(&params(), 0).unwrap();
+    let first = a.poll_transmit().unwrap();
+    let t = timeout_ns(20);
+    let mut sends = vec![0];
+    while let Some(at) = a.poll_timeout() {
+        a.handle_timeout(at);
+        while let Some(x) = a.poll_transmit() {
+            assert_eq!(x.mad, first.mad, "a retransmission is the same REQ");
+            sends.push(at);
+        }
+    }
+    // The REQ and 15 retries, 4.29 s apart; UNREACHABLE after the last wait.
+    let expected: Vec<u64> = (0..16).map(|k| k * t).collect();
+    assert_eq!(sends, expected);
+    assert_eq!(a.poll_event(), Some(CmEvent::Unreachable { conn }));
+    assert_eq!(a.poll_event(), None);
+    assert_eq!(a.stats().retransmits, 15);
+    assert_eq!(a.live_connections(), 0);
+}
+
+#[test]
+fn fewer_retries_shorter_timeout() {
+    let mut a = engine(A_GID, A_GUID, 1);
+    let mut p = params();
+    p.cm_response_timeout = 10;
+    p.max_cm_retries = 3;
+    let conn = a.connect(&p, 1_000).unwrap();
+    let mut last = 0;
+    while let Some(at) = a.poll_timeout() {
+        a.handle_timeout(at);
+        last = at;
+    }
+    assert_eq!(last, 1_000 + 4 * timeout_ns(10));
+    assert_eq!(a.stats().sent, 4);
+    assert_eq!(a.poll_event(), Some(CmEvent::Unreachable { conn }));
+}
+
+#[test]
+fn active_side_vanishing_after_req_leaves_the_passive_side_unreachable() {
+    let mut sim = Sim::new(3, CLEAN);
+    sim.b.listen(SID, 1).unwrap();
+    let mut p = params();
+    // How long A said it takes to answer, and how often B may retry.
+    p.cm_response_timeout = 12;
+    p.max_cm_retries = 5;
+    sim.a.connect(&p, 0).unwrap();
+    sim.step(); // the REQ reaches B
+    let Some(CmEvent::ConnectRequest { conn, .. }) = sim.b.poll_event() else {
+        panic!()
+    };
+    let now = sim.now;
+    sim.b
+        .accept(conn, &RepParams::new(0x50, 0x200), now)
+        .unwrap();
+    // A is gone: B's REPs go nowhere.
+    let mut reps = 0;
+    while sim.b.poll_transmit().is_some() {
+        reps += 1;
+    }
+    let mut end = now;
+    while let Some(at) = sim.b.poll_timeout() {
+        sim.b.handle_timeout(at);
+        while sim.b.poll_transmit().is_some() {
+            reps += 1;
+        }
+        end = at;
+    }
+    assert_eq!(reps, 6);
+    assert_eq!(end, now + 6 * timeout_ns(12));
+    assert_eq!(sim.b.poll_event(), Some(CmEvent::Unreachable { conn }));
+}
+
+/// A and B established over a clean link; B answers DREQs only if `b_answers`.
+fn established() -> (Sim, ConnId, ConnId) {
+    let mut sim = Sim::new(5, CLEAN);
+    sim.b.listen(SID, 0).unwrap();
+    let a_conn = sim.a.connect(&params(), 0).unwrap();
+    let mut b_conn = None;
+    sim.run(
+        |sim, at_a, e| match (at_a, e) {
+            (false, CmEvent::ConnectRequest { conn, .. }) => {
+                b_conn = Some(*conn);
+                let now = sim.now;
+                sim.b
+                    .accept(*conn, &RepParams::new(0x50, 0x200), now)
+                    .unwrap();
+            }
+            (true, CmEvent::ConnectResponse { conn, .. }) => sim.a.establish(*conn, &[]).unwrap(),
+            _ => {}
+        },
+        1000,
+    );
+    assert_eq!(sim.a.state(a_conn), Some(State::Established));
+    let b_conn = b_conn.unwrap();
+    assert_eq!(sim.b.state(b_conn), Some(State::Established));
+    sim.a_events.clear();
+    sim.b_events.clear();
+    sim.wire.clear();
+    (sim, a_conn, b_conn)
+}
+
+#[test]
+fn unanswered_dreq_ends_in_disconnected_then_timewait_exit() {
+    let (mut sim, a_conn, _) = established();
+    let start = sim.now;
+    sim.a.disconnect(a_conn, &[], start).unwrap();
+    let mut dreqs = 0;
+    let mut disconnected_at = None;
+    while let Some(at) = sim.a.poll_timeout() {
+        while let Some(t) = sim.a.poll_transmit() {
+            assert!(matches!(parse(&t.mad).message, CmMessage::Dreq(_)));
+            dreqs += 1;
+        }
+        sim.a.handle_timeout(at);
+        if let Some(e) = sim.a.poll_event() {
+            match e {
+                CmEvent::Disconnected { conn } => {
+                    assert_eq!(conn, a_conn);
+                    disconnected_at = Some(at);
+                }
+                CmEvent::TimewaitExit { conn } => {
+                    assert_eq!(conn, a_conn);
+                    let d = disconnected_at.expect("Disconnected first");
+                    assert_eq!(at, d + timeout_ns(19));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    assert_eq!(dreqs, 16);
+    assert_eq!(disconnected_at, Some(start + 16 * timeout_ns(20)));
+    assert_eq!(sim.a.live_connections(), 0);
+}
+
+#[test]
+fn both_sides_disconnect_at_once() {
+    // rdma_server's capture: DREQs cross; each side answers the other's.
+    let (mut sim, a_conn, b_conn) = established();
+    let now = sim.now;
+    sim.a.disconnect(a_conn, &[], now).unwrap();
+    sim.b.disconnect(b_conn, &[], now).unwrap();
+    sim.run(|_, _, _| {}, 1000);
+    assert_eq!(kinds(&sim.a_events), ["Disconnected", "TimewaitExit"]);
+    assert_eq!(kinds(&sim.b_events), ["Disconnected", "TimewaitExit"]);
+    let mut names: Vec<&str> = sim
+        .wire
+        .iter()
+        .map(|(_, _, t)| parse(&t.mad).message.attribute().name())
+        .collect();
+    names.sort_unstable();
+    // One DREQ and one DREP each way, nothing retransmitted.
+    assert_eq!(names, ["DREP", "DREP", "DREQ", "DREQ"]);
+    assert_eq!(sim.a.stats().retransmits + sim.b.stats().retransmits, 0);
+}
+
+#[test]
+fn consumer_reject_carries_private_data_and_frees_the_backlog() {
+    let mut sim = Sim::new(7, CLEAN);
+    sim.b.listen(SID, 1).unwrap();
+    let first = sim.a.connect(&params(), 0).unwrap();
+    let second = sim.a.connect(&params(), 0).unwrap();
+    let mut rejected_once = false;
+    sim.run(
+        |sim, at_a, e| match (at_a, e) {
+            (false, CmEvent::ConnectRequest { conn, req, .. }) => {
+                let now = sim.now;
+                if !rejected_once {
+                    assert_eq!(req.remote_comm_id, first.0);
+                    rejected_once = true;
+                    sim.b.reject(*conn, b"go away").unwrap();
+                } else {
+                    assert_eq!(req.remote_comm_id, second.0);
+                    sim.b.accept(*conn, &RepParams::new(0x51, 1), now).unwrap();
+                }
+            }
+            (true, CmEvent::ConnectResponse { conn, .. }) => sim.a.establish(*conn, &[]).unwrap(),
+            _ => {}
+        },
+        1000,
+    );
+    let t = timeout_ns(20);
+    let d = LINK_DELAY_NS;
+    // The second REQ found the backlog (1) full, was dropped without a
+    // REJ, and got in with its first retransmission.
+    assert_eq!(sim.b.stats().req_backlog_full, 1);
+    let Some((
+        at,
+        CmEvent::Rejected {
+            conn,
+            reason,
+            private_data,
+        },
+    )) = sim.a_events.first()
+    else {
+        panic!("{:?}", sim.a_events)
+    };
+    assert_eq!(
+        (*at, *conn, *reason),
+        (2 * d, first, RejReason::ConsumerDefined)
+    );
+    assert_eq!(&private_data[..7], b"go away");
+    assert!(private_data[7..].iter().all(|&b| b == 0));
+    assert_eq!(private_data.len(), 148);
+    assert_eq!(
+        kinds(&sim.a_events),
+        ["Rejected", "ConnectResponse", "Established"]
+    );
+    assert_eq!(sim.a_events[1].0, t + 2 * d);
+    assert_eq!(sim.b_events[1].0, t + d);
+    // The REJ on the wire: reason 28, it rejects the REQ, names both IDs.
+    let rej = sim
+        .wire
+        .iter()
+        .find_map(|(_, _, t)| match parse(&t.mad).message {
+            CmMessage::Rej(r) => Some((
+                r.local_comm_id,
+                r.remote_comm_id,
+                r.message_rejected,
+                r.reason.code(),
+            )),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(rej.1, first.0);
+    assert_ne!(rej.0, 0);
+    assert_eq!((rej.2, rej.3), (MessageRef::Req, 28));
+}
+
+#[test]
+fn req_for_an_unknown_service_is_rejected_with_reason_8() {
+    let mut sim = Sim::new(8, CLEAN);
+    sim.b.listen(SID + 1, 0).unwrap();
+    let conn = sim.a.connect(&params(), 0).unwrap();
+    sim.run(|_, _, _| {}, 100);
+    let [(
+        at,
+        CmEvent::Rejected {
+            conn: c, reason, ..
+        },
+    )] = &sim.a_events[..]
+    else {
+        panic!("{:?}", sim.a_events)
+    };
+    assert_eq!(
+        (*at, *c, *reason),
+        (2 * LINK_DELAY_NS, conn, RejReason::InvalidServiceId)
+    );
+    assert!(sim.b_events.is_empty());
+    assert_eq!(sim.b.stats().req_no_listener, 1);
+    assert_eq!(sim.a.live_connections() + sim.b.live_connections(), 0);
+}
+
+#[test]
+fn req_naming_a_foreign_gid_is_rejected_with_reason_12() {
+    let mut b = engine(B_GID, B_GUID, 1);
+    b.listen(SID, 0).unwrap();
+    let mut a = engine(A_GID, A_GUID, 1);
+    let mut p = params();
+    p.path.remote_gid = xroce_wire::Gid::from_ipv4([10, 9, 9, 9]);
+    a.connect(&p, 0).unwrap();
+    let req = a.poll_transmit().unwrap();
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &req.mad, 0);
+    let rej = b.poll_transmit().unwrap();
+    let CmMessage::Rej(r) = parse(&rej.mad).message else {
+        panic!()
+    };
+    assert_eq!(r.reason, RejReason::InvalidGid);
+    assert_eq!(b.stats().req_invalid_gid, 1);
+    assert!(b.poll_event().is_none());
+}
+
+#[test]
+fn mra_stretches_the_req_timer_and_answers_duplicates() {
+    let mut a = engine(A_GID, A_GUID, 1);
+    let mut b = engine(B_GID, B_GUID, 2);
+    b.listen(SID, 0).unwrap();
+    let conn = a.connect(&params(), 0).unwrap();
+    let req = a.poll_transmit().unwrap();
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &req.mad, 10);
+    let Some(CmEvent::ConnectRequest { conn: bc, .. }) = b.poll_event() else {
+        panic!()
+    };
+    b.mra(bc, 22).unwrap();
+    let mra = b.poll_transmit().unwrap();
+    let CmMessage::Mra(m) = parse(&mra.mad).message else {
+        panic!()
+    };
+    assert_eq!(
+        (m.local_comm_id, m.remote_comm_id, m.service_timeout),
+        (bc.0, conn.0, 22)
+    );
+    assert_eq!(m.message_mraed, MessageRef::Req);
+    a.handle_mad(PeerAddr::gsi(B_GID), A_GID, &mra.mad, 20);
+    assert_eq!(a.state(conn), Some(State::MraReqRcvd));
+    assert_eq!(a.poll_timeout(), Some(20 + timeout_ns(22) + timeout_ns(20)));
+    // A duplicate REQ is answered with the MRA again.
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &req.mad, 30);
+    assert_eq!(b.poll_transmit().unwrap().mad, mra.mad);
+    assert!(b.poll_event().is_none());
+    // The consumer answers after all.
+    b.accept(bc, &RepParams::new(9, 9), 40).unwrap();
+    let rep = b.poll_transmit().unwrap();
+    a.handle_mad(PeerAddr::gsi(B_GID), A_GID, &rep.mad, 50);
+    assert!(matches!(
+        a.poll_event(),
+        Some(CmEvent::ConnectResponse { .. })
+    ));
+    assert_eq!(a.poll_timeout(), None);
+}
+
+#[test]
+fn dreq_for_an_unknown_connection_gets_a_drep() {
+    let mut b = engine(B_GID, B_GUID, 1);
+    let dreq = CmMadRepr::new(
+        0x1234_5678_9abc,
+        CmMessage::Dreq(DreqRepr {
+            local_comm_id: 0x1111,
+            remote_comm_id: 0x2222,
+            remote_qpn: 0x33,
+            private_data: &[],
+        }),
+    );
+    let mut mad = [0u8; MAD_LEN];
+    dreq.emit(&mut mad).unwrap();
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &mad, 0);
+    let drep = b.poll_transmit().unwrap();
+    assert_eq!(drep.peer, PeerAddr::gsi(A_GID));
+    assert_eq!(drep.local_gid, B_GID);
+    let r = parse(&drep.mad);
+    assert_eq!(r.header.transaction_id, 0x1234_5678_9abc);
+    let CmMessage::Drep(d) = r.message else {
+        panic!()
+    };
+    assert_eq!((d.local_comm_id, d.remote_comm_id), (0x2222, 0x1111));
+    assert_eq!(b.stats().unknown_comm_id, 1);
+    assert!(b.poll_event().is_none());
+}
+
+#[test]
+fn strays_and_malformed_mads_are_counted_and_dropped() {
+    let mut b = engine(B_GID, B_GUID, 1);
+    b.listen(SID, 0).unwrap();
+    let from = PeerAddr::gsi(A_GID);
+    // Short, wrong base version, wrong class, wrong class version, unknown
+    // attribute, all zeros.
+    let mut good = [0u8; MAD_LEN];
+    CmMadRepr::new(
+        1,
+        CmMessage::Rtu(CommIdsRepr {
+            local_comm_id: 5,
+            remote_comm_id: 6,
+            private_data: &[],
+        }),
+    )
+    .emit(&mut good)
+    .unwrap();
+    let mut bad = Vec::new();
+    bad.push(good[..100].to_vec());
+    for (at, v) in [(0, 2u8), (1, 0x81), (2, 1)] {
+        let mut m = good;
+        m[at] = v;
+        bad.push(m.to_vec());
+    }
+    let mut m = good;
+    m[17] = 0x99;
+    bad.push(m.to_vec());
+    bad.push(vec![0; MAD_LEN]);
+    for m in &bad {
+        b.handle_mad(from, B_GID, m, 0);
+    }
+    assert_eq!(b.stats().malformed, 6);
+    // A well-formed RTU, REP, REJ, DREP, MRA for nobody.
+    b.handle_mad(from, B_GID, &good, 0);
+    assert_eq!(b.stats().unknown_comm_id, 1);
+    // LAP: path migration is not supported.
+    let mut lap = good;
+    lap[17] = 0x19;
+    b.handle_mad(from, B_GID, &lap, 0);
+    assert_eq!(b.stats().unsupported, 1);
+    assert_eq!(b.stats().received, 8);
+    assert_eq!(b.stats().sent, 0);
+    assert!(b.poll_event().is_none());
+    assert!(b.poll_transmit().is_none());
+}
+
+#[test]
+fn sidr_round_trip_and_unknown_service() {
+    let mut sim = Sim::new(9, CLEAN);
+    let usid = 0x0111_1c06;
+    sim.b.listen(usid, 0).unwrap();
+    let req = |sid| SidrRequestParams {
+        service_id: sid,
+        local_gid: A_GID,
+        remote_gid: B_GID,
+        pkey: 0xffff,
+        timeout: 20,
+        max_retries: 15,
+        private_data: b"who serves this?".to_vec(),
+    };
+    let known = sim.a.sidr_request(&req(usid), 0).unwrap();
+    let unknown = sim.a.sidr_request(&req(usid + 1), 0).unwrap();
+    sim.run(
+        |sim, at_a, e| {
+            if let (
+                false,
+                CmEvent::SidrRequest {
+                    conn,
+                    private_data,
+                    pkey,
+                    ..
+                },
+            ) = (at_a, e)
+            {
+                assert_eq!(&private_data[..16], b"who serves this?");
+                assert_eq!(*pkey, 0xffff);
+                let reply = SidrReplyParams {
+                    status: SidrStatus::Success,
+                    qpn: 0x1234,
+                    qkey: 0x0123_4567,
+                    private_data: b"here".to_vec(),
+                };
+                sim.b.sidr_reply(*conn, &reply).unwrap();
+            }
+        },
+        100,
+    );
+    let mut responses: Vec<_> = sim
+        .a_events
+        .iter()
+        .map(|(_, e)| match e {
+            CmEvent::SidrResponse {
+                conn,
+                status,
+                qpn,
+                qkey,
+                private_data,
+            } => (*conn, *status, *qpn, *qkey, private_data[..4].to_vec()),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // (The two answers may arrive in either order.)
+    responses.sort_by_key(|r| r.1 != SidrStatus::Success);
+    assert_eq!(kinds(&sim.a_events), ["SidrResponse", "SidrResponse"]);
+    assert_eq!(
+        responses,
+        [
+            (
+                known,
+                SidrStatus::Success,
+                0x1234,
+                0x0123_4567,
+                b"here".to_vec()
+            ),
+            (unknown, SidrStatus::ServiceIdNotSupported, 0, 0, vec![0; 4]),
+        ]
+    );
+    assert_eq!(sim.b.stats().sidr_no_listener, 1);
+    assert_eq!(sim.a.live_connections() + sim.b.live_connections(), 0);
+}
+
+#[test]
+fn consumer_misuse_is_refused_without_side_effects() {
+    let mut a = engine(A_GID, A_GUID, 1);
+    assert_eq!(a.listen(SID, 0), Ok(()));
+    assert_eq!(a.listen(SID, 0), Err(CmError::AlreadyListening(SID)));
+    assert_eq!(a.unlisten(SID + 1), Err(CmError::NotListening(SID + 1)));
+    assert_eq!(
+        a.accept(ConnId(77), &RepParams::new(1, 1), 0),
+        Err(CmError::UnknownConn(ConnId(77)))
+    );
+    let mut p = params();
+    p.path.local_gid = B_GID;
+    assert_eq!(a.connect(&p, 0), Err(CmError::NotLocalGid(B_GID)));
+    let mut p = params();
+    p.private_data = vec![1; 93];
+    assert_eq!(
+        a.connect(&p, 0),
+        Err(CmError::Mad(MadError::PrivateDataTooLong {
+            max: 92,
+            len: 93
+        }))
+    );
+    assert_eq!(a.live_connections(), 0);
+    let conn = a.connect(&params(), 0).unwrap();
+    assert_eq!(
+        a.establish(conn, &[]),
+        Err(CmError::WrongState(State::ReqSent))
+    );
+    assert_eq!(
+        a.disconnect(conn, &[], 0),
+        Err(CmError::WrongState(State::ReqSent))
+    );
+    assert_eq!(a.stats().sent, 1);
+}
