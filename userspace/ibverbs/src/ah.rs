@@ -15,6 +15,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use xroce::io::wire::ipv4::Ipv4Packet;
+use xroce::io::wire::ipv6::NEXT_HEADER_UDP;
 use xroce::verbs::AddressVector;
 
 use crate::abi::*;
@@ -169,22 +171,6 @@ pub(crate) struct WcAddr {
     pub dlid_path_bits: u8,
 }
 
-/// `IPPROTO_UDP` in an IPv6 GRH's next header: RoCE v2.
-const NEXT_HDR_UDP: u8 = 17;
-
-fn ipv4_header_checksum_ok(h: &[u8]) -> bool {
-    let mut sum: u32 = h
-        .chunks_exact(2)
-        .enumerate()
-        .filter(|(i, _)| *i != 5) // the checksum field itself
-        .map(|(_, w)| u32::from(u16::from_be_bytes([w[0], w[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16) == u16::from_be_bytes([h[10], h[11]])
-}
-
 /// Which header the 40-byte GRH area holds, as rdma-core decides it: an
 /// IPv4 header in bytes 20..40 (RoCEv2 over IPv4) or an IPv6 header.
 fn grh_is_ipv4(grh: &[u8; 40]) -> Result<bool, i32> {
@@ -199,7 +185,7 @@ fn grh_is_ipv4(grh: &[u8; 40]) -> Result<bool, i32> {
     }
     // Version 6 in byte 0 may still be an IPv4 packet whose GRH area
     // starts with garbage: believe a well-formed IPv4 header.
-    Ok(ip4[0] & 0xf == 5 && ipv4_header_checksum_ok(ip4))
+    Ok(ip4[0] & 0xf == 5 && Ipv4Packet::new_unchecked(ip4).verify_checksum())
 }
 
 /// The `ibv_ah_attr` answering the sender of a received message
@@ -241,7 +227,7 @@ pub(crate) fn ah_attr_from_grh(
         if dgid[0] == 0xff {
             return Err(libc::EINVAL);
         }
-        if grh[6] != NEXT_HDR_UDP {
+        if grh[6] != NEXT_HEADER_UDP {
             // RoCE v1 (or anything else): no such GID here.
             return Err(libc::EPROTONOSUPPORT);
         }
@@ -511,7 +497,7 @@ mod tests {
         let theirs: Ipv6Addr = "fe80::2".parse().unwrap();
         let mut g = [0u8; 40];
         g[0..4].copy_from_slice(&((6u32 << 28) | (0x28 << 20) | 0x12345).to_be_bytes());
-        g[6] = NEXT_HDR_UDP;
+        g[6] = NEXT_HEADER_UDP;
         g[7] = 3;
         g[8..24].copy_from_slice(&theirs.octets());
         g[24..40].copy_from_slice(&ours);
@@ -535,8 +521,8 @@ mod tests {
             0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
         ];
         h[10..12].copy_from_slice(&0xb861u16.to_be_bytes());
-        assert!(ipv4_header_checksum_ok(&h));
+        assert!(Ipv4Packet::new_unchecked(&h).verify_checksum());
         h[11] ^= 1;
-        assert!(!ipv4_header_checksum_ok(&h));
+        assert!(!Ipv4Packet::new_unchecked(&h).verify_checksum());
     }
 }
