@@ -83,4 +83,6 @@ pub(crate) struct Conn {
     /// When the timer of the current state fires.
     pub(crate) deadline: Option<u64>,
     pub(crate) timewait_ns: u64,
+    /// The consumer destroyed it: it lingers (TIMEWAIT) without events.
+    pub(crate) destroyed: bool,
 }

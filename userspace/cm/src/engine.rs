@@ -205,6 +205,7 @@ impl CmEngine {
                 retries_left: p.max_cm_retries,
                 deadline: Some(now_ns + response_timeout_ns),
                 timewait_ns: timeout_ns(path.local_ack_timeout),
+                destroyed: false,
             },
         );
         self.push(path.local_gid, peer, mad);
@@ -416,6 +417,7 @@ impl CmEngine {
                 retries_left: p.max_retries,
                 deadline: Some(now_ns + response_timeout_ns),
                 timewait_ns: 0,
+                destroyed: false,
             },
         );
         self.push(p.local_gid, peer, mad);
@@ -469,8 +471,10 @@ impl CmEngine {
         };
         c.deadline = None;
         if c.state == State::Timewait {
-            self.conns.remove(&id);
-            self.events.push_back(CmEvent::TimewaitExit { conn });
+            let c = self.conns.remove(&id).expect("present");
+            if !c.destroyed {
+                self.events.push_back(CmEvent::TimewaitExit { conn });
+            }
             return;
         }
         if !c.state.retransmits() {
@@ -492,9 +496,119 @@ impl CmEngine {
             self.events.push_back(CmEvent::Disconnected { conn });
         } else {
             let c = self.conns.remove(&id).expect("present");
+            // The IBTA's answer to a REQ or REP that timed out: REJ
+            // "timeout" with our CA GUID, so the peer forgets it too.
+            let message_rejected = match c.state {
+                State::ReqSent | State::MraReqRcvd => Some(MessageRef::Req),
+                State::RepSent | State::MraRepRcvd => Some(MessageRef::Rep),
+                _ => None,
+            };
+            if let Some(message_rejected) = message_rejected {
+                let guid = self.config.ca_guid.to_be_bytes();
+                let rej = RejRepr {
+                    local_comm_id: id,
+                    remote_comm_id: c.remote_comm_id,
+                    message_rejected,
+                    reason: RejReason::Timeout,
+                    ari: &guid,
+                    private_data: &[],
+                };
+                if let Ok(mad) = build(c.tid, CmMessage::Rej(rej)) {
+                    self.push(c.local_gid, c.peer, mad);
+                }
+            }
             self.release_backlog(c.backlog_of);
             self.events.push_back(CmEvent::Unreachable { conn });
         }
+    }
+
+    /// Forgets a connection the way ib_cm's destroy does: a pending REQ
+    /// is withdrawn with REJ "timeout", a pending answer with REJ 28, an
+    /// established connection gets a DREQ and a DREQ our DREP; what was
+    /// connected lingers in TIMEWAIT (without events) so its comm ID is not
+    /// reused too early. No event follows for it.
+    pub fn destroy(&mut self, conn: ConnId, now_ns: u64) -> Result<(), CmError> {
+        let c = self
+            .conns
+            .get_mut(&conn.0)
+            .ok_or(CmError::UnknownConn(conn))?;
+        c.destroyed = true;
+        let state = c.state;
+        let guid = self.config.ca_guid.to_be_bytes();
+        let rej = |message_rejected, reason, ari| RejRepr {
+            local_comm_id: conn.0,
+            remote_comm_id: c.remote_comm_id,
+            message_rejected,
+            reason,
+            ari,
+            private_data: &[],
+        };
+        let (mad, linger) = match state {
+            State::ReqSent | State::MraReqRcvd => (
+                Some(build(
+                    c.tid,
+                    CmMessage::Rej(rej(MessageRef::Req, RejReason::Timeout, &guid)),
+                )?),
+                false,
+            ),
+            State::ReqRcvd | State::MraReqSent => (
+                Some(build(
+                    c.tid,
+                    CmMessage::Rej(rej(MessageRef::Req, RejReason::ConsumerDefined, &[])),
+                )?),
+                false,
+            ),
+            State::RepSent | State::MraRepRcvd | State::RepRcvd => (
+                Some(build(
+                    c.tid,
+                    CmMessage::Rej(rej(MessageRef::Rep, RejReason::ConsumerDefined, &[])),
+                )?),
+                false,
+            ),
+            State::Established => {
+                let dreq = DreqRepr {
+                    local_comm_id: conn.0,
+                    remote_comm_id: c.remote_comm_id,
+                    remote_qpn: c.remote_qpn,
+                    private_data: &[],
+                };
+                (Some(build(self.tid(conn.0), CmMessage::Dreq(dreq))?), true)
+            }
+            State::DreqRcvd => {
+                let drep = CommIdsRepr {
+                    local_comm_id: conn.0,
+                    remote_comm_id: c.remote_comm_id,
+                    private_data: &[],
+                };
+                (Some(build(c.tid, CmMessage::Drep(drep))?), true)
+            }
+            State::DreqSent | State::Timewait => (None, true),
+            State::SidrReqSent => (None, false),
+            State::SidrReqRcvd => {
+                let reply = SidrReplyParams {
+                    status: xroce_wire::cm::SidrStatus::Rejected,
+                    qpn: 0,
+                    qkey: 0,
+                    private_data: Vec::new(),
+                };
+                return self.sidr_reply(conn, &reply);
+            }
+        };
+        let c = self.conns.get_mut(&conn.0).expect("present");
+        if let Some(mad) = mad {
+            c.sent = Some(mad);
+            let (gid, peer) = (c.local_gid, c.peer);
+            self.push(gid, peer, mad);
+        }
+        if linger {
+            if state != State::Timewait {
+                self.enter_timewait(conn.0, now_ns);
+            }
+        } else {
+            let c = self.conns.remove(&conn.0).expect("present");
+            self.release_backlog(c.backlog_of);
+        }
+        Ok(())
     }
 
     pub(crate) fn enter_timewait(&mut self, id: u32, now_ns: u64) {

@@ -6,6 +6,7 @@ use xroce_wire::cm::{
     CmMadRepr, CmMessage, CommIdsRepr, DreqRepr, MessageRef, MraRepr, RejReason, RejRepr, RepRepr,
     ReqRepr, SidrRepRepr, SidrReqRepr, SidrStatus,
 };
+use xroce_wire::mad::METHOD_SEND;
 use xroce_wire::Gid;
 
 use crate::config::{timeout_ns, PeerAddr};
@@ -19,9 +20,13 @@ impl CmEngine {
     /// frame's destination GID) at `now_ns`.
     pub fn handle_mad(&mut self, from: PeerAddr, local_gid: Gid, mad: &[u8], now_ns: u64) {
         self.stats.received += 1;
-        let Ok(m) = CmMadRepr::parse(mad) else {
-            self.stats.malformed += 1;
-            return;
+        let m = match CmMadRepr::parse(mad) {
+            // Every CM message is a Send; anything else is not ours.
+            Ok(m) if m.header.method == METHOD_SEND => m,
+            _ => {
+                self.stats.malformed += 1;
+                return;
+            }
         };
         let tid = m.header.transaction_id;
         match m.message {
@@ -67,6 +72,7 @@ impl CmEngine {
             .iter()
             .find(|(_, c)| {
                 !c.active
+                    && c.state != State::SidrReqRcvd
                     && c.remote_comm_id == r.local_comm_id
                     && c.remote_ca_guid == r.local_ca_guid
             })
@@ -126,6 +132,7 @@ impl CmEngine {
                 retries_left: r.max_cm_retries,
                 deadline: None,
                 timewait_ns: timeout_ns(p.local_ack_timeout),
+                destroyed: false,
             },
         );
         let req = ReqInfo {
@@ -200,12 +207,28 @@ impl CmEngine {
             }
         };
         c.state = next;
+        c.remote_comm_id = r.local_comm_id;
         // The peer promised an answer within its service timeout.
         c.deadline = Some(now_ns + timeout_ns(r.service_timeout) + c.response_timeout_ns);
     }
 
     fn on_rej(&mut self, r: &RejRepr) {
-        let Some(c) = self.named(r.remote_comm_id, r.local_comm_id) else {
+        // A REQ withdrawn before we answered names only the peer's comm ID
+        // (and its CA GUID in the ARI).
+        let id = if r.remote_comm_id == 0 {
+            let guid = (r.ari.len() == 8).then(|| u64::from_be_bytes(r.ari.try_into().unwrap()));
+            self.conns
+                .iter()
+                .find(|(_, c)| {
+                    !c.active
+                        && c.remote_comm_id == r.local_comm_id
+                        && guid.is_none_or(|g| g == c.remote_ca_guid)
+                })
+                .map_or(0, |(id, _)| *id)
+        } else {
+            r.remote_comm_id
+        };
+        let Some(c) = self.named(id, r.local_comm_id) else {
             return;
         };
         if !matches!(
@@ -222,9 +245,11 @@ impl CmEngine {
             self.stats.unexpected += 1;
             return;
         }
-        let id = r.remote_comm_id;
         let c = self.conns.remove(&id).expect("named");
         self.release_backlog(c.backlog_of);
+        if c.destroyed {
+            return;
+        }
         self.event(CmEvent::Rejected {
             conn: ConnId(id),
             reason: r.reason,
@@ -448,6 +473,7 @@ impl CmEngine {
                 retries_left: 0,
                 deadline: None,
                 timewait_ns: 0,
+                destroyed: false,
             },
         );
         self.event(CmEvent::SidrRequest {

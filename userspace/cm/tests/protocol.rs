@@ -29,11 +29,15 @@ fn req_to_a_vanished_peer_is_retried_then_unreachable() {
     let first = a.poll_transmit().unwrap();
     let t = timeout_ns(20);
     let mut sends = vec![0];
+    let mut rej = None;
     while let Some(at) = a.poll_timeout() {
         a.handle_timeout(at);
         while let Some(x) = a.poll_transmit() {
-            assert_eq!(x.mad, first.mad, "a retransmission is the same REQ");
-            sends.push(at);
+            if x.mad == first.mad {
+                sends.push(at);
+            } else {
+                rej = Some((at, x));
+            }
         }
     }
     // The REQ and 15 retries, 4.29 s apart; UNREACHABLE after the last wait.
@@ -43,6 +47,84 @@ fn req_to_a_vanished_peer_is_retried_then_unreachable() {
     assert_eq!(a.poll_event(), None);
     assert_eq!(a.stats().retransmits, 15);
     assert_eq!(a.live_connections(), 0);
+    // ...and the REQ is withdrawn with REJ "timeout" carrying our CA GUID.
+    let (at, rej) = rej.expect("a REJ");
+    assert_eq!(at, 16 * t);
+    let r = parse(&rej.mad);
+    assert_eq!(
+        r.header.transaction_id,
+        parse(&first.mad).header.transaction_id
+    );
+    let CmMessage::Rej(r) = r.message else {
+        panic!()
+    };
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (conn.0, 0));
+    assert_eq!(
+        (r.reason, r.message_rejected),
+        (RejReason::Timeout, MessageRef::Req)
+    );
+    assert_eq!(r.ari, A_GUID.to_be_bytes());
+}
+
+#[test]
+fn withdrawn_req_ends_the_passive_sides_pending_request() {
+    let mut sim = Sim::new(4, CLEAN);
+    sim.b.listen(SID, 1).unwrap();
+    let mut p = params();
+    p.max_cm_retries = 2;
+    let a_conn = sim.a.connect(&p, 0).unwrap();
+    // B's consumer never answers.
+    sim.run(|_, _, _| {}, 1000);
+    assert_eq!(kinds(&sim.a_events), ["Unreachable"]);
+    assert_eq!(kinds(&sim.b_events), ["ConnectRequest", "Rejected"]);
+    let (at, CmEvent::Rejected { reason, .. }) = &sim.b_events[1] else {
+        panic!()
+    };
+    assert_eq!(
+        (*at, *reason),
+        (3 * timeout_ns(20) + LINK_DELAY_NS, RejReason::Timeout)
+    );
+    // Two duplicates of the REQ reached B and were not reported again.
+    assert_eq!(sim.b.stats().duplicates, 2);
+    assert_eq!(sim.a.live_connections() + sim.b.live_connections(), 0);
+    assert_eq!(sim.a.state(a_conn), None);
+}
+
+#[test]
+fn destroy_withdraws_or_disconnects_without_events() {
+    // Established, then destroyed: one DREQ, TIMEWAIT, no event; the peer
+    // sees an ordinary disconnect.
+    let (mut sim, a_conn, b_conn) = established();
+    let now = sim.now;
+    sim.a.destroy(a_conn, now).unwrap();
+    assert_eq!(sim.a.state(a_conn), Some(State::Timewait));
+    sim.run(
+        |sim, at_a, e| {
+            if let (false, CmEvent::DisconnectRequest { conn, .. }) = (at_a, e) {
+                let now = sim.now;
+                sim.b.disconnect(*conn, &[], now).unwrap();
+            }
+        },
+        1000,
+    );
+    assert!(sim.a_events.is_empty(), "{:?}", sim.a_events);
+    assert_eq!(kinds(&sim.b_events), ["DisconnectRequest", "TimewaitExit"]);
+    assert_eq!(sim.b_events[0].1.conn(), b_conn);
+    assert_eq!(sim.a.live_connections() + sim.b.live_connections(), 0);
+
+    // A pending REQ destroyed: REJ "timeout" ends it at the peer too.
+    let mut sim = Sim::new(6, CLEAN);
+    sim.b.listen(SID, 0).unwrap();
+    let conn = sim.a.connect(&params(), 0).unwrap();
+    sim.step();
+    let now = sim.now;
+    sim.a.destroy(conn, now).unwrap();
+    assert_eq!(sim.a.live_connections(), 0);
+    sim.run(|_, _, _| {}, 100);
+    assert!(sim.a_events.is_empty());
+    assert_eq!(kinds(&sim.b_events), ["ConnectRequest", "Rejected"]);
+    assert_eq!(sim.b.live_connections(), 0);
+    assert_eq!(sim.a.destroy(conn, now), Err(CmError::UnknownConn(conn)));
 }
 
 #[test]
@@ -58,7 +140,8 @@ fn fewer_retries_shorter_timeout() {
         last = at;
     }
     assert_eq!(last, 1_000 + 4 * timeout_ns(10));
-    assert_eq!(a.stats().sent, 4);
+    // 4 REQs and the REJ withdrawing it.
+    assert_eq!(a.stats().sent, 5);
     assert_eq!(a.poll_event(), Some(CmEvent::Unreachable { conn }));
 }
 
@@ -92,7 +175,8 @@ fn active_side_vanishing_after_req_leaves_the_passive_side_unreachable() {
         }
         end = at;
     }
-    assert_eq!(reps, 6);
+    // The REP, 5 retries, then REJ "timeout" for the REP.
+    assert_eq!(reps, 7);
     assert_eq!(end, now + 6 * timeout_ns(12));
     assert_eq!(sim.b.poll_event(), Some(CmEvent::Unreachable { conn }));
 }
