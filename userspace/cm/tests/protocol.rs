@@ -603,3 +603,81 @@ fn consumer_misuse_is_refused_without_side_effects() {
     );
     assert_eq!(a.stats().sent, 1);
 }
+
+#[test]
+fn rep_naming_qp1_is_a_connect_error() {
+    let mut a = engine(A_GID, A_GUID, 1);
+    let conn = a.connect(&params(), 0).unwrap();
+    let req = a.poll_transmit().unwrap();
+    let tid = parse(&req.mad).header.transaction_id;
+    let rep = CmMadRepr::new(
+        tid,
+        CmMessage::Rep(xroce_wire::cm::RepRepr {
+            local_comm_id: 0x99,
+            remote_comm_id: conn.0,
+            local_qkey: 0,
+            local_qpn: 1,
+            vendor_id: 0,
+            local_eecn: 0,
+            starting_psn: 0,
+            responder_resources: 0,
+            initiator_depth: 0,
+            target_ack_delay: 0,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: 0,
+            srq: false,
+            local_ca_guid: B_GUID,
+            private_data: &[],
+        }),
+    );
+    let mut mad = [0u8; MAD_LEN];
+    rep.emit(&mut mad).unwrap();
+    a.handle_mad(PeerAddr::gsi(B_GID), A_GID, &mad, 5);
+    assert_eq!(
+        a.poll_event(),
+        Some(CmEvent::ConnectError {
+            conn,
+            reason: RejReason::InvalidCommId
+        })
+    );
+    let rej = a.poll_transmit().unwrap();
+    let r = parse(&rej.mad);
+    assert_eq!(r.header.transaction_id, tid);
+    let CmMessage::Rej(r) = r.message else {
+        panic!()
+    };
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (conn.0, 0x99));
+    assert_eq!(r.message_rejected, MessageRef::Rep);
+    assert_eq!(a.live_connections(), 0);
+}
+
+#[test]
+fn req_replayed_into_timewait_is_a_stale_connection() {
+    let mut a = engine(A_GID, A_GUID, 1);
+    let mut b = engine(B_GID, B_GUID, 2);
+    b.listen(SID, 0).unwrap();
+    a.connect(&params(), 0).unwrap();
+    let req = a.poll_transmit().unwrap();
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &req.mad, 0);
+    let Some(CmEvent::ConnectRequest { conn, .. }) = b.poll_event() else {
+        panic!()
+    };
+    b.accept(conn, &RepParams::new(5, 5), 0).unwrap();
+    b.establish(conn, &[]).unwrap();
+    b.destroy(conn, 10).unwrap();
+    while b.poll_transmit().is_some() {}
+    assert_eq!(b.state(conn), Some(State::Timewait));
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &req.mad, 20);
+    let rej = b.poll_transmit().unwrap();
+    let CmMessage::Rej(r) = parse(&rej.mad).message else {
+        panic!()
+    };
+    assert_eq!(r.reason, RejReason::StaleConn);
+    assert_eq!(
+        (r.local_comm_id, r.message_rejected),
+        (conn.0, MessageRef::Req)
+    );
+    let events: Vec<CmEvent> = std::iter::from_fn(|| b.poll_event()).collect();
+    assert_eq!(events, [CmEvent::Established { conn }]);
+}
