@@ -497,23 +497,14 @@ impl CmEngine {
         } else {
             let c = self.conns.remove(&id).expect("present");
             // The IBTA's answer to a REQ or REP that timed out: REJ
-            // "timeout" with our CA GUID, so the peer forgets it too.
+            // "timeout", so the peer forgets it too.
             let message_rejected = match c.state {
                 State::ReqSent | State::MraReqRcvd => Some(MessageRef::Req),
                 State::RepSent | State::MraRepRcvd => Some(MessageRef::Rep),
                 _ => None,
             };
             if let Some(message_rejected) = message_rejected {
-                let guid = self.config.ca_guid.to_be_bytes();
-                let rej = RejRepr {
-                    local_comm_id: id,
-                    remote_comm_id: c.remote_comm_id,
-                    message_rejected,
-                    reason: RejReason::Timeout,
-                    ari: &guid,
-                    private_data: &[],
-                };
-                if let Ok(mad) = build(c.tid, CmMessage::Rej(rej)) {
+                if let Ok(mad) = self.rej(id, &c, message_rejected, RejReason::Timeout) {
                     self.push(c.local_gid, c.peer, mad);
                 }
             }
@@ -528,41 +519,19 @@ impl CmEngine {
     /// connected lingers in TIMEWAIT (without events) so its comm ID is not
     /// reused too early. No event follows for it.
     pub fn destroy(&mut self, conn: ConnId, now_ns: u64) -> Result<(), CmError> {
-        let c = self
-            .conns
-            .get_mut(&conn.0)
-            .ok_or(CmError::UnknownConn(conn))?;
-        c.destroyed = true;
+        let c = self.conns.get(&conn.0).ok_or(CmError::UnknownConn(conn))?;
         let state = c.state;
-        let guid = self.config.ca_guid.to_be_bytes();
-        let rej = |message_rejected, reason, ari| RejRepr {
-            local_comm_id: conn.0,
-            remote_comm_id: c.remote_comm_id,
-            message_rejected,
-            reason,
-            ari,
-            private_data: &[],
-        };
         let (mad, linger) = match state {
             State::ReqSent | State::MraReqRcvd => (
-                Some(build(
-                    c.tid,
-                    CmMessage::Rej(rej(MessageRef::Req, RejReason::Timeout, &guid)),
-                )?),
+                Some(self.rej(conn.0, c, MessageRef::Req, RejReason::Timeout)?),
                 false,
             ),
             State::ReqRcvd | State::MraReqSent => (
-                Some(build(
-                    c.tid,
-                    CmMessage::Rej(rej(MessageRef::Req, RejReason::ConsumerDefined, &[])),
-                )?),
+                Some(self.rej(conn.0, c, MessageRef::Req, RejReason::ConsumerDefined)?),
                 false,
             ),
             State::RepSent | State::MraRepRcvd | State::RepRcvd => (
-                Some(build(
-                    c.tid,
-                    CmMessage::Rej(rej(MessageRef::Rep, RejReason::ConsumerDefined, &[])),
-                )?),
+                Some(self.rej(conn.0, c, MessageRef::Rep, RejReason::ConsumerDefined)?),
                 false,
             ),
             State::Established => {
@@ -595,20 +564,45 @@ impl CmEngine {
             }
         };
         let c = self.conns.get_mut(&conn.0).expect("present");
+        c.destroyed = true;
         if let Some(mad) = mad {
             c.sent = Some(mad);
             let (gid, peer) = (c.local_gid, c.peer);
             self.push(gid, peer, mad);
         }
-        if linger {
-            if state != State::Timewait {
-                self.enter_timewait(conn.0, now_ns);
-            }
-        } else {
+        if !linger {
             let c = self.conns.remove(&conn.0).expect("present");
             self.release_backlog(c.backlog_of);
+        } else if state != State::Timewait {
+            self.enter_timewait(conn.0, now_ns);
         }
         Ok(())
+    }
+
+    /// Our REJ of connection `id`'s REQ or REP; a timeout's carries our CA
+    /// GUID (how the peer finds a request it has not answered yet).
+    fn rej(
+        &self,
+        id: u32,
+        c: &Conn,
+        message_rejected: MessageRef,
+        reason: RejReason,
+    ) -> Result<[u8; MAD_LEN], MadError> {
+        let guid = self.config.ca_guid.to_be_bytes();
+        let ari: &[u8] = if reason == RejReason::Timeout {
+            &guid
+        } else {
+            &[]
+        };
+        let rej = RejRepr {
+            local_comm_id: id,
+            remote_comm_id: c.remote_comm_id,
+            message_rejected,
+            reason,
+            ari,
+            private_data: &[],
+        };
+        build(c.tid, CmMessage::Rej(rej))
     }
 
     pub(crate) fn enter_timewait(&mut self, id: u32, now_ns: u64) {
