@@ -18,13 +18,22 @@
 //! goes out at once instead of after the wait.
 
 use std::{
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, BorrowedFd},
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc, OnceLock,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
+};
+
+use nix::{
+    errno::Errno,
+    poll::{ppoll, PollFd, PollFlags},
+    sys::{
+        eventfd::{EfdFlags, EventFd},
+        time::TimeSpec,
+    },
 };
 
 use crate::{
@@ -70,7 +79,7 @@ impl Default for RuntimeConfig {
 /// the engine must send (cheap to clone; one eventfd).
 #[derive(Clone, Debug)]
 pub struct Doorbell {
-    fd: Option<Arc<OwnedFd>>,
+    fd: Option<Arc<EventFd>>,
     /// Set while the thread sleeps (or is about to): only then does
     /// [`ring`](Self::ring) make a syscall. A WR posted just as the thread
     /// decides to sleep can still wait `max_wait` (the old bound), rarely.
@@ -79,12 +88,10 @@ pub struct Doorbell {
 
 impl Doorbell {
     fn new() -> Self {
-        // SAFETY: eventfd(2) with flags only; the descriptor is owned below.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC);
         Self {
             // Without an eventfd the thread still wakes every `max_wait`.
-            // SAFETY: a fresh descriptor nobody else owns.
-            fd: (fd >= 0).then(|| Arc::new(unsafe { OwnedFd::from_raw_fd(fd) })),
+            fd: fd.ok().map(Arc::new),
             asleep: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -100,23 +107,20 @@ impl Doorbell {
 
     fn ring_always(&self) {
         if let Some(fd) = &self.fd {
-            let one = 1u64.to_ne_bytes();
-            // SAFETY: writing 8 bytes from a live buffer to our eventfd; a
-            // full counter (EAGAIN) means it is rung already.
-            let _ = unsafe { libc::write(fd.as_raw_fd(), one.as_ptr().cast(), 8) };
+            // A full counter (EAGAIN) means it is rung already.
+            let _ = fd.write(1);
         }
     }
 
-    fn raw_fd(&self) -> Option<i32> {
-        self.fd.as_ref().map(|f| f.as_raw_fd())
+    fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
     }
 
     /// Resets the eventfd (after a wait it woke).
     fn drain(&self) {
         if let Some(fd) = &self.fd {
-            let mut buf = [0u8; 8];
-            // SAFETY: reading 8 bytes into a live buffer; EAGAIN if unrung.
-            let _ = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+            // EAGAIN if unrung.
+            let _ = fd.read();
         }
     }
 }
@@ -205,16 +209,15 @@ fn run(
     config: RuntimeConfig,
 ) -> Result<(), IoError> {
     // The backend's descriptors and the doorbell, for the idle wait.
-    let mut pollfds: Vec<libc::pollfd> = match bell.raw_fd() {
+    let mut pollfds: Vec<PollFd> = match bell.fd() {
         Some(b) if !io.poll_fds().is_empty() => io
             .poll_fds()
             .into_iter()
+            // SAFETY: the backend keeps its descriptors open while it
+            // lives, and it outlives this loop.
+            .map(|fd| unsafe { BorrowedFd::borrow_raw(fd) })
             .chain([b])
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
             .collect(),
         _ => Vec::new(),
     };
@@ -287,33 +290,17 @@ fn run(
 
 /// ppoll(2) on the backend's descriptors and the doorbell (last) for at
 /// most `wait`, with nanosecond precision. Returns whether the doorbell rang.
-fn sleep(pollfds: &mut [libc::pollfd], wait: Duration) -> Result<bool, IoError> {
-    for p in pollfds.iter_mut() {
-        p.revents = 0;
-    }
-    let ts = libc::timespec {
-        tv_sec: wait.as_secs() as libc::time_t,
-        tv_nsec: wait.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: a valid array of pollfds and a timespec that outlive the call.
-    let rc = unsafe {
-        libc::ppoll(
-            pollfds.as_mut_ptr(),
-            pollfds.len() as libc::nfds_t,
-            &ts,
-            std::ptr::null(),
-        )
-    };
-    if rc < 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EINTR) {
-            return Ok(false);
-        }
-        return Err(e.into());
+fn sleep(pollfds: &mut [PollFd], wait: Duration) -> Result<bool, IoError> {
+    // The kernel rewrites every revents, so no reset is needed.
+    match ppoll(pollfds, Some(TimeSpec::from_duration(wait)), None) {
+        Ok(_) => {}
+        Err(Errno::EINTR) => return Ok(false),
+        Err(e) => return Err(std::io::Error::from(e).into()),
     }
     Ok(pollfds
         .last()
-        .is_some_and(|p| p.revents & libc::POLLIN != 0))
+        .and_then(PollFd::revents)
+        .is_some_and(|r| r.contains(PollFlags::POLLIN)))
 }
 
 /// How long to wait in the backend when there is nothing to do: until the
@@ -328,6 +315,8 @@ fn idle_wait(device: &Device, max_wait: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
+
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
     use super::*;
     use crate::{

@@ -7,10 +7,13 @@
 //! that had a waiter-visible transition.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 use crate::engine::completion::{CqId, Wc, WcFlags, WcStatus};
 use crate::engine::error::{Result, VerbsError};
@@ -23,7 +26,7 @@ pub struct CqInner {
     /// Set when a completion arrived and the eventfd has not
     /// been written for it yet.
     pub(crate) signal_pending: AtomicBool,
-    pub(crate) event_fd: Option<OwnedFd>,
+    pub(crate) event_fd: Option<EventFd>,
     pushed: AtomicU64,
     /// Completions taken out by `poll`; `pushed == polled` means empty,
     /// which `poll` checks without the lock: an application spinning on an
@@ -39,16 +42,9 @@ pub struct CqInner {
 impl CqInner {
     pub(crate) fn new(depth: usize, with_eventfd: bool) -> Result<Self> {
         let event_fd = if with_eventfd {
-            // SAFETY: plain syscall; the fd is owned below.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-            if fd < 0 {
-                return Err(VerbsError::Os(format!(
-                    "eventfd: {}",
-                    std::io::Error::last_os_error()
-                )));
-            }
-            // SAFETY: fd is a fresh descriptor we own.
-            Some(unsafe { OwnedFd::from_raw_fd(fd) })
+            let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                .map_err(|e| VerbsError::Os(format!("eventfd: {e}")))?;
+            Some(fd)
         } else {
             None
         };
@@ -115,9 +111,8 @@ impl CqInner {
             }
         }
         if let Some(fd) = &self.event_fd {
-            let one: u64 = 1;
-            // SAFETY: writing 8 bytes to an eventfd we own.
-            unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const _, 8) };
+            // A full counter (EAGAIN) already wakes every waiter.
+            let _ = fd.write(1);
         }
     }
 
@@ -263,18 +258,12 @@ impl CompletionQueue {
                 std::thread::sleep((deadline - now).min(Duration::from_micros(50)));
                 continue;
             };
-            let ms = (deadline - now).as_millis().clamp(1, i32::MAX as u128) as i32;
-            let mut pfd = libc::pollfd {
-                fd: fd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if rc > 0 {
-                let mut v: u64 = 0;
-                // SAFETY: reading 8 bytes from our eventfd.
-                unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut _, 8) };
+            let timeout = PollTimeout::try_from((deadline - now).as_millis().max(1))
+                .unwrap_or(PollTimeout::MAX);
+            let mut pfd = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut pfd, timeout).is_ok_and(|n| n > 0) {
+                // EAGAIN if another waiter drained it first.
+                let _ = fd.read();
             }
         }
     }
