@@ -88,6 +88,21 @@ impl CmEngine {
             }
             return;
         }
+        // The peer's QP already belongs to a connection of ours: the REQ
+        // is from before a restart, or the old connection is stale.
+        let stale = self.conns.values().any(|c| {
+            c.remote_qpn == r.local_qpn
+                && c.peer.gid == from.gid
+                && !matches!(
+                    c.state,
+                    State::Timewait | State::SidrReqRcvd | State::SidrReqSent
+                )
+        });
+        if stale {
+            self.stats.req_stale += 1;
+            self.reject_req(from, local_gid, tid, 0, r, RejReason::StaleConn);
+            return;
+        }
         let Some(listener) = self.listeners.get(&r.service_id).copied() else {
             self.stats.req_no_listener += 1;
             // As Linux: no comm ID was ever allocated for it.

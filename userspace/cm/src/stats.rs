@@ -21,6 +21,9 @@ pub struct CmStats {
     pub duplicates: u64,
     /// REQ for a service nobody listens on (answered with REJ 8).
     pub req_no_listener: u64,
+    /// REQ from a peer QP that already has a live connection with us
+    /// (answered with REJ 10, stale connection).
+    pub req_stale: u64,
     /// REQ naming a GID that is not ours (answered with REJ 12).
     pub req_invalid_gid: u64,
     /// REQ or SIDR_REQ dropped because the listener's backlog was full

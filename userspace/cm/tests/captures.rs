@@ -330,3 +330,43 @@ fn every_captured_mad_is_handled_without_surprise() {
         );
     }
 }
+
+#[test]
+fn ucmatose_server_disconnects_with_linuxs_dreq() {
+    // ucmatose: REQ, REP, RTU, then the server's DREQ and the client's DREP.
+    let m = mads("ucmatose");
+    let CmMessage::Rep(cap) = m[1].repr().message else {
+        panic!()
+    };
+    let mut server = engine(&["10.77.0.10"], SERVER_GUID, cap.local_comm_id);
+    server.listen(service_id(PortSpace::Tcp, 7471), 0).unwrap();
+    server.handle_mad(m[0].from, m[0].to, &m[0].bytes, 0);
+    let Some(CmEvent::ConnectRequest { conn, .. }) = server.poll_event() else {
+        panic!()
+    };
+    let rep = RepParams {
+        qpn: cap.local_qpn,
+        starting_psn: cap.starting_psn,
+        responder_resources: cap.responder_resources,
+        initiator_depth: cap.initiator_depth,
+        target_ack_delay: cap.target_ack_delay,
+        rnr_retry_count: cap.rnr_retry_count,
+        srq: cap.srq,
+        private_data: Vec::new(),
+    };
+    server.accept(conn, &rep, 0).unwrap();
+    assert_eq!(&sent(&mut server).mad[..], &m[1].bytes[..], "REP");
+    server.handle_mad(m[2].from, m[2].to, &m[2].bytes, 1);
+    assert_eq!(server.poll_event(), Some(CmEvent::Established { conn }));
+    server.disconnect(conn, &[], 2).unwrap();
+    let dreq = sent(&mut server);
+    // The passive side's DREQ starts its own transaction: its comm ID.
+    let r = CmMadRepr::parse(&dreq.mad).unwrap();
+    assert_eq!(
+        r.header.transaction_id,
+        (2 << 32) | u64::from(cap.local_comm_id.swap_bytes())
+    );
+    assert_eq!(&dreq.mad[..], &m[3].bytes[..], "DREQ differs from Linux's");
+    server.handle_mad(m[4].from, m[4].to, &m[4].bytes, 3);
+    assert_eq!(server.poll_event(), Some(CmEvent::Disconnected { conn }));
+}

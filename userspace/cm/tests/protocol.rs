@@ -269,7 +269,9 @@ fn consumer_reject_carries_private_data_and_frees_the_backlog() {
     let mut sim = Sim::new(7, CLEAN);
     sim.b.listen(SID, 1).unwrap();
     let first = sim.a.connect(&params(), 0).unwrap();
-    let second = sim.a.connect(&params(), 0).unwrap();
+    let mut other_qp = params();
+    other_qp.qpn += 1;
+    let second = sim.a.connect(&other_qp, 0).unwrap();
     let mut rejected_once = false;
     sim.run(
         |sim, at_a, e| match (at_a, e) {
@@ -680,4 +682,30 @@ fn req_replayed_into_timewait_is_a_stale_connection() {
     );
     let events: Vec<CmEvent> = std::iter::from_fn(|| b.poll_event()).collect();
     assert_eq!(events, [CmEvent::Established { conn }]);
+}
+
+#[test]
+fn req_from_a_qp_already_connected_is_rejected_stale() {
+    let (mut sim, a_conn, _) = established();
+    // The same QP asks again (say, after a restart of the peer's CM).
+    let now = sim.now;
+    let again = sim.a.connect(&params(), now).unwrap();
+    assert_ne!(again, a_conn);
+    sim.step();
+    sim.step();
+    assert_eq!(sim.b.stats().req_stale, 1);
+    let rej = sim
+        .wire
+        .iter()
+        .find_map(|(_, from_a, t)| match parse(&t.mad).message {
+            CmMessage::Rej(r) if !from_a => Some((r.local_comm_id, r.remote_comm_id, r.reason)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(rej, (0, again.0, RejReason::StaleConn));
+    assert!(matches!(
+        sim.a.poll_event(),
+        Some(CmEvent::Rejected { conn, reason: RejReason::StaleConn, .. }) if conn == again
+    ));
+    assert!(sim.b.poll_event().is_none());
 }
