@@ -709,3 +709,98 @@ fn req_from_a_qp_already_connected_is_rejected_stale() {
     ));
     assert!(sim.b.poll_event().is_none());
 }
+
+#[test]
+fn mra_for_our_rep_stretches_the_rep_timer() {
+    let mut a = engine(A_GID, A_GUID, 1);
+    let mut b = engine(B_GID, B_GUID, 2);
+    b.listen(SID, 0).unwrap();
+    let a_conn = a.connect(&params(), 0).unwrap();
+    let req = a.poll_transmit().unwrap();
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &req.mad, 0);
+    let Some(CmEvent::ConnectRequest { conn, .. }) = b.poll_event() else {
+        panic!()
+    };
+    b.accept(conn, &RepParams::new(5, 5), 100).unwrap();
+    let rep = b.poll_transmit().unwrap();
+    assert_eq!(b.poll_timeout(), Some(100 + timeout_ns(20)));
+    let tid = parse(&rep.mad).header.transaction_id;
+    let mra = CmMadRepr::new(
+        tid,
+        CmMessage::Mra(xroce_wire::cm::MraRepr {
+            local_comm_id: a_conn.0,
+            remote_comm_id: conn.0,
+            message_mraed: MessageRef::Rep,
+            service_timeout: 21,
+            private_data: &[],
+        }),
+    );
+    let mut mad = [0u8; MAD_LEN];
+    mra.emit(&mut mad).unwrap();
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &mad, 200);
+    assert_eq!(b.state(conn), Some(State::MraRepRcvd));
+    assert_eq!(
+        b.poll_timeout(),
+        Some(200 + timeout_ns(21) + timeout_ns(20))
+    );
+    // The same MRA again changes nothing.
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &mad, 300);
+    assert_eq!(
+        b.poll_timeout(),
+        Some(200 + timeout_ns(21) + timeout_ns(20))
+    );
+    assert_eq!(b.stats().duplicates, 1);
+    // The RTU establishes from MRA_REP_RCVD and stops the timer.
+    a.handle_mad(PeerAddr::gsi(B_GID), A_GID, &rep.mad, 400);
+    assert!(matches!(
+        a.poll_event(),
+        Some(CmEvent::ConnectResponse { .. })
+    ));
+    a.establish(a_conn, &[]).unwrap();
+    let rtu = a.poll_transmit().unwrap();
+    b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &rtu.mad, 500);
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { conn }));
+    assert_eq!(b.poll_timeout(), None);
+}
+
+#[test]
+fn duplicate_dreq_in_timewait_is_answered_again() {
+    let (mut sim, a_conn, b_conn) = established();
+    let now = sim.now;
+    sim.a.disconnect(a_conn, b"x", now).unwrap();
+    let dreq = sim.a.poll_transmit().unwrap();
+    sim.b
+        .handle_mad(PeerAddr::gsi(A_GID), B_GID, &dreq.mad, now);
+    assert!(matches!(
+        sim.b.poll_event(),
+        Some(CmEvent::DisconnectRequest { .. })
+    ));
+    // The same DREQ again before the consumer answered: nothing new.
+    sim.b
+        .handle_mad(PeerAddr::gsi(A_GID), B_GID, &dreq.mad, now);
+    assert!(sim.b.poll_transmit().is_none());
+    sim.b.disconnect(b_conn, &[], now).unwrap();
+    let drep = sim.b.poll_transmit().unwrap();
+    let r = parse(&drep.mad);
+    assert_eq!(
+        r.header.transaction_id,
+        parse(&dreq.mad).header.transaction_id
+    );
+    // Our DREP was lost; A's retransmitted DREQ finds B in TIMEWAIT.
+    sim.b
+        .handle_mad(PeerAddr::gsi(A_GID), B_GID, &dreq.mad, now + 1);
+    assert_eq!(sim.b.poll_transmit().unwrap().mad, drep.mad);
+    assert_eq!(sim.b.stats().duplicates, 2);
+    assert_eq!(sim.b.state(b_conn), Some(State::Timewait));
+    // A gets the DREP twice: one Disconnected.
+    sim.a
+        .handle_mad(PeerAddr::gsi(B_GID), A_GID, &drep.mad, now + 2);
+    sim.a
+        .handle_mad(PeerAddr::gsi(B_GID), A_GID, &drep.mad, now + 3);
+    assert_eq!(
+        sim.a.poll_event(),
+        Some(CmEvent::Disconnected { conn: a_conn })
+    );
+    assert_eq!(sim.a.poll_event(), None);
+    assert_eq!(sim.a.stats().duplicates, 1);
+}
