@@ -203,7 +203,7 @@ impl CmEngine {
                 response_timeout_ns,
                 max_retries: p.max_cm_retries,
                 retries_left: p.max_cm_retries,
-                deadline: Some(now_ns + response_timeout_ns),
+                deadline: Some(now_ns.saturating_add(response_timeout_ns)),
                 timewait_ns: timeout_ns(path.local_ack_timeout),
                 destroyed: false,
             },
@@ -239,7 +239,7 @@ impl CmEngine {
         c.local_qpn = p.qpn;
         c.sent = Some(mad);
         c.retries_left = c.max_retries;
-        c.deadline = Some(now_ns + c.response_timeout_ns);
+        c.deadline = Some(now_ns.saturating_add(c.response_timeout_ns));
         let (gid, peer, listener) = (c.local_gid, c.peer, c.backlog_of.take());
         self.release_backlog(listener);
         self.push(gid, peer, mad);
@@ -376,7 +376,7 @@ impl CmEngine {
         c.tid = tid;
         c.sent = Some(mad);
         c.retries_left = c.max_retries;
-        c.deadline = Some(now_ns + c.response_timeout_ns);
+        c.deadline = Some(now_ns.saturating_add(c.response_timeout_ns));
         let (gid, peer) = (c.local_gid, c.peer);
         self.push(gid, peer, mad);
         Ok(())
@@ -415,7 +415,7 @@ impl CmEngine {
                 response_timeout_ns,
                 max_retries: p.max_retries,
                 retries_left: p.max_retries,
-                deadline: Some(now_ns + response_timeout_ns),
+                deadline: Some(now_ns.saturating_add(response_timeout_ns)),
                 timewait_ns: 0,
                 destroyed: false,
             },
@@ -482,7 +482,7 @@ impl CmEngine {
         }
         if c.retries_left > 0 {
             c.retries_left -= 1;
-            c.deadline = Some(now_ns + c.response_timeout_ns);
+            c.deadline = Some(now_ns.saturating_add(c.response_timeout_ns));
             if let Some(mad) = c.sent {
                 let (gid, peer) = (c.local_gid, c.peer);
                 self.stats.retransmits += 1;
@@ -608,7 +608,7 @@ impl CmEngine {
     pub(crate) fn enter_timewait(&mut self, id: u32, now_ns: u64) {
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = State::Timewait;
-            c.deadline = Some(now_ns + c.timewait_ns);
+            c.deadline = Some(now_ns.saturating_add(c.timewait_ns));
         }
     }
 

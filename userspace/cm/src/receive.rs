@@ -224,7 +224,11 @@ impl CmEngine {
         c.state = next;
         c.remote_comm_id = r.local_comm_id;
         // The peer promised an answer within its service timeout.
-        c.deadline = Some(now_ns + timeout_ns(r.service_timeout) + c.response_timeout_ns);
+        c.deadline = Some(
+            now_ns
+                .saturating_add(timeout_ns(r.service_timeout))
+                .saturating_add(c.response_timeout_ns),
+        );
     }
 
     fn on_rej(&mut self, r: &RejRepr) {

@@ -71,7 +71,12 @@ fn mutated_and_random_mads_never_panic_and_are_all_counted() {
             if i % 31 == 0 {
                 rng.fill_bytes(&mut mad);
             }
-            let now = u64::from(rng.next_u32());
+            // Any time at all, the end of time included.
+            let now = if i % 13 == 0 {
+                u64::MAX - u64::from(rng.next_u32() % 3)
+            } else {
+                u64::from(rng.next_u32())
+            };
             b.handle_mad(PeerAddr::gsi(A_GID), B_GID, &mad[..len], now);
             fed += 1;
             if i % 5 == 0 {
