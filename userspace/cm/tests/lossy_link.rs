@@ -185,3 +185,83 @@ fn same_seed_same_run() {
     assert_eq!(x.b_events, y.b_events);
     assert_eq!(x.wire, y.wire);
 }
+
+#[test]
+fn rejects_and_sidr_end_exactly_once_over_a_lossy_link() {
+    use xroce_cm::{RejReason, SidrReplyParams, SidrRequestParams, SidrStatus};
+    let faults = Faults {
+        loss: 250,
+        duplicate: 150,
+        jitter_us: 50,
+    };
+    const UDP_SID: u64 = 0x0111_1c06;
+    for seed in 0..200 {
+        let mut sim = Sim::new(seed, faults);
+        sim.b.listen(SID, 0).unwrap();
+        sim.b.listen(UDP_SID, 0).unwrap();
+        let path = PathParams::roce(A_GID, B_GID, 5, 1);
+        let refused = sim
+            .a
+            .connect(&ConnectParams::new(SID, 1000, 1, path), 0)
+            .unwrap();
+        let nobody = sim
+            .a
+            .connect(&ConnectParams::new(SID + 1, 1001, 1, path), 0)
+            .unwrap();
+        let sidr = SidrRequestParams {
+            service_id: UDP_SID,
+            local_gid: A_GID,
+            remote_gid: B_GID,
+            pkey: 0xffff,
+            timeout: 16,
+            max_retries: 15,
+            private_data: Vec::new(),
+        };
+        let resolve = sim.a.sidr_request(&sidr, 0).unwrap();
+        sim.run(
+            |sim, at_a, e| match (at_a, e) {
+                (false, CmEvent::ConnectRequest { conn, .. }) => {
+                    sim.b.reject(*conn, b"full").unwrap();
+                }
+                (false, CmEvent::SidrRequest { conn, .. }) => {
+                    let reply = SidrReplyParams {
+                        status: SidrStatus::Success,
+                        qpn: 77,
+                        qkey: 0x0123_4567,
+                        private_data: Vec::new(),
+                    };
+                    sim.b.sidr_reply(*conn, &reply).unwrap();
+                }
+                _ => {}
+            },
+            100_000,
+        );
+        // Each of A's three ends in exactly one terminal event, the right one.
+        let mut a = sim.a_events.clone();
+        a.sort_by_key(|(_, e)| e.conn());
+        assert_eq!(a.len(), 3, "seed {seed}: {:?}", sim.a_events);
+        for (_, e) in &a {
+            assert!(e.is_terminal(), "seed {seed}: {e:?}");
+            match e {
+                CmEvent::Rejected {
+                    conn,
+                    reason,
+                    private_data,
+                } if *conn == refused => {
+                    assert_eq!(*reason, RejReason::ConsumerDefined);
+                    assert_eq!(&private_data[..4], b"full");
+                }
+                CmEvent::Rejected { conn, reason, .. } if *conn == nobody => {
+                    assert_eq!(*reason, RejReason::InvalidServiceId);
+                }
+                CmEvent::SidrResponse {
+                    conn, status, qpn, ..
+                } if *conn == resolve => {
+                    assert_eq!((*status, *qpn), (SidrStatus::Success, 77));
+                }
+                other => panic!("seed {seed}: {other:?}"),
+            }
+        }
+        assert_eq!(sim.a.live_connections() + sim.b.live_connections(), 0);
+    }
+}
