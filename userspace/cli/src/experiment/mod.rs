@@ -32,8 +32,8 @@
 mod plot;
 mod procs;
 mod report;
-mod summary;
 mod sampler;
+mod summary;
 mod topology;
 
 use std::{

@@ -27,7 +27,6 @@
 //!
 //! perftest does not check data; neither does this mode (`verified` is
 //! null in the JSON report).
-
 //!
 //! - `oob.rs`: the TCP connection of the exchange (client or server);
 //! - `session.rs`: the exchange itself, the verbs objects and the buffer

@@ -9,7 +9,7 @@ use std::{
 use anyhow::Context;
 use xroce::connect::perftest::PerftestConn;
 
-use super::super::{stack::first_ipv4, PerfArgs, OOB_TIMEOUT};
+use crate::perf::{stack::first_ipv4, PerfArgs, OOB_TIMEOUT};
 
 /// How long a server waits for a client to connect.
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);

@@ -4,15 +4,15 @@
 use xroce::connect::{perftest::BwReport, Role};
 
 use super::{
-    super::{
-        report::{
-            print_json, BenchReport, LatReport, Latency, PerftestBw, PerftestBwFigures,
-            PerftestLat, PerftestRole, Table,
-        },
-        Op,
-    },
     run::{BwResult, MB},
     Test,
+};
+use crate::perf::{
+    report::{
+        print_json, BenchReport, LatReport, Latency, PerftestBw, PerftestBwFigures, PerftestLat,
+        PerftestRole, Table,
+    },
+    Op,
 };
 
 impl Test {

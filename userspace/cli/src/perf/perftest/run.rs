@@ -9,10 +9,8 @@ use xroce::{
     verbs::{RecvWr, SendWr, Wc, WcOpcode, WrOpcode},
 };
 
-use super::{
-    super::{conn::check_wc, Op},
-    rx_depth, Params, Test,
-};
+use super::{rx_depth, Params, Test};
+use crate::perf::{conn::check_wc, Op};
 
 /// A run that makes no progress for this long has failed.
 const STALL: Duration = Duration::from_secs(10);

@@ -14,14 +14,11 @@ use xroce::{
     verbs::{CompletionQueue, MemoryRegion, Mtu, ProtectionDomain, QpInitAttr, QueuePair},
 };
 
-use super::{
-    super::{
-        conn::{connect_qp, peer_mac, ALL_ACCESS},
-        stack::Stack,
-        Op, PerfArgs, OOB_TIMEOUT,
-    },
-    oob::open_oob,
-    rx_depth, Params, Tool,
+use super::{oob::open_oob, rx_depth, Params, Tool};
+use crate::perf::{
+    conn::{connect_qp, peer_mac, ALL_ACCESS},
+    stack::Stack,
+    Op, PerfArgs, OOB_TIMEOUT,
 };
 
 /// `sysconf(_SC_PAGESIZE)` on the hosts we run on.
