@@ -378,6 +378,11 @@ impl CmEngine {
             return;
         }
         let c = self.conns.get_mut(&id).expect("known");
+        if r.remote_qpn != c.local_qpn && c.local_qpn != 0 {
+            // Not about our QP (as ib_cm, dropped).
+            self.stats.unexpected += 1;
+            return;
+        }
         match c.state {
             State::Established | State::RepSent | State::MraRepRcvd | State::RepRcvd => {
                 c.state = State::DreqRcvd;

@@ -769,6 +769,13 @@ fn duplicate_dreq_in_timewait_is_answered_again() {
     let now = sim.now;
     sim.a.disconnect(a_conn, b"x", now).unwrap();
     let dreq = sim.a.poll_transmit().unwrap();
+    // A DREQ naming another QP of B's is not about this connection.
+    let mut wrong_qp = dreq.mad;
+    wrong_qp[24 + 10] ^= 0x01;
+    sim.b
+        .handle_mad(PeerAddr::gsi(A_GID), B_GID, &wrong_qp, now);
+    assert_eq!(sim.b.stats().unexpected, 1);
+    assert!(sim.b.poll_event().is_none());
     sim.b
         .handle_mad(PeerAddr::gsi(A_GID), B_GID, &dreq.mad, now);
     assert!(matches!(
