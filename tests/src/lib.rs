@@ -8,12 +8,12 @@
 pub mod roce;
 
 use std::{
-    fs::File,
-    os::fd::AsRawFd,
     path::PathBuf,
     process::{Command, Output},
     sync::atomic::{AtomicU32, Ordering},
 };
+
+pub use xroce_netns::NsThread;
 
 pub mod datagram;
 pub mod experiment;
@@ -60,44 +60,33 @@ pub fn run(cmd: &mut Command) -> Output {
     out
 }
 
-fn ip(args: &[&str]) -> Output {
-    run(Command::new("ip").args(args))
-}
-
 /// Moves the calling thread into the named network namespace.
 pub fn enter_netns(name: &str) {
-    let path = PathBuf::from("/run/netns").join(name);
-    let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    // SAFETY: setns on a valid netns fd only changes this thread's netns.
-    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(rc, 0, "setns {name}: {}", std::io::Error::last_os_error());
+    xroce_netns::enter(name).unwrap_or_else(|e| panic!("{e}: {:?}", e));
 }
 
-/// A network namespace, deleted on drop.
+/// A network namespace (xroce-netns's guard: deleted on drop, on success
+/// and on panic alike), with panicking helpers for tests.
 pub struct Netns {
     pub name: String,
+    guard: xroce_netns::Netns,
 }
 
 impl Netns {
     pub fn new(name: String) -> Self {
-        ip(&["netns", "add", &name]);
-        let ns = Self { name };
-        ns.exec(&["ip", "link", "set", "lo", "up"]);
-        ns
+        let guard = xroce_netns::Netns::create(name.clone())
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+        Self { name, guard }
     }
 
     pub fn path(&self) -> PathBuf {
-        PathBuf::from("/run/netns").join(&self.name)
+        self.guard.path()
     }
 
     /// A command that runs in this namespace's network stack but keeps the
     /// host's mounts (so /sys/fs/bpf pins are shared, unlike `ip netns exec`).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={}", self.path().display()))
-            .arg("--")
-            .arg(program);
-        cmd
+        self.guard.command(program)
     }
 
     /// Runs `argv` inside the namespace; panics on failure.
@@ -109,15 +98,6 @@ impl Netns {
     /// the test itself). Use it on a thread made for the purpose.
     pub fn enter_current_thread(&self) {
         enter_netns(&self.name);
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Deleting the namespace also removes the veth ends inside it.
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.name])
-            .output();
     }
 }
 
@@ -154,14 +134,22 @@ impl VethPair {
         let octet = (unique_subnet() % 250) as u8 + 1;
         let addr_a = std::net::Ipv4Addr::new(10, 77, octet, 1);
         let addr_b = std::net::Ipv4Addr::new(10, 77, octet, 2);
-        ip(&[
-            "link", "add", &if_a, "netns", &a.name, "type", "veth", "peer", "name", &if_b, "netns",
-            &b.name,
-        ]);
+        xroce_netns::add_veth(
+            xroce_netns::VethEnd {
+                netns: &a.name,
+                iface: &if_a,
+            },
+            xroce_netns::VethEnd {
+                netns: &b.name,
+                iface: &if_b,
+            },
+            mtu,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         for (ns, ifname, addr) in [(&a, &if_a, addr_a), (&b, &if_b, addr_b)] {
-            ns.exec(&["ip", "link", "set", ifname, "mtu", &mtu.to_string()]);
-            ns.exec(&["ip", "addr", "add", &format!("{addr}/24"), "dev", ifname]);
-            ns.exec(&["ip", "link", "set", ifname, "up"]);
+            ns.guard
+                .configure(ifname, mtu, addr.into(), 24)
+                .unwrap_or_else(|e| panic!("{e}"));
         }
         Self {
             a,
@@ -222,21 +210,13 @@ impl AttachedXdp {
 
     /// Runs `xroce ARGS...` in the namespace; panics on failure.
     pub fn xroce(&self, args: &[&str]) -> Output {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net=/run/netns/{}", self.ns))
-            .arg("--")
-            .arg(workspace_bin("xroce"))
-            .args(args);
-        run(&mut cmd)
+        run(xroce_netns::command(&self.ns, workspace_bin("xroce")).args(args))
     }
 }
 
 impl Drop for AttachedXdp {
     fn drop(&mut self) {
-        let _ = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.ns))
-            .arg("--")
-            .arg(workspace_bin("xroce"))
+        let _ = xroce_netns::command(&self.ns, workspace_bin("xroce"))
             .args(["detach", "--iface", &self.iface])
             .output();
         let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(&self.iface));
@@ -252,7 +232,7 @@ pub fn collect_frames(
     iface: &str,
     timeout: std::time::Duration,
     stop: impl Fn(&[Vec<u8>]) -> bool + Send + 'static,
-) -> std::thread::JoinHandle<Vec<Vec<u8>>> {
+) -> NsThread<Vec<Vec<u8>>> {
     use xroce::io::afxdp::{XskConfig, XskSocket};
     let iface = iface.to_string();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -275,16 +255,12 @@ pub fn collect_frames(
 }
 
 /// Runs `f` on a new thread inside namespace `ns`; the handle's `join`
-/// gives its result.
+/// gives its result. Panics if the thread cannot enter `ns`.
 pub fn spawn_in<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let ns = ns.to_string();
-    std::thread::spawn(move || {
-        enter_netns(&ns);
-        f()
-    })
+) -> NsThread<T> {
+    xroce_netns::spawn_in(ns, f).unwrap_or_else(|e| panic!("enter namespace {ns}: {e}"))
 }
 
 /// Runs `f` on a thread inside namespace `ns` and returns its result.

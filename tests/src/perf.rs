@@ -48,11 +48,7 @@ pub fn next_port() -> u16 {
 }
 
 fn nsenter(ns: &str) -> Command {
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{ns}"))
-        .arg("--")
-        .arg(workspace_bin("xroce"));
-    cmd
+    xroce_netns::command(ns, workspace_bin("xroce"))
 }
 
 /// Starts `xroce <tool> <server_args> --listen addr_b:port -d if_b`.

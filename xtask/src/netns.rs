@@ -7,8 +7,11 @@ use std::{
 };
 
 use anyhow::{Context, Result};
+use xroce_netns::{Netns, VethEnd};
 
-use crate::util::run;
+/// A command in a namespace that keeps the host's mounts (so bpffs pins
+/// stay visible, unlike `ip netns exec`).
+pub use xroce_netns::command as in_ns;
 
 pub struct NsPair {
     pub a: String,
@@ -17,63 +20,46 @@ pub struct NsPair {
     pub if_b: String,
     pub addr_a: Ipv4Addr,
     pub addr_b: Ipv4Addr,
+    /// Deleted on drop, `a` first.
+    _netns: [Netns; 2],
 }
 
 impl NsPair {
     /// `tag` keeps concurrent runs apart; `octet` picks 10.78.<octet>.0/24.
     pub fn new(tag: &str, octet: u8, mtu: u32) -> Result<Self> {
         let id = std::process::id() & 0xffff;
-        let pair = Self {
-            a: format!("xr{tag}{id:x}a"),
-            b: format!("xr{tag}{id:x}b"),
-            if_a: format!("xr{tag}{id:x}a"),
-            if_b: format!("xr{tag}{id:x}b"),
-            addr_a: Ipv4Addr::new(10, 78, octet, 1),
-            addr_b: Ipv4Addr::new(10, 78, octet, 2),
-        };
-        for name in [&pair.a, &pair.b] {
-            run(Command::new("ip").args(["netns", "add", name]))?;
-        }
-        let names = [pair.a.clone(), pair.b.clone()];
+        let (a, b) = (format!("xr{tag}{id:x}a"), format!("xr{tag}{id:x}b"));
+        let (if_a, if_b) = (a.clone(), b.clone());
+        let (addr_a, addr_b) = (
+            Ipv4Addr::new(10, 78, octet, 1),
+            Ipv4Addr::new(10, 78, octet, 2),
+        );
         // Ctrl-C: delete what we made, then exit.
-        let _ = ctrlc::set_handler(move || {
-            for name in &names {
-                let _ = Command::new("ip").args(["netns", "delete", name]).status();
-            }
-            std::process::exit(130);
-        });
-        run(Command::new("ip").args([
-            "link", "add", &pair.if_a, "netns", &pair.a, "type", "veth", "peer", "name",
-            &pair.if_b, "netns", &pair.b,
-        ]))?;
-        for (ns, ifname, addr) in [
-            (&pair.a, &pair.if_a, pair.addr_a),
-            (&pair.b, &pair.if_b, pair.addr_b),
-        ] {
-            run(in_ns(ns, "ip").args(["link", "set", "lo", "up"]))?;
-            run(in_ns(ns, "ip").args(["addr", "add", &format!("{addr}/24"), "dev", ifname]))?;
-            run(in_ns(ns, "ip").args(["link", "set", ifname, "mtu", &mtu.to_string(), "up"]))?;
-        }
-        Ok(pair)
+        xroce_netns::delete_on_interrupt(|| {});
+        let netns = [Netns::create(&a)?, Netns::create(&b)?];
+        xroce_netns::add_veth(
+            VethEnd {
+                netns: &a,
+                iface: &if_a,
+            },
+            VethEnd {
+                netns: &b,
+                iface: &if_b,
+            },
+            mtu,
+        )?;
+        netns[0].configure(&if_a, mtu, addr_a.into(), 24)?;
+        netns[1].configure(&if_b, mtu, addr_b.into(), 24)?;
+        Ok(Self {
+            a,
+            b,
+            if_a,
+            if_b,
+            addr_a,
+            addr_b,
+            _netns: netns,
+        })
     }
-}
-
-impl Drop for NsPair {
-    fn drop(&mut self) {
-        for name in [&self.a, &self.b] {
-            let _ = Command::new("ip").args(["netns", "delete", name]).status();
-        }
-    }
-}
-
-/// A command in namespace `ns` that keeps the host's mounts (so bpffs pins
-/// stay visible, unlike `ip netns exec`).
-pub fn in_ns(ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = Command::new("nsenter");
-    cmd.arg(format!("--net=/run/netns/{ns}"))
-        .arg("--")
-        .arg(program);
-    cmd
 }
 
 /// A child we started: killed by PID when dropped if still running.

@@ -15,34 +15,28 @@ use std::{
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
-    sync::{Mutex, Once},
+    sync::Mutex,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context, Result};
 
 use super::image::{vm_dir, KernelFiles};
-use crate::util::{describe, run};
+use crate::util::describe;
 
-/// Namespaces and qemu PIDs alive now, for the Ctrl-C handler.
-static LIVE: Mutex<(Vec<String>, Vec<u32>)> = Mutex::new((Vec::new(), Vec::new()));
+/// qemu and background PIDs alive now, for the Ctrl-C handler (which
+/// then deletes the namespaces: xroce-netns keeps that list).
+static LIVE: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 fn install_ctrlc() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = ctrlc::set_handler(|| {
-            eprintln!("\nvm: interrupted: stopping VMs, deleting namespaces");
-            let (ns, pids) = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
-            for pid in pids {
-                // SAFETY: kill on a PID we spawned (qemu), no memory involved.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(200));
-            for n in ns {
-                let _ = Command::new("ip").args(["netns", "del", &n]).status();
-            }
-            std::process::exit(130);
-        });
+    xroce_netns::delete_on_interrupt(|| {
+        eprintln!("\nvm: interrupted: stopping VMs, deleting namespaces");
+        let pids = LIVE.lock().map(|l| l.clone()).unwrap_or_default();
+        for pid in pids {
+            // SAFETY: kill on a PID we spawned (qemu), no memory involved.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(200));
     });
 }
 
@@ -56,6 +50,8 @@ pub fn vm_ip(index: usize) -> String {
 pub struct Netns {
     pub name: String,
     pub mtu: u32,
+    /// Deleted on drop (with everything in it) and on Ctrl-C.
+    netns: xroce_netns::Netns,
 }
 
 impl Netns {
@@ -63,11 +59,9 @@ impl Netns {
     pub fn create(taps: usize, mtu: u32) -> Result<Netns> {
         install_ctrlc();
         let name = format!("xrvm-{}-{}", std::process::id(), next_id());
-        run(Command::new("ip").args(["netns", "add", &name]))?;
-        LIVE.lock().unwrap().0.push(name.clone());
-        let ns = Netns { name, mtu };
+        let netns = xroce_netns::Netns::create(name.clone())?;
+        let ns = Netns { name, mtu, netns };
         let m = mtu.to_string();
-        ns.ip(&["link", "set", "lo", "up"])?;
         // Only xr0 may answer ARP for 10.77.0.1. With the default
         // arp_ignore=0, br0 (same namespace, no address) answers too, with
         // its own MAC: a guest that caches it sends RoCE to br0, where the
@@ -84,12 +78,13 @@ impl Netns {
             ns.ip(&["tuntap", "add", &tap, "mode", "tap"])?;
             ns.ip(&["link", "set", &tap, "mtu", &m, "master", "br0", "up"])?;
         }
-        ns.ip(&[
-            "link", "add", HOST_IFACE, "mtu", &m, "type", "veth", "peer", "name", "xrb", "mtu", &m,
-        ])?;
+        let end = |iface| xroce_netns::VethEnd {
+            netns: &ns.name,
+            iface,
+        };
+        xroce_netns::add_veth(end(HOST_IFACE), end("xrb"), mtu)?;
         ns.ip(&["link", "set", "xrb", "master", "br0", "up"])?;
-        ns.ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", HOST_IFACE])?;
-        ns.ip(&["link", "set", HOST_IFACE, "up"])?;
+        ns.netns.configure(HOST_IFACE, mtu, HOST_IP.parse()?, 24)?;
         ns.ip(&["link", "set", "br0", "up"])?;
         eprintln!(
             "vm: namespace {} (br0, {taps} tap, {HOST_IFACE} {HOST_IP}, MTU {mtu})",
@@ -99,30 +94,15 @@ impl Netns {
     }
 
     pub fn ip(&self, args: &[&str]) -> Result<()> {
-        let out = Command::new("ip")
-            .arg("-n")
-            .arg(&self.name)
-            .args(args)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "ip -n {} {} failed: {}",
-                self.name,
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(())
+        Ok(self.netns.ip(args)?)
     }
 
     /// `nsenter --net=/run/netns/NS <argv>`: in the namespace's network but
     /// the host's mounts (`ip netns exec` mounts a fresh /sys, which hides
     /// the bpffs where xroce pins its maps between commands).
     pub fn enter(&self, argv: &[&str]) -> Command {
-        let mut c = Command::new("nsenter");
-        c.arg(format!("--net=/run/netns/{}", self.name))
-            .arg("--")
-            .args(argv);
+        let mut c = self.netns.command(argv[0]);
+        c.args(&argv[1..]);
         c
     }
 
@@ -131,17 +111,6 @@ impl Netns {
         let mut c = Command::new("ip");
         c.args(["netns", "exec", &self.name]).args(argv);
         c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-        if let Ok(mut l) = LIVE.lock() {
-            l.0.retain(|n| n != &self.name);
-        }
     }
 }
 
@@ -246,7 +215,7 @@ impl Vm {
         let mut child = cmd.spawn().context("starting qemu")?;
         // `ip netns exec` execs qemu: the PID is qemu's.
         let pid = child.id();
-        LIVE.lock().unwrap().1.push(pid);
+        LIVE.lock().unwrap().push(pid);
         let agent = loop {
             if let Ok(s) = UnixStream::connect(&sock) {
                 break s;
@@ -398,7 +367,7 @@ impl Drop for Vm {
             let _ = self.child.wait();
         }
         if let Ok(mut l) = LIVE.lock() {
-            l.1.retain(|p| *p != self.pid);
+            l.retain(|p| *p != self.pid);
         }
         let _ = fs::remove_file(self.dir.join("initrd.cpio"));
     }
@@ -425,7 +394,7 @@ impl Bg {
             .stderr(f)
             .spawn()
             .with_context(|| format!("starting {what}"))?;
-        LIVE.lock().unwrap().1.push(child.id());
+        LIVE.lock().unwrap().push(child.id());
         Ok(Bg { what, child })
     }
 
@@ -467,7 +436,7 @@ impl Drop for Bg {
         self.stop();
         let pid = self.child.id();
         if let Ok(mut l) = LIVE.lock() {
-            l.1.retain(|p| *p != pid);
+            l.retain(|p| *p != pid);
         }
     }
 }

@@ -15,13 +15,10 @@
 //! which runs on every exit path but SIGKILL; [`sweep_stale`] removes what a
 //! killed run left behind.
 
-use std::{
-    net::Ipv4Addr,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{net::Ipv4Addr, path::Path, process::Command};
 
 use anyhow::{bail, Context};
+use xroce_netns::{ip as ip_in, Netns, VethEnd};
 
 /// Prefix of every namespace an experiment makes.
 const NS_PREFIX: &str = "xroce-exp-";
@@ -56,25 +53,12 @@ pub struct Host {
 }
 
 impl Host {
-    /// `/run/netns/<name>`, for `nsenter --net=`.
-    pub fn netns_path(&self) -> PathBuf {
-        netns_path(&self.netns)
-    }
-
     /// A command that runs `program` in this host's network namespace while
     /// keeping the host's mounts (so the pins in /sys/fs/bpf are shared;
     /// `ip netns exec` would mount a fresh /sys and hide them).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut cmd = Command::new("nsenter");
-        cmd.arg(format!("--net={}", self.netns_path().display()))
-            .arg("--")
-            .arg(program);
-        cmd
+        xroce_netns::command(&self.netns, program)
     }
-}
-
-fn netns_path(name: &str) -> PathBuf {
-    Path::new("/run/netns").join(name)
 }
 
 /// The namespaces, bridge and veth pairs of one experiment; all deleted on
@@ -83,31 +67,9 @@ pub struct Topology {
     pub bridge_netns: String,
     pub receiver: Host,
     pub senders: Vec<Host>,
-    /// Namespaces made so far, deleted on drop.
-    made: Vec<String>,
-}
-
-fn run(cmd: &mut Command) -> anyhow::Result<()> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("cannot run {cmd:?} (is iproute2 installed?)"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    run(Command::new("ip").args(args))
-}
-
-/// `ip -n NS ARGS...`: iproute2 inside a namespace without entering it.
-fn ip_in(netns: &str, args: &[&str]) -> anyhow::Result<()> {
-    run(Command::new("ip").arg("-n").arg(netns).args(args))
+    /// Namespaces made so far, deleted on drop, the first (the bridge's)
+    /// last.
+    made: Vec<Netns>,
 }
 
 impl Topology {
@@ -138,9 +100,8 @@ impl Topology {
     }
 
     fn add_netns(&mut self, name: &str) -> anyhow::Result<()> {
-        ip(&["netns", "add", name])?;
-        self.made.push(name.to_string());
-        ip_in(name, &["link", "set", "lo", "up"])
+        self.made.push(Netns::create(name)?);
+        Ok(())
     }
 
     fn make(&mut self, mtu: u32) -> anyhow::Result<()> {
@@ -168,22 +129,23 @@ impl Topology {
         let hosts: Vec<Host> = std::iter::once(self.receiver.clone())
             .chain(self.senders.iter().cloned())
             .collect();
-        let mtu = mtu.to_string();
         for h in &hosts {
             self.add_netns(&h.netns)?;
-            ip(&[
-                "link", "add", &h.iface, "netns", &h.netns, "type", "veth", "peer", "name",
-                &h.peer, "netns", &br_ns,
-            ])?;
-            ip_in(&br_ns, &["link", "set", &h.peer, "mtu", &mtu])?;
+            xroce_netns::add_veth(
+                VethEnd {
+                    netns: &h.netns,
+                    iface: &h.iface,
+                },
+                VethEnd {
+                    netns: &br_ns,
+                    iface: &h.peer,
+                },
+                mtu,
+            )?;
             ip_in(&br_ns, &["link", "set", &h.peer, "master", &bridge])?;
             ip_in(&br_ns, &["link", "set", &h.peer, "up"])?;
-            ip_in(&h.netns, &["link", "set", &h.iface, "mtu", &mtu])?;
-            ip_in(
-                &h.netns,
-                &["addr", "add", &format!("{}/24", h.addr), "dev", &h.iface],
-            )?;
-            ip_in(&h.netns, &["link", "set", &h.iface, "up"])?;
+            let made = self.made.last().expect("added above");
+            made.configure(&h.iface, mtu, h.addr.into(), 24)?;
         }
         // Static neighbours: no ARP at the start of a flow, and none lost
         // to a congested virtual queue later.
@@ -252,8 +214,8 @@ impl Drop for Topology {
         }
         // Deleting a namespace deletes the veth ends in it, and with them
         // their peers and so the bridge's ports; the bridge namespace last.
-        for ns in self.made.iter().rev() {
-            let _ = Command::new("ip").args(["netns", "delete", ns]).output();
+        while let Some(ns) = self.made.pop() {
+            drop(ns);
         }
     }
 }
@@ -267,7 +229,7 @@ pub fn sweep_stale() {
             .map(|pid| Path::new(&format!("/proc/{pid}")).exists())
             .unwrap_or(true)
     };
-    if let Ok(dir) = std::fs::read_dir("/run/netns") {
+    if let Ok(dir) = std::fs::read_dir(xroce_netns::NETNS_DIR) {
         for entry in dir.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Some(rest) = name.strip_prefix(NS_PREFIX) else {
@@ -275,7 +237,7 @@ pub fn sweep_stale() {
             };
             let tag = rest.split('-').next().unwrap_or_default();
             if !alive(tag) {
-                let _ = Command::new("ip").args(["netns", "delete", &name]).output();
+                xroce_netns::delete(&name);
             }
         }
     }
