@@ -192,6 +192,7 @@ int main(int argc, char **argv)
 	qa.qp_type = IBV_QPT_RC;
 	out_err("create_qp", rdma_create_qp(id, NULL, &qa));
 	out("own_cqs", id->qp && id->send_cq && id->recv_cq && id->send_cq_channel);
+	out("cqs_written_back", qa.send_cq == id->send_cq && qa.recv_cq == id->recv_cq);
 	struct ibv_qp_attr qattr;
 	struct ibv_qp_init_attr qinit;
 	if (id->qp && ibv_query_qp(id->qp, &qattr, IBV_QP_STATE | IBV_QP_PORT, &qinit) == 0) {
@@ -251,7 +252,10 @@ int main(int argc, char **argv)
 	struct rdma_cm_id *ud;
 	rdma_create_id(NULL, &ud, NULL, RDMA_PS_UDP);
 	out_err("ud_resolve_addr", rdma_resolve_addr(ud, NULL, (struct sockaddr *)&dst, 2000));
+	/* rdma_create_qp wrote the id's CQs (since destroyed) into qa, as
+	 * rdma-core does: start from fresh attributes. */
 	struct ibv_qp_init_attr uda = qa;
+	uda.send_cq = uda.recv_cq = NULL;
 	uda.qp_type = IBV_QPT_UD;
 	out_err("ud_create_qp", rdma_create_qp(ud, NULL, &uda));
 	if (ud->qp && ibv_query_qp(ud->qp, &qattr, IBV_QP_STATE | IBV_QP_QKEY, &qinit) == 0) {
@@ -287,6 +291,7 @@ int main(int argc, char **argv)
 	rdma_freeaddrinfo(res);
 	hints.ai_flags = RAI_NUMERICHOST;
 	rdma_getaddrinfo(peer, "7474", &hints, &res);
+	qa.send_cq = qa.recv_cq = NULL;
 	out_err("create_ep_active", rdma_create_ep(&ep, res, NULL, &qa));
 	out("ep_qp", ep->qp != NULL);
 	rdma_destroy_ep(ep);

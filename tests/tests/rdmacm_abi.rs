@@ -27,7 +27,7 @@ use xroce_tests::{
     require_root, run,
     verbs::{
         default_versioned_exports, dynamic_symbols, ibverbs_cdylib, rdmacm_cdylib, soname, which,
-        workspace_root, xroce_run,
+        workspace_root, xroce_exe, xroce_run,
     },
     VethPair,
 };
@@ -486,6 +486,7 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         ("path_tclass", "32".into()), // the TOS set before
         ("create_qp", "0 0".into()),
         ("own_cqs", "1".into()),
+        ("cqs_written_back", "1".into()),
         ("qp_state", "1".into()), // IBV_QPS_INIT
         ("qp_port", "1".into()),
         ("create_qp_twice", format!("-1 {einval}")),
@@ -613,7 +614,10 @@ fn rping_server_stops_at_rdma_listen_with_enosys() {
         "rping should fail with a status, got {}:\n{stderr}",
         out.status
     );
-    let link = xroce_tests::workspace_bin("lib/librdmacm.so.1");
+    let link = xroce_exe()
+        .parent()
+        .expect("xroce's directory")
+        .join("lib/librdmacm.so.1");
     assert_eq!(
         std::fs::read_link(&link).unwrap(),
         Path::new("../libxroce_rdmacm.so"),
@@ -653,7 +657,11 @@ fn every_rdmacm_utils_program_loads_on_the_library() {
     require_root();
     require_debian_rdmacm();
     let _ = (ibverbs_cdylib(), rdmacm_cdylib());
-    let ours = xroce_tests::workspace_bin("lib/librdmacm.so.1");
+    // Where `xroce run` links it (made by the first run).
+    let ours = xroce_exe()
+        .parent()
+        .expect("xroce's directory")
+        .join("lib/librdmacm.so.1");
     let mut problems = Vec::new();
     for program in RDMACM_PROGRAMS {
         assert!(
