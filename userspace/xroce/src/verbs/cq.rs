@@ -268,3 +268,57 @@ impl CompletionQueue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cq_with_eventfd() -> CompletionQueue {
+        CompletionQueue {
+            inner: Arc::new(CqInner::new(4, true).unwrap()),
+            id: CqId(1),
+        }
+    }
+
+    #[test]
+    fn wait_sleeps_on_the_eventfd_until_a_completion_is_signalled() {
+        let cq = cq_with_eventfd();
+        let fd = cq.event_fd().expect("created with an eventfd");
+        assert!(fd >= 0);
+        let pusher = {
+            let inner = cq.inner.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                let mut notify = false;
+                assert!(inner.push(
+                    Wc {
+                        wr_id: 7,
+                        ..Wc::default()
+                    },
+                    &mut notify
+                ));
+                assert!(notify, "the first completion asks for an eventfd write");
+                inner.signal();
+            })
+        };
+        let start = Instant::now();
+        assert!(cq.wait(Duration::from_secs(10)).unwrap());
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        pusher.join().unwrap();
+        let mut out = [Wc::default(); 4];
+        assert_eq!(cq.poll(&mut out).unwrap(), 1);
+        assert_eq!(out[0].wr_id, 7);
+    }
+
+    #[test]
+    fn wait_on_an_empty_cq_times_out() {
+        let cq = cq_with_eventfd();
+        let start = Instant::now();
+        assert!(!cq.wait(Duration::from_millis(30)).unwrap());
+        assert!(start.elapsed() >= Duration::from_millis(30));
+    }
+}
