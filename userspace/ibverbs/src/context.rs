@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use xroce::device;
 use xroce::engine::AsyncEvent;
 use xroce::stack::{Stack, StackConfig};
+use xroce::verbs::srq::SrqId;
 use xroce::verbs::{Device, Mtu};
 
 use crate::abi::*;
@@ -140,12 +141,19 @@ pub(crate) fn guid_from_mac(mac: [u8; 6]) -> u64 {
     ])
 }
 
-/// Which QP an async event is about: the context whose async fd gets it
-/// and the `struct ibv_qp` the program knows.
+/// The object an async event is about.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum EventSource {
+    Qp(u32),
+    Srq(SrqId),
+}
+
+/// Where an async event goes: the context whose async fd gets it and the
+/// `struct ibv_qp` or `struct ibv_srq` the program knows.
 #[derive(Clone, Copy)]
-struct QpOwner {
+struct EventOwner {
     async_write: i32,
-    qp: usize,
+    element: usize,
 }
 
 /// xroce's stack on one interface, shared by every context of the process
@@ -159,7 +167,7 @@ pub(crate) struct OpenDevice {
     /// The largest path MTU the interface allows (rxe's active_mtu).
     pub active_mtu: Mtu,
     pub backend: &'static str,
-    qp_owners: Arc<Mutex<HashMap<u32, QpOwner>>>,
+    event_owners: Arc<Mutex<HashMap<EventSource, EventOwner>>>,
     pub stack: Stack,
 }
 
@@ -197,16 +205,19 @@ impl OpenDevice {
         })
         .map_err(|e| error_chain(&e))?;
         let device = stack.device.clone();
-        let qp_owners: Arc<Mutex<HashMap<u32, QpOwner>>> = Arc::default();
-        let owners = qp_owners.clone();
+        let event_owners: Arc<Mutex<HashMap<EventSource, EventOwner>>> = Arc::default();
+        let owners = event_owners.clone();
         device.set_async_handler(Some(Arc::new(move |e: AsyncEvent| {
-            let (qpn, kind) = match e {
-                AsyncEvent::CommEstablished { qpn } => (qpn, IBV_EVENT_COMM_EST),
-                AsyncEvent::SqDrained { qpn } => (qpn, IBV_EVENT_SQ_DRAINED),
-                AsyncEvent::QpFatal { qpn, .. } => (qpn, IBV_EVENT_QP_FATAL),
+            let (source, kind) = match e {
+                AsyncEvent::CommEstablished { qpn } => (EventSource::Qp(qpn), IBV_EVENT_COMM_EST),
+                AsyncEvent::SqDrained { qpn } => (EventSource::Qp(qpn), IBV_EVENT_SQ_DRAINED),
+                AsyncEvent::QpFatal { qpn, .. } => (EventSource::Qp(qpn), IBV_EVENT_QP_FATAL),
+                AsyncEvent::SrqLimitReached { srq } => {
+                    (EventSource::Srq(srq), IBV_EVENT_SRQ_LIMIT_REACHED)
+                }
             };
-            if let Some(o) = owners.lock().unwrap().get(&qpn) {
-                write_async(o.async_write, o.qp as *mut c_void, kind);
+            if let Some(o) = owners.lock().unwrap().get(&source) {
+                write_async(o.async_write, o.element as *mut c_void, kind);
             }
         })));
         Ok(OpenDevice {
@@ -216,7 +227,7 @@ impl OpenDevice {
             gids: crate::query::gid_table(stack.mac(), Some(stack.ip), stack.net().ipv6()),
             active_mtu: stack.path_mtu,
             backend: stack.backend,
-            qp_owners,
+            event_owners,
             stack,
         })
     }
@@ -280,17 +291,36 @@ impl Context {
 
     /// Route async events of QP `qpn` to this context as `qp`.
     pub fn own_qp(&self, qpn: u32, qp: *mut ibv_qp) {
-        self.dev.qp_owners.lock().unwrap().insert(
-            qpn,
-            QpOwner {
-                async_write: self.async_write.as_raw_fd(),
-                qp: qp as usize,
-            },
-        );
+        self.own(EventSource::Qp(qpn), qp as usize);
     }
 
     pub fn disown_qp(&self, qpn: u32) {
-        self.dev.qp_owners.lock().unwrap().remove(&qpn);
+        self.dev
+            .event_owners
+            .lock()
+            .unwrap()
+            .remove(&EventSource::Qp(qpn));
+    }
+
+    /// Route the limit event of SRQ `id` to this context as `srq`.
+    pub fn own_srq(&self, id: SrqId, srq: *mut ibv_srq) {
+        self.own(EventSource::Srq(id), srq as usize);
+    }
+
+    pub fn disown_srq(&self, id: SrqId) {
+        self.dev
+            .event_owners
+            .lock()
+            .unwrap()
+            .remove(&EventSource::Srq(id));
+    }
+
+    fn own(&self, source: EventSource, element: usize) {
+        let owner = EventOwner {
+            async_write: self.async_write.as_raw_fd(),
+            element,
+        };
+        self.dev.event_owners.lock().unwrap().insert(source, owner);
     }
 
     /// Queue an async event for this context.

@@ -4,13 +4,11 @@
 //! of the context the SRQ was created on.
 
 use std::ffi::{c_int, c_void};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 
 use crate::abi::*;
 use crate::async_event;
-use crate::context::{context, write_async, Context};
+use crate::context::{context, Context};
 use crate::errno::{fail, ffi_int, ffi_ptr, verbs_fail};
 use crate::limits::{MAX_SGE, MAX_SRQ_WR};
 use crate::objects::{outer, Pd, Srq};
@@ -86,6 +84,7 @@ fn create(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> Result<*mut ibv_srq,
         &mut s.srq as *mut ibv_srq as *mut c_void,
         async_event::Kind::Srq,
     );
+    c.own_srq(s.inner.id(), &mut s.srq);
     // Granted exactly as asked (srq_limit is ignored at creation, IBTA).
     a.attr.max_wr = s.inner.max_wr() as u32;
     a.attr.max_sge = s.inner.max_sge() as u32;
@@ -124,17 +123,9 @@ fn modify(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> Result<(),
         s.inner.resize(a.max_wr as usize).map_err(verbs_fail)?;
     }
     if mask & IBV_SRQ_LIMIT != 0 {
-        let handler = (a.srq_limit > 0).then(|| {
-            // SAFETY: set at creation to the open context, which outlives
-            // the SRQ (rdma-core's contract).
-            let c = unsafe { &*s.ctx };
-            let fd = c.async_write.as_raw_fd();
-            let element = srq as usize;
-            Arc::new(move || write_async(fd, element as *mut c_void, IBV_EVENT_SRQ_LIMIT_REACHED))
-                as xroce::verbs::srq::SrqLimitHandler
-        });
+        // The event reaches the creating context's async fd (own_srq).
         s.inner
-            .set_limit(a.srq_limit as usize, handler)
+            .set_limit(a.srq_limit as usize)
             .map_err(verbs_fail)?;
     }
     Ok(())
@@ -180,9 +171,12 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
                 "ibv_destroy_srq: QPs still use it (destroy them first)",
             ));
         }
-        // Disarm: the handler must not outlive the object it names. Then
-        // wait until the program acked the events it read.
-        let _ = s.inner.set_limit(0, None);
+        // No more events may name it; then wait until the program acked
+        // the events it read.
+        let _ = s.inner.set_limit(0);
+        // SAFETY: set at creation to the open context, which outlives the
+        // SRQ (rdma-core's contract).
+        unsafe { &*s.ctx }.disown_srq(s.inner.id());
         let reported = async_event::untrack(srq as *mut c_void);
         // SAFETY: the SRQ's own mutex, condition variable and counter,
         // initialised at creation; the program's acks raise the counter.

@@ -517,6 +517,9 @@ fn srq_feeds_two_qps_and_fences_order_reads() {
         })
         .unwrap();
     }
+    // Armed at 3: the second receive leaves 2 posted and fires it, once.
+    assert!(srq.set_limit(17).is_err(), "a limit above max_wr is refused");
+    srq.set_limit(3).unwrap();
     // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
     unsafe { a.mr.write(0, &[7u8; 2000]) }.unwrap();
     for i in 0..4u64 {
@@ -533,6 +536,14 @@ fn srq_feeds_two_qps_and_fences_order_reads() {
         .iter()
         .all(|w| w.qp_num == qp_b2.qp_num() && w.byte_len == 1500));
     assert!(srq.is_empty());
+    let limit_events: Vec<_> = std::iter::from_fn(|| sim.b.poll_async_event())
+        .filter(|e| matches!(e, xroce::engine::AsyncEvent::SrqLimitReached { .. }))
+        .collect();
+    assert_eq!(
+        limit_events,
+        vec![xroce::engine::AsyncEvent::SrqLimitReached { srq: srq.id() }]
+    );
+    assert_eq!(srq.limit(), 0, "the event disarms the limit");
 
     // READs limited to one outstanding, then a fenced WRITE of what was read.
     // SAFETY: the SRQ receives (0..8192) have all completed; no WR targets these bytes yet.

@@ -268,6 +268,9 @@ pub enum AsyncEvent {
     /// `IBV_EVENT_QP_FATAL` (also raised for CQ overflow, which in ibverbs
     /// is `IBV_EVENT_CQ_ERR`): the QP moved to ERR by itself.
     QpFatal { qpn: u32, cq_overflow: bool },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: taking a WQE left an SRQ below its
+    /// armed limit (the limit is disarmed).
+    SrqLimitReached { srq: srq::SrqId },
 }
 
 impl Env<'_> {

@@ -86,9 +86,10 @@ impl QpCtx {
         self.queue_nak(env, p, Syndrome::RnrNak { timer }, false);
     }
 
-    fn take_recv_wqe(&mut self) -> Option<RecvWqe> {
+    /// The next receive WQE: the SRQ's if the QP has one, else its own.
+    pub(super) fn take_recv_wqe(&mut self, env: &mut Env<'_>) -> Option<RecvWqe> {
         match &self.srq {
-            Some(srq) => srq.pop(),
+            Some(srq) => srq.pop(env),
             None => self.rq.pop_front(),
         }
     }
@@ -332,7 +333,7 @@ impl QpCtx {
         );
         let last = !matches!(o, Opcode::RC_SEND_FIRST | Opcode::RC_SEND_MIDDLE);
         if first {
-            let Some(r) = self.take_recv_wqe() else {
+            let Some(r) = self.take_recv_wqe(env) else {
                 self.rnr_nak(env, t.bth.psn);
                 return;
             };
@@ -478,7 +479,7 @@ impl QpCtx {
             self.resp.in_msg = InMsg::None;
             self.resp.msn = psn_add(self.resp.msn, 1);
             if with_imm {
-                if let Some(r) = self.take_recv_wqe() {
+                if let Some(r) = self.take_recv_wqe(env) {
                     let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
                     wc.opcode = WcOpcode::RecvRdmaWithImm;
                     if t.bth.solicited {

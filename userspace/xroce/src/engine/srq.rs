@@ -3,40 +3,54 @@
 //! its own lock, never the engine's.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use super::error::{Result, VerbsError};
 use super::memory::MrTable;
 use super::work::RecvWr;
 use super::wqe::RecvWqe;
+use super::{AsyncEvent, Env};
 
-/// Called once when an armed SRQ limit is crossed
-/// (`IBV_EVENT_SRQ_LIMIT_REACHED`), with the engine locked.
-pub type SrqLimitHandler = Arc<dyn Fn() + Send + Sync>;
+/// Names a shared receive queue in [`AsyncEvent::SrqLimitReached`]
+/// (unique in the process, never reused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SrqId(pub u32);
+
+impl SrqId {
+    fn next() -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(1);
+        SrqId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
 
 /// Receive WQEs shared by the QPs of one protection domain.
 pub struct Srq {
+    id: SrqId,
     q: Mutex<VecDeque<RecvWqe>>,
     pd: u32,
     max_wr: AtomicUsize,
     max_sge: usize,
     /// `srq_limit` of `ibv_modify_srq`: 0 = disarmed.
     limit: AtomicUsize,
-    on_limit: Mutex<Option<SrqLimitHandler>>,
 }
 
 impl Srq {
     /// An empty queue for protection domain `pd`.
     pub fn new(pd: u32, max_wr: usize, max_sge: usize) -> Self {
         Self {
+            id: SrqId::next(),
             q: Mutex::new(VecDeque::with_capacity(max_wr)),
             pd,
             max_wr: AtomicUsize::new(max_wr),
             max_sge,
             limit: AtomicUsize::new(0),
-            on_limit: Mutex::new(None),
         }
+    }
+
+    /// The name its limit event carries.
+    pub fn id(&self) -> SrqId {
+        self.id
     }
 
     /// The protection domain whose MRs its WQEs use.
@@ -44,7 +58,9 @@ impl Srq {
         self.pd
     }
 
-    pub(crate) fn pop(&self) -> Option<RecvWqe> {
+    /// Takes the oldest WQE; crossing the armed limit disarms it and
+    /// queues [`AsyncEvent::SrqLimitReached`] (once per arming).
+    pub(crate) fn pop(&self, env: &mut Env<'_>) -> Option<RecvWqe> {
         let mut q = self.q.lock().unwrap();
         let e = q.pop_front();
         let limit = self.limit.load(Ordering::Acquire);
@@ -56,11 +72,7 @@ impl Srq {
                 .compare_exchange(limit, 0, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
         {
-            drop(q);
-            let h = self.on_limit.lock().unwrap().clone();
-            if let Some(h) = h {
-                h();
-            }
+            env.event(AsyncEvent::SrqLimitReached { srq: self.id });
         }
         e
     }
@@ -84,13 +96,12 @@ impl Srq {
 
     /// `ibv_modify_srq(IBV_SRQ_LIMIT)`: arm the limit event: it fires once
     /// when taking a WQE leaves fewer than `limit` posted (0 disarms).
-    pub fn set_limit(&self, limit: usize, handler: Option<SrqLimitHandler>) -> Result<()> {
+    pub fn set_limit(&self, limit: usize) -> Result<()> {
         if limit > self.max_wr.load(Ordering::Relaxed) {
             return Err(VerbsError::InvalidArgument(
                 "SRQ limit above the SRQ's max_wr",
             ));
         }
-        *self.on_limit.lock().unwrap() = handler;
         self.limit.store(limit, Ordering::Release);
         Ok(())
     }

@@ -76,11 +76,7 @@ impl QpCtx {
         if o.is_send() {
             if first {
                 if self.resp.recv.is_none() {
-                    let r = match &self.srq {
-                        Some(srq) => srq.pop(),
-                        None => self.rq.pop_front(),
-                    };
-                    match r {
+                    match self.take_recv_wqe(env) {
                         Some(r) => self.resp.recv = Some(r),
                         None => {
                             self.uc_drop_msg(env);
@@ -173,10 +169,9 @@ impl QpCtx {
         self.resp.in_msg = InMsg::None;
         if with_imm {
             // A receive WQE kept from a dropped SEND is the oldest: use it.
-            let r = match (self.resp.recv.take(), &self.srq) {
-                (Some(r), _) => Some(r),
-                (None, Some(srq)) => srq.pop(),
-                (None, None) => self.rq.pop_front(),
+            let r = match self.resp.recv.take() {
+                Some(r) => Some(r),
+                None => self.take_recv_wqe(env),
             };
             if let Some(r) = r {
                 let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);

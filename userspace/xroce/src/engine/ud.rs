@@ -35,11 +35,7 @@ impl QpCtx {
             env.stats.rx_dropped_other += 1;
             return;
         }
-        let r = match &self.srq {
-            Some(srq) => srq.pop(),
-            None => self.rq.pop_front(),
-        };
-        let Some(r) = r else {
+        let Some(r) = self.take_recv_wqe(env) else {
             env.stats.rx_dropped_other += 1; // no receive WQE: UD drops
             return;
         };

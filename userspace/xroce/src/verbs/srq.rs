@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::engine::error::Result;
 use crate::engine::memory::MrTable;
 use crate::engine::srq::Srq;
-pub use crate::engine::srq::SrqLimitHandler;
+pub use crate::engine::srq::SrqId;
 use crate::engine::work::RecvWr;
 
 /// A shared receive queue; QPs created with it take their receive WQEs
@@ -30,10 +30,16 @@ impl SharedReceiveQueue {
         self.inner.post_recv(&self.mrs, wr)
     }
 
-    /// `ibv_modify_srq(IBV_SRQ_LIMIT)`: arm the limit event: it fires once
-    /// when taking a WQE leaves fewer than `limit` posted (0 disarms).
-    pub fn set_limit(&self, limit: usize, handler: Option<SrqLimitHandler>) -> Result<()> {
-        self.inner.set_limit(limit, handler)
+    /// `ibv_modify_srq(IBV_SRQ_LIMIT)`: arm the limit event: the device's
+    /// async handler gets [`crate::engine::AsyncEvent::SrqLimitReached`]
+    /// once when taking a WQE leaves fewer than `limit` posted (0 disarms).
+    pub fn set_limit(&self, limit: usize) -> Result<()> {
+        self.inner.set_limit(limit)
+    }
+
+    /// The name its limit event carries.
+    pub fn id(&self) -> SrqId {
+        self.inner.id()
     }
 
     /// The armed limit (0: none), as `ibv_query_srq` reports it.
