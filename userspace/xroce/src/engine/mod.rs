@@ -64,9 +64,7 @@
 //! rxe's and incoming credits are ignored); SEND_WITH_INV does not
 //! invalidate anything (no memory windows / fast-reg MRs); alternate paths
 //! and path migration; SQE for UC/UD send errors (they go to ERR);
-//! solicited-only CQ notification;
-//! SRQ limit events; RD/XRC; memory windows; user-supplied memory for MRs
-//! (MRs own their buffer).
+//! RD/XRC; memory windows.
 
 mod codec;
 mod completer;
