@@ -84,53 +84,13 @@ impl QpCtx {
         mask: QpAttrMask,
     ) {
         let from = self.state;
-        let a = &mut self.attr;
-        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
-            a.qp_access_flags = attr.qp_access_flags;
-        }
-        if mask.contains(QpAttrMask::PKEY_INDEX) {
-            a.pkey_index = attr.pkey_index;
-        }
-        if mask.contains(QpAttrMask::PORT) {
-            a.port_num = attr.port_num;
-        }
-        if mask.contains(QpAttrMask::AV) {
-            a.ah_attr = attr.ah_attr;
-        }
-        if mask.contains(QpAttrMask::PATH_MTU) {
-            a.path_mtu = attr.path_mtu;
-        }
-        if mask.contains(QpAttrMask::DEST_QPN) {
-            a.dest_qp_num = attr.dest_qp_num;
-        }
-        if mask.contains(QpAttrMask::RQ_PSN) {
-            a.rq_psn = attr.rq_psn;
-        }
-        if mask.contains(QpAttrMask::SQ_PSN) {
-            a.sq_psn = attr.sq_psn;
-        }
-        if mask.contains(QpAttrMask::TIMEOUT) {
-            a.timeout = attr.timeout;
-        }
+        copy_masked_attrs(&mut self.attr, attr, mask);
+        // Setting the retry counts also refills what is left of them.
         if mask.contains(QpAttrMask::RETRY_CNT) {
-            a.retry_cnt = attr.retry_cnt;
             self.req.retry_left = attr.retry_cnt;
         }
         if mask.contains(QpAttrMask::RNR_RETRY) {
-            a.rnr_retry = attr.rnr_retry;
             self.req.rnr_left = attr.rnr_retry;
-        }
-        if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
-            a.min_rnr_timer = attr.min_rnr_timer;
-        }
-        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            a.max_rd_atomic = attr.max_rd_atomic;
-        }
-        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-        }
-        if mask.contains(QpAttrMask::QKEY) {
-            a.qkey = attr.qkey;
         }
         match (from, to) {
             (_, QpState::Reset) => self.reset(),
@@ -175,4 +135,32 @@ impl QpCtx {
             .unwrap_or_else(|| xroce_wire::rocev2_src_port(0, self.qpn, self.attr.dest_qp_num));
         self.tmpl = codec::template(env.cfg, av, self.attr.dest_qp_num, sport);
     }
+}
+
+/// Copies into `to` each attribute of `from` whose bit `mask` sets.
+fn copy_masked_attrs(to: &mut QpAttr, from: &QpAttr, mask: QpAttrMask) {
+    macro_rules! copy_if_masked {
+        ($($bit:ident => $field:ident),+ $(,)?) => {
+            $(if mask.contains(QpAttrMask::$bit) {
+                to.$field = from.$field;
+            })+
+        };
+    }
+    copy_if_masked!(
+        ACCESS_FLAGS => qp_access_flags,
+        PKEY_INDEX => pkey_index,
+        PORT => port_num,
+        AV => ah_attr,
+        PATH_MTU => path_mtu,
+        DEST_QPN => dest_qp_num,
+        RQ_PSN => rq_psn,
+        SQ_PSN => sq_psn,
+        TIMEOUT => timeout,
+        RETRY_CNT => retry_cnt,
+        RNR_RETRY => rnr_retry,
+        MIN_RNR_TIMER => min_rnr_timer,
+        MAX_QP_RD_ATOMIC => max_rd_atomic,
+        MAX_DEST_RD_ATOMIC => max_dest_rd_atomic,
+        QKEY => qkey,
+    );
 }
