@@ -36,15 +36,8 @@ pub fn roce_frame(
     spec: FrameSpec,
 ) -> Vec<u8> {
     let bth = BthRepr {
-        opcode: Opcode::RC_SEND_ONLY,
-        solicited: false,
-        mig_req: true,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qp: spec.qpn,
         ack_req: true,
-        psn: spec.psn,
+        ..BthRepr::new(Opcode::RC_SEND_ONLY, spec.qpn, spec.psn)
     };
     let mut repr = FrameRepr::new(
         src_mac,

@@ -289,15 +289,8 @@ mod tests {
     /// A valid RC SEND_ONLY frame from xroce's codec.
     fn send_only(src: IpAddr, dst: IpAddr, qpn: u32, psn: u32, payload: &[u8]) -> Vec<u8> {
         let bth = BthRepr {
-            opcode: Opcode::RC_SEND_ONLY,
-            solicited: false,
-            mig_req: true,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: qpn,
             ack_req: true,
-            psn,
+            ..BthRepr::new(Opcode::RC_SEND_ONLY, qpn, psn)
         };
         let t = TransportRepr::new(bth);
         let repr = FrameRepr::new(
