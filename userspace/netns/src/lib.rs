@@ -70,7 +70,7 @@ pub fn command(name: &str, program: impl AsRef<OsStr>) -> Command {
 }
 
 /// Runs `cmd` to completion; an error carries its stderr.
-pub fn run(cmd: &mut Command) -> Result<()> {
+fn run(cmd: &mut Command) -> Result<()> {
     let describe = |cmd: &Command| {
         std::iter::once(cmd.get_program())
             .chain(cmd.get_args())
