@@ -35,7 +35,10 @@ fn wait_link_local(node: Node<'_>) -> Result<(), String> {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!("{}: no usable link-local address: {text}", node.iface));
+            return Err(format!(
+                "{}: no usable link-local address: {text}",
+                node.iface
+            ));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -96,7 +99,9 @@ fn captured(
             ));
         }
     }
-    Ok(format!("{result}; {summary}, all IPv6 link-local, good ICRC: {ops:?}"))
+    Ok(format!(
+        "{result}; {summary}, all IPv6 link-local, good ICRC: {ops:?}"
+    ))
 }
 
 fn rocev2_over_ipv6(b: Backend) {
@@ -154,7 +159,6 @@ fn afxdp() {
 }
 
 #[test]
-#[ignore = "the UDP backend binds one IPv4 socket (io/udp): IPv6 frames need an IPv6 socket beside it"]
 fn udp() {
     rocev2_over_ipv6(Backend::Udp)
 }

@@ -12,7 +12,8 @@ impl NetDevice {
     /// Opens a packet-I/O backend on this device for RoCE path MTU
     /// `path_mtu`: AF_XDP on every RX queue (multi-buffer when a frame of
     /// that MTU outgrows a UMEM chunk), or the UDP backend bound to
-    /// [`ip`](Self::ip). Frames of `path_mtu` fit the backend's buffers.
+    /// [`ip`](Self::ip) and, if the device has IPv6 addresses, to all of
+    /// them. Frames of `path_mtu` fit the backend's buffers.
     pub fn open_io(
         &self,
         kind: BackendKind,
@@ -34,6 +35,8 @@ impl NetDevice {
             }
             BackendKind::Udp => {
                 let mut cfg = UdpConfig::new(self.ip()?);
+                // IPv6 GIDs (link-local included) on a socket of their own.
+                cfg.ipv6_ifindex = (!self.ipv6.is_empty()).then_some(self.ifindex);
                 cfg.local_mac = self.mac;
                 cfg.max_frame_len = cfg.max_frame_len.max(frame);
                 Ok(Box::new(UdpBackend::open(cfg)?))

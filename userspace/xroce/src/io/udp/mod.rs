@@ -1,15 +1,21 @@
 //! Kernel UDP-socket backend for hosts where XDP cannot be attached.
 //!
-//! One UDP socket bound to `local:4791`. The engine still produces and
+//! Up to two UDP sockets on port 4791: an IPv4 one bound to
+//! [`UdpConfig::local`], and an IPv6 one bound to `[::]` on the interface
+//! ([`UdpConfig::ipv6_ifindex`], so every IPv6 address of it, link-local
+//! included, is served) or to an IPv6 `local`. Both are polled; each frame
+//! goes out on the socket of its IP version. The engine still produces and
 //! consumes whole Ethernet frames, so this backend translates:
 //!
 //! - **send**: the Eth/IP/UDP headers of the engine's frame are dropped and
 //!   the UDP payload (BTH .. ICRC) goes to the frame's destination IP with
 //!   `sendmmsg`. The kernel writes its own IP and UDP headers, and the ICRC
 //!   covers some of their fields, so the ICRC is recomputed over exactly the
-//!   headers the kernel sends: source = the bound address, source port 4791
-//!   (the socket's), IPv4 id 0 with DF (an unconnected socket with
-//!   IP_PMTUDISC_DO gets id 0 from the kernel), lengths from the payload;
+//!   headers the kernel sends: source = the bound address (for the
+//!   interface-wide IPv6 socket the frame's own source, passed as
+//!   IPV6_PKTINFO), source port 4791 (the socket's), IPv4 id 0 with DF
+//!   (an unconnected socket with IP_PMTUDISC_DO gets id 0 from the
+//!   kernel), lengths from the payload;
 //!   TOS/TTL/checksums are masked by the ICRC anyway. The frame's ECN/DSCP
 //!   travels as an IP_TOS (IPV6_TCLASS) control message. IPv4 datagrams go
 //!   out with UDP checksum 0, as rxe sends them (SO_NO_CHECK).
@@ -22,9 +28,10 @@
 //!   but is covered by the ICRC: id 0 + DF (what xroce and this backend
 //!   send) is tried first; otherwise the id and DF bit are solved for from
 //!   the ICRC itself ([`xroce_wire::icrc_solve`], as rdma_rxe's random ids
-//!   need). A frame for which no id works is delivered with id 0 (the
-//!   engine's ICRC check drops and counts it) and counted in
-//!   [`UdpStats::icrc_unmatched`].
+//!   need). IPv6 has no id: its rebuilt header (flow label and hop limit
+//!   are masked) is the one the ICRC was computed over. A frame for which
+//!   no header works is delivered as rebuilt (the engine's ICRC check
+//!   drops and counts it) and counted in [`UdpStats::icrc_unmatched`].
 //!
 //! No allocation per packet: slots, iovecs, names and control buffers are
 //! allocated once.
@@ -36,7 +43,14 @@
 //! to the kernel and this backend receives them. A datagram with a bad
 //! ICRC costs 18 CRC passes (the id search) instead of one.
 //!
-//! One job per file: `socket` opens and binds the socket, `rx` receives
+//! With both sockets, a receive reads the busier one first (the one that
+//! delivered more last time both were read) and the other only when the
+//! first did not fill the batch, and on every 16th receive so a busy one
+//! cannot starve the other: a full batch costs one recvmmsg as it would
+//! with one socket; a partial one costs a second (usually empty) recvmmsg.
+//! Without IPv6 addresses on the interface there is no second socket.
+//!
+//! One job per file: `socket` opens and binds the sockets, `rx` receives
 //! datagrams and rebuilds frames around them, `tx` turns the engine's
 //! frames into datagrams and sends them, `sockaddr` converts addresses.
 
@@ -47,7 +61,7 @@ mod tx;
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    os::fd::{AsRawFd, OwnedFd},
+    os::fd::OwnedFd,
     time::Duration,
 };
 
@@ -63,8 +77,12 @@ const CMSG_ROOM: usize = 128;
 /// Settings of the UDP backend.
 #[derive(Clone, Debug)]
 pub struct UdpConfig {
-    /// Local address to bind; its family decides IPv4 or IPv6.
+    /// Local address to bind: IPv4 gets the IPv4 socket; IPv6 the IPv6
+    /// socket unless [`ipv6_ifindex`](Self::ipv6_ifindex) is set.
     pub local: IpAddr,
+    /// Carry IPv6 on this interface (ifindex): an IPv6 socket bound to
+    /// `[::]` there (SO_BINDTOIFINDEX), beside the IPv4 one.
+    pub ipv6_ifindex: Option<u32>,
     /// UDP port to bind and to send to (4791 for RoCEv2).
     pub port: u16,
     /// Datagrams per recvmmsg/sendmmsg.
@@ -83,6 +101,7 @@ impl UdpConfig {
     pub fn new(local: IpAddr) -> Self {
         Self {
             local,
+            ipv6_ifindex: None,
             port: ROCEV2_PORT,
             batch: 64,
             max_frame_len: 4096 + 256,
@@ -106,11 +125,21 @@ pub struct UdpStats {
     pub runts: u64,
 }
 
-/// A UDP socket on port 4791 behind the [`PacketIo`] trait.
-pub struct UdpBackend {
+/// One bound socket of the backend.
+struct UdpSocket {
     fd: OwnedFd,
-    v6: bool,
+    /// The bound address; unspecified for the interface-wide IPv6 socket.
     local: IpAddr,
+    /// The interface it is bound to (0: none).
+    ifindex: u32,
+}
+
+/// The UDP sockets on port 4791 behind the [`PacketIo`] trait.
+pub struct UdpBackend {
+    v4: Option<UdpSocket>,
+    v6: Option<UdpSocket>,
+    /// Descriptors of `v4` and `v6`, for poll.
+    fds: Vec<i32>,
     cfg: UdpConfig,
     slot_len: usize,
     rx_buf: Vec<u8>,
@@ -118,6 +147,10 @@ pub struct UdpBackend {
     rx_names: Vec<libc::sockaddr_storage>,
     rx_cmsg: Vec<u8>,
     rx_hdrs: Vec<libc::mmsghdr>,
+    /// Receive rounds so far (every 16th reads both sockets).
+    rx_turn: u32,
+    /// The IPv6 socket is read first (it was the busier one).
+    rx_v6_first: bool,
     tx_buf: Vec<u8>,
     tx_iov: Vec<libc::iovec>,
     tx_names: Vec<libc::sockaddr_storage>,
@@ -125,9 +158,12 @@ pub struct UdpBackend {
     tx_hdrs: Vec<libc::mmsghdr>,
     /// Engine frame length of each prepared datagram (for byte counters).
     tx_frame_len: Vec<usize>,
+    /// Whether each prepared datagram goes out on the IPv6 socket.
+    tx_v6: Vec<bool>,
     stats: IoStats,
     udp_stats: UdpStats,
-    last_ovfl: u32,
+    /// SO_RXQ_OVFL of the IPv4 and the IPv6 socket last seen.
+    last_ovfl: [u32; 2],
 }
 
 // SAFETY: the raw pointers inside the mmsghdr/iovec arrays point only into
@@ -174,10 +210,39 @@ fn setup_err(what: impl std::fmt::Display, source: Option<std::io::Error>) -> Io
     }
 }
 
+/// poll(2) on `fds` for `events`; whether any is ready.
+fn wait_on(fds: &[i32], events: libc::c_short, timeout: Duration) -> std::io::Result<bool> {
+    let mut polls = [libc::pollfd {
+        fd: -1,
+        events,
+        revents: 0,
+    }; 2];
+    for (p, &fd) in polls.iter_mut().zip(fds) {
+        p.fd = fd;
+    }
+    let n = fds.len().min(polls.len());
+    // SAFETY: `n` valid pollfds.
+    let rc = unsafe { libc::poll(polls.as_mut_ptr(), n as libc::nfds_t, poll_ms(timeout)) };
+    if rc < 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EINTR) {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(rc > 0)
+}
+
 impl UdpBackend {
-    /// The bound address.
+    /// The bound address of the IPv4 socket, else of the IPv6 one
+    /// (`[::]` when it serves a whole interface).
     pub fn local_addr(&self) -> SocketAddr {
-        SocketAddr::new(self.local, self.cfg.port)
+        let local = self
+            .v4
+            .as_ref()
+            .or(self.v6.as_ref())
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |s| s.local);
+        SocketAddr::new(local, self.cfg.port)
     }
 
     /// Counters particular to this backend.
@@ -186,21 +251,51 @@ impl UdpBackend {
     }
 
     fn wait(&self, events: libc::c_short, timeout: Duration) -> std::io::Result<bool> {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut p, 1, poll_ms(timeout)) };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                return Ok(false);
+        wait_on(&self.fds, events, timeout)
+    }
+
+    /// Reads one batch from the IPv6 (`v6`) or IPv4 socket and hands its
+    /// frames to `on_frame`; returns how many datagrams were read.
+    fn recv_from(
+        &mut self,
+        v6: bool,
+        delivered: &mut usize,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize> {
+        let n = self.recvmmsg(v6)?;
+        for i in 0..n {
+            if let Some((a, b)) = self.rebuild(i, v6) {
+                on_frame(&self.rx_buf[a..b]);
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += (b - a) as u64;
+                *delivered += 1;
             }
-            return Err(e);
         }
-        Ok(rc > 0)
+        Ok(n)
+    }
+
+    /// One receive without waiting: the socket read first last time, then
+    /// the other unless the first filled the batch (always on every 16th
+    /// round, so neither starves). Returns the datagrams read.
+    fn recv_round(
+        &mut self,
+        delivered: &mut usize,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize> {
+        if self.v4.is_none() || self.v6.is_none() {
+            return self.recv_from(self.v4.is_none(), delivered, on_frame);
+        }
+        let first_v6 = self.rx_v6_first;
+        let read = self.recv_from(first_v6, delivered, on_frame)?;
+        self.rx_turn = self.rx_turn.wrapping_add(1);
+        if read == self.cfg.batch && !self.rx_turn.is_multiple_of(16) {
+            return Ok(read);
+        }
+        let other = self.recv_from(!first_v6, delivered, on_frame)?;
+        if other > read {
+            self.rx_v6_first = !first_v6;
+        }
+        Ok(read + other)
     }
 }
 
@@ -214,18 +309,10 @@ impl PacketIo for UdpBackend {
     }
 
     fn recv_batch(&mut self, timeout: Duration, on_frame: &mut dyn FnMut(&[u8])) -> Result<usize> {
-        let mut n = self.recvmmsg()?;
-        if n == 0 && !timeout.is_zero() && self.wait(libc::POLLIN, timeout)? {
-            n = self.recvmmsg()?;
-        }
         let mut delivered = 0;
-        for i in 0..n {
-            if let Some((a, b)) = self.rebuild(i) {
-                on_frame(&self.rx_buf[a..b]);
-                self.stats.rx_frames += 1;
-                self.stats.rx_bytes += (b - a) as u64;
-                delivered += 1;
-            }
+        let read = self.recv_round(&mut delivered, on_frame)?;
+        if read == 0 && !timeout.is_zero() && self.wait(libc::POLLIN, timeout)? {
+            self.recv_round(&mut delivered, on_frame)?;
         }
         Ok(delivered)
     }
@@ -277,7 +364,14 @@ impl PacketIo for UdpBackend {
     }
 
     fn poll_fd(&self) -> Option<i32> {
-        Some(self.fd.as_raw_fd())
+        match self.fds[..] {
+            [fd] => Some(fd),
+            _ => None,
+        }
+    }
+
+    fn poll_fds(&self) -> Vec<i32> {
+        self.fds.clone()
     }
 }
 
@@ -372,6 +466,52 @@ mod tests {
         assert_eq!(tclass, 0xb8, "traffic class from IPV6_TCLASS");
         assert_eq!(&got[62..got.len() - 4], &frame[62..frame.len() - 4]);
         assert_eq!(b.udp_stats().icrc_unmatched, 0);
+    }
+
+    #[test]
+    fn one_backend_carries_ipv4_and_ipv6_of_an_interface() {
+        let v4: IpAddr = Ipv4Addr::LOCALHOST.into();
+        let v6: IpAddr = Ipv6Addr::LOCALHOST.into();
+        let mut cfg = UdpConfig::new(v4);
+        cfg.port = 47930 + (std::process::id() % 30) as u16;
+        // lo is ifindex 1.
+        cfg.ipv6_ifindex = Some(1);
+        let mut io = UdpBackend::open(cfg.clone()).expect("bind 127.0.0.1 and [::]%lo");
+        assert_eq!(io.poll_fds().len(), 2);
+        assert_eq!(io.poll_fd(), None);
+        let mut frame4 = send_only(v4, v4, 0x11, 7, b"over IPv4");
+        frame4[34 + 2..34 + 4].copy_from_slice(&cfg.port.to_be_bytes());
+        let mut frame6 = send_only(v6, v6, 0x22, 8, b"over IPv6");
+        frame6[54 + 2..54 + 4].copy_from_slice(&cfg.port.to_be_bytes());
+        // Mixed in one batch: each goes out on its own socket.
+        assert_eq!(io.send_batch(&[&frame4, &frame6, &frame4]).unwrap(), 3);
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while got.len() < 3 && std::time::Instant::now() < deadline {
+            io.recv_batch(Duration::from_millis(100), &mut |f| got.push(f.to_vec()))
+                .unwrap();
+        }
+        assert_eq!(got.len(), 3, "received {got:02x?}");
+        let mut ethertypes: Vec<[u8; 2]> = got.iter().map(|f| [f[12], f[13]]).collect();
+        ethertypes.sort();
+        assert_eq!(ethertypes, [[0x08, 0x00], [0x08, 0x00], [0x86, 0xdd]]);
+        for f in &got {
+            // The IPv6 source came from the frame (IPV6_PKTINFO), and the
+            // ICRC was computed over the header the kernel sent.
+            icrc::verify_frame(f).expect("ICRC of the rebuilt frame");
+            // BTH onwards as sent (UDP at 34 over IPv4, 54 over IPv6).
+            let (sent, bth_at) = if f[12] == 0x86 {
+                (&frame6, 62)
+            } else {
+                (&frame4, 42)
+            };
+            assert_eq!(&f[bth_at..f.len() - 4], &sent[bth_at..sent.len() - 4]);
+        }
+        let v6_frame = got.iter().find(|f| f[12] == 0x86).unwrap();
+        assert_eq!(&v6_frame[22..38], &Ipv6Addr::LOCALHOST.octets());
+        assert_eq!(&v6_frame[38..54], &Ipv6Addr::LOCALHOST.octets());
+        assert_eq!(io.udp_stats().icrc_unmatched, 0);
+        assert_eq!(PacketIo::stats(&mut io).tx_frames, 3);
     }
 
     #[test]

@@ -16,7 +16,12 @@ use xroce_wire::{
 use super::{kernel_ipv4, kernel_ipv6, sockaddr::addr_of, UdpBackend, CMSG_ROOM, RX_HEADROOM};
 
 impl UdpBackend {
-    pub(super) fn recvmmsg(&mut self) -> std::io::Result<usize> {
+    /// Reads up to a batch from the IPv6 (`v6`) or the IPv4 socket.
+    pub(super) fn recvmmsg(&mut self, v6: bool) -> std::io::Result<usize> {
+        let Some(socket) = (if v6 { &self.v6 } else { &self.v4 }) else {
+            return Ok(0);
+        };
+        let fd = socket.fd.as_raw_fd();
         let batch = self.cfg.batch;
         for i in 0..batch {
             self.rx_iov[i] = libc::iovec {
@@ -39,7 +44,7 @@ impl UdpBackend {
         // SAFETY: every header points into buffers owned by self.
         let n = unsafe {
             libc::recvmmsg(
-                self.fd.as_raw_fd(),
+                fd,
                 self.rx_hdrs.as_mut_ptr(),
                 batch as libc::c_uint,
                 libc::MSG_DONTWAIT,
@@ -56,8 +61,9 @@ impl UdpBackend {
         Ok(n as usize)
     }
 
-    /// Rebuilds the frame of datagram `i` in its slot; returns its range.
-    pub(super) fn rebuild(&mut self, i: usize) -> Option<(usize, usize)> {
+    /// Rebuilds the frame of datagram `i`, read from the IPv6 (`v6`) or
+    /// the IPv4 socket, in its slot; returns its range.
+    pub(super) fn rebuild(&mut self, i: usize, v6: bool) -> Option<(usize, usize)> {
         let hdr = &self.rx_hdrs[i].msg_hdr;
         let payload_len = self.rx_hdrs[i].msg_len as usize;
         if hdr.msg_flags & libc::MSG_TRUNC != 0 {
@@ -88,10 +94,11 @@ impl UdpBackend {
                     }
                     (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
                         let v = std::ptr::read_unaligned(data as *const u32);
-                        self.udp_stats.socket_drops = v as u64;
-                        if v > self.last_ovfl {
-                            self.stats.rx_dropped += (v - self.last_ovfl) as u64;
-                            self.last_ovfl = v;
+                        let last = &mut self.last_ovfl[v6 as usize];
+                        if v > *last {
+                            self.stats.rx_dropped += (v - *last) as u64;
+                            self.udp_stats.socket_drops += (v - *last) as u64;
+                            *last = v;
                         }
                     }
                     _ => {}
@@ -100,7 +107,11 @@ impl UdpBackend {
             }
         }
         let src = addr_of(&self.rx_names[i])?;
-        let dst = dst.unwrap_or(self.local);
+        // IP_PKTINFO / IPV6_PKTINFO are on: always there.
+        let Some(dst) = dst else {
+            self.stats.rx_dropped += 1;
+            return None;
+        };
         if payload_len < bth::HEADER_LEN + ICRC_LEN {
             self.udp_stats.runts += 1;
             self.stats.rx_dropped += 1;

@@ -1,14 +1,18 @@
-//! Opening the backend: the socket, its options, the bind, and the batch
-//! buffers every later call reuses.
+//! Opening the backend: the sockets (IPv4, IPv6 or both), their options,
+//! the binds, and the batch buffers every later call reuses.
 
-use std::{mem, net::SocketAddr, os::fd::AsRawFd};
+use std::{
+    mem,
+    net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6},
+    os::fd::AsRawFd,
+};
 
 use nix::sys::socket::{
     bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage,
 };
 use xroce_wire::{bth, eth, ipv6, udp, ICRC_LEN};
 
-use super::{setup_err, UdpBackend, UdpConfig, UdpStats, CMSG_ROOM, RX_HEADROOM};
+use super::{setup_err, UdpBackend, UdpConfig, UdpSocket, UdpStats, CMSG_ROOM, RX_HEADROOM};
 use crate::io::{sockopt as raw_sockopt, IoStats, Result};
 
 /// What a socket option failed with, named as the kernel names it.
@@ -16,10 +20,88 @@ fn option_err(name: &str) -> impl FnOnce(nix::Error) -> crate::io::IoError + '_ 
     move |e| setup_err(name, Some(e.into()))
 }
 
+/// Opens a UDP socket on `local:cfg.port`; with `ifindex`, bound to that
+/// interface too (the IPv6 socket that carries every address of one
+/// interface binds `[::]` there).
+fn open_socket(cfg: &UdpConfig, local: IpAddr, ifindex: Option<u32>) -> Result<UdpSocket> {
+    let v6 = local.is_ipv6();
+    let family = if v6 {
+        AddressFamily::Inet6
+    } else {
+        AddressFamily::Inet
+    };
+    let fd = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
+        .map_err(|e| setup_err("socket", Some(e.into())))?;
+    // Forced sizes need CAP_NET_ADMIN; without it the plain ones (capped
+    // by net.core.*mem_max) are the best there is.
+    let buf = cfg.socket_buffer.min(i32::MAX as usize);
+    if setsockopt(&fd, sockopt::RcvBufForce, &buf).is_err() {
+        let _ = setsockopt(&fd, sockopt::RcvBuf, &buf);
+    }
+    if setsockopt(&fd, sockopt::SndBufForce, &buf).is_err() {
+        let _ = setsockopt(&fd, sockopt::SndBuf, &buf);
+    }
+    let _ = setsockopt(&fd, sockopt::RxqOvfl, &1);
+    let raw = fd.as_raw_fd();
+    if v6 {
+        setsockopt(&fd, sockopt::Ipv6V6Only, &true).map_err(option_err("IPV6_V6ONLY"))?;
+        setsockopt(&fd, sockopt::Ipv6RecvPacketInfo, &true)
+            .map_err(option_err("IPV6_RECVPKTINFO"))?;
+        setsockopt(&fd, sockopt::Ipv6RecvTClass, &true).map_err(option_err("IPV6_RECVTCLASS"))?;
+        raw_sockopt::set_int(raw, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)
+            .map_err(|e| setup_err("IPV6_DONTFRAG", Some(e)))?;
+    } else {
+        setsockopt(&fd, sockopt::Ipv4PacketInfo, &true).map_err(option_err("IP_PKTINFO"))?;
+        setsockopt(&fd, sockopt::IpRecvTos, &true).map_err(option_err("IP_RECVTOS"))?;
+        raw_sockopt::set_int(
+            raw,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )
+        .map_err(|e| setup_err("IP_MTU_DISCOVER", Some(e)))?;
+        // UDP checksum 0 over IPv4, as rxe sends (the ICRC protects the data).
+        raw_sockopt::set_int(raw, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
+            .map_err(|e| setup_err("SO_NO_CHECK", Some(e)))?;
+    }
+    if let Some(ifindex) = ifindex {
+        raw_sockopt::set_int(
+            raw,
+            libc::SOL_SOCKET,
+            libc::SO_BINDTOIFINDEX,
+            ifindex as libc::c_int,
+        )
+        .map_err(|e| setup_err(format_args!("SO_BINDTOIFINDEX {ifindex}"), Some(e)))?;
+    }
+    let at = match local {
+        // A link-local address names its interface by scope id.
+        IpAddr::V6(a) if a.is_unicast_link_local() => {
+            SocketAddr::V6(SocketAddrV6::new(a, cfg.port, 0, ifindex.unwrap_or(0)))
+        }
+        a => SocketAddr::new(a, cfg.port),
+    };
+    if let Err(e) = bind(raw, &SockaddrStorage::from(at)) {
+        let hint = if e == nix::Error::EADDRINUSE {
+            " (another RoCEv2 stack, e.g. rdma_rxe, owns the port on this host)"
+        } else {
+            ""
+        };
+        return Err(setup_err(format_args!("bind {at}{hint}"), Some(e.into())));
+    }
+    Ok(UdpSocket {
+        fd,
+        local,
+        ifindex: ifindex.unwrap_or(0),
+    })
+}
+
 impl UdpBackend {
-    /// Binds `cfg.local:cfg.port` and prepares the batch buffers.
+    /// Binds the sockets `cfg` asks for and prepares the batch buffers:
+    /// an IPv4 `cfg.local` gets an IPv4 socket; with
+    /// [`UdpConfig::ipv6_ifindex`] an IPv6 socket on `[::]` of that
+    /// interface carries all its IPv6 addresses, otherwise an IPv6
+    /// `cfg.local` gets an IPv6 socket of its own.
     pub fn open(cfg: UdpConfig) -> Result<Self> {
-        let v6 = cfg.local.is_ipv6();
         let batch = cfg.batch.clamp(1, 1024);
         let smallest =
             eth::HEADER_LEN + ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN + ICRC_LEN;
@@ -32,58 +114,20 @@ impl UdpBackend {
                 None,
             ));
         }
-        let family = if v6 {
-            AddressFamily::Inet6
-        } else {
-            AddressFamily::Inet
+        let v4 = match cfg.local {
+            IpAddr::V4(_) => Some(open_socket(&cfg, cfg.local, None)?),
+            IpAddr::V6(_) => None,
         };
-        let fd = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None)
-            .map_err(|e| setup_err("socket", Some(e.into())))?;
-        // Forced sizes need CAP_NET_ADMIN; without it the plain ones (capped
-        // by net.core.*mem_max) are the best there is.
-        let buf = cfg.socket_buffer.min(i32::MAX as usize);
-        if setsockopt(&fd, sockopt::RcvBufForce, &buf).is_err() {
-            let _ = setsockopt(&fd, sockopt::RcvBuf, &buf);
-        }
-        if setsockopt(&fd, sockopt::SndBufForce, &buf).is_err() {
-            let _ = setsockopt(&fd, sockopt::SndBuf, &buf);
-        }
-        let _ = setsockopt(&fd, sockopt::RxqOvfl, &1);
-        let raw = fd.as_raw_fd();
-        if v6 {
-            setsockopt(&fd, sockopt::Ipv6V6Only, &true).map_err(option_err("IPV6_V6ONLY"))?;
-            setsockopt(&fd, sockopt::Ipv6RecvPacketInfo, &true)
-                .map_err(option_err("IPV6_RECVPKTINFO"))?;
-            setsockopt(&fd, sockopt::Ipv6RecvTClass, &true)
-                .map_err(option_err("IPV6_RECVTCLASS"))?;
-            raw_sockopt::set_int(raw, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)
-                .map_err(|e| setup_err("IPV6_DONTFRAG", Some(e)))?;
-        } else {
-            setsockopt(&fd, sockopt::Ipv4PacketInfo, &true).map_err(option_err("IP_PKTINFO"))?;
-            setsockopt(&fd, sockopt::IpRecvTos, &true).map_err(option_err("IP_RECVTOS"))?;
-            raw_sockopt::set_int(
-                raw,
-                libc::IPPROTO_IP,
-                libc::IP_MTU_DISCOVER,
-                libc::IP_PMTUDISC_DO,
-            )
-            .map_err(|e| setup_err("IP_MTU_DISCOVER", Some(e)))?;
-            // UDP checksum 0 over IPv4, as rxe sends (the ICRC protects the data).
-            raw_sockopt::set_int(raw, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
-                .map_err(|e| setup_err("SO_NO_CHECK", Some(e)))?;
-        }
-        let local = SockaddrStorage::from(SocketAddr::new(cfg.local, cfg.port));
-        if let Err(e) = bind(raw, &local) {
-            let hint = if e == nix::Error::EADDRINUSE {
-                " (another RoCEv2 stack, e.g. rdma_rxe, owns the port on this host)"
-            } else {
-                ""
-            };
-            return Err(setup_err(
-                format_args!("bind {}:{}{hint}", cfg.local, cfg.port),
-                Some(e.into()),
-            ));
-        }
+        let v6 = match (cfg.ipv6_ifindex, cfg.local) {
+            (Some(ifindex), _) => Some(open_socket(
+                &cfg,
+                Ipv6Addr::UNSPECIFIED.into(),
+                Some(ifindex),
+            )?),
+            (None, IpAddr::V6(_)) => Some(open_socket(&cfg, cfg.local, None)?),
+            (None, IpAddr::V4(_)) => None,
+        };
+        let fds = v4.iter().chain(&v6).map(|s| s.fd.as_raw_fd()).collect();
         let slot_len = RX_HEADROOM + cfg.max_frame_len;
         let no_iovec = libc::iovec {
             iov_base: std::ptr::null_mut(),
@@ -94,25 +138,28 @@ impl UdpBackend {
         let (no_name, no_hdr): (libc::sockaddr_storage, libc::mmsghdr) =
             unsafe { (mem::zeroed(), mem::zeroed()) };
         let mut me = Self {
-            fd,
+            v4,
             v6,
-            local: cfg.local,
+            fds,
             slot_len,
             rx_buf: vec![0; slot_len * batch],
             rx_iov: vec![no_iovec; batch],
             rx_names: vec![no_name; batch],
             rx_cmsg: vec![0; CMSG_ROOM * batch],
             rx_hdrs: vec![no_hdr; batch],
+            rx_turn: 0,
+            rx_v6_first: false,
             tx_buf: vec![0; cfg.max_frame_len * batch],
             tx_iov: vec![no_iovec; batch],
             tx_names: vec![no_name; batch],
             tx_cmsg: vec![0; CMSG_ROOM * batch],
             tx_hdrs: vec![no_hdr; batch],
             tx_frame_len: vec![0; batch],
+            tx_v6: vec![false; batch],
             cfg,
             stats: IoStats::default(),
             udp_stats: UdpStats::default(),
-            last_ovfl: 0,
+            last_ovfl: [0; 2],
         };
         me.cfg.batch = batch;
         Ok(me)

@@ -5,7 +5,7 @@
 
 use std::{
     mem,
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, SocketAddr, SocketAddrV6},
     os::fd::AsRawFd,
     time::Duration,
 };
@@ -18,7 +18,7 @@ use xroce_wire::{
     EthRepr, UdpChecksum, UdpRepr, ICRC_LEN,
 };
 
-use super::{kernel_ipv4, kernel_ipv6, sockaddr::sockaddr_of, UdpBackend, CMSG_ROOM};
+use super::{kernel_ipv4, kernel_ipv6, sockaddr::sockaddr_of, wait_on, UdpBackend, CMSG_ROOM};
 
 impl UdpBackend {
     /// Turns the engine's frame in TX slot `i` (length `len`) into a
@@ -30,40 +30,52 @@ impl UdpBackend {
             return Err(format!("{len}-byte frame has no Ethernet header"));
         }
         let (eth, ip_at) = EthRepr::parse(frame).map_err(|e| format!("{len}-byte frame: {e}"))?;
-        let (dst, tos, udp_at, ip_end) = match eth.ethertype {
-            eth::ETHERTYPE_IPV4 if !self.v6 => {
-                let ip = Ipv4Packet::new_checked(&frame[ip_at..])
-                    .map_err(|_| "truncated IPv4 header")?;
-                if ip.version() != 4 || ip.ihl() != 5 || ip.protocol() != PROTO_UDP {
-                    return Err("not IPv4/UDP without options".into());
+        // The frame's source matters only to the interface-wide IPv6
+        // socket, which sends from it (IPV6_PKTINFO).
+        let (socket, frame_src, dst, tos, udp_at, ip_end) =
+            match (eth.ethertype, &self.v4, &self.v6) {
+                (eth::ETHERTYPE_IPV4, Some(socket), _) => {
+                    let ip = Ipv4Packet::new_checked(&frame[ip_at..])
+                        .map_err(|_| "truncated IPv4 header")?;
+                    if ip.version() != 4 || ip.ihl() != 5 || ip.protocol() != PROTO_UDP {
+                        return Err("not IPv4/UDP without options".into());
+                    }
+                    (
+                        socket,
+                        IpAddr::from(ip.src_addr()),
+                        IpAddr::from(ip.dst_addr()),
+                        (ip.dscp() << 2) | ip.ecn(),
+                        ip_at + ipv4::HEADER_LEN,
+                        ip_at + ip.total_len() as usize,
+                    )
                 }
-                (
-                    IpAddr::from(ip.dst_addr()),
-                    (ip.dscp() << 2) | ip.ecn(),
-                    ip_at + ipv4::HEADER_LEN,
-                    ip_at + ip.total_len() as usize,
-                )
-            }
-            eth::ETHERTYPE_IPV6 if self.v6 => {
-                let ip = Ipv6Packet::new_checked(&frame[ip_at..])
-                    .map_err(|_| "truncated IPv6 header")?;
-                if ip.next_header() != NEXT_HEADER_UDP {
-                    return Err("IPv6 next header is not UDP".into());
+                (eth::ETHERTYPE_IPV6, _, Some(socket)) => {
+                    let ip = Ipv6Packet::new_checked(&frame[ip_at..])
+                        .map_err(|_| "truncated IPv6 header")?;
+                    if ip.next_header() != NEXT_HEADER_UDP {
+                        return Err("IPv6 next header is not UDP".into());
+                    }
+                    (
+                        socket,
+                        IpAddr::from(ip.src_addr()),
+                        IpAddr::from(ip.dst_addr()),
+                        ip.traffic_class(),
+                        ip_at + ipv6::HEADER_LEN,
+                        ip_at + ipv6::HEADER_LEN + ip.payload_len() as usize,
+                    )
                 }
-                (
-                    IpAddr::from(ip.dst_addr()),
-                    ip.traffic_class(),
-                    ip_at + ipv6::HEADER_LEN,
-                    ip_at + ipv6::HEADER_LEN + ip.payload_len() as usize,
-                )
-            }
-            t => {
-                return Err(format!(
-                    "ethertype {t:#06x} does not match this {} socket",
-                    if self.v6 { "IPv6" } else { "IPv4" }
-                ))
-            }
-        };
+                (t, v4, _) => {
+                    return Err(format!(
+                        "ethertype {t:#06x} has no socket here (this backend carries {})",
+                        if v4.is_some() { "IPv4" } else { "IPv6" }
+                    ))
+                }
+            };
+        let v6 = dst.is_ipv6();
+        // Sending from the frame's own source: the socket serves every
+        // address of its interface.
+        let pktinfo = socket.local.is_unspecified();
+        let src = if pktinfo { frame_src } else { socket.local };
         let datagram =
             UdpPacket::new_checked(&frame[udp_at..]).map_err(|_| "truncated UDP header")?;
         let dport = datagram.dst_port();
@@ -88,7 +100,7 @@ impl UdpBackend {
         .map_err(|e| format!("UDP header: {e}"))?;
         let l4 = &frame[udp_at..udp_end - ICRC_LEN];
         let mut kernel_ip = [0u8; ipv6::HEADER_LEN];
-        let ip_len = match (self.local, dst) {
+        let ip_len = match (src, dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => kernel_ipv4(s, d, tos, udp_len).emit(&mut kernel_ip),
             (IpAddr::V6(s), IpAddr::V6(d)) => kernel_ipv6(s, d, tos, udp_len).emit(&mut kernel_ip),
             _ => return Err("address family mismatch".into()),
@@ -100,8 +112,17 @@ impl UdpBackend {
             iov_base: frame[udp_at + udp::HEADER_LEN..].as_mut_ptr().cast(),
             iov_len: udp_len - udp::HEADER_LEN,
         };
-        let namelen = sockaddr_of(SocketAddr::new(dst, dport), &mut self.tx_names[i]);
-        // One control message: the TOS / traffic class (DSCP + ECN).
+        let to = match dst {
+            // A link-local destination is on the socket's interface.
+            IpAddr::V6(d) if d.is_unicast_link_local() => {
+                SocketAddr::V6(SocketAddrV6::new(d, dport, 0, socket.ifindex))
+            }
+            d => SocketAddr::new(d, dport),
+        };
+        let ifindex = socket.ifindex;
+        let namelen = sockaddr_of(to, &mut self.tx_names[i]);
+        // Control messages: the TOS / traffic class (DSCP + ECN), and for
+        // the interface-wide socket the IPv6 source.
         let cm = &mut self.tx_cmsg[i * CMSG_ROOM..(i + 1) * CMSG_ROOM];
         cm.fill(0);
         let h = &mut self.tx_hdrs[i].msg_hdr;
@@ -111,36 +132,82 @@ impl UdpBackend {
         h.msg_iovlen = 1;
         h.msg_flags = 0;
         h.msg_control = cm.as_mut_ptr().cast();
+        let int_len = mem::size_of::<libc::c_int>() as u32;
+        let pktinfo_len = mem::size_of::<libc::in6_pktinfo>() as u32;
         // SAFETY: CMSG_SPACE/LEN are pure; the buffer has CMSG_ROOM bytes,
-        // more than one int-sized control message needs.
+        // more than an int-sized and an in6_pktinfo control message need,
+        // and was zeroed above.
         unsafe {
-            h.msg_controllen = libc::CMSG_SPACE(mem::size_of::<libc::c_int>() as u32) as _;
+            h.msg_controllen = libc::CMSG_SPACE(int_len) as _;
             let c = libc::CMSG_FIRSTHDR(h);
-            if self.v6 {
+            if v6 {
                 (*c).cmsg_level = libc::IPPROTO_IPV6;
                 (*c).cmsg_type = libc::IPV6_TCLASS;
             } else {
                 (*c).cmsg_level = libc::IPPROTO_IP;
                 (*c).cmsg_type = libc::IP_TOS;
             }
-            (*c).cmsg_len = libc::CMSG_LEN(mem::size_of::<libc::c_int>() as u32) as _;
+            (*c).cmsg_len = libc::CMSG_LEN(int_len) as _;
             std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, tos as libc::c_int);
+            if let (true, IpAddr::V6(from)) = (pktinfo, src) {
+                h.msg_controllen += libc::CMSG_SPACE(pktinfo_len) as usize;
+                let c = libc::CMSG_NXTHDR(h, c);
+                (*c).cmsg_level = libc::IPPROTO_IPV6;
+                (*c).cmsg_type = libc::IPV6_PKTINFO;
+                (*c).cmsg_len = libc::CMSG_LEN(pktinfo_len) as _;
+                std::ptr::write_unaligned(
+                    libc::CMSG_DATA(c) as *mut libc::in6_pktinfo,
+                    libc::in6_pktinfo {
+                        ipi6_addr: libc::in6_addr {
+                            s6_addr: from.octets(),
+                        },
+                        ipi6_ifindex: ifindex,
+                    },
+                );
+            }
         }
         self.tx_hdrs[i].msg_len = 0;
         self.tx_frame_len[i] = len;
+        self.tx_v6[i] = v6;
         Ok(())
     }
 
+    /// Sends prepared datagrams `0..n`, each run of one IP version in one
+    /// sendmmsg on its socket; returns how many are done.
     pub(super) fn sendmmsg(&mut self, n: usize) -> std::io::Result<usize> {
-        let mut done = 0;
+        let mut start = 0;
+        while start < n {
+            let v6 = self.tx_v6[start];
+            let end = (start + 1..n).find(|&k| self.tx_v6[k] != v6).unwrap_or(n);
+            let done = self.send_run(v6, start, end)?;
+            if done < end {
+                // Stalled: the rest are lost like on a busy link.
+                self.stats.tx_errors += (n - end) as u64;
+                return Ok(done);
+            }
+            start = end;
+        }
+        Ok(n)
+    }
+
+    /// Sends prepared datagrams `start..end` on the IPv6 (`v6`) or IPv4
+    /// socket; returns the index reached (`end` unless the socket stayed
+    /// full).
+    fn send_run(&mut self, v6: bool, start: usize, end: usize) -> std::io::Result<usize> {
+        // prepare() only takes frames of a family that has a socket.
+        let Some(socket) = (if v6 { &self.v6 } else { &self.v4 }) else {
+            return Ok(start);
+        };
+        let fd = socket.fd.as_raw_fd();
+        let mut done = start;
         let mut stalls = 0;
-        while done < n {
-            // SAFETY: headers done..n were prepared and point into self.
+        while done < end {
+            // SAFETY: headers done..end were prepared and point into self.
             let rc = unsafe {
                 libc::sendmmsg(
-                    self.fd.as_raw_fd(),
+                    fd,
                     self.tx_hdrs[done..].as_mut_ptr(),
-                    (n - done) as libc::c_uint,
+                    (end - done) as libc::c_uint,
                     libc::MSG_DONTWAIT,
                 )
             };
@@ -150,12 +217,12 @@ impl UdpBackend {
                 match e.raw_os_error() {
                     Some(libc::EAGAIN | libc::ENOBUFS | libc::EINTR) if stalls < 100 => {
                         stalls += 1;
-                        self.wait(libc::POLLOUT, Duration::from_millis(1))?;
+                        wait_on(&[fd], libc::POLLOUT, Duration::from_millis(1))?;
                         continue;
                     }
                     Some(libc::EAGAIN | libc::ENOBUFS) => {
                         // Still full: the rest are lost like on a busy link.
-                        self.stats.tx_errors += (n - done) as u64;
+                        self.stats.tx_errors += (end - done) as u64;
                         break;
                     }
                     Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
