@@ -587,6 +587,31 @@ const DROPIN_PROGRAMS: &[(&str, &str)] = &[
     ("ib_send_lat", "-x 1 -F -m {mtu} -n {iters}"),
 ];
 
+/// The host side of a drop-in case: `PROGRAM -d xroce_xr0` under
+/// `X run --iface xr0 --backend BACKEND` (arguments of its own follow).
+fn dropin_run_argv(x: &str, backend: &str, program: &str) -> Vec<String> {
+    let dev = format!("xroce_{HOST_IFACE}");
+    // XROCE_VERBS_DEBUG: the library says on stderr (the host log) why a
+    // verb failed; programs themselves only see an errno.
+    [
+        "env",
+        "XROCE_VERBS_DEBUG=1",
+        x,
+        "run",
+        "--iface",
+        HOST_IFACE,
+        "--backend",
+        backend,
+        "--",
+        program,
+        "-d",
+        &dev,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// Drop-in: the very same Debian binaries on both sides, the host's under
 /// `xroce run --iface xr0 --backend B -- PROGRAM -d xroce_xr0 ...` (xroce's
 /// libibverbs.so.1 first on the library path), the guest's on rxe0; both
@@ -597,27 +622,6 @@ const DROPIN_PROGRAMS: &[(&str, &str)] = &[
 fn dropin(ns: &Netns, vm: &mut Vm, x: &str, ready: Result<()>, table: &mut Table) -> Result<()> {
     let artifacts = artifacts_dir();
     let dev = format!("xroce_{HOST_IFACE}");
-    let run_argv = |backend: &str, program: &str| -> Vec<String> {
-        // XROCE_VERBS_DEBUG: the library says on stderr (the host log) why
-        // a verb failed; programs themselves only see an errno.
-        [
-            "env",
-            "XROCE_VERBS_DEBUG=1",
-            x,
-            "run",
-            "--iface",
-            HOST_IFACE,
-            "--backend",
-            backend,
-            "--",
-            program,
-            "-d",
-            &dev,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
-    };
     let configs = [(1024u32, "afxdp"), (4096, "afxdp"), (4096, "udp")];
     let any_wanted = configs.iter().any(|&(mtu, backend)| {
         DROPIN_PROGRAMS.iter().any(|&(program, args)| {
@@ -640,7 +644,7 @@ fn dropin(ns: &Netns, vm: &mut Vm, x: &str, ready: Result<()>, table: &mut Table
         if !has_run {
             bail!("{x} has no `run` command (userspace/cli/src/run.rs)");
         }
-        let mut argv = run_argv("udp", "ibv_devinfo");
+        let mut argv = dropin_run_argv(x, "udp", "ibv_devinfo");
         argv.push("-v".into());
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
         let out = ns.enter(&argv).output()?;
@@ -695,7 +699,7 @@ fn dropin(ns: &Netns, vm: &mut Vm, x: &str, ready: Result<()>, table: &mut Table
                 let cap = artifacts.join(format!(
                     "dropin_xroce-{role}_rxe_{program}{tag}_mtu{mtu}_{backend}.pcap"
                 ));
-                let mut host = run_argv(backend, program);
+                let mut host = dropin_run_argv(x, backend, program);
                 host.extend(args.split_whitespace().map(String::from));
                 let guest = format!("{program} -d rxe0 {args}");
                 let r = captured(ns, &cap, || {
@@ -729,7 +733,6 @@ const DROPIN_IPV6_PROGRAMS: &[(&str, &str)] = &[
 /// must hold IPv6 RoCEv2 frames and no IPv4 one.
 fn dropin_ipv6(ns: &Netns, vm: &mut Vm, x: &str, table: &mut Table) -> Result<()> {
     let artifacts = artifacts_dir();
-    let dev = format!("xroce_{HOST_IFACE}");
     let backend = "afxdp";
     for &(program, args) in DROPIN_IPV6_PROGRAMS {
         for xroce_server in [true, false] {
@@ -744,23 +747,7 @@ fn dropin_ipv6(ns: &Netns, vm: &mut Vm, x: &str, table: &mut Table) -> Result<()
             let cap = artifacts.join(format!(
                 "dropin-ipv6_xroce-{role}_rxe_{program}_mtu1024_{backend}.pcap"
             ));
-            let mut host: Vec<String> = [
-                "env",
-                "XROCE_VERBS_DEBUG=1",
-                x,
-                "run",
-                "--iface",
-                HOST_IFACE,
-                "--backend",
-                backend,
-                "--",
-                program,
-                "-d",
-                &dev,
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+            let mut host = dropin_run_argv(x, backend, program);
             host.extend(args.split_whitespace().map(String::from));
             let guest = format!("{program} -d rxe0 {args}");
             let r = captured(ns, &cap, || {
