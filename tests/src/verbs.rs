@@ -12,7 +12,7 @@ use std::{
 
 use crate::{workspace_bin, Netns};
 
-/// The header the library's types (`userspace/ibverbs/src/abi.rs`) mirror.
+/// The header the library's types (`userspace/cabi/src/verbs.rs`) mirror.
 pub const VERBS_H: &str = "/usr/include/infiniband/verbs.h";
 /// Debian's own libibverbs (rdma-core 44), the ABI to match.
 pub const DEBIAN_LIBIBVERBS: &str = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1";

@@ -2,14 +2,10 @@
 //!
 //! - layout: size, alignment and the offset and size of every field of the
 //!   structs the library fills or reads, as the C compiler sees them in
-//!   `<infiniband/verbs.h>` and as Rust sees `userspace/ibverbs/src/abi.rs`;
+//!   `<infiniband/verbs.h>` and as Rust sees `userspace/cabi/src/verbs.rs`;
 //! - exports: SONAME, every symbol at its default version, `dlvsym`;
 //! - loading: the unmodified Debian programs start on it (BIND_NOW), and
 //!   `ibv_devices` / `ibv_devinfo -v` show an interface as rxe would.
-
-#[allow(dead_code, unused_imports, clippy::all)]
-#[path = "../../userspace/ibverbs/src/abi.rs"]
-mod abi;
 
 use std::{
     collections::BTreeMap,
@@ -20,6 +16,7 @@ use std::{
     process::{Command, Output},
 };
 
+use xroce_cabi::verbs as abi;
 use xroce_tests::{
     in_netns, require_root, run,
     verbs::{
@@ -367,7 +364,7 @@ fn struct_layout_matches_the_c_header() {
     );
     assert!(
         mismatches.is_empty(),
-        "{} layout mismatches between <infiniband/verbs.h> and userspace/ibverbs/src/abi.rs:\n{}",
+        "{} layout mismatches between <infiniband/verbs.h> and userspace/cabi/src/verbs.rs:\n{}",
         mismatches.len(),
         mismatches.join("\n")
     );

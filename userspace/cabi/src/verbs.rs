@@ -10,7 +10,7 @@
 //!   --with-derive-default
 //! ```
 //!
-//! `tests/layout.rs` compiles a C program against the real header and
+//! `tests/tests/verbs_abi.rs` compiles a C program against the real header and
 //! checks the size and field offsets of every struct the library fills.
 #![allow(
     non_camel_case_types,
