@@ -877,7 +877,7 @@ impl Tcpdump {
 }
 
 /// `xroce decode FILE --json`.
-pub fn decode(file: &Path) -> Result<serde_json::Value, String> {
+pub fn decode(file: &Path) -> Result<xroce_report::DecodeReport, String> {
     let out = Command::new(workspace_bin("xroce"))
         .arg("decode")
         .arg(file)

@@ -22,7 +22,6 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
 use xroce_tests::{
     programs::{
         args, check_bw_table, check_lat_table, decode, serial, Backend, Cases, Node, Tcpdump,
@@ -389,18 +388,6 @@ fn latency(b: Backend) {
     c.finish();
 }
 
-/// Opcode names `xroce decode` counted, with their frames.
-fn opcodes(report: &Value) -> Vec<(String, u64)> {
-    report["opcodes_named"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Runs a bw tool while tcpdump listens on the bridge port facing the
 /// server, then decodes the capture: every frame a RoCEv2 frame with a good
 /// ICRC, and at least `n` frames of each (opcode-name prefix, n) expected.
@@ -417,14 +404,12 @@ fn captured_run(
     let summary = cap.stop()?;
     let table = run?;
     let r = decode(&file)?;
-    let n = |k: &str| r[k].as_u64().unwrap_or(u64::MAX);
-    let ops = opcodes(&r);
-    if n("roce") == 0 || n("roce") == u64::MAX {
-        return Err(format!("no RoCEv2 frame captured ({summary}): {r}"));
+    let ops = &r.opcodes_named;
+    if r.roce == 0 {
+        return Err(format!("no RoCEv2 frame captured ({summary}): {r:?}"));
     }
-    if n("icrc_bad") != 0 || n("malformed") != 0 || n("not_roce") != 0 || n("icrc_ok") != n("roce")
-    {
-        return Err(format!("bad frames on the wire ({summary}): {r}"));
+    if r.icrc_bad != 0 || r.malformed != 0 || r.not_roce != 0 || r.icrc_ok != r.roce {
+        return Err(format!("bad frames on the wire ({summary}): {r:?}"));
     }
     for (prefix, min) in expect {
         let count: u64 = ops
@@ -440,7 +425,7 @@ fn captured_run(
     }
     Ok(format!(
         "{table}; {summary}, all RoCEv2 with good ICRC, psn_gaps {}, {ops:?}",
-        r["psn_gaps"]
+        r.psn_gaps
     ))
 }
 

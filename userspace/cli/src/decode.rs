@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use xroce::capture::{Capture, CaptureError, LINKTYPE_ETHERNET};
+use xroce_report::{CmLine, DecodeReport, Problem, QpTraffic};
 use xroce_wire::cm::{ib_mtu_bytes, CmMadRepr, CmMessage};
 use xroce_wire::rdma_cm::{split_service_id, CmaHeader};
 use xroce_wire::{icrc, mad, parse_frame, Error as WireError, Gid, Opcode, Syndrome};
@@ -30,7 +31,7 @@ pub struct DecodeArgs {
 pub fn run(args: &DecodeArgs) -> anyhow::Result<()> {
     let report = decode_file(&args.file)?;
     if args.json {
-        println!("{}", report.to_json());
+        println!("{}", serde_json::to_string(&report.to_report())?);
     } else {
         eprint!("{}", report.to_text(&args.file.display().to_string()));
     }
@@ -51,7 +52,7 @@ pub struct Malformed {
 /// The traffic seen to one QP (destination GID + QPN): packet counts and PSN
 /// bookkeeping of its requests.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct QpTraffic {
+pub struct QpState {
     pub packets: u64,
     pub requests: u64,
     pub responses: u64,
@@ -83,7 +84,7 @@ pub struct Report {
     /// Opcode byte -> frames.
     pub opcodes: BTreeMap<u8, u64>,
     /// (destination GID, destination QPN) -> traffic.
-    pub qps: BTreeMap<(Gid, u32), QpTraffic>,
+    pub qps: BTreeMap<(Gid, u32), QpState>,
     pub malformed_list: Vec<Malformed>,
     /// One line per CM MAD: (frame number, what it says).
     pub cm: Vec<(u64, String)>,
@@ -213,53 +214,63 @@ impl Report {
         self.qps.values().map(|q| q.psn_gaps).sum()
     }
 
-    /// The one JSON object `--json` prints.
-    pub fn to_json(&self) -> serde_json::Value {
-        let opcodes: serde_json::Map<String, serde_json::Value> = self
-            .opcodes
-            .iter()
-            .map(|(k, v)| (k.to_string(), (*v).into()))
-            .collect();
-        let named: serde_json::Map<String, serde_json::Value> = self
-            .opcodes
-            .iter()
-            .map(|(k, v)| (opcode_name(*k).to_string(), (*v).into()))
-            .collect();
-        let qps: Vec<serde_json::Value> = self
-            .qps
-            .iter()
-            .map(|((gid, qpn), q)| {
-                serde_json::json!({
-                    "dst": gid.to_string(), "dest_qp": qpn, "packets": q.packets,
-                    "requests": q.requests, "responses": q.responses,
-                    "first_psn": q.first_psn, "last_psn": q.last_psn,
-                    "psn_gaps": q.psn_gaps, "psns_missing": q.psns_missing,
-                    "psn_repeats": q.psn_repeats, "naks": q.naks, "rnr_naks": q.rnr_naks,
+    /// The report `--json` prints.
+    pub fn to_report(&self) -> DecodeReport {
+        let mut opcodes_named = BTreeMap::new();
+        for (op, n) in &self.opcodes {
+            // Every unknown opcode byte shares one name.
+            *opcodes_named
+                .entry(opcode_name(*op).to_string())
+                .or_default() += n;
+        }
+        DecodeReport {
+            frames: self.frames,
+            roce: self.roce,
+            not_roce: self.not_roce,
+            icrc_ok: self.icrc_ok,
+            icrc_bad: self.icrc_bad,
+            malformed: self.malformed,
+            bytes: self.bytes,
+            link_type: self.link_type,
+            nanosecond: self.nanosecond,
+            opcodes: self.opcodes.clone(),
+            opcodes_named,
+            psn_gaps: self.psn_gaps(),
+            qps: self
+                .qps
+                .iter()
+                .map(|((gid, qpn), q)| QpTraffic {
+                    dst: gid.to_string(),
+                    dest_qp: *qpn,
+                    packets: q.packets,
+                    requests: q.requests,
+                    responses: q.responses,
+                    first_psn: q.first_psn,
+                    last_psn: q.last_psn,
+                    psn_gaps: q.psn_gaps,
+                    psns_missing: q.psns_missing,
+                    psn_repeats: q.psn_repeats,
+                    naks: q.naks,
+                    rnr_naks: q.rnr_naks,
                 })
-            })
-            .collect();
-        let malformed: Vec<serde_json::Value> = self
-            .malformed_list
-            .iter()
-            .map(|m| serde_json::json!({"frame": m.frame, "reason": m.reason}))
-            .collect();
-        serde_json::json!({
-            "frames": self.frames,
-            "roce": self.roce,
-            "not_roce": self.not_roce,
-            "icrc_ok": self.icrc_ok,
-            "icrc_bad": self.icrc_bad,
-            "malformed": self.malformed,
-            "bytes": self.bytes,
-            "link_type": self.link_type,
-            "nanosecond": self.nanosecond,
-            "opcodes": opcodes,
-            "opcodes_named": named,
-            "psn_gaps": self.psn_gaps(),
-            "qps": qps,
-            "problems": malformed,
-            "cm": self.cm.iter().map(|(n, l)| serde_json::json!({"frame": n, "message": l})).collect::<Vec<_>>(),
-        })
+                .collect(),
+            problems: self
+                .malformed_list
+                .iter()
+                .map(|m| Problem {
+                    frame: m.frame,
+                    reason: m.reason.clone(),
+                })
+                .collect(),
+            cm: self
+                .cm
+                .iter()
+                .map(|(frame, message)| CmLine {
+                    frame: *frame,
+                    message: message.clone(),
+                })
+                .collect(),
+        }
     }
 
     /// Human-readable report.
@@ -551,7 +562,7 @@ mod tests {
         let text = rep.to_text("rping.pcap");
         assert!(text.contains("connection management (5 MADs):"));
         assert!(text.contains("  frame 1: CM REQ "));
-        assert_eq!(rep.to_json()["cm"][2]["frame"], 3);
+        assert_eq!(rep.to_report().cm[2].frame, 3);
 
         let rej = cm_capture("rej");
         assert_eq!(
@@ -606,24 +617,12 @@ mod tests {
             );
             assert_eq!(rep.icrc_ok, rep.roce);
             assert_eq!(rep.roce + rep.not_roce, rep.frames);
-            let j = rep.to_json();
-            for k in [
-                "frames",
-                "roce",
-                "icrc_ok",
-                "icrc_bad",
-                "malformed",
-                "opcodes",
-            ] {
-                assert!(j.get(k).is_some(), "json lacks {k}");
-            }
-            let hist: u64 = j["opcodes"]
-                .as_object()
-                .unwrap()
-                .values()
-                .map(|v| v.as_u64().unwrap())
-                .sum();
-            assert_eq!(hist, rep.roce);
+            let j = rep.to_report();
+            assert_eq!(j.opcodes.values().sum::<u64>(), rep.roce);
+            assert_eq!(j.opcodes_named.values().sum::<u64>(), rep.roce);
+            // What `--json` prints reads back as the same report.
+            let text = serde_json::to_string(&j).unwrap();
+            assert_eq!(serde_json::from_str::<DecodeReport>(&text).unwrap(), j);
         }
     }
 
@@ -639,7 +638,7 @@ mod tests {
         use pcap_file::pcapng::PcapNgWriter;
         for p in pcaps() {
             let data = std::fs::read(&p).unwrap();
-            let want = decode_capture_bytes(&data).unwrap().to_json();
+            let want = decode_capture_bytes(&data).unwrap().to_report();
             let frames = packets(&data);
 
             let mut w = PcapNgWriter::new(Vec::new()).unwrap();
@@ -660,7 +659,7 @@ mod tests {
             let ng = w.into_inner();
             assert_eq!(&ng[..4], &[0x0a, 0x0d, 0x0d, 0x0a]);
             assert_eq!(packets(&ng), frames, "{}", p.display());
-            let got = decode_capture_bytes(&ng).unwrap().to_json();
+            let got = decode_capture_bytes(&ng).unwrap().to_report();
             assert_eq!(got, want, "{} as pcapng", p.display());
 
             let be = write_pcap(
@@ -671,7 +670,7 @@ mod tests {
                 &frames,
             );
             assert_eq!(&be[..4], &[0xa1, 0xb2, 0xc3, 0xd4]);
-            assert_eq!(decode_capture_bytes(&be).unwrap().to_json(), want);
+            assert_eq!(decode_capture_bytes(&be).unwrap().to_report(), want);
         }
     }
 

@@ -1170,43 +1170,47 @@ fn captured(ns: &Netns, pcap: &Path, f: impl FnOnce() -> Result<String>) -> Resu
     Ok(format!("{note}; {decode}"))
 }
 
-/// `xroce decode PCAP`: fails on any ICRC error; returns its summary line.
+/// `xroce decode PCAP`: fails on any ICRC error; returns its ICRC counts.
+/// The text report is kept beside the capture for people (`*.decode.txt`);
+/// the verdict comes from `--json`.
 fn decode(pcap: &Path) -> Result<String> {
-    let out = Command::new(host_xroce())
-        .arg("decode")
-        .arg(pcap)
-        .output()?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    // (stdout, stderr) of a successful run.
+    let run = |json: bool| -> Result<(String, String)> {
+        let mut cmd = Command::new(host_xroce());
+        cmd.arg("decode").arg(pcap);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() {
+            bail!(
+                "xroce decode {} failed: {}",
+                pcap.display(),
+                stderr.lines().last().unwrap_or("")
+            );
+        }
+        Ok((
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr.into_owned(),
+        ))
+    };
+    let (text_out, text_err) = run(false)?;
+    fs::write(pcap.with_extension("decode.txt"), text_out + &text_err)?;
+    let (json, _) = run(true)?;
+    let r: xroce_report::DecodeReport = serde_json::from_str(json.trim())
+        .with_context(|| format!("xroce decode {} --json: {json:?}", pcap.display()))?;
+    let line = format!(
+        "ICRC ok {}  bad {}  malformed {}",
+        r.icrc_ok, r.icrc_bad, r.malformed
     );
-    fs::write(pcap.with_extension("decode.txt"), &text)?;
-    if !out.status.success() {
+    if r.icrc_ok == 0 || r.icrc_bad != 0 {
         bail!(
-            "xroce decode {} failed: {}",
-            pcap.display(),
-            text.lines().last().unwrap_or("")
-        );
-    }
-    let line = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("ICRC ok"))
-        .unwrap_or("")
-        .trim()
-        .to_string();
-    // "ICRC ok N  bad M  malformed K"
-    let nums: Vec<u64> = line
-        .split_whitespace()
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    match nums.as_slice() {
-        [ok, 0, ..] if *ok > 0 => Ok(line),
-        _ => bail!(
             "xroce decode {}: {line:?} (want ICRC ok > 0, bad 0)",
             pcap.display()
-        ),
+        );
     }
+    Ok(line)
 }
 
 #[cfg(test)]
