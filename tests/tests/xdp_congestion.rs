@@ -97,9 +97,9 @@ fn burst_over_the_virtual_link_is_marked_then_dropped_when_not_ect() {
 
     // `xroce stats --json` from another process shows the settings and queue.
     let out = xdp.xroce(&["stats", "--iface", &pair.if_b, "--json"]);
-    let json = String::from_utf8(out.stdout).unwrap();
-    assert!(json.contains("\"policy\":\"step\""), "{json}");
-    assert!(!json.contains("\"queue_peak_bytes\":0,"), "{json}");
+    let stats: xroce_report::StatsReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats.ecn.policy, "step", "{stats:?}");
+    assert_ne!(stats.ecn.queue_peak_bytes, 0, "{stats:?}");
 
     xdp.xroce(&["ecn", "--iface", &pair.if_b, "--off"]);
     assert_eq!(xroce::xdp::ecn_config(&pair.if_b).unwrap().enabled, 0);

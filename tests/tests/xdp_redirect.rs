@@ -201,10 +201,10 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
         &pair.if_b,
         "--json",
     ]);
-    let json = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        json.contains(&format!("\"redirected\":{ROCE_FRAMES}")),
-        "stats --json: {json}"
+    let stats: xroce_report::StatsReport = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        stats.xdp["redirected"], ROCE_FRAMES as u64,
+        "stats --json: {stats:?}"
     );
 }
 

@@ -2,6 +2,8 @@
 //! interface, the congestion point's settings and virtual queue, and the
 //! loss-injection settings.
 
+use xroce_report::{EcnSettings, EngineCounters, FaultSettings, StatsReport};
+
 use crate::congestion::{describe_ecn, describe_fault};
 
 #[derive(clap::Args, Debug)]
@@ -36,46 +38,43 @@ pub fn run(args: &StatsArgs) -> anyhow::Result<()> {
         0
     };
     if args.json {
-        let mut xdp = serde_json::Map::new();
-        for (counter, value) in &counters.values {
-            xdp.insert(counter.name().into(), (*value).into());
-        }
-        let engines: Vec<_> = xroce::stats_export::read_published(iface)
-            .into_iter()
-            .map(|p| {
-                let fields: serde_json::Map<_, _> = p
-                    .fields
-                    .into_iter()
-                    .map(|(k, v)| (k, serde_json::Value::from(v)))
-                    .collect();
-                serde_json::json!({ "pid": p.pid, "counters": fields })
-            })
-            .collect();
-        let out = serde_json::json!({
-            "iface": iface,
-            "xdp": xdp,
-            "engines": engines,
-            "ecn": {
-                "enabled": ecn.enabled != 0,
-                "policy": xroce_common::congestion::EcnPolicy::from_u32(ecn.policy).name(),
-                "link_rate_bps": ecn.link_rate_bps,
-                "kmin": ecn.kmin,
-                "kmax": ecn.kmax,
-                "pmax": xroce_common::fixed::fixed_to_fraction(ecn.pmax_fixed),
-                "buffer_bytes": ecn.buffer_bytes,
-                "queue_bytes": backlog,
-                "queue_peak_bytes": queue.peak_bytes,
-                "queue_enqueued_bytes": queue.enqueued_bytes,
+        let out = StatsReport {
+            iface: iface.clone(),
+            xdp: counters
+                .values
+                .iter()
+                .map(|(counter, value)| (counter.name().to_string(), *value))
+                .collect(),
+            engines: xroce::stats_export::read_published(iface)
+                .into_iter()
+                .map(|p| EngineCounters {
+                    pid: p.pid,
+                    counters: p.fields.into_iter().collect(),
+                })
+                .collect(),
+            ecn: EcnSettings {
+                enabled: ecn.enabled != 0,
+                policy: xroce_common::congestion::EcnPolicy::from_u32(ecn.policy)
+                    .name()
+                    .to_string(),
+                link_rate_bps: ecn.link_rate_bps,
+                kmin: ecn.kmin,
+                kmax: ecn.kmax,
+                pmax: xroce_common::fixed::fixed_to_fraction(ecn.pmax_fixed),
+                buffer_bytes: ecn.buffer_bytes,
+                queue_bytes: backlog,
+                queue_peak_bytes: queue.peak_bytes,
+                queue_enqueued_bytes: queue.enqueued_bytes,
             },
-            "fault": {
-                "enabled": fault.enabled != 0,
-                "drop": xroce_common::fixed::fixed_to_fraction(fault.drop_fixed),
-                "opcode_mask": fault.opcode_mask,
-                "qpn": (fault.qpn != xroce_common::fault::ANY_QPN).then_some(fault.qpn),
-                "seed": fault.seed,
+            fault: FaultSettings {
+                enabled: fault.enabled != 0,
+                drop: xroce_common::fixed::fixed_to_fraction(fault.drop_fixed),
+                opcode_mask: fault.opcode_mask,
+                qpn: (fault.qpn != xroce_common::fault::ANY_QPN).then_some(fault.qpn),
+                seed: fault.seed,
             },
-        });
-        println!("{out}");
+        };
+        println!("{}", serde_json::to_string(&out)?);
     } else {
         println!("XDP counters on {iface}");
         for (counter, value) in &counters.values {

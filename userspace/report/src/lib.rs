@@ -1,5 +1,5 @@
-//! The JSON reports `xroce bench --json`, `xroce lat --json` and
-//! `xroce decode --json` print, one
+//! The JSON reports `xroce bench --json`, `xroce lat --json`,
+//! `xroce decode --json` and `xroce stats --json` print, one
 //! definition for the CLI that writes them and the tools that read them
 //! (`cargo xtask bench`, `xroce experiment`). Reading a report into these
 //! types fails on a missing or misspelt field instead of reading it as zero.
@@ -14,6 +14,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 mod decode;
 pub use decode::{CmLine, DecodeReport, Problem, QpTraffic};
+mod stats;
+pub use stats::{EcnSettings, EngineCounters, FaultSettings, StatsReport};
 
 /// `xroce bench --json`: the bandwidth of one run, as the client saw it
 /// (with `--perftest` also the server's view).
