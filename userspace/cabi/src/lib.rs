@@ -13,4 +13,5 @@
 //! library's export set is exactly its entry points.
 
 pub mod errno;
+pub mod rdma_cm;
 pub mod verbs;
