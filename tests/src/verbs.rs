@@ -4,7 +4,7 @@
 //! programs under `xroce run`.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     process::Command,
     sync::OnceLock,
@@ -295,4 +295,28 @@ pub fn exports_list() -> Vec<(String, String)> {
             (name.to_string(), node.trim().to_string())
         })
         .collect()
+}
+
+/// What a layout test's C program printed (`key<TAB>value` lines: a
+/// struct's size and alignment, a field's offset and size) against what
+/// Rust sees for the same keys: one line per key that differs, is missing
+/// on one side, or was printed by C only.
+pub fn layout_mismatches(c_stdout: &[u8], rust: &BTreeMap<String, String>) -> Vec<String> {
+    let c: BTreeMap<String, String> = String::from_utf8_lossy(c_stdout)
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut mismatches = Vec::new();
+    for (key, r) in rust {
+        match c.get(key) {
+            Some(v) if v == r => {}
+            Some(v) => mismatches.push(format!("{key}: C {v}, Rust {r}")),
+            None => mismatches.push(format!("{key}: missing from the C program's output")),
+        }
+    }
+    for key in c.keys().filter(|k| !rust.contains_key(*k)) {
+        mismatches.push(format!("{key}: printed by C only"));
+    }
+    mismatches
 }

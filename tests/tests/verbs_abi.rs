@@ -21,8 +21,8 @@ use xroce_tests::{
     in_netns, require_root, run,
     verbs::{
         default_versioned_exports, dynamic_symbols, exports_list, ibverbs_cdylib,
-        require_debian_verbs, require_verbs_header, soname, xroce_exe, xroce_run,
-        DEBIAN_LIBIBVERBS, PROGRAMS,
+        layout_mismatches, require_debian_verbs, require_verbs_header, soname, xroce_exe,
+        xroce_run, DEBIAN_LIBIBVERBS, PROGRAMS,
     },
     VethPair,
 };
@@ -338,24 +338,7 @@ fn struct_layout_matches_the_c_header() {
     );
     let out = run(&mut Command::new(&exe));
     let _ = std::fs::remove_dir_all(&dir);
-    let c: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.split_once('\t'))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let rust = rust_layout(&layouts);
-
-    let mut mismatches = Vec::new();
-    for (key, rust_value) in &rust {
-        match c.get(key) {
-            Some(c_value) if c_value == rust_value => {}
-            Some(c_value) => mismatches.push(format!("{key}: C {c_value}, Rust {rust_value}")),
-            None => mismatches.push(format!("{key}: missing from the C program's output")),
-        }
-    }
-    for key in c.keys().filter(|k| !rust.contains_key(*k)) {
-        mismatches.push(format!("{key}: printed by C only"));
-    }
+    let mismatches = layout_mismatches(&out.stdout, &rust_layout(&layouts));
     let fields: usize = layouts.iter().map(|s| s.fields.len()).sum();
     eprintln!(
         "checked {} structs and {fields} fields against {}",
