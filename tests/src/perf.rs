@@ -7,6 +7,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use xroce_report::BenchReport;
+
 use crate::{workspace_bin, VethPair};
 
 /// A server process we started; killed by PID if the test ends early.
@@ -80,8 +82,14 @@ pub fn run_client(pair: &VethPair, tool: &str, port: u16, args: &[&str]) -> Outp
         .expect("run xroce client")
 }
 
-/// One bench/lat run that must succeed; returns the client's JSON report.
-pub fn run_ok(pair: &VethPair, tool: &str, server: &[&str], client: &[&str]) -> serde_json::Value {
+/// One bench/lat run that must succeed; returns the client's JSON report
+/// (`BenchReport` or `LatReport`: a missing field fails the test).
+pub fn run_ok<R: serde::de::DeserializeOwned>(
+    pair: &VethPair,
+    tool: &str,
+    server: &[&str],
+    client: &[&str],
+) -> R {
     let port = next_port();
     let srv = start_server(pair, tool, port, server);
     let out = run_client(pair, tool, port, client);
@@ -100,18 +108,18 @@ pub fn run_ok(pair: &VethPair, tool: &str, server: &[&str], client: &[&str]) -> 
 /// backend on one side and AF_XDP on the other, both ways round. Asserts that
 /// every run verified its data and reports the client's backend; returns the
 /// reports.
-pub fn bench_udp_against_afxdp(pair: &VethPair, size: &str, iters: &str) -> Vec<serde_json::Value> {
+pub fn bench_udp_against_afxdp(pair: &VethPair, size: &str, iters: &str) -> Vec<BenchReport> {
     let mut reports = Vec::new();
     for (server, client) in [("udp", "afxdp"), ("afxdp", "udp")] {
         for op in ["write", "read", "send"] {
-            let r = run_ok(
+            let r: BenchReport = run_ok(
                 pair,
                 "bench",
                 &[op, "--backend", server],
                 &[op, "--backend", client, "--size", size, "--iters", iters],
             );
-            assert_eq!(r["verified"], true, "{r}");
-            assert_eq!(r["backend"], client, "{r}");
+            assert_eq!(r.verified, Some(true), "{r:?}");
+            assert_eq!(r.backend, client, "{r:?}");
             reports.push(r);
         }
     }

@@ -5,14 +5,11 @@
 
 use std::time::{Duration, Instant};
 
+use xroce_report::{BenchReport, LatReport};
 use xroce_tests::{
     perf::{bench_udp_against_afxdp, next_port, run_client, run_ok, start_server},
     require_root, AttachedXdp, VethPair,
 };
-
-fn assert_verified(r: &serde_json::Value) {
-    assert_eq!(r["verified"], true, "{r}");
-}
 
 #[test]
 fn every_operation_and_size_verified() {
@@ -25,37 +22,37 @@ fn every_operation_and_size_verified() {
             ("65536", "200"),
             ("1MiB", "20"),
         ] {
-            let r = run_ok(
+            let r: BenchReport = run_ok(
                 &pair,
                 "bench",
                 &[op],
                 &[op, "--size", size, "--iters", iters],
             );
-            assert_verified(&r);
-            assert_eq!(r["op"], op);
-            assert_eq!(r["backend"], "afxdp");
-            assert_eq!(r["iters"].as_u64().unwrap(), iters.parse::<u64>().unwrap());
-            assert!(r["gbps"].as_f64().unwrap() > 0.0, "{r}");
+            assert_eq!(r.verified, Some(true), "{r:?}");
+            assert_eq!(r.op, op);
+            assert_eq!(r.backend, "afxdp");
+            assert_eq!(r.iters, iters.parse::<u64>().unwrap());
+            assert!(r.gbps > 0.0, "{r:?}");
         }
     }
-    let r = run_ok(&pair, "bench", &["atomic"], &["atomic", "--iters", "2000"]);
-    assert_verified(&r);
-    assert_eq!(r["iters"], 2000);
+    let r: BenchReport = run_ok(&pair, "bench", &["atomic"], &["atomic", "--iters", "2000"]);
+    assert_eq!(r.verified, Some(true), "{r:?}");
+    assert_eq!(r.iters, 2000);
 }
 
 #[test]
 fn sixteen_queue_pairs_at_once() {
     require_root();
     let pair = VethPair::new(1500);
-    let r = run_ok(
+    let r: BenchReport = run_ok(
         &pair,
         "bench",
         &["write"],
         &["write", "--qps", "16", "--size", "16384", "--iters", "200"],
     );
-    assert_verified(&r);
-    assert_eq!(r["qps"], 16);
-    assert_eq!(r["iters"], 16 * 200);
+    assert_eq!(r.verified, Some(true), "{r:?}");
+    assert_eq!(r.qps, 16);
+    assert_eq!(r.iters, 16 * 200);
 }
 
 #[test]
@@ -77,14 +74,14 @@ fn injected_loss_is_recovered() {
         "fault", "--iface", &pair.if_b, "--drop", "0.03", "--seed", "11",
     ]);
     for op in ["write", "read", "send"] {
-        let r = run_ok(
+        let r: BenchReport = run_ok(
             &pair,
             "bench",
             &[op],
             &[op, "--size", "65536", "--iters", "300"],
         );
-        assert_verified(&r);
-        assert!(r["retransmits"].as_u64().unwrap() > 0, "{r}");
+        assert_eq!(r.verified, Some(true), "{r:?}");
+        assert!(r.retransmits > 0, "{r:?}");
     }
     let c = xroce::xdp::read_counters(&pair.if_b).unwrap();
     assert!(c.get(xroce_common::Counter::DropFault) > 0, "{c:?}");
@@ -122,13 +119,13 @@ fn latency_of_each_operation() {
     require_root();
     let pair = VethPair::new(1500);
     for op in ["send", "write", "read"] {
-        let r = run_ok(&pair, "lat", &[op], &[op, "--size", "8", "--iters", "300"]);
-        assert_verified(&r);
-        let lat = &r["lat_us"];
-        for k in ["p50", "p99", "p999", "max"] {
-            assert!(lat[k].as_f64().unwrap() > 0.0, "{r}");
+        let r: LatReport = run_ok(&pair, "lat", &[op], &[op, "--size", "8", "--iters", "300"]);
+        assert_eq!(r.verified, Some(true), "{r:?}");
+        let lat = r.lat_us;
+        for v in [lat.p50, lat.p99, lat.p999, lat.max] {
+            assert!(v > 0.0, "{r:?}");
         }
-        assert!(lat["p50"].as_f64() <= lat["p99"].as_f64(), "{r}");
+        assert!(lat.p50 <= lat.p99, "{r:?}");
     }
 }
 

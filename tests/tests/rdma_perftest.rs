@@ -9,7 +9,8 @@ use std::{
     time::Duration,
 };
 
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+use xroce_report::{BenchReport, LatReport, PerftestRole};
 use xroce_tests::{
     perf::{next_port, Server},
     require_root, workspace_bin, VethPair,
@@ -55,14 +56,19 @@ fn run_client(pair: &VethPair, tool: &str, op: &str, port: u16, extra: &[&str]) 
         .expect("run xroce perftest client")
 }
 
-fn json(out: &[u8], who: &str) -> Value {
+fn json<R: DeserializeOwned>(out: &[u8], who: &str) -> R {
     let text = String::from_utf8_lossy(out);
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{who} JSON {text:?}: {e}"))
 }
 
 /// One run that must succeed on both sides; the client's and the server's
-/// JSON (Null when the server prints none, as read_lat's).
-fn run(pair: &VethPair, tool: &str, op: &str, extra: &[&str]) -> (Value, Value) {
+/// report (`None` when the server prints none, as read_lat's).
+fn run<R: DeserializeOwned>(
+    pair: &VethPair,
+    tool: &str,
+    op: &str,
+    extra: &[&str],
+) -> (R, Option<R>) {
     let port = next_port();
     let srv = start_server(pair, tool, op, port, extra);
     let out = run_client(pair, tool, op, port, extra);
@@ -76,17 +82,17 @@ fn run(pair: &VethPair, tool: &str, op: &str, extra: &[&str]) -> (Value, Value) 
         String::from_utf8_lossy(&srv.stderr)
     );
     let server = if srv.stdout.iter().all(u8::is_ascii_whitespace) {
-        Value::Null
+        None
     } else {
-        json(&srv.stdout, "server")
+        Some(json(&srv.stdout, "server"))
     };
     (json(&out.stdout, "client"), server)
 }
 
-fn check_common(r: &Value, op: &str) {
-    assert_eq!(r["op"], op, "{r}");
-    assert_eq!(r["perftest"]["peer_version"], "6.06", "{r}");
-    assert!(r["verified"].is_null(), "perftest checks no data: {r}");
+/// What every perftest-mode report says: its `op`, perftest's
+/// `peer_version` and `verified` (null: perftest checks no data).
+fn check_common(op: &str, (got_op, peer_version, verified): (&str, &str, Option<bool>)) {
+    assert_eq!((got_op, peer_version, verified), (op, "6.06", None));
 }
 
 #[test]
@@ -94,23 +100,26 @@ fn every_bw_operation_both_roles() {
     require_root();
     let pair = VethPair::new(1500);
     for op in ["write", "read", "send", "atomic"] {
-        let (c, s) = run(&pair, "bench", op, &["-n", "300"]);
-        check_common(&c, op);
-        assert_eq!(c["perftest"]["role"], "client");
-        assert_eq!(c["iters"], 300, "{c}");
-        assert_eq!(c["size"], if op == "atomic" { 8 } else { 65536 }, "{c}");
-        assert_eq!(c["mtu"], 1024, "{c}");
-        assert!(c["gbps"].as_f64().unwrap() > 0.0, "{c}");
-        assert_eq!(s["perftest"]["role"], "server", "{s}");
+        let (c, s): (BenchReport, _) = run(&pair, "bench", op, &["-n", "300"]);
+        let cp = c.perftest.as_ref().expect("client perftest");
+        check_common(op, (&c.op, &cp.peer_version, c.verified));
+        assert_eq!(cp.role, PerftestRole::Client);
+        assert_eq!(c.iters, 300, "{c:?}");
+        assert_eq!(c.size, if op == "atomic" { 8 } else { 65536 }, "{c:?}");
+        assert_eq!(c.mtu, 1024, "{c:?}");
+        assert!(c.gbps > 0.0, "{c:?}");
+        let s = s.expect("server report");
+        let sp = s.perftest.as_ref().expect("server perftest");
+        assert_eq!(sp.role, PerftestRole::Server, "{s:?}");
         if op == "send" {
             // The send server counts what it received.
-            assert_eq!(s["iters"], 300, "{s}");
-            assert!(s["gbps"].as_f64().unwrap() > 0.0, "{s}");
+            assert_eq!(s.iters, 300, "{s:?}");
+            assert!(s.gbps > 0.0, "{s:?}");
         } else {
             // The passive server got the client's report.
-            let peer = &s["perftest"]["peer_report"];
-            assert_eq!(peer["iters"], 300, "{s}");
-            assert!(peer["bw_avg_mb_per_sec"].as_f64().unwrap() > 0.0, "{s}");
+            let peer = sp.peer_report.expect("peer_report");
+            assert_eq!(peer.iters, 300, "{s:?}");
+            assert!(peer.bw_avg_mb_per_sec > 0.0, "{s:?}");
         }
     }
 }
@@ -120,14 +129,15 @@ fn perftest_defaults_and_several_qps() {
     require_root();
     let pair = VethPair::new(1500);
     // No -n: perftest's 5000 iterations (small messages keep it short).
-    let (c, _) = run(&pair, "bench", "write", &["-s", "4096"]);
-    assert_eq!(c["iters"], 5000, "{c}");
-    assert_eq!(c["size"], 4096, "{c}");
+    let (c, _): (BenchReport, _) = run(&pair, "bench", "write", &["-s", "4096"]);
+    assert_eq!(c.iters, 5000, "{c:?}");
+    assert_eq!(c.size, 4096, "{c:?}");
     // -q 4: four QPs, -n per QP, addresses per QP.
     for op in ["write", "read", "send"] {
-        let (c, _) = run(&pair, "bench", op, &["-q", "4", "-n", "100", "-s", "16384"]);
-        assert_eq!(c["qps"], 4, "{c}");
-        assert_eq!(c["iters"], 400, "{c}");
+        let (c, _): (BenchReport, _) =
+            run(&pair, "bench", op, &["-q", "4", "-n", "100", "-s", "16384"]);
+        assert_eq!(c.qps, 4, "{c:?}");
+        assert_eq!(c.iters, 400, "{c:?}");
     }
 }
 
@@ -136,19 +146,23 @@ fn every_lat_operation_with_defaults() {
     require_root();
     let pair = VethPair::new(1500);
     for op in ["write", "read", "send"] {
-        let (c, s) = run(&pair, "lat", op, &[]);
-        check_common(&c, op);
-        assert_eq!(c["size"], 2, "{c}");
-        assert_eq!(c["iters"], 1000, "{c}");
-        let lat = &c["lat_us"];
-        for k in ["min", "p50", "p99", "p999", "max", "avg"] {
-            assert!(lat[k].as_f64().unwrap() > 0.0, "{c}");
+        let (c, s): (LatReport, _) = run(&pair, "lat", op, &[]);
+        let cp = c.perftest.as_ref().expect("client perftest");
+        check_common(op, (&c.op, &cp.peer_version, c.verified));
+        assert_eq!(c.size, 2, "{c:?}");
+        assert_eq!(c.iters, 1000, "{c:?}");
+        let lat = c.lat_us;
+        for v in [lat.min, lat.p50, lat.p99, lat.p999, lat.max, lat.avg] {
+            assert!(v > 0.0, "{c:?}");
         }
-        assert!(lat["p50"].as_f64() <= lat["p99"].as_f64(), "{c}");
-        if op == "read" {
-            assert!(s.is_null(), "read_lat's server only waits: {s}");
-        } else {
-            assert_eq!(s["perftest"]["role"], "server", "{s}");
+        assert!(lat.p50 <= lat.p99, "{c:?}");
+        match (op, s) {
+            ("read", s) => assert!(s.is_none(), "read_lat's server only waits: {s:?}"),
+            (_, s) => {
+                let s = s.expect("server report");
+                let sp = s.perftest.as_ref().expect("server perftest");
+                assert_eq!(sp.role, PerftestRole::Server, "{s:?}");
+            }
         }
     }
 }
@@ -158,9 +172,9 @@ fn path_mtu_4096_on_a_jumbo_link() {
     require_root();
     let pair = VethPair::new(9000);
     for op in ["write", "read", "send"] {
-        let (c, _) = run(&pair, "bench", op, &["-n", "100"]);
-        assert_eq!(c["mtu"], 4096, "{c}");
-        assert_eq!(c["iters"], 100, "{c}");
+        let (c, _): (BenchReport, _) = run(&pair, "bench", op, &["-n", "100"]);
+        assert_eq!(c.mtu, 4096, "{c:?}");
+        assert_eq!(c.iters, 100, "{c:?}");
     }
     // Both sides agree on the smaller MTU (perftest's check_mtu).
     let port = next_port();
@@ -177,7 +191,7 @@ fn path_mtu_4096_on_a_jumbo_link() {
         "{}",
         String::from_utf8_lossy(&srv.stderr)
     );
-    assert_eq!(json(&out.stdout, "client")["mtu"], 2048);
+    assert_eq!(json::<BenchReport>(&out.stdout, "client").mtu, 2048);
 }
 
 #[test]
