@@ -160,6 +160,19 @@ impl VethPair {
             addr_b,
         }
     }
+
+    /// Gives both ends an IPv6 address in fd77:<the IPv4 subnet's octet>::/64
+    /// (`nodad`: no duplicate detection to wait for); returns (a's, b's).
+    pub fn add_ipv6(&self) -> (std::net::Ipv6Addr, std::net::Ipv6Addr) {
+        let subnet = u16::from(self.addr_a.octets()[2]);
+        let addr_a = std::net::Ipv6Addr::new(0xfd77, subnet, 0, 0, 0, 0, 0, 1);
+        let addr_b = std::net::Ipv6Addr::new(0xfd77, subnet, 0, 0, 0, 0, 0, 2);
+        for (ns, iface, addr) in [(&self.a, &self.if_a, addr_a), (&self.b, &self.if_b, addr_b)] {
+            let cidr = format!("{addr}/64");
+            ns.exec(&["ip", "-6", "addr", "add", &cidr, "dev", iface, "nodad"]);
+        }
+        (addr_a, addr_b)
+    }
 }
 
 fn unique_subnet() -> u32 {

@@ -279,26 +279,11 @@ fn udp_backend_blast_rate() {
 /// accepted by the kernel, traffic class (ECN) both ways, NDP lookups.
 #[test]
 fn udp_backend_interoperates_with_afxdp_over_ipv6() {
-    use std::net::Ipv6Addr;
     require_root();
     const M: u32 = 1000;
     let pair = VethPair::new(1500);
     let _pins = PinGuard(vec![pair.if_b.clone()]);
-    let octet = (std::process::id() % 250) as u16 + 1;
-    let a_ip = Ipv6Addr::new(0xfd77, octet, 0, 0, 0, 0, 0, 1);
-    let b_ip = Ipv6Addr::new(0xfd77, octet, 0, 0, 0, 0, 0, 2);
-    for (ns, ifname, addr) in [(&pair.a, &pair.if_a, a_ip), (&pair.b, &pair.if_b, b_ip)] {
-        ns.exec(&[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{addr}/64"),
-            "dev",
-            ifname,
-            "nodad",
-        ]);
-    }
+    let (a_ip, b_ip) = pair.add_ipv6();
     let (a_ip, b_ip): (IpAddr, IpAddr) = (a_ip.into(), b_ip.into());
     let barrier = Arc::new(Barrier::new(2));
     let spec = |qpn: u32, psn: u32| FrameSpec {

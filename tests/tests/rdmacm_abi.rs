@@ -353,8 +353,7 @@ fn gid_hex(ip: std::net::Ipv4Addr) -> String {
 }
 
 /// An IPv6 address's 16 bytes as the probe prints a GID.
-fn ipv6_hex(addr: &str) -> String {
-    let ip: std::net::Ipv6Addr = addr.parse().unwrap();
+fn ipv6_hex(ip: &std::net::Ipv6Addr) -> String {
     ip.octets().iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -377,24 +376,7 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         pair.addr_a.octets()[2],
         99,
     );
-    // IPv6 addresses of their own (no duplicate detection to wait for).
-    let octet = pair.addr_a.octets()[2];
-    let (addr6_a, addr6_b) = (format!("fd77:{octet:x}::1"), format!("fd77:{octet:x}::2"));
-    for (ns, iface, addr) in [
-        (&pair.a, &pair.if_a, &addr6_a),
-        (&pair.b, &pair.if_b, &addr6_b),
-    ] {
-        ns.exec(&[
-            "ip",
-            "-6",
-            "addr",
-            "add",
-            &format!("{addr}/64"),
-            "dev",
-            iface,
-            "nodad",
-        ]);
-    }
+    let (addr6_a, addr6_b) = pair.add_ipv6();
     let out = xroce_run(
         Some(&pair.a),
         &["--backend", "udp", "--iface", &pair.if_a, "--"],
@@ -404,8 +386,8 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         pair.addr_a.to_string(),
         pair.addr_b.to_string(),
         unreachable.to_string(),
-        addr6_a.clone(),
-        addr6_b.clone(),
+        addr6_a.to_string(),
+        addr6_b.to_string(),
     ])
     .output()
     .expect("run the probe under xroce run");
