@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use xroce::io::afxdp::{XskConfig, XskSocket};
+use xroce_report::CaptureReport;
 
 #[derive(clap::Args, Debug)]
 pub struct CaptureArgs {
@@ -41,16 +42,16 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
     }
     let stats = socket.stats()?;
     if args.json {
-        let out = serde_json::json!({
-            "iface": args.iface,
-            "queue": args.queue,
-            "frames": frames,
-            "bytes": bytes,
-            "rx_dropped": stats.rx_dropped,
-            "rx_ring_full": stats.rx_ring_full,
-            "rx_invalid_descs": stats.rx_invalid_descs,
-        });
-        println!("{out}");
+        let out = CaptureReport {
+            iface: args.iface.clone(),
+            queue: args.queue,
+            frames,
+            bytes,
+            rx_dropped: stats.rx_dropped,
+            rx_ring_full: stats.rx_ring_full,
+            rx_invalid_descs: stats.rx_invalid_descs,
+        };
+        println!("{}", serde_json::to_string(&out)?);
     } else {
         println!(
             "received {frames} RoCEv2 frames ({bytes} bytes) on {} queue {}; socket drops: {} (ring full {})",

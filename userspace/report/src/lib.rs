@@ -1,5 +1,6 @@
 //! The JSON reports `xroce bench --json`, `xroce lat --json`,
-//! `xroce decode --json` and `xroce stats --json` print, one
+//! `xroce decode --json`, `xroce stats --json` and `xroce capture --json`
+//! print, one
 //! definition for the CLI that writes them and the tools that read them
 //! (`cargo xtask bench`, `xroce experiment`). Reading a report into these
 //! types fails on a missing or misspelt field instead of reading it as zero.
@@ -14,6 +15,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 mod decode;
 pub use decode::{CmLine, DecodeReport, Problem, QpTraffic};
+mod capture;
+pub use capture::CaptureReport;
 mod stats;
 pub use stats::{EcnSettings, EngineCounters, FaultSettings, StatsReport};
 
