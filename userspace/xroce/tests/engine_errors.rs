@@ -518,7 +518,10 @@ fn srq_feeds_two_qps_and_fences_order_reads() {
         .unwrap();
     }
     // Armed at 3: the second receive leaves 2 posted and fires it, once.
-    assert!(srq.set_limit(17).is_err(), "a limit above max_wr is refused");
+    assert!(
+        srq.set_limit(17).is_err(),
+        "a limit above max_wr is refused"
+    );
     srq.set_limit(3).unwrap();
     // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
     unsafe { a.mr.write(0, &[7u8; 2000]) }.unwrap();
