@@ -139,7 +139,7 @@ impl AddrQuery {
         if let Some((ifindex, hop)) = self.next_hop {
             let mut solicited = false;
             loop {
-                if route::neighbour_known(ifindex, hop).unwrap_or(false) {
+                if matches!(xroce_netlink::neighbour(ifindex, hop), Ok(Some(_))) {
                     break;
                 }
                 if Instant::now() >= self.deadline {
@@ -150,7 +150,7 @@ impl AddrQuery {
                     return (-libc::ETIMEDOUT, None);
                 }
                 if !solicited {
-                    route::solicit(hop);
+                    xroce_netlink::solicit(hop, ifindex);
                     solicited = true;
                 }
                 std::thread::sleep(

@@ -1,24 +1,18 @@
 //! The kernel's routing and neighbour tables over rtnetlink, in the calling
 //! thread's network namespace: where a destination is reached from (the
-//! egress interface and source address of `ip route get`), and whether its
-//! next hop has a link-layer address (ARP / NDP), as the kernel's rdma_cm
-//! asks them before it reports an address resolved.
-//!
-//! This library cannot use xroce's own neighbour lookup (the xroce crate is
-//! linked into libibverbs.so.1 only, so that a process has one device
-//! state): the few netlink requests are made here.
+//! egress interface and source address of `ip route get`), as the kernel's
+//! rdma_cm asks before it reports an address resolved. Whether the next hop
+//! has a link-layer address (ARP / NDP) is xroce-netlink's lookup, shared
+//! with xroce's devices (this library must not link the xroce crate: that
+//! lives in libibverbs.so.1 only, so that a process has one device state).
 
-use std::{
-    io,
-    net::{IpAddr, SocketAddr, UdpSocket},
-};
+use std::{io, net::IpAddr};
 
 use netlink_packet_core::{
     NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLMSG_ALIGNTO, NLM_F_DUMP,
     NLM_F_REQUEST,
 };
 use netlink_packet_route::{
-    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourMessage},
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteType},
     AddressFamily, RouteNetlinkMessage,
 };
@@ -152,58 +146,6 @@ pub(crate) fn lookup(dst: IpAddr, src: Option<IpAddr>) -> io::Result<Route> {
     Ok(route)
 }
 
-/// NUD_INCOMPLETE | NUD_FAILED: an entry without a usable MAC.
-const NUD_UNRESOLVED: u16 = 0x01 | 0x20;
-
-/// The neighbour table holds a usable (resolved) entry for `peer` on
-/// interface `ifindex`.
-pub(crate) fn neighbour_known(ifindex: u32, peer: IpAddr) -> io::Result<bool> {
-    let mut query = NeighbourMessage::default();
-    query.header.family = family(peer);
-    let mut known = false;
-    exchange(
-        RouteNetlinkMessage::GetNeighbour(query),
-        NLM_F_REQUEST | NLM_F_DUMP,
-        |m| {
-            let RouteNetlinkMessage::NewNeighbour(entry) = m else {
-                return;
-            };
-            let state = u16::from(entry.header.state);
-            if entry.header.ifindex != ifindex || state == 0 || state & NUD_UNRESOLVED != 0 {
-                return;
-            }
-            let (mut dst, mut mac) = (None, false);
-            for attr in &entry.attributes {
-                match attr {
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
-                        dst = Some(IpAddr::V4(*a))
-                    }
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
-                        dst = Some(IpAddr::V6(*a))
-                    }
-                    NeighbourAttribute::LinkLayerAddress(ll) => mac = ll.len() == 6,
-                    _ => {}
-                }
-            }
-            known |= dst == Some(peer) && mac;
-        },
-    )?;
-    Ok(known)
-}
-
-/// Makes the kernel resolve `peer`'s link-layer address: a datagram to it
-/// (the discard port) starts ARP / NDP, as `ping` would.
-pub(crate) fn solicit(peer: IpAddr) {
-    let any: SocketAddr = if peer.is_ipv4() {
-        "0.0.0.0:0".parse().unwrap()
-    } else {
-        "[::]:0".parse().unwrap()
-    };
-    if let Ok(s) = UdpSocket::bind(any) {
-        let _ = s.send_to(&[0], SocketAddr::new(peer, 9));
-    }
-}
-
 /// The index of interface `name`, 0 if there is none.
 pub(crate) fn if_index(name: &str) -> u32 {
     let Ok(c) = std::ffi::CString::new(name) else {
@@ -272,10 +214,5 @@ mod tests {
             Some("192.0.2.1".parse().unwrap()),
         );
         assert!(e.is_err(), "{e:?}");
-    }
-
-    #[test]
-    fn an_unknown_neighbour_is_not_known() {
-        assert!(!neighbour_known(if_index("lo"), "192.0.2.1".parse().unwrap()).unwrap());
     }
 }
