@@ -320,3 +320,61 @@ pub fn layout_mismatches(c_stdout: &[u8], rust: &BTreeMap<String, String>) -> Ve
     }
     mismatches
 }
+
+/// What the dynamic loader prints when a program cannot start on a library.
+const LOADER_FAILURES: &[&str] = &[
+    "symbol lookup error",
+    "undefined symbol",
+    "version `",
+    "cannot open shared object",
+    "error while loading shared libraries",
+];
+
+/// `loader: <line>` for the first of `stderr_lines` that shows each way the
+/// dynamic loader fails to start a program on a library; empty when none.
+pub fn loader_failures<'a>(stderr_lines: impl IntoIterator<Item = &'a str> + Clone) -> Vec<String> {
+    LOADER_FAILURES
+        .iter()
+        .filter_map(|failure| {
+            let line = stderr_lines
+                .clone()
+                .into_iter()
+                .find(|l| l.contains(failure))?;
+            Some(format!("loader: {}", line.trim()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loader_failures_name_the_first_line_of_each_kind() {
+        let stderr = "usage: prog\n  rping: symbol lookup error: x: undefined symbol: rdma_y\n\
+                      rping: symbol lookup error: again\n";
+        assert_eq!(
+            loader_failures(stderr.lines()),
+            [
+                "loader: rping: symbol lookup error: x: undefined symbol: rdma_y",
+                "loader: rping: symbol lookup error: x: undefined symbol: rdma_y",
+            ]
+        );
+        assert!(loader_failures("usage: prog [-s]".lines()).is_empty());
+    }
+
+    #[test]
+    fn layout_mismatches_name_every_difference() {
+        let rust: BTreeMap<String, String> =
+            [("s", "size 8"), ("s.a", "offset 0"), ("s.b", "offset 4")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into();
+        let c = b"s\tsize 8\ns.a\toffset 0\ns.b\toffset 2\ns.c\toffset 6\n";
+        assert_eq!(
+            layout_mismatches(c, &rust),
+            ["s.b: C offset 2, Rust offset 4", "s.c: printed by C only"]
+        );
+        let rust_only = layout_mismatches(b"s\tsize 8\ns.a\toffset 0\n", &rust);
+        assert_eq!(rust_only, ["s.b: missing from the C program's output"]);
+    }
+}

@@ -24,7 +24,7 @@ use xroce_tests::{
     require_root, run,
     verbs::{
         default_versioned_exports, dynamic_symbols, ibverbs_cdylib, layout_mismatches,
-        rdmacm_cdylib, soname, which, workspace_root, xroce_exe, xroce_run,
+        loader_failures, rdmacm_cdylib, soname, which, workspace_root, xroce_exe, xroce_run,
     },
     VethPair,
 };
@@ -612,15 +612,6 @@ const RDMACM_PROGRAMS: &[&str] = &[
     "udpong",
 ];
 
-/// What the dynamic loader prints when a program cannot start on a library.
-const LOADER_FAILURES: &[&str] = &[
-    "symbol lookup error",
-    "undefined symbol",
-    "version `",
-    "cannot open shared object",
-    "error while loading shared libraries",
-];
-
 #[test]
 fn every_rdmacm_utils_program_loads_on_the_library() {
     require_root();
@@ -646,12 +637,7 @@ fn every_rdmacm_utils_program_loads_on_the_library() {
             .output()
             .unwrap_or_else(|e| panic!("run {program}: {e}"));
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let mut why = Vec::new();
-        for failure in LOADER_FAILURES {
-            if let Some(l) = stderr.lines().find(|l| l.contains(failure)) {
-                why.push(format!("loader: {}", l.trim()));
-            }
-        }
+        let mut why = loader_failures(stderr.lines());
         let to_ours = format!(" to {} [", ours.display());
         let bound = stderr
             .lines()

@@ -21,8 +21,8 @@ use xroce_tests::{
     in_netns, require_root, run,
     verbs::{
         default_versioned_exports, dynamic_symbols, exports_list, ibverbs_cdylib,
-        layout_mismatches, require_debian_verbs, require_verbs_header, soname, xroce_exe,
-        xroce_run, DEBIAN_LIBIBVERBS, PROGRAMS,
+        layout_mismatches, loader_failures, require_debian_verbs, require_verbs_header, soname,
+        xroce_exe, xroce_run, DEBIAN_LIBIBVERBS, PROGRAMS,
     },
     VethPair,
 };
@@ -464,15 +464,6 @@ fn dlerror() -> String {
 // Loading
 // ---------------------------------------------------------------------------
 
-/// What the dynamic loader prints when a program cannot start on a library.
-const LOADER_FAILURES: &[&str] = &[
-    "symbol lookup error",
-    "undefined symbol",
-    "version `",
-    "cannot open shared object",
-    "error while loading shared libraries",
-];
-
 fn text(out: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -519,13 +510,8 @@ fn every_program_starts_on_the_library() {
             .output()
             .unwrap_or_else(|e| panic!("run xroce run -- {program}: {e}"));
         let (stdout, stderr) = text(&out);
-        let mut why = Vec::new();
         let program_stderr = without_ld_debug(&stderr);
-        for failure in LOADER_FAILURES {
-            if let Some(line) = program_stderr.iter().find(|l| l.contains(failure)) {
-                why.push(format!("loader: {}", line.trim()));
-            }
-        }
+        let mut why = loader_failures(program_stderr.iter().copied());
         if out.status.code().is_none() {
             why.push(format!("killed: {}", out.status));
         }
