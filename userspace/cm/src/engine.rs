@@ -612,6 +612,18 @@ impl CmEngine {
         }
     }
 
+    /// Counts one more pending request against the listener of
+    /// `service_id`; false (nothing counted) when its backlog is full.
+    pub(crate) fn take_backlog(&mut self, service_id: u64) -> bool {
+        match self.listeners.get_mut(&service_id) {
+            Some(l) if l.pending < l.backlog => {
+                l.pending += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn release_backlog(&mut self, listener: Option<u64>) {
         if let Some(l) = listener.and_then(|s| self.listeners.get_mut(&s)) {
             l.pending = l.pending.saturating_sub(1);

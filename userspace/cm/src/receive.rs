@@ -103,26 +103,23 @@ impl CmEngine {
             self.reject_req(from, local_gid, tid, 0, r, RejReason::StaleConn);
             return;
         }
-        let Some(listener) = self.listeners.get(&r.service_id).copied() else {
+        if !self.listeners.contains_key(&r.service_id) {
             self.stats.req_no_listener += 1;
             // As Linux: no comm ID was ever allocated for it.
             self.reject_req(from, local_gid, tid, 0, r, RejReason::InvalidServiceId);
             return;
-        };
+        }
         let our_gid = r.primary_path.remote_gid;
         if !self.config.local_gids.contains(&our_gid) {
             self.stats.req_invalid_gid += 1;
             self.reject_req(from, local_gid, tid, 0, r, RejReason::InvalidGid);
             return;
         }
-        if listener.pending >= listener.backlog {
+        if !self.take_backlog(r.service_id) {
             // Linux (ucma's backlog): dropped without a REJ, so that the
             // peer's retransmission may find room.
             self.stats.req_backlog_full += 1;
             return;
-        }
-        if let Some(l) = self.listeners.get_mut(&r.service_id) {
-            l.pending += 1;
         }
         let id = self.allocate_id();
         let p = &r.primary_path;
@@ -452,7 +449,7 @@ impl CmEngine {
             self.stats.duplicates += 1;
             return;
         }
-        let Some(listener) = self.listeners.get(&r.service_id).copied() else {
+        if !self.listeners.contains_key(&r.service_id) {
             self.stats.sidr_no_listener += 1;
             let rep = SidrRepRepr {
                 request_id: r.request_id,
@@ -468,13 +465,10 @@ impl CmEngine {
                 self.push(local_gid, from, mad);
             }
             return;
-        };
-        if listener.pending >= listener.backlog {
+        }
+        if !self.take_backlog(r.service_id) {
             self.stats.req_backlog_full += 1;
             return;
-        }
-        if let Some(l) = self.listeners.get_mut(&r.service_id) {
-            l.pending += 1;
         }
         let id = self.allocate_id();
         self.conns.insert(
