@@ -587,6 +587,27 @@ const DROPIN_PROGRAMS: &[(&str, &str)] = &[
     ("ib_send_lat", "-x 1 -F -m {mtu} -n {iters}"),
 ];
 
+/// One drop-in case: `program args` under `xroce run` on the host
+/// against the same program on the guest's rxe0, captured to `cap`.
+#[allow(clippy::too_many_arguments)]
+fn dropin_captured(
+    ns: &Netns,
+    vm: &mut Vm,
+    x: &str,
+    backend: &str,
+    program: &str,
+    args: &str,
+    xroce_server: bool,
+    cap: &Path,
+) -> Result<String> {
+    let mut host = dropin_run_argv(x, backend, program);
+    host.extend(args.split_whitespace().map(String::from));
+    let guest = format!("{program} -d rxe0 {args}");
+    captured(ns, cap, || {
+        xroce_vs_rxe(ns, vm, x, &host, &guest, xroce_server, cap)
+    })
+}
+
 /// The host side of a drop-in case: `PROGRAM -d xroce_xr0` under
 /// `X run --iface xr0 --backend BACKEND` (arguments of its own follow).
 fn dropin_run_argv(x: &str, backend: &str, program: &str) -> Vec<String> {
@@ -699,12 +720,7 @@ fn dropin(ns: &Netns, vm: &mut Vm, x: &str, ready: Result<()>, table: &mut Table
                 let cap = artifacts.join(format!(
                     "dropin_xroce-{role}_rxe_{program}{tag}_mtu{mtu}_{backend}.pcap"
                 ));
-                let mut host = dropin_run_argv(x, backend, program);
-                host.extend(args.split_whitespace().map(String::from));
-                let guest = format!("{program} -d rxe0 {args}");
-                let r = captured(ns, &cap, || {
-                    xroce_vs_rxe(ns, vm, x, &host, &guest, xroce_server, &cap)
-                });
+                let r = dropin_captured(ns, vm, x, backend, program, &args, xroce_server, &cap);
                 // `xroce run --backend afxdp` leaves its XDP program
                 // attached (pinned) for the next run; the next case (or
                 // suite) starts from a clean interface.
@@ -747,20 +763,15 @@ fn dropin_ipv6(ns: &Netns, vm: &mut Vm, x: &str, table: &mut Table) -> Result<()
             let cap = artifacts.join(format!(
                 "dropin-ipv6_xroce-{role}_rxe_{program}_mtu1024_{backend}.pcap"
             ));
-            let mut host = dropin_run_argv(x, backend, program);
-            host.extend(args.split_whitespace().map(String::from));
-            let guest = format!("{program} -d rxe0 {args}");
-            let r = captured(ns, &cap, || {
-                xroce_vs_rxe(ns, vm, x, &host, &guest, xroce_server, &cap)
-            })
-            .and_then(|note| {
-                let v6 = roce_frames(&cap, "ip6")?;
-                let v4 = roce_frames(&cap, "ip")?;
-                if v6 == 0 || v4 != 0 {
-                    bail!("{v6} IPv6 and {v4} IPv4 RoCEv2 frames captured; expected IPv6 only");
-                }
-                Ok(format!("{note}; {v6} RoCEv2 frames, all IPv6"))
-            });
+            let r = dropin_captured(ns, vm, x, backend, program, &args, xroce_server, &cap)
+                .and_then(|note| {
+                    let v6 = roce_frames(&cap, "ip6")?;
+                    let v4 = roce_frames(&cap, "ip")?;
+                    if v6 == 0 || v4 != 0 {
+                        bail!("{v6} IPv6 and {v4} IPv4 RoCEv2 frames captured; expected IPv6 only");
+                    }
+                    Ok(format!("{note}; {v6} RoCEv2 frames, all IPv6"))
+                });
             let _ = ns.enter(&[x, "detach", "--iface", HOST_IFACE]).output();
             table.record(&name, t, &r);
         }
