@@ -48,18 +48,6 @@ use common::pattern;
 
 const MS: u64 = 1_000_000;
 
-fn wc_opcode(op: &WrOpcode) -> WcOpcode {
-    match op {
-        WrOpcode::Send | WrOpcode::SendWithImm { .. } | WrOpcode::SendWithInv { .. } => {
-            WcOpcode::Send
-        }
-        WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
-        WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
-        WrOpcode::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
-        WrOpcode::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
-    }
-}
-
 // ---------------------------------------------------------------------------
 // The completion tracker
 
@@ -145,7 +133,7 @@ impl Track {
         self.record_send(
             wr.wr_id,
             wr.flags.contains(SendFlags::SIGNALED),
-            wc_opcode(&wr.opcode),
+            wr.opcode.wc_opcode(),
         );
         Ok(wr.wr_id)
     }

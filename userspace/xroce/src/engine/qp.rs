@@ -195,7 +195,7 @@ impl QpCtx {
         Wc {
             wr_id: w.wr_id,
             status,
-            opcode: w.wc_opcode(),
+            opcode: w.op.wc_opcode(),
             byte_len: w.len,
             qp_num: self.qpn,
             src_qp: self.attr.dest_qp_num,

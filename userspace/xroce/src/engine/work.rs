@@ -1,5 +1,7 @@
 //! Work requests the engine executes (`ibv_send_wr`, `ibv_recv_wr`, `ibv_sge`).
 
+use super::completion::WcOpcode;
+
 /// One scatter/gather element (`ibv_sge`): `addr` is an address inside the
 /// MR named by `lkey` (see [`super::memory::MemoryRegion::sge`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,6 +64,18 @@ pub enum WrOpcode {
 }
 
 impl WrOpcode {
+    /// The opcode of the work completion this request ends with.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            WrOpcode::Send | WrOpcode::SendWithImm { .. } | WrOpcode::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
+            WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
+            WrOpcode::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
+            WrOpcode::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,
@@ -126,4 +140,52 @@ impl SendWr {
 pub struct RecvWr {
     pub wr_id: u64,
     pub sg_list: Vec<Sge>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_wr_opcode_completes_with_its_wc_opcode() {
+        let (remote_addr, rkey) = (0x1000, 7);
+        let cases = [
+            (WrOpcode::Send, WcOpcode::Send),
+            (WrOpcode::SendWithImm { imm: 1 }, WcOpcode::Send),
+            (WrOpcode::SendWithInv { invalidate_rkey: 2 }, WcOpcode::Send),
+            (
+                WrOpcode::RdmaWrite { remote_addr, rkey },
+                WcOpcode::RdmaWrite,
+            ),
+            (
+                WrOpcode::RdmaWriteWithImm {
+                    remote_addr,
+                    rkey,
+                    imm: 3,
+                },
+                WcOpcode::RdmaWrite,
+            ),
+            (WrOpcode::RdmaRead { remote_addr, rkey }, WcOpcode::RdmaRead),
+            (
+                WrOpcode::AtomicCmpAndSwp {
+                    remote_addr,
+                    rkey,
+                    compare: 4,
+                    swap: 5,
+                },
+                WcOpcode::CompSwap,
+            ),
+            (
+                WrOpcode::AtomicFetchAndAdd {
+                    remote_addr,
+                    rkey,
+                    add: 6,
+                },
+                WcOpcode::FetchAdd,
+            ),
+        ];
+        for (wr, wc) in cases {
+            assert_eq!(wr.wc_opcode(), wc, "{wr:?}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::completion::{WcOpcode, WcStatus};
+use super::completion::WcStatus;
 use super::memory::{AccessFlags, MrInner, MrTable};
 use super::work::{RecvWr, SendFlags, Sge, UdAddress, WrOpcode};
 
@@ -107,17 +107,6 @@ pub(crate) struct SendWqe {
 }
 
 impl SendWqe {
-    pub fn wc_opcode(&self) -> WcOpcode {
-        match self.op {
-            WrOpcode::Send | WrOpcode::SendWithImm { .. } | WrOpcode::SendWithInv { .. } => {
-                WcOpcode::Send
-            }
-            WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
-            WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
-            WrOpcode::AtomicCmpAndSwp { .. } => WcOpcode::CompSwap,
-            WrOpcode::AtomicFetchAndAdd { .. } => WcOpcode::FetchAdd,
-        }
-    }
     pub fn read_payload(&self, offset: usize, dst: &mut [u8]) -> bool {
         match &self.inline {
             Some(v) => match v.get(offset..offset + dst.len()) {
