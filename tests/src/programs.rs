@@ -9,6 +9,7 @@
 //! makes them take turns so that timing-sensitive programs do not starve.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     fs::File,
     net::Ipv4Addr,
@@ -225,6 +226,22 @@ impl Topology {
             Wire::Direct(_) => None,
             Wire::Bridged(p) => Some((&p.m, &p.port_b)),
         }
+    }
+
+    /// Runs `run` while tcpdump listens on the bridge port facing the
+    /// server ([`Self::tap`]), writing `name` in the test's directory;
+    /// returns what `run` returned, the capture file and tcpdump's summary.
+    pub fn captured<T>(
+        &self,
+        name: &str,
+        run: impl FnOnce() -> T,
+    ) -> Result<(T, PathBuf, String), String> {
+        let (tap_ns, tap_if) = self.tap().expect("bridged topology");
+        let file = self.dir.0.join(name);
+        let cap = Tcpdump::start(tap_ns, tap_if, file.clone(), &self.dir.0)?;
+        let out = run();
+        let summary = cap.stop()?;
+        Ok((out, file, summary))
     }
 
     /// `xroce run --iface IF --backend B -- PROGRAM ARGS` in the node's
@@ -895,7 +912,60 @@ pub fn decode(file: &Path) -> Result<xroce_report::DecodeReport, String> {
     serde_json::from_str(text.trim()).map_err(|e| format!("decode JSON {text:?}: {e}"))
 }
 
+/// Fails unless `ops` (opcode name -> frames) holds at least `min` frames
+/// whose opcode name starts with `prefix`, for every `(prefix, min)`;
+/// `summary` (the capture's) goes into the error.
+pub fn check_opcode_counts(
+    ops: &BTreeMap<String, u64>,
+    expect: &[(&str, u64)],
+    summary: &str,
+) -> Result<(), String> {
+    for (prefix, min) in expect {
+        let count: u64 = ops
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, c)| c)
+            .sum();
+        if count < *min {
+            return Err(format!(
+                "{count} {prefix}* frames, expected at least {min} ({summary}): {ops:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Arguments from string slices.
 pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opcode_counts_sum_every_name_with_the_prefix() {
+        let ops = BTreeMap::from([
+            ("RC_RDMA_WRITE_FIRST".to_string(), 3),
+            ("RC_RDMA_WRITE_LAST".to_string(), 3),
+            ("RC_ACKNOWLEDGE".to_string(), 1),
+        ]);
+        assert_eq!(
+            check_opcode_counts(&ops, &[("RC_RDMA_WRITE", 6), ("RC_ACK", 1)], "s"),
+            Ok(())
+        );
+        assert_eq!(
+            check_opcode_counts(&ops, &[("RC_RDMA_WRITE", 7)], "9 frames captured"),
+            Err(format!(
+                "6 RC_RDMA_WRITE* frames, expected at least 7 (9 frames captured): {ops:?}"
+            ))
+        );
+        assert_eq!(
+            check_opcode_counts(&ops, &[("RC_SEND", 1)], "s"),
+            Err(format!(
+                "0 RC_SEND* frames, expected at least 1 (s): {ops:?}"
+            ))
+        );
+    }
 }

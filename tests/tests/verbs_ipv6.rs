@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use xroce::io::wire::{parse_frame_checked, IpRepr};
 use xroce_tests::{
-    programs::{args, check_bw_table, serial, Backend, Cases, Node, Tcpdump, Topology},
+    programs::{args, check_bw_table, check_opcode_counts, serial, Backend, Cases, Node, Topology},
     require_root,
 };
 
@@ -80,25 +80,12 @@ fn captured(
     expect: &[(&str, u64)],
     check: impl FnOnce(&xroce_tests::programs::Finished) -> Result<String, String>,
 ) -> Result<String, String> {
-    let (tap_ns, tap_if) = t.tap().expect("bridged topology");
-    let file = t.dir.0.join(format!("{program}-ipv6.pcap"));
-    let cap = Tcpdump::start(tap_ns, tap_if, file.clone(), &t.dir.0)?;
-    let out = t.pair(program, &args(server), &args(client), RUN);
-    let summary = cap.stop()?;
+    let (out, file, summary) = t.captured(&format!("{program}-ipv6.pcap"), || {
+        t.pair(program, &args(server), &args(client), RUN)
+    })?;
     let result = out.check().and_then(check)?;
     let ops = ipv6_opcodes(&file)?;
-    for (prefix, min) in expect {
-        let count: u64 = ops
-            .iter()
-            .filter(|(name, _)| name.starts_with(prefix))
-            .map(|(_, c)| c)
-            .sum();
-        if count < *min {
-            return Err(format!(
-                "{count} {prefix}* frames, expected at least {min} ({summary}): {ops:?}"
-            ));
-        }
-    }
+    check_opcode_counts(&ops, expect, &summary)?;
     Ok(format!(
         "{result}; {summary}, all IPv6 link-local, good ICRC: {ops:?}"
     ))

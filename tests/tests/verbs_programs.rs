@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use xroce_tests::{
     programs::{
-        args, check_bw_table, check_lat_table, decode, serial, Backend, Cases, Node, Tcpdump,
-        Topology,
+        args, check_bw_table, check_lat_table, check_opcode_counts, decode, serial, Backend, Cases,
+        Node, Topology,
     },
     require_root,
 };
@@ -397,11 +397,7 @@ fn captured_run(
     extra: &[&str],
     expect: &[(&str, u64)],
 ) -> Result<String, String> {
-    let (tap_ns, tap_if) = t.tap().expect("bridged topology");
-    let file = t.dir.0.join(format!("{tool}.pcap"));
-    let cap = Tcpdump::start(tap_ns, tap_if, file.clone(), &t.dir.0)?;
-    let run = bw(t, tool, extra);
-    let summary = cap.stop()?;
+    let (run, file, summary) = t.captured(&format!("{tool}.pcap"), || bw(t, tool, extra))?;
     let table = run?;
     let r = decode(&file)?;
     let ops = &r.opcodes_named;
@@ -411,18 +407,7 @@ fn captured_run(
     if r.icrc_bad != 0 || r.malformed != 0 || r.not_roce != 0 || r.icrc_ok != r.roce {
         return Err(format!("bad frames on the wire ({summary}): {r:?}"));
     }
-    for (prefix, min) in expect {
-        let count: u64 = ops
-            .iter()
-            .filter(|(name, _)| name.starts_with(prefix))
-            .map(|(_, c)| c)
-            .sum();
-        if count < *min {
-            return Err(format!(
-                "{count} {prefix}* frames, expected at least {min} ({summary}): {ops:?}"
-            ));
-        }
-    }
+    check_opcode_counts(ops, expect, &summary)?;
     Ok(format!(
         "{table}; {summary}, all RoCEv2 with good ICRC, psn_gaps {}, {ops:?}",
         r.psn_gaps
