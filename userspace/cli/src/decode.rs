@@ -41,31 +41,11 @@ pub fn run(args: &DecodeArgs) -> anyhow::Result<()> {
 /// At most this many malformed frames are listed individually.
 pub const MAX_LISTED_MALFORMED: usize = 100;
 
-/// One malformed RoCEv2 frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Malformed {
-    /// 1-based frame number in the capture (as Wireshark counts).
-    pub frame: u64,
-    pub reason: String,
-}
-
-/// The traffic seen to one QP (destination GID + QPN): packet counts and PSN
-/// bookkeeping of its requests.
+/// One QP's row of the report as it is being counted, and the PSN its
+/// next request should carry.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QpState {
-    pub packets: u64,
-    pub requests: u64,
-    pub responses: u64,
-    pub first_psn: Option<u32>,
-    pub last_psn: Option<u32>,
-    /// Requests whose PSN jumped ahead of the expected next PSN.
-    pub psn_gaps: u64,
-    /// PSNs skipped over by those jumps.
-    pub psns_missing: u64,
-    /// Requests with a PSN at or before one already seen (retransmissions).
-    pub psn_repeats: u64,
-    pub naks: u64,
-    pub rnr_naks: u64,
+    pub traffic: QpTraffic,
     expected: Option<u32>,
 }
 
@@ -85,7 +65,9 @@ pub struct Report {
     pub opcodes: BTreeMap<u8, u64>,
     /// (destination GID, destination QPN) -> traffic.
     pub qps: BTreeMap<(Gid, u32), QpState>,
-    pub malformed_list: Vec<Malformed>,
+    /// Malformed frames and ICRC failures, the first
+    /// [`MAX_LISTED_MALFORMED`].
+    pub malformed_list: Vec<Problem>,
     /// One line per CM MAD: (frame number, what it says).
     pub cm: Vec<(u64, String)>,
 }
@@ -129,7 +111,7 @@ impl Report {
     fn malformed(&mut self, frame: u64, reason: String) {
         self.malformed += 1;
         if self.malformed_list.len() < MAX_LISTED_MALFORMED {
-            self.malformed_list.push(Malformed { frame, reason });
+            self.malformed_list.push(Problem { frame, reason });
         }
     }
 
@@ -154,7 +136,7 @@ impl Report {
             Err(e @ WireError::BadIcrc { .. }) => {
                 self.icrc_bad += 1;
                 if self.malformed_list.len() < MAX_LISTED_MALFORMED {
-                    self.malformed_list.push(Malformed {
+                    self.malformed_list.push(Problem {
                         frame: n,
                         reason: e.to_string(),
                     });
@@ -174,10 +156,16 @@ impl Report {
         if op == Opcode::CNP {
             return;
         }
-        let q = self
-            .qps
-            .entry((repr.ip.dst_gid(), t.bth.dest_qp))
-            .or_default();
+        let (dst, dest_qp) = (repr.ip.dst_gid(), t.bth.dest_qp);
+        let state = self.qps.entry((dst, dest_qp)).or_insert_with(|| QpState {
+            traffic: QpTraffic {
+                dst: dst.to_string(),
+                dest_qp,
+                ..QpTraffic::default()
+            },
+            expected: None,
+        });
+        let q = &mut state.traffic;
         q.packets += 1;
         let psn = t.bth.psn;
         if op.is_response() {
@@ -192,7 +180,7 @@ impl Report {
         q.requests += 1;
         q.first_psn.get_or_insert(psn);
         q.last_psn = Some(psn);
-        if let Some(exp) = q.expected {
+        if let Some(exp) = state.expected {
             let d = xroce_wire::psn_diff(psn, exp);
             if d > 0 {
                 q.psn_gaps += 1;
@@ -203,7 +191,7 @@ impl Report {
         }
         // An RDMA READ request reserves one PSN per response packet, which
         // the capture does not tell us (path MTU): do not judge the next one.
-        q.expected = if op == Opcode::RC_RDMA_READ_REQUEST {
+        state.expected = if op == Opcode::RC_RDMA_READ_REQUEST {
             None
         } else {
             Some(xroce_wire::psn_add(psn, 1))
@@ -211,7 +199,7 @@ impl Report {
     }
 
     pub fn psn_gaps(&self) -> u64 {
-        self.qps.values().map(|q| q.psn_gaps).sum()
+        self.qps.values().map(|q| q.traffic.psn_gaps).sum()
     }
 
     /// The report `--json` prints.
@@ -236,32 +224,8 @@ impl Report {
             opcodes: self.opcodes.clone(),
             opcodes_named,
             psn_gaps: self.psn_gaps(),
-            qps: self
-                .qps
-                .iter()
-                .map(|((gid, qpn), q)| QpTraffic {
-                    dst: gid.to_string(),
-                    dest_qp: *qpn,
-                    packets: q.packets,
-                    requests: q.requests,
-                    responses: q.responses,
-                    first_psn: q.first_psn,
-                    last_psn: q.last_psn,
-                    psn_gaps: q.psn_gaps,
-                    psns_missing: q.psns_missing,
-                    psn_repeats: q.psn_repeats,
-                    naks: q.naks,
-                    rnr_naks: q.rnr_naks,
-                })
-                .collect(),
-            problems: self
-                .malformed_list
-                .iter()
-                .map(|m| Problem {
-                    frame: m.frame,
-                    reason: m.reason.clone(),
-                })
-                .collect(),
+            qps: self.qps.values().map(|q| q.traffic.clone()).collect(),
+            problems: self.malformed_list.clone(),
             cm: self
                 .cm
                 .iter()
@@ -295,7 +259,7 @@ impl Report {
             "\n{:<28} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>7}",
             "dst QP", "packets", "requests", "first_psn", "last_psn", "psn_gaps", "repeats", "naks"
         );
-        for ((gid, qpn), q) in &self.qps {
+        for ((gid, qpn), QpState { traffic: q, .. }) in &self.qps {
             let psn = |p: Option<u32>| p.map(|p| format!("{p:#08x}")).unwrap_or_else(|| "-".into());
             let _ = writeln!(
                 s,
@@ -747,7 +711,12 @@ mod tests {
             rep.add_frame(n, &pkt);
         }
         assert_eq!(rep.psn_gaps(), 1);
-        let q = rep.qps.values().find(|q| q.requests > 0).unwrap();
+        let q = &rep
+            .qps
+            .values()
+            .find(|q| q.traffic.requests > 0)
+            .unwrap()
+            .traffic;
         assert_eq!(q.psns_missing, 2);
         assert_eq!(q.psn_repeats, 0);
         assert_eq!(rep.icrc_bad + rep.malformed, 0);
