@@ -52,24 +52,12 @@ pub struct QpState {
 /// Everything `xroce decode` reports.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
-    pub link_type: u32,
-    pub nanosecond: bool,
-    pub frames: u64,
-    pub roce: u64,
-    pub not_roce: u64,
-    pub icrc_ok: u64,
-    pub icrc_bad: u64,
-    pub malformed: u64,
-    pub bytes: u64,
-    /// Opcode byte -> frames.
-    pub opcodes: BTreeMap<u8, u64>,
+    /// Counted straight into the `--json` report; its `opcodes_named`,
+    /// `psn_gaps` and `qps` stay empty until [`Report::to_report`] derives
+    /// them.
+    pub counts: DecodeReport,
     /// (destination GID, destination QPN) -> traffic.
     pub qps: BTreeMap<(Gid, u32), QpState>,
-    /// Malformed frames and ICRC failures, the first
-    /// [`MAX_LISTED_MALFORMED`].
-    pub malformed_list: Vec<Problem>,
-    /// One line per CM MAD: (frame number, what it says).
-    pub cm: Vec<(u64, String)>,
 }
 
 const LINKTYPE_RAW: u32 = 101;
@@ -109,9 +97,9 @@ fn to_ethernet(link: u32, pkt: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
 
 impl Report {
     fn malformed(&mut self, frame: u64, reason: String) {
-        self.malformed += 1;
-        if self.malformed_list.len() < MAX_LISTED_MALFORMED {
-            self.malformed_list.push(Problem { frame, reason });
+        self.counts.malformed += 1;
+        if self.counts.problems.len() < MAX_LISTED_MALFORMED {
+            self.counts.problems.push(Problem { frame, reason });
         }
     }
 
@@ -120,23 +108,23 @@ impl Report {
         let (repr, payload) = match parse_frame(frame) {
             Ok(x) => x,
             Err(e) if e.is_not_roce() => {
-                self.not_roce += 1;
+                self.counts.not_roce += 1;
                 return;
             }
             Err(e) => {
                 // A UDP/4791 frame we cannot decode is RoCE traffic gone wrong.
-                self.roce += 1;
+                self.counts.roce += 1;
                 self.malformed(n, e.to_string());
                 return;
             }
         };
-        self.roce += 1;
+        self.counts.roce += 1;
         match icrc::verify_frame(frame) {
-            Ok(()) => self.icrc_ok += 1,
+            Ok(()) => self.counts.icrc_ok += 1,
             Err(e @ WireError::BadIcrc { .. }) => {
-                self.icrc_bad += 1;
-                if self.malformed_list.len() < MAX_LISTED_MALFORMED {
-                    self.malformed_list.push(Problem {
+                self.counts.icrc_bad += 1;
+                if self.counts.problems.len() < MAX_LISTED_MALFORMED {
+                    self.counts.problems.push(Problem {
                         frame: n,
                         reason: e.to_string(),
                     });
@@ -146,10 +134,13 @@ impl Report {
         }
         let t = &repr.transport;
         let op = t.bth.opcode;
-        *self.opcodes.entry(op as u8).or_default() += 1;
+        *self.counts.opcodes.entry(op as u8).or_default() += 1;
         if mad::is_gsi(t) {
             match CmMadRepr::parse(payload) {
-                Ok(m) => self.cm.push((n, cm_line(&m))),
+                Ok(m) => self.counts.cm.push(CmLine {
+                    frame: n,
+                    message: cm_line(&m),
+                }),
                 Err(e) => self.malformed(n, format!("GSI MAD: {e}")),
             }
         }
@@ -205,35 +196,17 @@ impl Report {
     /// The report `--json` prints.
     pub fn to_report(&self) -> DecodeReport {
         let mut opcodes_named = BTreeMap::new();
-        for (op, n) in &self.opcodes {
+        for (op, n) in &self.counts.opcodes {
             // Every unknown opcode byte shares one name.
             *opcodes_named
                 .entry(opcode_name(*op).to_string())
                 .or_default() += n;
         }
         DecodeReport {
-            frames: self.frames,
-            roce: self.roce,
-            not_roce: self.not_roce,
-            icrc_ok: self.icrc_ok,
-            icrc_bad: self.icrc_bad,
-            malformed: self.malformed,
-            bytes: self.bytes,
-            link_type: self.link_type,
-            nanosecond: self.nanosecond,
-            opcodes: self.opcodes.clone(),
             opcodes_named,
             psn_gaps: self.psn_gaps(),
             qps: self.qps.values().map(|q| q.traffic.clone()).collect(),
-            problems: self.malformed_list.clone(),
-            cm: self
-                .cm
-                .iter()
-                .map(|(frame, message)| CmLine {
-                    frame: *frame,
-                    message: message.clone(),
-                })
-                .collect(),
+            ..self.counts.clone()
         }
     }
 
@@ -243,15 +216,15 @@ impl Report {
         let _ = writeln!(
             s,
             "{name}: {} frames, {} RoCEv2, {} other",
-            self.frames, self.roce, self.not_roce
+            self.counts.frames, self.counts.roce, self.counts.not_roce
         );
         let _ = writeln!(
             s,
             "ICRC ok {}  bad {}  malformed {}",
-            self.icrc_ok, self.icrc_bad, self.malformed
+            self.counts.icrc_ok, self.counts.icrc_bad, self.counts.malformed
         );
         let _ = writeln!(s, "\n{:<6} {:<36} {:>10}", "opcode", "name", "frames");
-        for (op, n) in &self.opcodes {
+        for (op, n) in &self.counts.opcodes {
             let _ = writeln!(s, "{op:#06x} {:<36} {n:>10}", opcode_name(*op));
         }
         let _ = writeln!(
@@ -274,15 +247,23 @@ impl Report {
                 q.naks + q.rnr_naks
             );
         }
-        if !self.cm.is_empty() {
-            let _ = writeln!(s, "\nconnection management ({} MADs):", self.cm.len());
-            for (n, l) in &self.cm {
+        if !self.counts.cm.is_empty() {
+            let _ = writeln!(
+                s,
+                "\nconnection management ({} MADs):",
+                self.counts.cm.len()
+            );
+            for CmLine {
+                frame: n,
+                message: l,
+            } in &self.counts.cm
+            {
                 let _ = writeln!(s, "  frame {n}: {l}");
             }
         }
-        if !self.malformed_list.is_empty() {
+        if !self.counts.problems.is_empty() {
             let _ = writeln!(s, "\nproblems (first {MAX_LISTED_MALFORMED}):");
-            for m in &self.malformed_list {
+            for m in &self.counts.problems {
                 let _ = writeln!(s, "  frame {}: {}", m.frame, m.reason);
             }
         }
@@ -409,24 +390,27 @@ pub fn decode_file(path: &Path) -> anyhow::Result<Report> {
 pub fn decode_capture_bytes(data: &[u8]) -> Result<Report, CaptureError> {
     let capture = Capture::parse(data)?;
     let mut rep = Report {
-        link_type: capture.link_type().unwrap_or_default(),
-        nanosecond: capture.nanosecond(),
+        counts: DecodeReport {
+            link_type: capture.link_type().unwrap_or_default(),
+            nanosecond: capture.nanosecond(),
+            ..DecodeReport::default()
+        },
         ..Report::default()
     };
     for (n, p) in (1u64..).zip(capture) {
         let p = p?;
-        rep.frames += 1;
-        rep.bytes += p.data.len() as u64;
+        rep.counts.frames += 1;
+        rep.counts.bytes += p.data.len() as u64;
         let Some(frame) = to_ethernet(p.link_type, &p.data) else {
-            rep.not_roce += 1;
+            rep.counts.not_roce += 1;
             continue;
         };
         if p.is_truncated() {
             // Snap length cut the frame: decodable headers, unverifiable ICRC.
             if parse_frame(&frame).is_err_and(|e| e.is_not_roce()) {
-                rep.not_roce += 1;
+                rep.counts.not_roce += 1;
             } else {
-                rep.roce += 1;
+                rep.counts.roce += 1;
                 rep.malformed(
                     n,
                     format!(
@@ -497,10 +481,10 @@ mod tests {
     #[test]
     fn cm_mads_one_line_each() {
         let rep = cm_capture("rping");
-        assert_eq!(rep.malformed, 0, "{:?}", rep.malformed_list);
-        let lines: Vec<&str> = rep.cm.iter().map(|(_, l)| l.as_str()).collect();
+        assert_eq!(rep.counts.malformed, 0, "{:?}", rep.counts.problems);
+        let lines: Vec<&str> = rep.counts.cm.iter().map(|c| c.message.as_str()).collect();
         assert_eq!(
-            rep.cm.iter().map(|(n, _)| *n).collect::<Vec<_>>(),
+            rep.counts.cm.iter().map(|c| c.frame).collect::<Vec<_>>(),
             [1, 2, 3, 124, 125]
         );
         assert_eq!(
@@ -530,19 +514,19 @@ mod tests {
 
         let rej = cm_capture("rej");
         assert_eq!(
-            rej.cm[1].1,
+            rej.counts.cm[1].message,
             "CM REJ tid=0x22b3a307d comm=0x00000000 remote=0x7d303a2b of=Req \
              reason=invalid service ID (8)"
         );
         let sidr = cm_capture("udaddy");
         assert_eq!(
-            sidr.cm[1].1,
+            sidr.counts.cm[1].message,
             "CM SIDR_REP tid=0x22b3a3079 req=0x79303a2b status=Success svc=RDMA_PS_UDP:7174 \
              qpn=0x13 qkey=0x1234567"
         );
         let v6 = cm_capture("rping_ipv6");
-        assert!(v6.cm[1]
-            .1
+        assert!(v6.counts.cm[1]
+            .message
             .ends_with("private=cma v6 [fd77::11]:41736 -> [fd77::10]:7174"));
     }
 
@@ -558,32 +542,38 @@ mod tests {
         frames[0].1[mad_at] = 9; // base version
         xroce_wire::icrc::fill_frame(&mut frames[0].1).unwrap();
         let rep = decode_capture_bytes(&write_pcap(Default::default(), &frames)).unwrap();
-        assert_eq!(rep.malformed, 1);
+        assert_eq!(rep.counts.malformed, 1);
         assert_eq!(
-            rep.malformed_list[0].reason,
+            rep.counts.problems[0].reason,
             "GSI MAD: MAD base version 9 (must be 1)"
         );
-        assert_eq!(rep.cm.len(), 1);
+        assert_eq!(rep.counts.cm.len(), 1);
     }
 
     #[test]
     fn reference_captures_decode_clean() {
         for p in pcaps() {
             let rep = decode_capture_bytes(&std::fs::read(&p).unwrap()).unwrap();
-            assert!(rep.roce > 0, "{}: no RoCEv2 frames", p.display());
-            assert_eq!(rep.icrc_bad, 0, "{}: {:?}", p.display(), rep.malformed_list);
+            assert!(rep.counts.roce > 0, "{}: no RoCEv2 frames", p.display());
             assert_eq!(
-                rep.malformed,
+                rep.counts.icrc_bad,
                 0,
                 "{}: {:?}",
                 p.display(),
-                rep.malformed_list
+                rep.counts.problems
             );
-            assert_eq!(rep.icrc_ok, rep.roce);
-            assert_eq!(rep.roce + rep.not_roce, rep.frames);
+            assert_eq!(
+                rep.counts.malformed,
+                0,
+                "{}: {:?}",
+                p.display(),
+                rep.counts.problems
+            );
+            assert_eq!(rep.counts.icrc_ok, rep.counts.roce);
+            assert_eq!(rep.counts.roce + rep.counts.not_roce, rep.counts.frames);
             let j = rep.to_report();
-            assert_eq!(j.opcodes.values().sum::<u64>(), rep.roce);
-            assert_eq!(j.opcodes_named.values().sum::<u64>(), rep.roce);
+            assert_eq!(j.opcodes.values().sum::<u64>(), rep.counts.roce);
+            assert_eq!(j.opcodes_named.values().sum::<u64>(), rep.counts.roce);
             // What `--json` prints reads back as the same report.
             let text = serde_json::to_string(&j).unwrap();
             assert_eq!(serde_json::from_str::<DecodeReport>(&text).unwrap(), j);
@@ -677,9 +667,9 @@ mod tests {
             }
         }
         let rep = decode_capture_bytes(&write_pcap(Default::default(), &frames)).unwrap();
-        assert_eq!(rep.frames, clean.frames);
-        assert!(rep.icrc_bad > 0);
-        assert!(!rep.malformed_list.is_empty());
+        assert_eq!(rep.counts.frames, clean.counts.frames);
+        assert!(rep.counts.icrc_bad > 0);
+        assert!(!rep.counts.problems.is_empty());
     }
 
     #[test]
@@ -707,7 +697,7 @@ mod tests {
                     continue;
                 }
             }
-            rep.frames += 1;
+            rep.counts.frames += 1;
             rep.add_frame(n, &pkt);
         }
         assert_eq!(rep.psn_gaps(), 1);
@@ -719,7 +709,7 @@ mod tests {
             .traffic;
         assert_eq!(q.psns_missing, 2);
         assert_eq!(q.psn_repeats, 0);
-        assert_eq!(rep.icrc_bad + rep.malformed, 0);
+        assert_eq!(rep.counts.icrc_bad + rep.counts.malformed, 0);
     }
 
     #[test]
@@ -746,11 +736,11 @@ mod tests {
             &sll,
         );
         let rep = decode_capture_bytes(&out).unwrap();
-        assert!(rep.nanosecond);
-        assert_eq!(rep.link_type, LINKTYPE_LINUX_SLL);
-        assert_eq!(rep.roce, clean.roce);
-        assert_eq!(rep.icrc_ok, clean.icrc_ok);
-        assert_eq!(rep.malformed, 0);
+        assert!(rep.counts.nanosecond);
+        assert_eq!(rep.counts.link_type, LINKTYPE_LINUX_SLL);
+        assert_eq!(rep.counts.roce, clean.counts.roce);
+        assert_eq!(rep.counts.icrc_ok, clean.counts.icrc_ok);
+        assert_eq!(rep.counts.malformed, 0);
     }
 
     #[test]
@@ -777,10 +767,10 @@ mod tests {
             .unwrap();
         }
         let rep = decode_capture_bytes(&w.into_writer()).unwrap();
-        assert_eq!(rep.frames as usize, frames.len());
+        assert_eq!(rep.counts.frames as usize, frames.len());
         let cut = frames.iter().filter(|(_, f)| f.len() > 100).count() as u64;
         assert!(cut > 0);
-        assert!(rep.malformed <= cut && rep.malformed > 0);
-        assert!(rep.malformed_list[0].reason.ends_with("bytes (snaplen)"));
+        assert!(rep.counts.malformed <= cut && rep.counts.malformed > 0);
+        assert!(rep.counts.problems[0].reason.ends_with("bytes (snaplen)"));
     }
 }
