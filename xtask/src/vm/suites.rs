@@ -151,6 +151,11 @@ fn newest(dir: &Path, prefix: &str) -> Option<PathBuf> {
 /// library path as libibverbs.so.1): wherever the suites build the CLI.
 fn build_release_cli() -> Result<()> {
     cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
+    build_release_dropin_libs()
+}
+
+/// The drop-in libibverbs and librdmacm, release build, beside the CLI.
+fn build_release_dropin_libs() -> Result<()> {
     cargo(&[
         "build",
         "--release",
@@ -368,14 +373,7 @@ pub fn interop() -> Result<()> {
     let mut lib_built = Ok(());
     if std::env::var_os("XROCE_BIN").is_none() {
         cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
-        lib_built = cargo(&[
-            "build",
-            "--release",
-            "-p",
-            "xroce-ibverbs",
-            "-p",
-            "xroce-rdmacm",
-        ]);
+        lib_built = build_release_dropin_libs();
     }
     let has_pingpong = Command::new(&xroce)
         .args(["pingpong", "--help"])
