@@ -1,7 +1,9 @@
 //! Publishes a running engine's counters where `xroce stats` (another
 //! process) can read them: `/run/xroce/<iface>/engine.<pid>`, one
 //! `name value` line per counter, rewritten atomically every half second
-//! and removed when the exporter stops.
+//! and removed when the exporter stops. What a killed process left (its
+//! file, a folder left empty) is swept by the next exporter that starts or
+//! stops and by readers.
 
 use std::{
     fs,
@@ -16,9 +18,45 @@ use std::{
 
 use crate::{engine::EngineStats, verbs::Device};
 
+const EXPORT_ROOT: &str = "/run/xroce";
+
 /// Where engines running on `iface` publish their counters.
 pub fn export_dir(iface: &str) -> PathBuf {
-    Path::new("/run/xroce").join(iface)
+    Path::new(EXPORT_ROOT).join(iface)
+}
+
+/// The process that wrote `engine.<pid>` (or its `engine.<pid>.tmp`).
+fn writer_pid(file_name: &std::ffi::OsStr) -> Option<u32> {
+    let rest = file_name.to_str()?.strip_prefix("engine.")?;
+    rest.split('.').next()?.parse().ok()
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Removes the files of exited processes in one interface's folder, then
+/// the folder if that left it empty (`remove_dir` refuses a non-empty one).
+fn sweep_dir(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if writer_pid(&e.file_name()).is_some_and(|pid| !alive(pid)) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+/// [`sweep_dir`] over every interface's folder: what SIGKILLed processes
+/// and interfaces that are gone left under /run/xroce.
+pub fn sweep_stale() {
+    if let Ok(dirs) = fs::read_dir(EXPORT_ROOT) {
+        for d in dirs.flatten() {
+            sweep_dir(&d.path());
+        }
+    }
+    let _ = fs::remove_dir(EXPORT_ROOT);
 }
 
 /// The exported file's text: one `name value` line per counter, every
@@ -54,14 +92,13 @@ pub fn read_published(iface: &str) -> Vec<Published> {
     let mut out = Vec::new();
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix("engine."))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+        if name.to_str().is_some_and(|n| n.ends_with(".tmp")) {
+            continue;
+        }
+        let Some(pid) = writer_pid(&name) else {
             continue;
         };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        if !alive(pid) {
             let _ = fs::remove_file(entry.path());
             continue;
         }
@@ -70,6 +107,9 @@ pub fn read_published(iface: &str) -> Vec<Published> {
         };
         let fields = parse(&text);
         out.push(Published { pid, fields });
+    }
+    if out.is_empty() {
+        sweep_dir(&export_dir(iface));
     }
     out.sort_by_key(|p| p.pid);
     out
@@ -89,12 +129,18 @@ impl StatsExporter {
         let dir = export_dir(iface);
         let path = dir.join(format!("engine.{}", std::process::id()));
         let stop = Arc::new(AtomicBool::new(false));
+        sweep_stale();
         let thread = fs::create_dir_all(&dir).ok().map(|()| {
             let (stop, path) = (stop.clone(), path.clone());
             std::thread::spawn(move || {
-                let tmp = path.with_extension("tmp");
+                // Per process: with_extension would make every process's
+                // temporary file the same `engine.tmp`.
+                let tmp = PathBuf::from(format!("{}.tmp", path.display()));
                 while !stop.load(Ordering::Acquire) {
                     let text = render(&device.stats());
+                    // Another process's sweep may have taken the folder
+                    // while it was still empty: make it again.
+                    let _ = fs::create_dir_all(&dir);
                     if fs::write(&tmp, text).is_ok() {
                         let _ = fs::rename(&tmp, &path);
                     }
@@ -114,15 +160,40 @@ impl Drop for StatsExporter {
         }
         let _ = fs::remove_file(&self.path);
         // The interface's folder goes with its last exporter (remove_dir
-        // leaves a folder another process still publishes in).
-        if let Some(dir) = self.path.parent() {
-            let _ = fs::remove_dir(dir);
-        }
+        // leaves a folder another process still publishes in), and so does
+        // what killed processes left.
+        sweep_stale();
     }
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sweep_removes_what_exited_processes_left_and_then_the_empty_folder() {
+        let dir = std::env::temp_dir().join(format!("xroce-sweep-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        // No process has a pid this high (pid_max is at most 2^22).
+        let dead = 0x7fff_fff0u32;
+        let me = std::process::id();
+        for name in [format!("engine.{dead}"), format!("engine.{dead}.tmp")] {
+            fs::write(dir.join(name), "x 1\n").unwrap();
+        }
+        fs::write(dir.join(format!("engine.{me}")), "x 1\n").unwrap();
+        sweep_dir(&dir);
+        let left: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(
+            left,
+            vec![format!("engine.{me}")],
+            "a live writer's file stays"
+        );
+        fs::remove_file(dir.join(format!("engine.{me}"))).unwrap();
+        sweep_dir(&dir);
+        assert!(!dir.exists(), "an emptied folder is removed");
+    }
+
     use super::*;
 
     #[test]
