@@ -86,6 +86,7 @@ pub struct Published {
 /// Reads what live engines on `iface` published; files of processes that
 /// are gone are skipped (and removed when we may).
 pub fn read_published(iface: &str) -> Vec<Published> {
+    sweep_dir(&export_dir(iface));
     let Ok(dir) = fs::read_dir(export_dir(iface)) else {
         return Vec::new();
     };
@@ -95,21 +96,16 @@ pub fn read_published(iface: &str) -> Vec<Published> {
         if name.to_str().is_some_and(|n| n.ends_with(".tmp")) {
             continue;
         }
-        let Some(pid) = writer_pid(&name) else {
+        // A writer that exits after the sweep leaves a file the next
+        // sweep takes; until then it is not a live engine.
+        let Some(pid) = writer_pid(&name).filter(|&pid| alive(pid)) else {
             continue;
         };
-        if !alive(pid) {
-            let _ = fs::remove_file(entry.path());
-            continue;
-        }
         let Ok(text) = fs::read_to_string(entry.path()) else {
             continue;
         };
         let fields = parse(&text);
         out.push(Published { pid, fields });
-    }
-    if out.is_empty() {
-        sweep_dir(&export_dir(iface));
     }
     out.sort_by_key(|p| p.pid);
     out
