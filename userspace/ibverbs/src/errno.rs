@@ -10,6 +10,7 @@ pub(crate) fn errno_of(e: &VerbsError) -> i32 {
     match e {
         VerbsError::QueueFull(_) | VerbsError::NoResources(_) => libc::ENOMEM,
         VerbsError::Busy(_) => libc::EBUSY,
+        VerbsError::AlreadyExists(_) => libc::EEXIST,
         VerbsError::Unsupported(_) => libc::EOPNOTSUPP,
         VerbsError::Os(_) => libc::EIO,
         VerbsError::IllegalTransition { .. }

@@ -39,6 +39,8 @@ pub enum VerbsError {
     InvalidArgument(&'static str),
     #[error("out of resources: {0}")]
     NoResources(&'static str),
+    #[error("already exists: {0}")]
+    AlreadyExists(&'static str),
     #[error("the object is still in use: {0}")]
     Busy(&'static str),
     #[error("system call failed: {0}")]

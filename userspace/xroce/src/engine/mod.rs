@@ -103,6 +103,35 @@ pub(crate) use qp::QpCtx;
 /// First QP number handed out (rxe also starts above the special QPs 0/1).
 pub const QPN_BASE: u32 = 0x11;
 
+/// QP number of the General Services Interface QP (IBTA 9.6.1.1.1: QP1
+/// carries the CM's and other managers' MADs).
+pub const GSI_QPN: u32 = 1;
+
+/// The Q_Key of QP1 (IBTA 9.6.1.1.1, Linux `IB_QP1_QKEY`): its MSB is set,
+/// so only the GSI QP itself can send it (see the requester's DETH).
+pub const GSI_QKEY: u32 = 0x8001_0000;
+
+/// Slot of `Engine::qps` reserved for the GSI QP: `create_qp` never hands
+/// it out, so QP1 goes through the same per-QP paths as every other QP.
+const GSI_SLOT: usize = 0;
+
+/// The QP number of slot `idx` of `Engine::qps`.
+fn qpn_of_slot(idx: usize) -> u32 {
+    if idx == GSI_SLOT {
+        GSI_QPN
+    } else {
+        (idx - 1) as u32 + QPN_BASE
+    }
+}
+
+/// The slot of `Engine::qps` QP number `qpn` lives in, if it could be one.
+fn slot_of_qpn(qpn: u32) -> Option<usize> {
+    match qpn {
+        GSI_QPN => Some(GSI_SLOT),
+        q => q.checked_sub(QPN_BASE).map(|i| i as usize + 1),
+    }
+}
+
 /// Builds a congestion controller for each new QP.
 pub type CcFactory = Arc<dyn Fn() -> Box<dyn CongestionControl> + Send + Sync>;
 
@@ -323,7 +352,7 @@ impl Engine {
         Self {
             cfg,
             mrs,
-            qps: Vec::new(),
+            qps: vec![None], // GSI_SLOT
             free_qps: Vec::new(),
             rr: 0,
             completions: Vec::with_capacity(64),
@@ -404,39 +433,58 @@ impl Engine {
         )
     }
 
-    fn qp_index(qpn: u32) -> Option<usize> {
-        qpn.checked_sub(QPN_BASE).map(|i| i as usize)
-    }
-
     /// `ibv_create_qp`: returns the new QP's number.
     pub fn create_qp(&mut self, c: QpCreate) -> Result<u32> {
         let idx = match self.free_qps.pop() {
             Some(i) => i,
             None => {
-                if self.qps.len() >= (1 << 23) {
+                if self.qps.len() > (1 << 23) {
                     return Err(VerbsError::NoResources("QP numbers"));
                 }
                 self.qps.push(None);
                 self.qps.len() - 1
             }
         };
-        let qpn = idx as u32 + QPN_BASE;
+        Ok(self.install_qp(idx, c))
+    }
+
+    /// Create the device's GSI QP (QP1, UD): returns [`GSI_QPN`]. Its Q_Key
+    /// starts as [`GSI_QKEY`] and received datagrams are checked against
+    /// that, whatever INIT sets (as rxe); there is one per device.
+    pub fn create_gsi_qp(&mut self, c: QpCreate) -> Result<u32> {
+        if c.qp_type != QpType::Ud {
+            return Err(VerbsError::InvalidArgument("the GSI QP (QP1) is a UD QP"));
+        }
+        if self.qps[GSI_SLOT].is_some() {
+            return Err(VerbsError::AlreadyExists("the device's GSI QP (QP1)"));
+        }
+        let qpn = self.install_qp(GSI_SLOT, c);
+        if let Some(qp) = self.qps[GSI_SLOT].as_deref_mut() {
+            qp.attr.qkey = GSI_QKEY;
+        }
+        Ok(qpn)
+    }
+
+    fn install_qp(&mut self, idx: usize, c: QpCreate) -> u32 {
+        let qpn = qpn_of_slot(idx);
         let cc: Box<dyn CongestionControl> = match &self.cfg.cc {
             Some(f) => f(),
             None => Box::new(NoCc::new(self.cfg.line_rate_bps)),
         };
         let burst = self.cfg.pacing_burst_bytes;
         self.qps[idx] = Some(Box::new(QpCtx::new(qpn, c, cc, burst)));
-        Ok(qpn)
+        qpn
     }
 
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        let idx = Self::qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let idx = slot_of_qpn(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         match self.qps.get_mut(idx) {
             Some(slot @ Some(_)) => {
                 *slot = None;
-                self.free_qps.push(idx);
+                if idx != GSI_SLOT {
+                    self.free_qps.push(idx);
+                }
                 Ok(())
             }
             _ => Err(VerbsError::NoSuchQp(qpn)),
@@ -448,7 +496,7 @@ impl Engine {
         qpn: u32,
         f: impl FnOnce(&mut QpCtx, &mut Env<'_>) -> Result<R>,
     ) -> Result<R> {
-        let idx = Self::qp_index(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let idx = slot_of_qpn(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         let (qps, mut env) = self.split();
         let qp = qps
             .get_mut(idx)
@@ -550,7 +598,7 @@ impl Engine {
                 return;
             }
         };
-        let Some(idx) = Self::qp_index(f.transport.bth.dest_qp) else {
+        let Some(idx) = slot_of_qpn(f.transport.bth.dest_qp) else {
             self.stats.rx_unknown_qp += 1;
             return;
         };
@@ -610,19 +658,19 @@ impl Engine {
 
     /// Current pacing rate of a QP (its congestion controller's rate).
     pub fn qp_rate_bps(&self, qpn: u32) -> Option<u64> {
-        let idx = Self::qp_index(qpn)?;
+        let idx = slot_of_qpn(qpn)?;
         self.qps.get(idx)?.as_ref().map(|q| q.cc.rate_bps())
     }
 
     /// Name of a QP's congestion controller ("none", "dcqcn", ...).
     pub fn qp_cc_name(&self, qpn: u32) -> Option<&'static str> {
-        let idx = Self::qp_index(qpn)?;
+        let idx = slot_of_qpn(qpn)?;
         self.qps.get(idx)?.as_ref().map(|q| q.cc.name())
     }
 
     /// Counters of one QP.
     pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
-        let idx = Self::qp_index(qpn)?;
+        let idx = slot_of_qpn(qpn)?;
         self.qps.get(idx)?.as_ref().map(|q| q.qstats)
     }
 
@@ -632,6 +680,6 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(|(_, q)| q.is_some())
-            .map(|(i, _)| i as u32 + QPN_BASE)
+            .map(|(i, _)| qpn_of_slot(i))
     }
 }

@@ -27,7 +27,13 @@ impl QpCtx {
             env.stats.rx_malformed += 1;
             return;
         };
-        if deth.qkey != self.attr.qkey {
+        // As rxe: QP1 takes only the GSI Q_Key, whatever INIT set.
+        let qkey = if self.qpn == super::GSI_QPN {
+            super::GSI_QKEY
+        } else {
+            self.attr.qkey
+        };
+        if deth.qkey != qkey {
             env.stats.rx_dropped_other += 1; // Q_Key violation: silently dropped
             return;
         }

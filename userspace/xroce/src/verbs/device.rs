@@ -269,6 +269,23 @@ impl Device {
 
     /// `ibv_create_qp`.
     pub fn create_qp(&self, pd: &ProtectionDomain, init: &QpInitAttr) -> Result<QueuePair> {
+        self.add_qp(pd, init, Engine::create_qp)
+    }
+
+    /// The device's GSI QP (QP1, UD; see [`Engine::create_gsi_qp`]): what
+    /// a connection manager sends and receives its MADs on. One per device
+    /// ([`VerbsError::AlreadyExists`] while it lives), UD only
+    /// ([`VerbsError::InvalidArgument`]).
+    pub fn create_gsi_qp(&self, pd: &ProtectionDomain, init: &QpInitAttr) -> Result<QueuePair> {
+        self.add_qp(pd, init, Engine::create_gsi_qp)
+    }
+
+    fn add_qp(
+        &self,
+        pd: &ProtectionDomain,
+        init: &QpInitAttr,
+        create: fn(&mut Engine, QpCreate) -> Result<u32>,
+    ) -> Result<QueuePair> {
         if !Arc::ptr_eq(&pd.dev.shared, &self.shared) {
             return Err(VerbsError::InvalidArgument("PD belongs to another device"));
         }
@@ -282,15 +299,18 @@ impl Device {
             if !g.g.owns_cq(&init.send_cq) || !g.g.owns_cq(&init.recv_cq) {
                 return Err(VerbsError::InvalidArgument("CQ belongs to another device"));
             }
-            g.create_qp(QpCreate {
-                qp_type: init.qp_type,
-                pd: pd.id,
-                send_cq: init.send_cq.id,
-                recv_cq: init.recv_cq.id,
-                srq: init.srq.as_ref().map(|s| s.inner.clone()),
-                cap: init.cap,
-                sq_sig_all: init.sq_sig_all,
-            })?
+            create(
+                &mut g,
+                QpCreate {
+                    qp_type: init.qp_type,
+                    pd: pd.id,
+                    send_cq: init.send_cq.id,
+                    recv_cq: init.recv_cq.id,
+                    srq: init.srq.as_ref().map(|s| s.inner.clone()),
+                    cap: init.cap,
+                    sq_sig_all: init.sq_sig_all,
+                },
+            )?
         };
         Ok(QueuePair {
             dev: self.clone(),
