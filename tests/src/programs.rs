@@ -12,7 +12,7 @@ use std::{
     collections::BTreeMap,
     fmt::Write as _,
     fs::File,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     sync::{
@@ -216,6 +216,15 @@ impl Topology {
                 iface: &p.if_a,
                 addr: p.addr_a,
             },
+        }
+    }
+
+    /// Gives both ends an IPv6 address ([`VethPair::add_ipv6`], direct
+    /// links only); returns (the client's, the server's).
+    pub fn add_ipv6(&self) -> (Ipv6Addr, Ipv6Addr) {
+        match &self.wire {
+            Wire::Direct(p) => p.add_ipv6(),
+            Wire::Bridged(_) => panic!("Topology::add_ipv6: direct links only"),
         }
     }
 
@@ -492,12 +501,16 @@ pub struct Finished {
 
 /// Lines a healthy run never prints (perftest and the pingpongs say
 /// "Couldn't ...", "Failed to ...", "... error ..." when something broke).
-/// The library's own explanations (`xroce libibverbs: ...`, under
-/// XROCE_VERBS_DEBUG) and `xroce run`'s notes are shown in reports but not
-/// counted (a failing `xroce run` exits non-zero).
+/// The libraries' own explanations (`xroce libibverbs: ...`, `xroce
+/// librdmacm: ...`, under XROCE_VERBS_DEBUG) and `xroce run`'s notes are
+/// shown in reports but not counted (a failing `xroce run` exits non-zero).
 pub fn error_lines(text: &str) -> Vec<&str> {
     text.lines()
-        .filter(|l| !l.starts_with("xroce libibverbs:") && !l.starts_with("xroce run:"))
+        .filter(|l| {
+            !l.starts_with("xroce libibverbs:")
+                && !l.starts_with("xroce librdmacm:")
+                && !l.starts_with("xroce run:")
+        })
         .filter(|l| {
             let l = l.to_lowercase();
             l.contains("couldn't") || l.contains("failed") || l.contains("error")

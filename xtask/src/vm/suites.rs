@@ -15,6 +15,8 @@ use super::{
 };
 use crate::util::{cargo, step, workspace_root};
 
+mod rdmacm;
+
 const MEM_MIB: u32 = 1536;
 
 /// One line of the pass table.
@@ -552,6 +554,7 @@ pub fn interop() -> Result<()> {
     let ready = lib_built.context("xroce-ibverbs (the drop-in libibverbs) did not build");
     dropin(&ns, &mut a, &x, ready, &mut table)?;
     dropin_ipv6(&ns, &mut a, &x, &mut table)?;
+    rdmacm::interop(&ns, &mut a, &x, &mut table)?;
     a.poweroff()?;
     drop(ns);
     table.print("interop (xroce and rxe)")
@@ -902,13 +905,8 @@ fn rxe_rxe_cm(ns: &Netns, k: Kernel, a: &mut Vm, table: &mut Table) -> Result<()
     }
     let mut b = boot(ns, k, 1, None, 1)?;
     b.check(RXE_UP, Duration::from_secs(60))?;
-    // librdmacm talks to the kernel through rdma_ucm's misc device; the
-    // initramfs has no udev to load the module or make the node.
-    let ucm = "modprobe rdma_ucm; [ -e /dev/infiniband/rdma_cm ] || { mkdir -p /dev/infiniband; \
-               mknod /dev/infiniband/rdma_cm c $(tr : ' ' </sys/class/misc/rdma_cm/dev); }; \
-               ls -l /dev/infiniband/rdma_cm";
-    a.check(ucm, Duration::from_secs(30))?;
-    b.check(ucm, Duration::from_secs(30))?;
+    a.check(RDMA_UCM, Duration::from_secs(30))?;
+    b.check(RDMA_UCM, Duration::from_secs(30))?;
     let artifacts = artifacts_dir();
     let a_ip = a.ip.clone();
     let info = "uname -r; rdma link show; ibv_devinfo -d rxe0 -v | grep -E 'GID|active_mtu'";
@@ -966,6 +964,13 @@ fn rxe_rxe_cm(ns: &Netns, k: Kernel, a: &mut Vm, table: &mut Table) -> Result<()
     }
     b.poweroff()
 }
+
+/// librdmacm talks to the kernel through rdma_ucm's misc device; the
+/// initramfs has no udev to load the module or make the node.
+const RDMA_UCM: &str =
+    "modprobe rdma_ucm; [ -e /dev/infiniband/rdma_cm ] || { mkdir -p /dev/infiniband; \
+     mknod /dev/infiniband/rdma_cm c $(tr : ' ' </sys/class/misc/rdma_cm/dev); }; \
+     ls -l /dev/infiniband/rdma_cm";
 
 /// Cases reported but not counted: bookworm's perftest (-R) connects
 /// twice, and now and then its second REQ comes before the server listens
@@ -1179,36 +1184,47 @@ fn captured(ns: &Netns, pcap: &Path, f: impl FnOnce() -> Result<String>) -> Resu
     Ok(format!("{note}; {decode}"))
 }
 
+/// `xroce decode PCAP --json`.
+fn decode_report(pcap: &Path) -> Result<xroce_report::DecodeReport> {
+    let out = Command::new(host_xroce())
+        .arg("decode")
+        .arg(pcap)
+        .arg("--json")
+        .output()?;
+    let json = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "xroce decode {} --json failed: {}",
+            pcap.display(),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    serde_json::from_str(json.trim())
+        .with_context(|| format!("xroce decode {} --json: {json:?}", pcap.display()))
+}
+
 /// `xroce decode PCAP`: fails on any ICRC error; returns its ICRC counts.
 /// The text report is kept beside the capture for people (`*.decode.txt`);
 /// the verdict comes from `--json`.
 fn decode(pcap: &Path) -> Result<String> {
-    // (stdout, stderr) of a successful run.
-    let run = |json: bool| -> Result<(String, String)> {
-        let mut cmd = Command::new(host_xroce());
-        cmd.arg("decode").arg(pcap);
-        if json {
-            cmd.arg("--json");
-        }
-        let out = cmd.output()?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if !out.status.success() {
-            bail!(
-                "xroce decode {} failed: {}",
-                pcap.display(),
-                stderr.lines().last().unwrap_or("")
-            );
-        }
-        Ok((
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr.into_owned(),
-        ))
-    };
-    let (text_out, text_err) = run(false)?;
-    fs::write(pcap.with_extension("decode.txt"), text_out + &text_err)?;
-    let (json, _) = run(true)?;
-    let r: xroce_report::DecodeReport = serde_json::from_str(json.trim())
-        .with_context(|| format!("xroce decode {} --json: {json:?}", pcap.display()))?;
+    let out = Command::new(host_xroce())
+        .arg("decode")
+        .arg(pcap)
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        bail!(
+            "xroce decode {} failed: {}",
+            pcap.display(),
+            stderr.lines().last().unwrap_or("")
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout) + stderr;
+    fs::write(pcap.with_extension("decode.txt"), text.as_bytes())?;
+    let r = decode_report(pcap)?;
     let line = format!(
         "ICRC ok {}  bad {}  malformed {}",
         r.icrc_ok, r.icrc_bad, r.malformed
