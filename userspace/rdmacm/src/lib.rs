@@ -18,6 +18,7 @@
 
 mod address;
 mod addrinfo;
+mod agent;
 mod channel;
 mod config;
 mod devices;

@@ -1,0 +1,484 @@
+//! The CM agent of a device: its GSI QP (QP1) driving an
+//! [`xroce_cm::CmEngine`], as the kernel's ib_cm MAD agent does for
+//! rdma_cm.
+//!
+//! One agent per device, made on first use and kept for the life of the
+//! process, with one thread. The thread waits (poll(2)) on the CQ's
+//! completion channel, a wake-up eventfd and the engine's next timer;
+//! then it feeds every received MAD to the engine (the sender's GID from
+//! the GRH, our GID it was sent to, the sender's QPN from the
+//! completion), fires the engine's due timers, posts what the engine
+//! queued ([`sender`]: a UD SEND per MAD, Q_Key 0x80010000, an AH per
+//! local GID and peer), and hands the engine's events, in order and with
+//! the engine unlocked, to the connection layer's [`EventHandler`].
+//! [`Agent::with_engine`] is how the connection layer drives the engine
+//! from the program's threads: it wakes the agent's thread, which sends
+//! what was queued and re-arms its timer.
+//!
+//! Nothing here blocks on the network: a MAD to a peer whose MAC the
+//! kernel does not know yet waits (the neighbour is solicited) up to
+//! 3 s and is then dropped; lost MADs are the engine's retries' business.
+//! Under XROCE_RDMACM_DEBUG every MAD sent and received is one line on
+//! stderr.
+
+// The connection layer (rdma_listen, rdma_connect, ...) is built on this
+// and not wired yet.
+#![allow(dead_code)]
+
+mod grh;
+mod gsi;
+mod sender;
+mod trace;
+
+use std::ffi::c_int;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use xroce_cm::{CmConfig, CmEngine, CmEvent, PeerAddr, Transmit};
+use xroce_wire::Gid;
+
+use crate::abi::*;
+use crate::devices::Device;
+use gsi::{Gsi, WrId};
+use sender::{Link, SendCounters, Sender};
+
+/// Where engine events go: called on the agent's thread with the engine
+/// NOT locked (so the handler may call [`Agent::with_engine`]), in engine
+/// order.
+pub(crate) type EventHandler = fn(&'static Agent, CmEvent);
+
+static HANDLER: OnceLock<EventHandler> = OnceLock::new();
+
+/// Set once by the connection layer before it creates an agent (a second
+/// call changes nothing).
+pub(crate) fn set_event_handler(h: EventHandler) {
+    let _ = HANDLER.set(h);
+}
+
+/// The P_Key every MAD is received with (xroce has the default only).
+const DEFAULT_PKEY: u16 = 0xffff;
+/// Completions taken per poll.
+const POLL_BATCH: usize = 32;
+
+pub(crate) struct Agent {
+    device: &'static Device,
+    local_gids: Vec<Gid>,
+    engine: Mutex<CmEngine>,
+    /// Written to wake the agent's thread (eventfd).
+    wake: OwnedFd,
+    counters: Counters,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    received: AtomicU64,
+    /// Receive completions with an error status.
+    recv_errors: AtomicU64,
+    /// Receives whose GRH area held no IP header (dropped).
+    bad_grh: AtomicU64,
+    /// Receive buffers that could not be posted again.
+    repost_failures: AtomicU64,
+    handler_panics: AtomicU64,
+    send: SendCounters,
+}
+
+/// The agent's own counters (the engine has its own: [`CmEngine::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct AgentStats {
+    pub(crate) received: u64,
+    pub(crate) recv_errors: u64,
+    pub(crate) bad_grh: u64,
+    pub(crate) repost_failures: u64,
+    pub(crate) handler_panics: u64,
+    pub(crate) sent: u64,
+    pub(crate) send_errors: u64,
+    pub(crate) unknown_local_gid: u64,
+    pub(crate) neighbour_timeouts: u64,
+    pub(crate) ah_failures: u64,
+    pub(crate) post_failures: u64,
+}
+
+fn debug(what: std::fmt::Arguments<'_>) {
+    if crate::config::debug() {
+        eprintln!("librdmacm: {what}");
+    }
+}
+
+impl Agent {
+    /// The agent of `dev`: GSI QP made and brought to RTS, receives
+    /// posted, thread running; made on first call.
+    pub(crate) fn of(dev: &'static Device) -> Result<&'static Agent, i32> {
+        static AGENTS: Mutex<Vec<&'static Agent>> = Mutex::new(Vec::new());
+        let mut agents = AGENTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = agents.iter().find(|a| std::ptr::eq(a.device, dev)) {
+            return Ok(a);
+        }
+        let agent = start(dev)?;
+        agents.push(agent);
+        Ok(agent)
+    }
+
+    pub(crate) fn device(&self) -> &'static Device {
+        self.device
+    }
+
+    /// The GIDs of the port (index order), as given to the CmEngine.
+    pub(crate) fn local_gids(&self) -> &[Gid] {
+        &self.local_gids
+    }
+
+    /// Runs `f` with the engine locked and the current CLOCK_MONOTONIC
+    /// time in ns; afterwards the agent's thread sends what `f` queued
+    /// and re-arms its timer. `f` must not call `with_engine` itself.
+    pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut CmEngine, u64) -> R) -> R {
+        let r = f(&mut self.lock(), now_ns());
+        self.wake();
+        r
+    }
+
+    pub(crate) fn stats(&self) -> AgentStats {
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        AgentStats {
+            received: get(&c.received),
+            recv_errors: get(&c.recv_errors),
+            bad_grh: get(&c.bad_grh),
+            repost_failures: get(&c.repost_failures),
+            handler_panics: get(&c.handler_panics),
+            sent: get(&c.send.sent),
+            send_errors: get(&c.send.send_errors),
+            unknown_local_gid: get(&c.send.unknown_local_gid),
+            neighbour_timeouts: get(&c.send.neighbour_timeouts),
+            ah_failures: get(&c.send.ah_failures),
+            post_failures: get(&c.send.post_failures),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CmEngine> {
+        // A panicking event handler never holds the lock; the engine is
+        // consistent between calls.
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: our eventfd and 8 bytes. A full counter (EAGAIN) means
+        // the thread is woken already.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a timespec to fill; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: 8 writable bytes. Short reads cannot happen for 8 bytes
+    // from the urandom source; on failure the clock seeds it.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        return now_ns() ^ u64::from(std::process::id()).rotate_left(32);
+    }
+    u64::from_ne_bytes(b)
+}
+
+/// poll(2)'s timeout until `deadline` (rounded up to whole ms, so the
+/// timer is due when poll returns); -1: none.
+fn poll_timeout_ms(now: u64, deadline: Option<u64>) -> c_int {
+    match deadline {
+        None => -1,
+        Some(d) if d <= now => 0,
+        Some(d) => (d - now).div_ceil(1_000_000).min(c_int::MAX as u64) as c_int,
+    }
+}
+
+/// Makes the GSI QP, the engine and the thread of `dev`'s agent.
+fn start(dev: &'static Device) -> Result<&'static Agent, i32> {
+    let gsi = Gsi::open(dev)?;
+    let local_gids = gsi::local_gids(dev);
+    let ca_guid = gsi::node_guid(dev)?;
+    let mut config = CmConfig::new(local_gids.clone(), ca_guid, random_u64());
+    config.tid_high = random_u64() as u32;
+    // SAFETY: eventfd makes a new fd or fails.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(crate::errno::errno());
+    }
+    // SAFETY: the fd just made, owned from here on.
+    let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+    let agent: &'static Agent = Box::leak(Box::new(Agent {
+        device: dev,
+        local_gids,
+        engine: Mutex::new(CmEngine::new(config)),
+        wake,
+        counters: Counters::default(),
+    }));
+    let ifindex = dev
+        .name
+        .strip_prefix("xroce_")
+        .and_then(|iface| std::ffi::CString::new(iface).ok())
+        // SAFETY: a NUL-terminated interface name.
+        .map(|iface| unsafe { libc::if_nametoindex(iface.as_ptr()) })
+        .unwrap_or(0);
+    std::thread::Builder::new()
+        .name("xroce-cm".into())
+        .spawn(move || run(agent, gsi, ifindex))
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+    debug(format_args!(
+        "CM agent of {} up: GIDs {:?}, CA GUID {ca_guid:#018x}",
+        dev.name,
+        agent
+            .local_gids
+            .iter()
+            .map(|g| g.to_ip())
+            .collect::<Vec<_>>()
+    ));
+    Ok(agent)
+}
+
+/// The sender's view of the GSI QP.
+struct GsiLink<'a> {
+    gsi: &'a Gsi,
+    /// The device's interface (0: unknown, then ibv_create_ah resolves).
+    ifindex: u32,
+}
+
+impl Link for GsiLink<'_> {
+    type Ah = *mut ibv_ah;
+    fn neighbour_known(&mut self, peer: Gid) -> bool {
+        if self.ifindex == 0 {
+            return true;
+        }
+        // A failed lookup cannot tell: let ibv_create_ah resolve it.
+        !matches!(
+            xroce_netlink::neighbour(self.ifindex, peer.to_ip()),
+            Ok(None)
+        )
+    }
+    fn solicit(&mut self, peer: Gid) {
+        xroce_netlink::solicit(peer.to_ip(), self.ifindex);
+    }
+    fn create_ah(&mut self, sgid_index: u8, peer: Gid) -> Result<*mut ibv_ah, i32> {
+        self.gsi.create_ah(sgid_index, peer).inspect_err(|e| {
+            debug(format_args!(
+                "CM agent: no AH to {}: {}",
+                peer.to_ip(),
+                std::io::Error::from_raw_os_error(*e)
+            ))
+        })
+    }
+    fn post(&mut self, slot: u32, ah: *mut ibv_ah, t: &Transmit) -> Result<(), i32> {
+        self.gsi.post_send(slot, ah, t)
+    }
+}
+
+/// A receive completion to hand to the engine.
+struct Received {
+    buffer: u32,
+    byte_len: u32,
+    peer: PeerAddr,
+    local_gid: Gid,
+}
+
+/// The agent's thread: never returns.
+fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
+    let mut sender = Sender::new(agent.local_gids.clone(), gsi::SEND_BUFFERS);
+    let mut wcs = vec![ibv_wc::default(); POLL_BATCH];
+    let mut received = Vec::new();
+    let mut repost = Vec::new();
+    let mut events = Vec::new();
+    loop {
+        let now = now_ns();
+        let engine_due = agent.lock().poll_timeout();
+        let deadline = engine_due.into_iter().chain(sender.next_retry(now)).min();
+        wait(&gsi, agent, poll_timeout_ms(now, deadline));
+        gsi.take_cq_events();
+        let now = now_ns();
+
+        loop {
+            let n = gsi.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                on_completion(agent, &gsi, wc, &mut sender, &mut received, &mut repost);
+            }
+            if n < wcs.len() {
+                break;
+            }
+        }
+
+        {
+            let mut engine = agent.lock();
+            for r in received.drain(..) {
+                let (_, mad) = gsi.received(r.buffer, r.byte_len);
+                engine.handle_mad(r.peer, r.local_gid, mad, now);
+                repost.push(r.buffer);
+            }
+            if engine.poll_timeout().is_some_and(|d| d <= now) {
+                engine.handle_timeout(now);
+            }
+            while let Some(t) = engine.poll_transmit() {
+                sender.push(t);
+            }
+            events.extend(std::iter::from_fn(|| engine.poll_event()));
+        }
+
+        for n in repost.drain(..) {
+            if let Err(e) = gsi.post_recv(n) {
+                bump(&agent.counters.repost_failures);
+                debug(format_args!("CM agent: reposting receive {n}: error {e}"));
+            }
+        }
+        let mut link = GsiLink { gsi: &gsi, ifindex };
+        sender.flush(&mut link, now, &agent.counters.send, |t| {
+            debug(format_args!(
+                "CM agent {}: sent {} to {} qpn {}",
+                agent.device.name,
+                trace::describe(&t.mad),
+                t.peer.gid.to_ip(),
+                t.peer.qpn
+            ))
+        });
+
+        for ev in events.drain(..) {
+            deliver(agent, ev);
+        }
+    }
+}
+
+/// Sleeps until a CQ event, a wake-up or `timeout_ms`; clears the wake-up.
+fn wait(gsi: &Gsi, agent: &Agent, timeout_ms: c_int) {
+    let mut fds = [
+        libc::pollfd {
+            fd: gsi.channel_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: agent.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two pollfds; EINTR just ends the wait early.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if fds[1].revents & libc::POLLIN != 0 {
+        let mut count = [0u8; 8];
+        // SAFETY: our non-blocking eventfd and 8 bytes.
+        unsafe { libc::read(agent.wake.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
+    }
+}
+
+/// Sorts one completion: a send returns its buffer; a good receive is
+/// queued for the engine; a failed one is counted (and its buffer
+/// reposted unless the QP is flushing).
+fn on_completion(
+    agent: &Agent,
+    gsi: &Gsi,
+    wc: &ibv_wc,
+    sender: &mut Sender<*mut ibv_ah>,
+    received: &mut Vec<Received>,
+    repost: &mut Vec<u32>,
+) {
+    match WrId::decode(wc.wr_id) {
+        WrId::Send(slot) => {
+            if wc.status != IBV_WC_SUCCESS {
+                bump(&agent.counters.send.send_errors);
+                debug(format_args!("CM agent: send failed, status {}", wc.status));
+            }
+            sender.completed(slot);
+        }
+        WrId::Recv(n) if wc.status != IBV_WC_SUCCESS => {
+            bump(&agent.counters.recv_errors);
+            debug(format_args!(
+                "CM agent: receive failed, status {}",
+                wc.status
+            ));
+            if wc.status != IBV_WC_WR_FLUSH_ERR {
+                repost.push(n);
+            }
+        }
+        WrId::Recv(n) => {
+            bump(&agent.counters.received);
+            let (grh, mad) = gsi.received(n, wc.byte_len);
+            let addresses = (wc.wc_flags & IBV_WC_GRH != 0)
+                .then(|| grh::addresses(grh))
+                .flatten();
+            let Some((source, destination)) = addresses else {
+                bump(&agent.counters.bad_grh);
+                debug(format_args!(
+                    "CM agent: receive without an IP header, dropped"
+                ));
+                repost.push(n);
+                return;
+            };
+            debug(format_args!(
+                "CM agent {}: received {} from {} qpn {} to {}",
+                agent.device.name,
+                trace::describe(mad),
+                source.to_ip(),
+                wc.src_qp,
+                destination.to_ip()
+            ));
+            received.push(Received {
+                buffer: n,
+                byte_len: wc.byte_len,
+                peer: PeerAddr {
+                    gid: source,
+                    qpn: wc.src_qp,
+                    pkey: DEFAULT_PKEY,
+                },
+                local_gid: destination,
+            });
+        }
+    }
+}
+
+/// Hands one event to the connection layer; a panic there is counted,
+/// not fatal to the agent.
+fn deliver(agent: &'static Agent, ev: CmEvent) {
+    let Some(handler) = HANDLER.get() else {
+        debug(format_args!("CM agent: no event handler, dropped {ev:?}"));
+        return;
+    };
+    if catch_unwind(AssertUnwindSafe(|| handler(agent, ev))).is_err() {
+        bump(&agent.counters.handler_panics);
+        debug(format_args!("CM agent: the event handler panicked"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poll_timeout_rounds_up_to_the_deadline() {
+        assert_eq!(poll_timeout_ms(1_000, None), -1);
+        assert_eq!(poll_timeout_ms(1_000, Some(1_000)), 0);
+        assert_eq!(poll_timeout_ms(1_000, Some(500)), 0);
+        assert_eq!(poll_timeout_ms(0, Some(1)), 1);
+        assert_eq!(poll_timeout_ms(0, Some(1_000_000)), 1);
+        assert_eq!(poll_timeout_ms(0, Some(1_000_001)), 2);
+        assert_eq!(poll_timeout_ms(0, Some(u64::MAX)), c_int::MAX);
+    }
+
+    #[test]
+    fn clock_is_monotonic_nanoseconds() {
+        let a = now_ns();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = now_ns();
+        assert!(b - a >= 2_000_000, "{a} -> {b}");
+    }
+}
