@@ -245,8 +245,15 @@ pub fn dynamic_symbols(lib: &Path) -> Vec<DynSym> {
         }
         let n = fields.len();
         let name = fields[n - 1];
-        let raw_version = fields[n - 2];
-        let section = fields[n - 4];
+        // An unversioned reference (`w D *UND* SIZE NAME`, such as
+        // __gmon_start__) has no version column: SIZE comes before NAME.
+        let unversioned =
+            fields[n - 2].len() == 16 && fields[n - 2].bytes().all(|b| b.is_ascii_hexdigit());
+        let (raw_version, section) = if unversioned {
+            ("Base", fields[n - 3])
+        } else {
+            (fields[n - 2], fields[n - 4])
+        };
         let default = !raw_version.starts_with('(');
         let version = raw_version.trim_start_matches('(').trim_end_matches(')');
         syms.push(DynSym {

@@ -3,12 +3,14 @@
 //! - layout: size, alignment and the offset and size of every field of the
 //!   structs the library fills or reads, as the C compiler sees them in
 //!   `<infiniband/verbs.h>` and as Rust sees `userspace/cabi/src/verbs.rs`;
-//! - exports: SONAME, every symbol at its default version, `dlvsym`;
+//! - exports: SONAME, every symbol at its default version and, beyond
+//!   rdma-core's, only xroce's own node `XROCE_PRIVATE_1`; `dlvsym`, and
+//!   `dlsym` for the private names;
 //! - loading: the unmodified Debian programs start on it (BIND_NOW), and
 //!   `ibv_devices` / `ibv_devinfo -v` show an interface as rxe would.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     ffi::CString,
     fmt::Write as _,
     mem::{align_of, offset_of, size_of},
@@ -357,6 +359,9 @@ fn struct_layout_matches_the_c_header() {
 // Exports
 // ---------------------------------------------------------------------------
 
+/// xroce's own version node (`xroce_create_gsi_qp`, for xroce's librdmacm).
+const XROCE_PRIVATE_NODE: &str = "XROCE_PRIVATE_1";
+
 #[test]
 fn exports_match_rdma_core() {
     require_debian_verbs();
@@ -407,6 +412,31 @@ fn exports_match_rdma_core() {
             "{DEBIAN_LIBIBVERBS} exports {name}@@{node}; ours does not"
         ));
     }
+    // exports.txt is rdma-core's list exactly, plus xroce's own node; the
+    // library exports nothing else.
+    let (private, rdma_core): (BTreeSet<_>, BTreeSet<_>) = listed
+        .iter()
+        .cloned()
+        .partition(|(_, node)| node == XROCE_PRIVATE_NODE);
+    for (name, node) in rdma_core.symmetric_difference(&debian) {
+        problems.push(format!(
+            "exports.txt and {DEBIAN_LIBIBVERBS} differ on {name}@@{node}"
+        ));
+    }
+    for (name, node) in ours.difference(&debian) {
+        if !private.contains(&(name.clone(), node.clone())) {
+            problems.push(format!(
+                "exports {name}@@{node}, neither rdma-core's nor listed at {XROCE_PRIVATE_NODE}"
+            ));
+        }
+    }
+    for (name, _) in &private {
+        if debian.iter().any(|(n, _)| n == name) {
+            problems.push(format!(
+                "{name} is rdma-core's, not xroce's own ({XROCE_PRIVATE_NODE})"
+            ));
+        }
+    }
 
     // What dlopen + dlvsym users (NCCL) see.
     let path = CString::new(lib.as_os_str().as_encoded_bytes()).unwrap();
@@ -427,6 +457,14 @@ fn exports_match_rdma_core() {
     for (name, node) in &listed {
         if !lookup(name, node) {
             problems.push(format!("dlvsym(h, {name:?}, {node:?}) is NULL"));
+        }
+    }
+    // xroce's librdmacm finds its private entry points by name alone.
+    for (name, _) in &private {
+        let n = CString::new(name.as_str()).unwrap();
+        // SAFETY: a live handle and a NUL-terminated string.
+        if unsafe { libc::dlsym(handle, n.as_ptr()) }.is_null() {
+            problems.push(format!("dlsym(h, {name:?}) is NULL"));
         }
     }
     // The library stays loaded (never dlclose'd): unloading a Rust cdylib

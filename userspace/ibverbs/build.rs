@@ -1,6 +1,7 @@
 //! Gives the shared library rdma-core's identity: SONAME libibverbs.so.1
 //! and every symbol of `exports.txt` at rdma-core 44's default version
-//! (`ibv_get_device_list@@IBVERBS_1.1`), through xroce-symver.
+//! (`ibv_get_device_list@@IBVERBS_1.1`), through xroce-symver; xroce's
+//! own entry points at `XROCE_PRIVATE_1`.
 
 fn main() {
     xroce_symver::Library {
@@ -21,7 +22,8 @@ fn main() {
             "IBVERBS_1.13",
             "IBVERBS_1.14",
         ],
-        standalone_nodes: &["IBVERBS_PRIVATE_34"],
+        // rdma-core's private node, and xroce's own (xroce_create_gsi_qp).
+        standalone_nodes: &["IBVERBS_PRIVATE_34", "XROCE_PRIVATE_1"],
     }
     .generate();
 }

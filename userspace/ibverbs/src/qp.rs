@@ -1,6 +1,7 @@
 //! Queue pair lifecycle: `ibv_create_qp`, the `create_qp_ex` op,
 //! `ibv_modify_qp`, `ibv_query_qp`, `ibv_destroy_qp`, `ibv_qp_to_qp_ex`,
-//! `ibv_query_qp_data_in_order`, and the conversions of their attributes.
+//! `ibv_query_qp_data_in_order`, xroce's own `xroce_create_gsi_qp`, and
+//! the conversions of their attributes.
 //! Posting is in [`crate::post`], the `ibv_wr_*` builders in
 //! [`crate::wr_builder`].
 //!
@@ -303,6 +304,8 @@ struct CreateReq {
     sq_sig_all: bool,
     /// Some for create_qp_ex (its send_ops_flags, if given).
     ex: Option<Option<u64>>,
+    /// The device's GSI QP (QP1) instead of a new QP number.
+    gsi: bool,
 }
 
 fn create(r: CreateReq) -> Result<(*mut ibv_qp, ibv_qp_cap), i32> {
@@ -342,11 +345,13 @@ fn create(r: CreateReq) -> Result<(*mut ibv_qp, ibv_qp_cap), i32> {
         },
         sq_sig_all: r.sq_sig_all,
     };
-    let inner = c
-        .dev
-        .device
-        .create_qp(&pd.inner, &init)
-        .map_err(verbs_fail)?;
+    let device = &c.dev.device;
+    let inner = if r.gsi {
+        device.create_gsi_qp(&pd.inner, &init)
+    } else {
+        device.create_qp(&pd.inner, &init)
+    }
+    .map_err(verbs_fail)?;
     let qpn = inner.qp_num();
     let mut qpx = ibv_qp_ex::default();
     let b = &mut qpx.qp_base;
@@ -404,11 +409,48 @@ pub unsafe extern "C" fn ibv_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
+    // SAFETY: the program's arguments, passed on.
+    unsafe { create_from_init_attr(pd, attr, false) }
+}
+
+/// `xroce_create_gsi_qp` (xroce's own, node `XROCE_PRIVATE_1`): the
+/// device's GSI QP, QP1, for a connection manager's MADs (xroce's
+/// librdmacm finds it with `dlsym`). As `ibv_create_qp` with `attr` (which
+/// must ask for a UD QP: EINVAL otherwise), except that the QP's number is
+/// 1, its Q_Key starts as 0x80010000 and only that Q_Key is accepted, and
+/// a device has one at a time (EEXIST while it lives).
+#[no_mangle]
+pub unsafe extern "C" fn xroce_create_gsi_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    // SAFETY: the program's arguments, passed on.
+    unsafe { create_from_init_attr(pd, attr, true) }
+}
+
+/// `ibv_create_qp`, or the GSI QP if `gsi`.
+///
+/// # Safety
+/// `pd` and `attr` are what the program passed to the verb.
+unsafe fn create_from_init_attr(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+    gsi: bool,
+) -> *mut ibv_qp {
     ffi_ptr(|| {
         // SAFETY: the program passes a live PD of ours.
         let p = unsafe { outer::<_, Pd>(pd) }.ok_or(libc::EINVAL)?;
         // SAFETY: the program passes a valid ibv_qp_init_attr.
         let a = unsafe { attr.as_mut() }.ok_or(libc::EINVAL)?;
+        if gsi && a.qp_type != IBV_QPT_UD {
+            return Err(fail(
+                libc::EINVAL,
+                format_args!(
+                    "create GSI QP: QP type {} (QP1 is a UD QP, IBV_QPT_UD)",
+                    a.qp_type
+                ),
+            ));
+        }
         let (qp, cap) = create(CreateReq {
             ctx: p.pd.context,
             pd,
@@ -420,6 +462,7 @@ pub unsafe extern "C" fn ibv_create_qp(
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all != 0,
             ex: None,
+            gsi,
         })?;
         a.cap = cap;
         Ok(qp)
@@ -488,6 +531,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all != 0,
             ex: Some(send_ops),
+            gsi: false,
         })?;
         a.cap = cap;
         Ok(qp)

@@ -103,7 +103,9 @@ fn bring_up(qp: &QueuePair, qkey: u32) {
 }
 
 fn mad(seed: u8) -> Vec<u8> {
-    (0..MAD_LEN).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
+    (0..MAD_LEN)
+        .map(|i| (i as u8).wrapping_mul(7) ^ seed)
+        .collect()
 }
 
 fn to(dev: &Device, qpn: u32, qkey: u32) -> UdAddress {

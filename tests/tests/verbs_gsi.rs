@@ -1,0 +1,100 @@
+//! xroce's private libibverbs entry point `xroce_create_gsi_qp` (node
+//! `XROCE_PRIVATE_1`) through the C ABI, as xroce's librdmacm uses it: a C
+//! program built against rdma-core's header finds it with
+//! `dlsym(RTLD_DEFAULT, ...)` under `xroce run`, creates the GSI QP (QP1),
+//! sees the errno conventions, brings it up as ib_mad does and sends a
+//! 256-byte MAD QP1 -> QP1 to its own device.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use xroce_tests::{
+    require_root,
+    verbs::{ibverbs_cdylib, require_verbs_header, workspace_root, xroce_run},
+    VethPair,
+};
+
+/// A scratch directory of this test process, removed on drop.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_c_program_creates_and_uses_the_gsi_qp() {
+    require_root();
+    require_verbs_header();
+    let _ = ibverbs_cdylib();
+    let dir = Scratch(std::env::temp_dir().join(format!("xroce-gsi-probe-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let exe = dir.0.join("gsi_qp_probe");
+    let src = workspace_root().join("tests/c/gsi_qp_probe.c");
+    let compiled = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .args(["-libverbs", "-ldl"])
+        .output()
+        .expect("run cc (install gcc: cargo xtask setup does)");
+    assert!(
+        compiled.status.success(),
+        "cc rejected {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+    let pair = VethPair::new(1500);
+    let out = xroce_run(
+        Some(&pair.a),
+        &["--backend", "udp", "--iface", &pair.if_a, "--"],
+    )
+    .arg(&exe)
+    .output()
+    .expect("run the probe under xroce run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let got: BTreeMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once(' ')).collect();
+    let (einval, eexist) = (libc::EINVAL, libc::EEXIST);
+    // IBV_QPS_RESET 0, IBV_QPS_RTS 3, IBV_QPT_UD 4, IBV_WC_SUCCESS 0.
+    let expected: Vec<(&str, String)> = vec![
+        ("dlsym", "1".into()),
+        ("create_rc", format!("-1 {einval}")),
+        ("qp", "1 0 4".into()),
+        ("create_second", format!("-1 {eexist}")),
+        ("normal_ud", "0x11".into()),
+        ("init", "0".into()),
+        ("rtr", "0".into()),
+        ("rts", "0".into()),
+        ("query", "0".into()),
+        ("state_qkey", "3 0x80010000".into()),
+        ("post_recv", "0".into()),
+        ("query_gid", "0".into()),
+        ("ah", "1".into()),
+        ("post_send", "0".into()),
+        ("completions", "2".into()),
+        ("send_wc", "9 0 1".into()),
+        // wr_id, status, qp_num, src_qp, byte_len (GRH + MAD), GRH flag.
+        ("recv_wc", "7 0 1 1 296 1".into()),
+        ("mad_intact", "1".into()),
+        ("destroy_ah", "0".into()),
+        ("destroy", "0".into()),
+        ("again", "1".into()),
+        ("destroy_again", "0".into()),
+        ("destroy_ud", "0".into()),
+        ("done", "1".into()),
+    ];
+    let wrong: Vec<String> = expected
+        .iter()
+        .filter(|(k, v)| got.get(k) != Some(&v.as_str()))
+        .map(|(k, v)| format!("{k}: want `{v}`, got {:?}", got.get(k)))
+        .collect();
+    assert!(
+        wrong.is_empty() && out.status.success(),
+        "the GSI QP probe ({}):\n{}\n--- stdout\n{stdout}--- stderr\n{stderr}",
+        out.status,
+        wrong.join("\n")
+    );
+}
