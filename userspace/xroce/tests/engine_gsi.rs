@@ -332,4 +332,17 @@ fn one_gsi_qp_per_device_and_frames_to_a_missing_one_are_unknown() {
     let mut qpns: Vec<u32> = p.a.lock().qp_numbers().collect();
     qpns.sort();
     assert_eq!(qpns, [GSI_QPN, QPN_BASE]);
+
+    // QP1 takes only the GSI Q_Key even if INIT gave it another (as rxe):
+    // a datagram with that other Q_Key is dropped.
+    bring_up(&gsi_b, UD_QKEY);
+    bring_up(&ud_a, UD_QKEY);
+    post_recv(&gsi_b, &sb, 0);
+    let dropped = p.b.stats().rx_dropped_other;
+    let m = mad(4);
+    send_mad(&ud_a, &sa, 2, &m, to(&p.b, GSI_QPN, UD_QKEY));
+    let sent = p.pump();
+    assert_ud_frame(only(&sent, true), GSI_QPN, QPN_BASE, UD_QKEY, &m);
+    assert_eq!(p.b.stats().rx_dropped_other, dropped + 1);
+    assert_eq!(drain(&sb.cq), []);
 }
