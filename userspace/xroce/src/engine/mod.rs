@@ -10,7 +10,9 @@
 //! QP types: RC (the full reliable machinery), UC (`uc.rs`: the same
 //! segmentation and placement without ACKs or retransmission; a gap drops
 //! the message) and UD (`ud.rs`: one-packet SENDs with a DETH, Q_Key check,
-//! GRH space in receive buffers).
+//! GRH space in receive buffers). The GSI QP, QP1 ([`Engine::create_gsi_qp`],
+//! for a connection manager's MADs), is a UD QP in a reserved slot of the
+//! QP table: it alone sends and takes the GSI Q_Key [`GSI_QKEY`].
 //!
 //! It performs no I/O and no syscalls and never reads a clock. An I/O
 //! backend drives it like quinn-proto:
