@@ -36,7 +36,11 @@ fn interface_of(ip: IpAddr) -> Option<String> {
 /// Binds the id to `addr` (state lock held): a specific address must be
 /// this host's (EADDRNOTAVAIL) on an interface with an xroce device
 /// holding its GID (ENODEV), which the id is then bound to.
-fn bind_locked(id: *mut rdma_cm_id, st: &mut IdState, addr: SocketAddr) -> Result<(), i32> {
+pub(crate) fn bind_locked(
+    id: *mut rdma_cm_id,
+    st: &mut IdState,
+    addr: SocketAddr,
+) -> Result<(), i32> {
     if st.phase != Phase::Idle {
         return Err(libc::EINVAL);
     }
@@ -95,7 +99,7 @@ fn dst_storage(id: *mut rdma_cm_id) -> *mut libc::sockaddr_storage {
 }
 
 /// The id's bound source (address and port).
-fn bound_src(id: *mut rdma_cm_id) -> Option<SocketAddr> {
+pub(crate) fn bound_src(id: *mut rdma_cm_id) -> Option<SocketAddr> {
     // SAFETY: the id's own sockaddr_storage.
     unsafe { sockaddr::read(src_storage(id) as *const libc::sockaddr) }
 }
@@ -269,6 +273,45 @@ pub(crate) fn resolve_route(cm: &CmId, id: *mut rdma_cm_id) -> Result<(), i32> {
     if st.phase != Phase::AddrResolved {
         return Err(libc::EINVAL);
     }
+    install_path(&mut st, id)?;
+    st.phase = Phase::RouteResolved;
+    CmId::post(&cm.shared, &st, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
+    drop(st);
+    cm.complete()
+}
+
+/// Gives an id the addresses of a connection request it was made for: its
+/// source (our address, the listener's port) and destination, the device
+/// and the GIDs, as address resolution would have (state lock held).
+pub(crate) fn set_request_addresses(
+    id: *mut rdma_cm_id,
+    device: &'static devices::Device,
+    src: SocketAddr,
+    dst: SocketAddr,
+) {
+    // SAFETY: a live id whose fields are written under its state lock.
+    unsafe {
+        sockaddr::write(src_storage(id), src);
+        sockaddr::write(dst_storage(id), dst);
+        (*id).verbs = device.context;
+        (*id).port_num = PORT;
+        let ib = &mut (*id).route.addr.addr.ibaddr;
+        ib.sgid.raw = sockaddr::gid_of(src.ip());
+        ib.dgid.raw = sockaddr::gid_of(dst.ip());
+        ib.pkey = 0xffffu16.to_be();
+    }
+}
+
+/// The id's source and destination addresses.
+pub(crate) fn endpoints(id: *mut rdma_cm_id) -> Option<(SocketAddr, SocketAddr)> {
+    // SAFETY: the id's own sockaddr_storages.
+    let dst = unsafe { sockaddr::read(dst_storage(id) as *const libc::sockaddr) }?;
+    Some((bound_src(id)?, dst))
+}
+
+/// Builds the id's RoCE path record from its GIDs and device (state lock
+/// held).
+pub(crate) fn install_path(st: &mut IdState, id: *mut rdma_cm_id) -> Result<(), i32> {
     // SAFETY: the live id's fields, under its lock.
     let (verbs, ib) = unsafe { ((*id).verbs, (*id).route.addr.addr.ibaddr) };
     let device = devices::of_context(verbs).ok_or(libc::ENODEV)?;
@@ -299,10 +342,7 @@ pub(crate) fn resolve_route(cm: &CmId, id: *mut rdma_cm_id) -> Result<(), i32> {
         (*id).route.path_rec = raw;
         (*id).route.num_paths = 1;
     }
-    st.phase = Phase::RouteResolved;
-    CmId::post(&cm.shared, &st, RDMA_CM_EVENT_ROUTE_RESOLVED, 0);
-    drop(st);
-    cm.complete()
+    Ok(())
 }
 
 // ------------------------------------------------ C entry points

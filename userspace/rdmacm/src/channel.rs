@@ -46,6 +46,21 @@ unsafe impl Send for EventPtr {}
 pub(crate) struct CmEvent {
     pub(crate) c: rdma_cm_event,
     id: Arc<IdShared>,
+    /// The private data `c.param` points into (owned by the event, freed
+    /// with it, as rdma-core's events own theirs).
+    private_data: Box<[u8]>,
+}
+
+/// What a connection event carries besides its kind and status.
+#[derive(Default)]
+pub(crate) struct EventDetail {
+    /// CONNECT_REQUEST: the listening id (`event->listen_id`).
+    pub(crate) listen_id: Option<*mut rdma_cm_id>,
+    /// `event->param` (its private_data pointer is set here).
+    pub(crate) param: rdma_cm_event__bindgen_ty_1,
+    /// UD events fill `param.ud`, the others `param.conn`.
+    pub(crate) ud: bool,
+    pub(crate) private_data: Vec<u8>,
 }
 
 impl ChannelShared {
@@ -70,15 +85,54 @@ impl ChannelShared {
         kind: rdma_cm_event_type,
         status: c_int,
     ) {
-        let event = Box::new(CmEvent {
+        self.post_detailed(id, c_id, kind, status, EventDetail::default());
+    }
+
+    /// Queues an event with its listening id, parameters and private data
+    /// (called with the id's state locked).
+    pub(crate) fn post_detailed(
+        &self,
+        id: &Arc<IdShared>,
+        c_id: *mut rdma_cm_id,
+        kind: rdma_cm_event_type,
+        status: c_int,
+        detail: EventDetail,
+    ) {
+        let mut event = Box::new(CmEvent {
             c: rdma_cm_event {
                 id: c_id,
+                listen_id: detail.listen_id.unwrap_or(std::ptr::null_mut()),
                 event: kind,
                 status,
-                ..Default::default()
+                param: detail.param,
             },
             id: id.clone(),
+            private_data: detail.private_data.into_boxed_slice(),
         });
+        // rdma_conn_param and rdma_ud_param both start with the pointer
+        // and the length; the length is at most 255 in both.
+        let (ptr, len) = if event.private_data.is_empty() {
+            (std::ptr::null(), 0)
+        } else {
+            (
+                event.private_data.as_ptr() as *const std::ffi::c_void,
+                event.private_data.len().min(255) as u8,
+            )
+        };
+        if detail.ud {
+            // SAFETY: writing fields of the union's `ud` member, which
+            // UD events use.
+            unsafe {
+                (*event.c.param.ud).private_data = ptr;
+                (*event.c.param.ud).private_data_len = len;
+            }
+        } else {
+            // SAFETY: as above, for the `conn` member.
+            unsafe {
+                (*event.c.param.conn).private_data = ptr;
+                (*event.c.param.conn).private_data_len = len;
+            }
+        }
         let mut queue = self.queue.lock().unwrap();
         if queue.is_empty() {
             self.set_readable(true);

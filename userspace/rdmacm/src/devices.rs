@@ -88,6 +88,12 @@ pub(crate) fn of_context(context: *mut ibv_context) -> Option<&'static Device> {
     all().ok()?.iter().find(|d| d.context == context)
 }
 
+/// The device whose GID table holds `ip`'s GID (the device of a local
+/// address).
+pub(crate) fn of_local_ip(ip: IpAddr) -> Option<&'static Device> {
+    all().ok()?.iter().find(|d| d.gid_index(ip).is_some())
+}
+
 impl Device {
     /// The GID table index holding `ip`'s RoCEv2 GID.
     pub(crate) fn gid_index(&self, ip: IpAddr) -> Option<c_int> {

@@ -39,6 +39,10 @@ unsafe fn setup(
         if res.ai_flags & RAI_PASSIVE as c_int != 0 {
             check(rdma_bind_addr(id, res.ai_src_addr))?;
             (*id).pd = pd;
+            // rdma_get_request makes each request's QP with these.
+            if let Some(attr) = qp_init_attr.as_ref() {
+                id::CmId::from_c(id)?.lock().qp_init_attr = Some(*attr);
+            }
             return Ok(());
         }
         check(rdma_resolve_addr(

@@ -29,6 +29,18 @@ pub(crate) enum Phase {
     AddrQuery,
     AddrResolved,
     RouteResolved,
+    /// rdma_listen'ed.
+    Listening,
+    /// REQ or SIDR_REQ sent (active), or received and not answered yet
+    /// (passive).
+    Connecting,
+    /// REP sent, waiting for the RTU (passive).
+    Accepting,
+    Connected,
+    /// DREQ sent or received.
+    Disconnecting,
+    /// Rejected, unreachable or disconnected for good.
+    Closed,
 }
 
 /// Options set with `rdma_set_option`.
@@ -70,6 +82,13 @@ pub(crate) struct IdState {
     pub(crate) query: u64,
     pub(crate) path: Option<Box<ibv_sa_path_rec>>,
     local_ece: ibv_ece,
+    /// The connection the CM made or is making for this id.
+    pub(crate) conn: Option<crate::conn::Connection>,
+    /// Where this id listens: (agent, service ID) pairs.
+    pub(crate) listens: Vec<crate::listen::ListenKey>,
+    /// rdma_create_ep's QP attributes of a passive endpoint, for the QPs
+    /// rdma_get_request makes.
+    pub(crate) qp_init_attr: Option<ibv_qp_init_attr>,
 }
 
 // SAFETY: the raw pointers inside (the path record owned here, the C id
@@ -225,6 +244,9 @@ pub(crate) fn create(
                 query: 0,
                 path: None,
                 local_ece: ibv_ece::default(),
+                conn: None,
+                listens: Vec::new(),
+                qp_init_attr: None,
             }),
             unacked: Mutex::new(0),
             acked: Condvar::new(),
@@ -248,6 +270,9 @@ pub(crate) unsafe fn destroy(id: *mut rdma_cm_id) -> Result<(), i32> {
         let mut st = cm.lock();
         st.alive = false;
         st.query += 1;
+        // The CM forgets the id's connection and listens as ib_cm's
+        // destroy does (REJ, DREQ or DREP on the wire as the state asks).
+        crate::teardown::forget(&mut st);
         (st.channel.clone(), st.sync_channel, st.binding.take())
     };
     channel.purge(&cm.shared);

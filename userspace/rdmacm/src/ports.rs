@@ -55,7 +55,7 @@ pub(crate) fn local_port_range() -> (u16, u16) {
         .unwrap_or((32768, 60999))
 }
 
-fn random_u32() -> u32 {
+pub(crate) fn random_u32() -> u32 {
     let mut v = 0u32;
     // SAFETY: getrandom fills the 4 bytes of v.
     unsafe { libc::getrandom(&mut v as *mut u32 as *mut _, 4, 0) };

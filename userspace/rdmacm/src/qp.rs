@@ -17,7 +17,7 @@ use crate::{
 };
 
 /// rdma_cm's Q_Key for UD QPs (RDMA_UDP_QKEY).
-const UDP_QKEY: u32 = 0x0123_4567;
+pub(crate) const UDP_QKEY: u32 = 0x0123_4567;
 
 /// The attributes moving a QP of this id to `state` before a connection
 /// exists: INIT (port, P_Key index, no remote access or the UD Q_Key), and

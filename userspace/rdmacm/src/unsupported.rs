@@ -1,5 +1,4 @@
-//! What is not built yet: connections (the CM protocol on QP1 is being
-//! built), multicast, and rsockets. Every symbol is defined, so programs
+//! What is not built yet: multicast and rsockets. Every symbol is defined, so programs
 //! load and resolve all of librdmacm; each call fails with -1 and errno
 //! ENOSYS, and says so on stderr under XROCE_RDMACM_DEBUG /
 //! XROCE_VERBS_DEBUG. rsocket calls that return `ssize_t` or `off_t`
@@ -37,16 +36,6 @@ macro_rules! not_implemented {
 use libc::socklen_t;
 
 not_implemented! {
-    // Connections.
-    rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int;
-    rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int;
-    rdma_connect(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int;
-    rdma_establish(id: *mut rdma_cm_id) -> c_int;
-    rdma_accept(id: *mut rdma_cm_id, conn_param: *mut rdma_conn_param) -> c_int;
-    rdma_reject(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int;
-    rdma_reject_ece(id: *mut rdma_cm_id, private_data: *const c_void, len: u8) -> c_int;
-    rdma_notify(id: *mut rdma_cm_id, event: ibv_event_type) -> c_int;
-    rdma_disconnect(id: *mut rdma_cm_id) -> c_int;
     // Multicast.
     rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void) -> c_int;
     rdma_join_multicast_ex(

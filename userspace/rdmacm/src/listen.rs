@@ -1,0 +1,590 @@
+//! The passive side: `rdma_listen`, `rdma_get_request`, `rdma_accept`,
+//! `rdma_reject`, and the connection requests (REQ, SIDR_REQ) the agents
+//! report.
+//!
+//! A listening id asks the agent of its device (every device for a
+//! wildcard address) to listen on rdma_cm's service ID of its port. Ids
+//! bound to different addresses may listen on one port: a request goes to
+//! the one whose address is the request's destination (from the cma_hdr
+//! in its private data), else to a wildcard one of the family; with none,
+//! the REQ is rejected as the kernel rejects a REQ nobody listens for.
+//! Each request gets a new id, on the listener's channel (a synchronous
+//! listener's requests get synchronous ids), announced by CONNECT_REQUEST
+//! with the peer's private data after the cma_hdr.
+
+use std::{
+    collections::HashMap,
+    ffi::{c_int, c_void},
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex, OnceLock},
+};
+
+use xroce_cm::{ConnId, PeerAddr, RepParams, ReqInfo, SidrReplyParams, SidrStatus};
+use xroce_wire::rdma_cm::{service_id, CmaHeader, PortSpace, CMA_HEADER_LEN};
+
+use crate::{
+    abi::*,
+    address,
+    agent::Agent,
+    conn::{self, Connection, Role, DEVICE_MAX_RD_ATOMIC, RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES},
+    devices,
+    errno::{fail, ffi_int},
+    id::{self, CmId, IdShared, Phase},
+    qp::UDP_QKEY,
+};
+
+/// Private data a REP can carry (IBTA: 196 bytes).
+const REP_PRIVATE_DATA: usize = 196;
+/// Private data a SIDR_REP can carry (136 bytes).
+const SIDR_REP_PRIVATE_DATA: usize = 136;
+
+/// One (agent, service ID) an id listens on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ListenKey {
+    agent: usize,
+    service_id: u64,
+}
+
+struct Listener {
+    id: Arc<IdShared>,
+    addr: SocketAddr,
+    afonly: bool,
+}
+
+struct ListenTable {
+    agents: HashMap<usize, &'static Agent>,
+    listeners: HashMap<ListenKey, Vec<Listener>>,
+}
+
+fn table() -> &'static Mutex<ListenTable> {
+    static TABLE: OnceLock<Mutex<ListenTable>> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        Mutex::new(ListenTable {
+            agents: HashMap::new(),
+            listeners: HashMap::new(),
+        })
+    })
+}
+
+/// The id's port space as rdma_cm's wire value.
+pub(crate) fn port_space(ps: rdma_port_space) -> Option<PortSpace> {
+    PortSpace::from_u16(u16::try_from(ps).ok()?)
+}
+
+/// Whether a listener bound to `bound` takes a request to `dst`.
+fn takes(l: &Listener, dst: IpAddr) -> bool {
+    let b = l.addr.ip();
+    if !b.is_unspecified() {
+        return b == dst;
+    }
+    match (b, dst) {
+        (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)) => true,
+        // An IPv6 wildcard takes IPv4 too unless AFONLY.
+        (IpAddr::V6(_), IpAddr::V4(_)) => !l.afonly,
+        (IpAddr::V4(_), IpAddr::V6(_)) => false,
+    }
+}
+
+/// Stops `key`'s listening for `id` (the engine's listen ends with the
+/// last id).
+pub(crate) fn unlisten(key: ListenKey, id: &Arc<IdShared>) {
+    let mut t = table().lock().unwrap();
+    let Some(list) = t.listeners.get_mut(&key) else {
+        return;
+    };
+    list.retain(|l| !Arc::ptr_eq(&l.id, id));
+    if list.is_empty() {
+        t.listeners.remove(&key);
+        if let Some(agent) = t.agents.get(&key.agent).copied() {
+            drop(t);
+            agent.with_engine(|e, _| {
+                let _ = e.unlisten(key.service_id);
+            });
+        }
+    }
+}
+
+fn listen(cm: &CmId, id: *mut rdma_cm_id, backlog: c_int) -> Result<(), i32> {
+    let mut st = cm.lock();
+    if st.phase == Phase::Idle {
+        // The kernel binds an unbound listener to the IPv4 wildcard.
+        address::bind_locked(id, &mut st, "0.0.0.0:0".parse().unwrap())?;
+    }
+    if st.phase != Phase::Bound {
+        return Err(libc::EINVAL);
+    }
+    let bound = address::bound_src(id).ok_or(libc::EINVAL)?;
+    // SAFETY: the program's live id, under its state lock.
+    let (ps, verbs) = unsafe { ((*id).ps, (*id).verbs) };
+    let space = port_space(ps).ok_or(libc::EINVAL)?;
+    let sid = service_id(space, bound.port());
+    let devices: Vec<&'static devices::Device> = if verbs.is_null() {
+        devices::all()?.iter().collect()
+    } else {
+        vec![devices::of_context(verbs).ok_or(libc::ENODEV)?]
+    };
+    let backlog = usize::try_from(backlog).unwrap_or(0);
+    let mut keys = Vec::new();
+    for device in devices {
+        let agent = conn::agent_of(device)?;
+        let key = ListenKey {
+            agent: conn::agent_key(agent),
+            service_id: sid,
+        };
+        let first = {
+            let mut t = table().lock().unwrap();
+            t.agents.insert(key.agent, agent);
+            let list = t.listeners.entry(key).or_default();
+            list.push(Listener {
+                id: cm.shared.clone(),
+                addr: bound,
+                afonly: st.options.afonly,
+            });
+            list.len() == 1
+        };
+        if first {
+            let r = agent.with_engine(|e, _| e.listen(sid, backlog));
+            if let Err(e) = r {
+                unlisten(key, &cm.shared);
+                for k in keys {
+                    unlisten(k, &cm.shared);
+                }
+                return Err(fail(libc::EADDRINUSE, format_args!("rdma_listen: {e}")));
+            }
+        }
+        keys.push(key);
+    }
+    st.listens = keys;
+    st.phase = Phase::Listening;
+    Ok(())
+}
+
+/// What a request carries that the new id's event needs.
+enum Request {
+    Rc { req: ReqInfo },
+    Ud,
+}
+
+/// A REQ or SIDR_REQ the agent's engine reported for a service we listen
+/// on: a new id and CONNECT_REQUEST, or a reject.
+pub(crate) fn on_request(
+    agent: &'static Agent,
+    conn: ConnId,
+    service_id: u64,
+    peer: PeerAddr,
+    rc: Option<ReqInfo>,
+    private_data: &[u8],
+) {
+    let reject = |why: &str| {
+        if crate::config::debug() {
+            eprintln!(
+                "xroce librdmacm: rejecting a request from {}: {why}",
+                peer.gid.hex()
+            );
+        }
+        agent.with_engine(|e, _| {
+            let _ = e.reject(conn, &[]);
+        });
+    };
+    let Ok(hdr) = CmaHeader::parse(private_data) else {
+        return reject("no valid cma_hdr in its private data");
+    };
+    let key = ListenKey {
+        agent: conn::agent_key(agent),
+        service_id,
+    };
+    let listener = {
+        let t = table().lock().unwrap();
+        let list = t.listeners.get(&key);
+        let pick = |exact: bool| {
+            list?
+                .iter()
+                .find(|l| takes(l, hdr.dst_ip) && exact != l.addr.ip().is_unspecified())
+                .map(|l| (l.id.clone(), l.addr.port()))
+        };
+        pick(true).or_else(|| pick(false))
+    };
+    let Some((listener, port)) = listener else {
+        return reject("nobody listens on that address");
+    };
+    let request = match rc {
+        Some(req) => Request::Rc { req },
+        None => Request::Ud,
+    };
+    let src = SocketAddr::new(hdr.dst_ip, port);
+    let dst = SocketAddr::new(hdr.src_ip, hdr.src_port);
+    if let Err(why) = new_request_id(agent, conn, &listener, src, dst, &request, private_data) {
+        reject(&why);
+    }
+}
+
+/// Makes the request's id and queues CONNECT_REQUEST on the listener's
+/// channel (counted against the listener until acked, as rdma-core does).
+fn new_request_id(
+    agent: &'static Agent,
+    conn: ConnId,
+    listener: &Arc<IdShared>,
+    src: SocketAddr,
+    dst: SocketAddr,
+    request: &Request,
+    private_data: &[u8],
+) -> Result<(), String> {
+    let lst = listener.state.lock().unwrap();
+    if !lst.alive || lst.phase != Phase::Listening {
+        return Err("the listener is gone".into());
+    }
+    let l_id = lst.c_id();
+    // SAFETY: the live listener's fields, under its state lock.
+    let (channel, context, ps) = unsafe { ((*l_id).channel, (*l_id).context, (*l_id).ps) };
+    let child = id::create(
+        if lst.is_sync() {
+            std::ptr::null_mut()
+        } else {
+            channel
+        },
+        context,
+        ps,
+    )
+    .map_err(|e| format!("no id for it (errno {e})"))?;
+    // SAFETY: the id just made.
+    let cm = unsafe { CmId::from_c(child) }.expect("made above");
+    let device = agent.device();
+    let mut st = cm.lock();
+    address::set_request_addresses(child, device, src, dst);
+    let _ = address::install_path(&mut st, child);
+    let mtu = device.active_mtu().unwrap_or(IBV_MTU_1024) as u8;
+    let mut detail = crate::channel::EventDetail {
+        listen_id: Some(l_id),
+        ..Default::default()
+    };
+    let user_data = private_data.get(CMA_HEADER_LEN..).unwrap_or(&[]).to_vec();
+    let connection = match request {
+        Request::Rc { req } => {
+            let mut path = req.path;
+            path.mtu = path.mtu.min(mtu);
+            // The event speaks from our side: the peer's initiator depth is
+            // what we must be able to respond to.
+            let param = rdma_conn_param {
+                responder_resources: req.initiator_depth,
+                initiator_depth: req.responder_resources,
+                flow_control: 1,
+                retry_count: req.retry_count,
+                rnr_retry_count: req.rnr_retry_count,
+                srq: u8::from(req.srq),
+                qp_num: req.remote_qpn,
+                ..Default::default()
+            };
+            detail.param.conn = std::mem::ManuallyDrop::new(param);
+            Connection {
+                agent,
+                conn,
+                role: Role::Passive,
+                path,
+                rq_psn: 0,
+                sq_psn: req.starting_psn,
+                remote_qpn: req.remote_qpn,
+                responder_resources: req.initiator_depth.min(DEVICE_MAX_RD_ATOMIC),
+                initiator_depth: req.responder_resources.min(DEVICE_MAX_RD_ATOMIC),
+                retry_count: req.retry_count,
+                rnr_retry_count: req.rnr_retry_count,
+                local_disconnect: false,
+                disconnect_reported: false,
+            }
+        }
+        Request::Ud => {
+            detail.ud = true;
+            let local = xroce_wire::Gid(crate::sockaddr::gid_of(src.ip()));
+            let remote = xroce_wire::Gid(crate::sockaddr::gid_of(dst.ip()));
+            Connection {
+                agent,
+                conn,
+                role: Role::Passive,
+                path: xroce_cm::PathParams::roce(local, remote, mtu, 0),
+                rq_psn: 0,
+                sq_psn: 0,
+                remote_qpn: 0,
+                responder_resources: 0,
+                initiator_depth: 0,
+                retry_count: 0,
+                rnr_retry_count: 0,
+                local_disconnect: false,
+                disconnect_reported: false,
+            }
+        }
+    };
+    detail.private_data = user_data;
+    st.conn = Some(connection);
+    st.phase = Phase::Connecting;
+    conn::register(agent, conn, &cm.shared);
+    drop(st);
+    lst.channel
+        .post_detailed(listener, child, RDMA_CM_EVENT_CONNECT_REQUEST, 0, detail);
+    Ok(())
+}
+
+/// rdma-core's check of the depths a connection may ask for.
+pub(crate) fn valid_param(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Result<(), i32> {
+    // SAFETY: the program's live id.
+    let (ps, qp) = unsafe { ((*id).ps, (*id).qp) };
+    if ps != RDMA_PS_TCP {
+        return Ok(());
+    }
+    let Some(p) = param else {
+        return if qp.is_null() {
+            Err(libc::EINVAL)
+        } else {
+            Ok(())
+        };
+    };
+    let too_deep = |v: u8, max: u8| v != max && v > DEVICE_MAX_RD_ATOMIC;
+    if too_deep(p.responder_resources, RDMA_MAX_RESP_RES)
+        || too_deep(p.initiator_depth, RDMA_MAX_INIT_DEPTH)
+    {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
+/// The QP number and SRQ flag a connection announces: the id's QP, else
+/// what the program gives.
+pub(crate) fn qp_of(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> (u32, bool) {
+    // SAFETY: the program's live id and its QP.
+    unsafe {
+        let qp = (*id).qp;
+        if !qp.is_null() {
+            return ((*qp).qp_num, !(*qp).srq.is_null());
+        }
+    }
+    param.map_or((0, false), |p| (p.qp_num, p.srq != 0))
+}
+
+/// The program's private data (`len` bytes at `data`), at most `max`.
+pub(crate) fn private_data(data: *const c_void, len: u8, max: usize) -> Result<Vec<u8>, i32> {
+    if data.is_null() || len == 0 {
+        return Ok(Vec::new());
+    }
+    if usize::from(len) > max {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the program gives `len` readable bytes at `data`.
+    Ok(unsafe { std::slice::from_raw_parts(data as *const u8, usize::from(len)) }.to_vec())
+}
+
+fn accept(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Result<(), i32> {
+    valid_param(id, param)?;
+    let mut st = cm.lock();
+    if st.phase != Phase::Connecting {
+        return Err(libc::EINVAL);
+    }
+    let c = st
+        .conn
+        .as_mut()
+        .filter(|c| c.role == Role::Passive)
+        .ok_or(libc::EINVAL)?;
+    let (qpn, srq) = qp_of(id, param);
+    let agent = c.agent;
+    let conn = c.conn;
+    // SAFETY: the program's live id.
+    let ud = unsafe { (*id).qp_type } == IBV_QPT_UD;
+    if ud {
+        let data = match param {
+            Some(p) => private_data(p.private_data, p.private_data_len, SIDR_REP_PRIVATE_DATA)?,
+            None => Vec::new(),
+        };
+        // Userspace's rdma_conn_param has no Q_Key: rdma_cm's UD one.
+        let reply = SidrReplyParams {
+            status: SidrStatus::Success,
+            qpn,
+            qkey: UDP_QKEY,
+            private_data: data,
+        };
+        agent
+            .with_engine(|e, _| e.sidr_reply(conn, &reply))
+            .map_err(|e| fail(libc::EINVAL, format_args!("rdma_accept: {e}")))?;
+        conn::unregister(agent, conn);
+        st.conn = None;
+        st.phase = Phase::Connected;
+        drop(st);
+        // A synchronous UD id's request event is done with.
+        if cm.lock().is_sync() {
+            // SAFETY: a synchronous id's event is its own to ack.
+            unsafe {
+                if !(*id).event.is_null() {
+                    crate::channel::ack((*id).event);
+                    (*id).event = std::ptr::null_mut();
+                }
+            }
+        }
+        return Ok(());
+    }
+    match param.map(|p| p.initiator_depth) {
+        Some(d) if d != RDMA_MAX_INIT_DEPTH => c.initiator_depth = d,
+        _ => c.initiator_depth = c.initiator_depth.min(DEVICE_MAX_RD_ATOMIC),
+    }
+    match param.map(|p| p.responder_resources) {
+        Some(r) if r != RDMA_MAX_RESP_RES => c.responder_resources = r,
+        _ => c.responder_resources = c.responder_resources.min(DEVICE_MAX_RD_ATOMIC),
+    }
+    let data = match param {
+        Some(p) => private_data(p.private_data, p.private_data_len, REP_PRIVATE_DATA)?,
+        None => Vec::new(),
+    };
+    c.rq_psn = conn::random_psn();
+    let c = c.clone();
+    // SAFETY: the live id, under its state lock.
+    if let Err(e) = unsafe { conn::qp_to_rts(id, &c) } {
+        // SAFETY: as above.
+        unsafe { conn::qp_to_error(id) };
+        agent.with_engine(|en, _| {
+            let _ = en.reject(conn, &[]);
+        });
+        conn::unregister(agent, conn);
+        st.conn = None;
+        st.phase = Phase::Closed;
+        return Err(fail(e, "rdma_accept: cannot bring the QP to RTS"));
+    }
+    let rep = RepParams {
+        qpn,
+        starting_psn: c.rq_psn,
+        responder_resources: c.responder_resources,
+        initiator_depth: c.initiator_depth,
+        rnr_retry_count: param.map_or(7, |p| p.rnr_retry_count.min(7)),
+        srq,
+        private_data: data,
+        ..RepParams::new(qpn, c.rq_psn)
+    };
+    agent
+        .with_engine(|e, now| e.accept(conn, &rep, now))
+        .map_err(|e| fail(libc::EINVAL, format_args!("rdma_accept: {e}")))?;
+    st.phase = Phase::Accepting;
+    drop(st);
+    cm.complete()
+}
+
+fn reject(cm: &CmId, data: Vec<u8>) -> Result<(), i32> {
+    let mut st = cm.lock();
+    if st.phase != Phase::Connecting {
+        return Err(libc::EINVAL);
+    }
+    let Some(c) = st.conn.take().filter(|c| c.role == Role::Passive) else {
+        return Err(libc::EINVAL);
+    };
+    let (agent, conn) = (c.agent, c.conn);
+    let r = agent.with_engine(|e, _| e.reject(conn, &data));
+    conn::unregister(agent, conn);
+    st.phase = Phase::Closed;
+    r.map_err(|e| fail(libc::EINVAL, format_args!("rdma_reject: {e}")))
+}
+
+// ------------------------------------------------ C entry points
+
+/// `rdma_listen`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program's live id.
+        let cm = unsafe { CmId::from_c(id) }?;
+        listen(cm, id, backlog)
+    })
+}
+
+/// `rdma_get_request`: a synchronous listener's next connection request
+/// (its QP made from rdma_create_ep's attributes).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program's live listening id.
+        let cm = unsafe { CmId::from_c(listen) }?;
+        let (channel, attr) = {
+            let st = cm.lock();
+            if !st.is_sync() || id.is_null() {
+                return Err(libc::EINVAL);
+            }
+            (st.channel.clone(), st.qp_init_attr)
+        };
+        // SAFETY: a synchronous id's event field is its caller's.
+        unsafe {
+            if !(*listen).event.is_null() {
+                crate::channel::ack((*listen).event);
+                (*listen).event = std::ptr::null_mut();
+            }
+        }
+        let event = channel.wait_event()? as *mut rdma_cm_event;
+        // SAFETY: the live event just taken.
+        let (kind, status, new_id) = unsafe { ((*event).event, (*event).status, (*event).id) };
+        let fail_with = |e: i32| {
+            // SAFETY: as above; the listener keeps the event.
+            unsafe { (*listen).event = event };
+            Err(e)
+        };
+        if kind == RDMA_CM_EVENT_REJECTED {
+            return fail_with(libc::ECONNREFUSED);
+        }
+        if status != 0 {
+            return fail_with(-status);
+        }
+        if kind != RDMA_CM_EVENT_CONNECT_REQUEST {
+            return fail_with(libc::EINVAL);
+        }
+        if let Some(mut attr) = attr {
+            // SAFETY: the new id and the listener's PD.
+            let rc = unsafe { crate::qp::rdma_create_qp(new_id, (*listen).pd, &mut attr) };
+            if rc != 0 {
+                return fail_with(crate::errno::errno());
+            }
+        }
+        // SAFETY: the program's out-pointer and the new id.
+        unsafe {
+            *id = new_id;
+            (*new_id).event = event;
+        }
+        Ok(())
+    })
+}
+
+/// `rdma_accept`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_accept(
+    id: *mut rdma_cm_id,
+    conn_param: *mut rdma_conn_param,
+) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program's live id and parameters.
+        let cm = unsafe { CmId::from_c(id) }?;
+        accept(cm, id, unsafe { conn_param.as_ref() })
+    })
+}
+
+/// `rdma_reject`: REJ with reason 28 (consumer) and the private data.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program's live id.
+        let cm = unsafe { CmId::from_c(id) }?;
+        reject(cm, private_data_of(private_data, len)?)
+    })
+}
+
+/// `rdma_reject_ece`: as rdma_reject (xroce does not negotiate ECE, so
+/// there is no vendor option to refuse).
+#[no_mangle]
+pub unsafe extern "C" fn rdma_reject_ece(
+    id: *mut rdma_cm_id,
+    private_data: *const c_void,
+    len: u8,
+) -> c_int {
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { rdma_reject(id, private_data, len) }
+}
+
+/// REJ carries at most 148 bytes of private data.
+fn private_data_of(data: *const c_void, len: u8) -> Result<Vec<u8>, i32> {
+    private_data(data, len, 148)
+}

@@ -1,0 +1,195 @@
+//! How connections end: `rdma_disconnect`, `rdma_notify`, what destroying
+//! an id does to its connection and listens, and the events of an ending
+//! connection (REJECTED, UNREACHABLE, CONNECT_ERROR, DISCONNECTED,
+//! TIMEWAIT_EXIT), with the status codes the kernel's rdma_cm gives them.
+
+use std::{ffi::c_int, mem::ManuallyDrop, sync::Arc};
+
+use xroce_cm::RejReason;
+
+use crate::{
+    abi::*,
+    channel::EventDetail,
+    conn::{self, Role},
+    errno::{fail, ffi_int},
+    id::{CmId, IdShared, IdState, Phase},
+    listen,
+};
+
+/// The id is being destroyed (state lock held): the CM forgets its
+/// connection as ib_cm's destroy does, and its listens end.
+pub(crate) fn forget(st: &mut IdState) {
+    if let Some(c) = st.conn.take() {
+        conn::unregister(c.agent, c.conn);
+        c.agent.with_engine(|e, now| {
+            let _ = e.destroy(c.conn, now);
+        });
+    }
+    let listens = std::mem::take(&mut st.listens);
+    if !listens.is_empty() {
+        // SAFETY: the live id's CmId (being destroyed, not yet freed).
+        let cm = unsafe { CmId::from_c(st.c_id()) }.expect("a live id");
+        for key in listens {
+            listen::unlisten(key, &cm.shared);
+        }
+    }
+}
+
+/// Queues the connection's one DISCONNECTED (state lock held).
+fn report_disconnect(shared: &Arc<IdShared>, st: &mut IdState) {
+    let Some(c) = st.conn.as_mut() else {
+        return;
+    };
+    if c.disconnect_reported {
+        return;
+    }
+    c.disconnect_reported = true;
+    st.phase = Phase::Disconnecting;
+    st.channel
+        .post(shared, st.c_id(), RDMA_CM_EVENT_DISCONNECTED, 0);
+}
+
+/// The peer sent DREQ. DISCONNECTED now; the DREP goes out when the
+/// program calls rdma_disconnect (at once if it already did).
+pub(crate) fn on_disconnect_request(shared: &Arc<IdShared>) {
+    let mut st = shared.state.lock().unwrap();
+    let Some(c) = st.conn.clone() else {
+        return;
+    };
+    if c.local_disconnect {
+        c.agent.with_engine(|e, now| {
+            let _ = e.disconnect(c.conn, &[], now);
+        });
+    }
+    report_disconnect(shared, &mut st);
+}
+
+/// Our DREQ was answered (or never was).
+pub(crate) fn on_disconnected(shared: &Arc<IdShared>) {
+    let mut st = shared.state.lock().unwrap();
+    report_disconnect(shared, &mut st);
+}
+
+/// TIMEWAIT is over: the connection is gone.
+pub(crate) fn on_timewait_exit(shared: &Arc<IdShared>) {
+    let mut st = shared.state.lock().unwrap();
+    let Some(c) = st.conn.take() else {
+        return;
+    };
+    conn::unregister(c.agent, c.conn);
+    st.phase = Phase::Closed;
+    st.channel
+        .post(shared, st.c_id(), RDMA_CM_EVENT_TIMEWAIT_EXIT, 0);
+}
+
+/// The passive side's RTU arrived (or rdma_notify said the QP works).
+pub(crate) fn on_established(shared: &Arc<IdShared>) {
+    let mut st = shared.state.lock().unwrap();
+    // The active side reported ESTABLISHED when it sent the RTU.
+    if st.conn.as_ref().is_none_or(|c| c.role != Role::Passive) {
+        return;
+    }
+    st.phase = Phase::Connected;
+    st.channel
+        .post(shared, st.c_id(), RDMA_CM_EVENT_ESTABLISHED, 0);
+}
+
+/// How a connection attempt failed.
+pub(crate) enum Failure {
+    /// REJ received: REJECTED, status the reason code.
+    Rejected(RejReason, Vec<u8>),
+    /// REQ/REP/SIDR_REQ unanswered: UNREACHABLE, -ETIMEDOUT.
+    Unreachable,
+    /// The peer's REP was unusable: CONNECT_ERROR.
+    ConnectError,
+}
+
+/// The connection failed: the QP to ERR (for REJECTED, as rdma-core), the
+/// event, the connection forgotten.
+pub(crate) fn on_failure(shared: &Arc<IdShared>, failure: Failure) {
+    let mut st = shared.state.lock().unwrap();
+    let id = st.c_id();
+    let Some(c) = st.conn.take() else {
+        return;
+    };
+    conn::unregister(c.agent, c.conn);
+    st.phase = Phase::Closed;
+    // SAFETY: the live id (registered ids are live), under its lock.
+    let ud = unsafe { (*id).qp_type } == IBV_QPT_UD;
+    let mut detail = EventDetail {
+        ud,
+        ..Default::default()
+    };
+    let (kind, status) = match failure {
+        Failure::Rejected(reason, data) => {
+            // SAFETY: as above.
+            unsafe { conn::qp_to_error(id) };
+            detail.private_data = data;
+            if !ud {
+                detail.param.conn = ManuallyDrop::new(rdma_conn_param::default());
+            }
+            (RDMA_CM_EVENT_REJECTED, c_int::from(reason.code()))
+        }
+        Failure::Unreachable => (RDMA_CM_EVENT_UNREACHABLE, -libc::ETIMEDOUT),
+        Failure::ConnectError => (RDMA_CM_EVENT_CONNECT_ERROR, -libc::ECONNREFUSED),
+    };
+    st.channel.post_detailed(shared, id, kind, status, detail);
+}
+
+fn disconnect(cm: &CmId, id: *mut rdma_cm_id) -> Result<(), i32> {
+    let mut st = cm.lock();
+    let Some(c) = st.conn.as_mut() else {
+        return Err(libc::EINVAL);
+    };
+    // rdma-core's ucma_shutdown: the QP to ERR first.
+    // SAFETY: the program's live id, under its state lock.
+    unsafe { conn::qp_to_error(id) };
+    c.local_disconnect = true;
+    let (agent, conn) = (c.agent, c.conn);
+    let sent = agent.with_engine(|e, now| e.disconnect(conn, &[], now));
+    drop(st);
+    match sent {
+        // A DREQ (DISCONNECTED follows its DREP) or the DREP of the
+        // peer's DREQ (DISCONNECTED already queued).
+        Ok(()) => cm.complete(),
+        Err(e) => Err(fail(libc::EINVAL, format_args!("rdma_disconnect: {e}"))),
+    }
+}
+
+// ------------------------------------------------ C entry points
+
+/// `rdma_disconnect`.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program's live id.
+        let cm = unsafe { CmId::from_c(id) }?;
+        disconnect(cm, id)
+    })
+}
+
+/// `rdma_notify`: IBV_EVENT_COMM_EST on a passive id still waiting for the
+/// RTU establishes the connection (the peer's traffic proves it); other
+/// events change nothing, as in the kernel.
+#[no_mangle]
+pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, event: ibv_event_type) -> c_int {
+    ffi_int(|| {
+        // SAFETY: the program's live id.
+        let cm = unsafe { CmId::from_c(id) }?;
+        if event != IBV_EVENT_COMM_EST {
+            return Ok(());
+        }
+        let st = cm.lock();
+        if st.phase != Phase::Accepting {
+            return Ok(());
+        }
+        let Some(c) = st.conn.as_ref() else {
+            return Ok(());
+        };
+        let (agent, conn) = (c.agent, c.conn);
+        drop(st);
+        // Established follows from the engine, reported by the agent.
+        let _ = agent.with_engine(|e, _| e.establish(conn, &[]));
+        Ok(())
+    })
+}
