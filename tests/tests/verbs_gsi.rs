@@ -3,11 +3,12 @@
 //! program built against rdma-core's header finds it with
 //! `dlsym(RTLD_DEFAULT, ...)` under `xroce run`, creates the GSI QP (QP1),
 //! sees the errno conventions, brings it up as ib_mad does and sends a
-//! 256-byte MAD QP1 -> QP1 to its own device.
+//! 256-byte MAD QP1 -> QP1 to its own device; then two such programs in
+//! two namespaces exchange MADs QP1 <-> QP1 over a veth pair.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use xroce_tests::{
     require_root,
@@ -24,12 +25,14 @@ impl Drop for Scratch {
     }
 }
 
-#[test]
-fn a_c_program_creates_and_uses_the_gsi_qp() {
+/// The probe, compiled against rdma-core's header into a scratch directory
+/// of the test `test` (tests run in parallel).
+fn build_probe(test: &str) -> (Scratch, PathBuf) {
     require_root();
     require_verbs_header();
     let _ = ibverbs_cdylib();
-    let dir = Scratch(std::env::temp_dir().join(format!("xroce-gsi-probe-{}", std::process::id())));
+    let dir =
+        Scratch(std::env::temp_dir().join(format!("xroce-gsi-{test}-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0).unwrap();
     let exe = dir.0.join("gsi_qp_probe");
     let src = workspace_root().join("tests/c/gsi_qp_probe.c");
@@ -46,6 +49,23 @@ fn a_c_program_creates_and_uses_the_gsi_qp() {
         src.display(),
         String::from_utf8_lossy(&compiled.stderr)
     );
+    (dir, exe)
+}
+
+/// The probe's `key value` lines against `expected`: one line per key
+/// that differs or is missing.
+fn wrong_facts(stdout: &str, expected: &[(&str, String)]) -> Vec<String> {
+    let got: BTreeMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once(' ')).collect();
+    expected
+        .iter()
+        .filter(|(k, v)| got.get(k) != Some(&v.as_str()))
+        .map(|(k, v)| format!("{k}: want `{v}`, got {:?}", got.get(k)))
+        .collect()
+}
+
+#[test]
+fn a_c_program_creates_and_uses_the_gsi_qp() {
+    let (_dir, exe) = build_probe("self");
     let pair = VethPair::new(1500);
     let out = xroce_run(
         Some(&pair.a),
@@ -56,7 +76,6 @@ fn a_c_program_creates_and_uses_the_gsi_qp() {
     .expect("run the probe under xroce run");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let got: BTreeMap<&str, &str> = stdout.lines().filter_map(|l| l.split_once(' ')).collect();
     let (einval, eexist) = (libc::EINVAL, libc::EEXIST);
     // IBV_QPS_RESET 0, IBV_QPS_RTS 3, IBV_QPT_UD 4, IBV_WC_SUCCESS 0.
     let expected: Vec<(&str, String)> = vec![
@@ -86,15 +105,60 @@ fn a_c_program_creates_and_uses_the_gsi_qp() {
         ("destroy_ud", "0".into()),
         ("done", "1".into()),
     ];
-    let wrong: Vec<String> = expected
-        .iter()
-        .filter(|(k, v)| got.get(k) != Some(&v.as_str()))
-        .map(|(k, v)| format!("{k}: want `{v}`, got {:?}", got.get(k)))
-        .collect();
+    let wrong = wrong_facts(&stdout, &expected);
     assert!(
         wrong.is_empty() && out.status.success(),
         "the GSI QP probe ({}):\n{}\n--- stdout\n{stdout}--- stderr\n{stderr}",
         out.status,
         wrong.join("\n")
     );
+}
+
+#[test]
+fn two_programs_exchange_mads_qp1_to_qp1() {
+    let (_dir, exe) = build_probe("pair");
+    let pair = VethPair::new(1500);
+    let start = |ns, iface: &str, me: std::net::Ipv4Addr, peer: std::net::Ipv4Addr| {
+        xroce_run(Some(ns), &["--backend", "udp", "--iface", iface, "--"])
+            .arg(&exe)
+            .args([me.to_string(), peer.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the probe under xroce run")
+    };
+    let a = start(&pair.a, &pair.if_a, pair.addr_a, pair.addr_b);
+    let b = start(&pair.b, &pair.if_b, pair.addr_b, pair.addr_a);
+    let expected: Vec<(&str, String)> = [
+        ("init", "0"),
+        ("rtr", "0"),
+        ("rts", "0"),
+        ("sent_some", "1"),
+        ("send_errors", "0"),
+        ("heard", "1"),
+        ("all_intact", "1"),
+        ("all_from_qp1", "1"),
+        ("all_grh", "1"),
+        ("destroy_ah", "0"),
+        ("destroy", "0"),
+        ("done", "1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    let mut problems = Vec::new();
+    for (side, child) in [("A", a), ("B", b)] {
+        let out = child.wait_with_output().expect("wait for the probe");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let wrong = wrong_facts(&stdout, &expected);
+        if !wrong.is_empty() || !out.status.success() {
+            problems.push(format!(
+                "side {side} ({}):\n{}\n--- stdout\n{stdout}--- stderr\n{}",
+                out.status,
+                wrong.join("\n"),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
