@@ -343,13 +343,15 @@ fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
         }
         let mut link = GsiLink { gsi: &gsi, ifindex };
         sender.flush(&mut link, now, &agent.counters.send, |t| {
-            debug(format_args!(
-                "CM agent {}: sent {} to {} qpn {}",
-                agent.device.name,
-                trace::describe(&t.mad),
-                t.peer.gid.to_ip(),
-                t.peer.qpn
-            ))
+            if crate::config::debug() {
+                eprintln!(
+                    "librdmacm: CM agent {}: sent {} to {} qpn {}",
+                    agent.device.name,
+                    trace::describe(&t.mad),
+                    t.peer.gid.to_ip(),
+                    t.peer.qpn
+                );
+            }
         });
 
         for ev in events.drain(..) {
@@ -424,14 +426,16 @@ fn on_completion(
                 repost.push(n);
                 return;
             };
-            debug(format_args!(
-                "CM agent {}: received {} from {} qpn {} to {}",
-                agent.device.name,
-                trace::describe(mad),
-                source.to_ip(),
-                wc.src_qp,
-                destination.to_ip()
-            ));
+            if crate::config::debug() {
+                eprintln!(
+                    "librdmacm: CM agent {}: received {} from {} qpn {} to {}",
+                    agent.device.name,
+                    trace::describe(mad),
+                    source.to_ip(),
+                    wc.src_qp,
+                    destination.to_ip()
+                );
+            }
             received.push(Received {
                 buffer: n,
                 byte_len: wc.byte_len,
