@@ -24,8 +24,9 @@ use crate::{
 
 const BACKEND: &str = "afxdp";
 
-/// CM messages of a connection that is made and torn down.
-const CONNECTED: &[&str] = &["REQ", "REP", "RTU", "DREQ"];
+/// CM messages of a connection that is made and torn down (a DREQ
+/// unanswered leaves its sender retrying for a minute).
+const CONNECTED: &[&str] = &["REQ", "REP", "RTU", "DREQ", "DREP"];
 /// CM messages of a UD port-space lookup.
 const SIDR: &[&str] = &["SIDR_REQ", "SIDR_REP"];
 
@@ -188,9 +189,14 @@ fn run_pair(
     cap: &Path,
 ) -> Result<String> {
     let log = cap.with_extension("xroce.log");
+    let host_cmd = if xroce_server {
+        case.server
+    } else {
+        case.client
+    };
     let label = format!(
         "{} (xroce run)",
-        case.server.split_whitespace().next().unwrap_or("?")
+        host_cmd.split_whitespace().next().unwrap_or("?")
     );
     if xroce_server {
         let argv = host_argv(x, case.server);
@@ -198,9 +204,12 @@ fn run_pair(
         let mut host = Bg::spawn(ns.enter(&argv), &log)?;
         std::thread::sleep(Duration::from_millis(1500));
         let client = fill(case.client, "rxe0");
+        // Tried again while it fails (before xroce listens), for 90 s at
+        // most: a try nobody answers waits out ib_cm's REQ retries.
         let guest = vm.run(
             &format!(
-                "for i in $(seq 1 20); do {client} {HOST_IP} && exit 0; sleep 0.5; done; exit 1"
+                "end=$((SECONDS + 90)); while [ $SECONDS -lt $end ]; do \
+                 timeout 75 {client} {HOST_IP} && exit 0; sleep 0.5; done; exit 1"
             ),
             Duration::from_secs(180),
         );
