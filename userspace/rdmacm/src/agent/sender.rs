@@ -100,6 +100,7 @@ impl<A: Copy> Sender<A> {
     }
 
     /// MADs not posted yet.
+    #[cfg(test)]
     pub(super) fn queued(&self) -> usize {
         self.queue.len()
     }
