@@ -19,7 +19,7 @@ use std::{
 use crate::{
     abi,
     abi::*,
-    devices::{self, PORT},
+    devices,
     errno::{fail, ffi, ffi_int},
     id::{CmId, IdShared, IdState, Phase},
     ports, route, sockaddr,
@@ -80,8 +80,7 @@ pub(crate) fn bind_locked(
     unsafe {
         sockaddr::write(src_storage(id), bound);
         if let Some(d) = device {
-            (*id).verbs = d.context;
-            (*id).port_num = PORT;
+            d.attach(id);
         }
     }
     st.phase = Phase::Bound;
@@ -178,8 +177,7 @@ impl AddrQuery {
             Some(d) => {
                 // SAFETY: the live id's fields, written under its lock.
                 unsafe {
-                    (*id).verbs = d.context;
-                    (*id).port_num = PORT;
+                    d.attach(id);
                     let ib = &mut (*id).route.addr.addr.ibaddr;
                     ib.sgid.raw = sockaddr::gid_of(self.src);
                     ib.dgid.raw = sockaddr::gid_of(self.dst);
@@ -293,8 +291,7 @@ pub(crate) fn set_request_addresses(
     unsafe {
         sockaddr::write(src_storage(id), src);
         sockaddr::write(dst_storage(id), dst);
-        (*id).verbs = device.context;
-        (*id).port_num = PORT;
+        device.attach(id);
         let ib = &mut (*id).route.addr.addr.ibaddr;
         ib.sgid.raw = sockaddr::gid_of(src.ip());
         ib.dgid.raw = sockaddr::gid_of(dst.ip());

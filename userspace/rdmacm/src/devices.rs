@@ -118,6 +118,23 @@ impl Device {
         Ok(attr.active_mtu)
     }
 
+    /// Gives an id this device, its port and (unless it has one) the
+    /// device's default PD, as rdma-core does when an id finds its device
+    /// (the id's state lock held).
+    ///
+    /// # Safety
+    /// `id` is a live id.
+    pub(crate) unsafe fn attach(&self, id: *mut rdma_cm_id) {
+        // SAFETY: the caller's promise.
+        unsafe {
+            (*id).verbs = self.context;
+            (*id).port_num = PORT;
+            if (*id).pd.is_null() {
+                (*id).pd = self.default_pd().unwrap_or(std::ptr::null_mut());
+            }
+        }
+    }
+
     /// The device's default PD, allocated on first use.
     pub(crate) fn default_pd(&self) -> Result<*mut ibv_pd, i32> {
         let mut pd = self.default_pd.lock().unwrap();

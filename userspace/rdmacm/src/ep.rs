@@ -36,9 +36,17 @@ unsafe fn setup(
 ) -> Result<(), i32> {
     // SAFETY (all calls): a live synchronous id and the answer's addresses.
     unsafe {
+        // The QP type is the answer's, whatever the program left there.
+        if let Some(attr) = qp_init_attr.as_mut() {
+            attr.qp_type = res.ai_qp_type as ibv_qp_type;
+        }
         if res.ai_flags & RAI_PASSIVE as c_int != 0 {
             check(rdma_bind_addr(id, res.ai_src_addr))?;
+            if !pd.is_null() {
+                if !pd.is_null() {
             (*id).pd = pd;
+        }
+            }
             // rdma_get_request makes each request's QP with these.
             if let Some(attr) = qp_init_attr.as_ref() {
                 id::CmId::from_c(id)?.lock().qp_init_attr = Some(*attr);
@@ -52,7 +60,9 @@ unsafe fn setup(
             RESOLVE_TIMEOUT_MS,
         ))?;
         check(rdma_resolve_route(id, RESOLVE_TIMEOUT_MS))?;
-        (*id).pd = pd;
+        if !pd.is_null() {
+            (*id).pd = pd;
+        }
         if !qp_init_attr.is_null() {
             check(rdma_create_qp(id, pd, qp_init_attr))?;
         }
