@@ -105,6 +105,11 @@ impl CmEngine {
         self.transmits.pop_front()
     }
 
+    /// A MAD waits in [`CmEngine::poll_transmit`].
+    pub fn has_transmit(&self) -> bool {
+        !self.transmits.is_empty()
+    }
+
     pub fn poll_event(&mut self) -> Option<CmEvent> {
         self.events.pop_front()
     }

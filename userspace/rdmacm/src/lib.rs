@@ -27,6 +27,7 @@ mod connect;
 mod devices;
 mod ep;
 mod errno;
+mod exit;
 mod id;
 mod listen;
 mod ports;

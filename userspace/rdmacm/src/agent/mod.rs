@@ -29,8 +29,9 @@ mod trace;
 use std::ffi::c_int;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use xroce_cm::{CmConfig, CmEngine, CmEvent, PeerAddr, Transmit};
 use xroce_wire::Gid;
@@ -55,6 +56,8 @@ pub(crate) fn set_event_handler(h: EventHandler) {
 
 /// The P_Key every MAD is received with (xroce has the default only).
 const DEFAULT_PKEY: u16 = 0xffff;
+/// How long a frame whose send completed may still take to leave.
+const FRAME_OUT: Duration = Duration::from_millis(5);
 /// Completions taken per poll.
 const POLL_BATCH: usize = 32;
 
@@ -64,6 +67,10 @@ pub(crate) struct Agent {
     engine: Mutex<CmEngine>,
     /// Written to wake the agent's thread (eventfd).
     wake: OwnedFd,
+    /// MADs left the engine and are not all sent yet (set under the
+    /// engine lock when the thread takes them, cleared when its sender is
+    /// idle), for [`Agent::flush`].
+    sending: AtomicBool,
     counters: Counters,
 }
 
@@ -108,7 +115,6 @@ impl Agent {
     /// The agent of `dev`: GSI QP made and brought to RTS, receives
     /// posted, thread running; made on first call.
     pub(crate) fn of(dev: &'static Device) -> Result<&'static Agent, i32> {
-        static AGENTS: Mutex<Vec<&'static Agent>> = Mutex::new(Vec::new());
         let mut agents = AGENTS.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(a) = agents.iter().find(|a| std::ptr::eq(a.device, dev)) {
             return Ok(a);
@@ -160,6 +166,26 @@ impl Agent {
         // A panicking event handler never holds the lock; the engine is
         // consistent between calls.
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the MADs queued so far are posted and their sends
+    /// completed (the frames are then the device's to put on the wire,
+    /// which it does at once), or until `deadline`.
+    fn flush(&self, deadline: Instant) {
+        loop {
+            let busy = {
+                let engine = self.lock();
+                engine.has_transmit() || self.sending.load(Ordering::Acquire)
+            };
+            if !busy || Instant::now() >= deadline {
+                break;
+            }
+            self.wake();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The completion comes as the device takes the frame; its I/O
+        // thread sends it right after.
+        std::thread::sleep(FRAME_OUT);
     }
 
     fn wake(&self) {
@@ -225,6 +251,7 @@ fn start(dev: &'static Device) -> Result<&'static Agent, i32> {
         local_gids,
         engine: Mutex::new(CmEngine::new(config)),
         wake,
+        sending: AtomicBool::new(false),
         counters: Counters::default(),
     }));
     let ifindex = dev
@@ -330,6 +357,7 @@ fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
                 engine.handle_timeout(now);
             }
             while let Some(t) = engine.poll_transmit() {
+                agent.sending.store(true, Ordering::Release);
                 sender.push(t);
             }
             events.extend(std::iter::from_fn(|| engine.poll_event()));
@@ -354,9 +382,25 @@ fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
             }
         });
 
+        if sender.is_idle(gsi::SEND_BUFFERS) {
+            agent.sending.store(false, Ordering::Release);
+        }
         for ev in events.drain(..) {
             deliver(agent, ev);
         }
+    }
+}
+
+/// Every agent made so far.
+static AGENTS: Mutex<Vec<&'static Agent>> = Mutex::new(Vec::new());
+
+/// Waits (up to `limit` for all) until every agent sent what its engine
+/// queued, e.g. the DREP or DREQ of a program's last calls before exit.
+pub(crate) fn flush_all(limit: Duration) {
+    let agents = AGENTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let deadline = Instant::now() + limit;
+    for agent in agents {
+        agent.flush(deadline);
     }
 }
 

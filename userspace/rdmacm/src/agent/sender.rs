@@ -99,6 +99,11 @@ impl<A: Copy> Sender<A> {
         self.free_slots.push(slot);
     }
 
+    /// Nothing waits to be posted and no send is in flight.
+    pub(super) fn is_idle(&self, slots: u32) -> bool {
+        self.queue.is_empty() && self.free_slots.len() == slots as usize
+    }
+
     /// MADs not posted yet.
     #[cfg(test)]
     pub(super) fn queued(&self) -> usize {

@@ -1,0 +1,23 @@
+//! At exit, the MADs a program's last calls queued still leave: the DREQ
+//! of rdma_disconnect, the DREP or REJ of rdma_destroy_id. The kernel's
+//! rdma_cm sends those after the process is gone; here the process must,
+//! or its peers wait through every CM retry (ucmatose's and rping's
+//! servers waited a minute for the DREP of a client that had exited).
+
+use std::time::Duration;
+
+/// The most the library's destructor waits for all agents.
+const EXIT_FLUSH: Duration = Duration::from_millis(500);
+
+/// Runs when the library is unloaded (exit or dlclose), before
+/// libibverbs' own destructors (this library depends on it), while the
+/// agents' and the device's threads still run.
+extern "C" fn flush_at_exit() {
+    crate::agent::flush_all(EXIT_FLUSH);
+}
+
+// A function pointer in .fini_array is how an
+// ELF shared object asks the dynamic linker to call it at unload.
+#[used]
+#[link_section = ".fini_array"]
+static FLUSH_AT_EXIT: extern "C" fn() = flush_at_exit;
