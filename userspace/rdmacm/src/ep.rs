@@ -43,9 +43,7 @@ unsafe fn setup(
         if res.ai_flags & RAI_PASSIVE as c_int != 0 {
             check(rdma_bind_addr(id, res.ai_src_addr))?;
             if !pd.is_null() {
-                if !pd.is_null() {
-            (*id).pd = pd;
-        }
+                (*id).pd = pd;
             }
             // rdma_get_request makes each request's QP with these.
             if let Some(attr) = qp_init_attr.as_ref() {

@@ -588,3 +588,55 @@ pub unsafe extern "C" fn rdma_reject_ece(
 fn private_data_of(data: *const c_void, len: u8) -> Result<Vec<u8>, i32> {
     private_data(data, len, 148)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listener(addr: &str, afonly: bool) -> Listener {
+        let id =
+            crate::id::create(std::ptr::null_mut(), std::ptr::null_mut(), RDMA_PS_TCP).unwrap();
+        // SAFETY: the id just made.
+        let shared = unsafe { CmId::from_c(id) }.unwrap().shared.clone();
+        Listener {
+            id: shared,
+            addr: addr.parse().unwrap(),
+            afonly,
+        }
+    }
+
+    #[test]
+    fn listeners_take_their_address_or_their_family_as_the_kernel_does() {
+        let v4: IpAddr = "10.0.0.2".parse().unwrap();
+        let other: IpAddr = "10.0.0.3".parse().unwrap();
+        let v6: IpAddr = "fd00::2".parse().unwrap();
+        let exact = listener("10.0.0.2:7174", false);
+        assert!(takes(&exact, v4));
+        assert!(!takes(&exact, other));
+        assert!(!takes(&exact, v6));
+        let any4 = listener("0.0.0.0:7174", false);
+        assert!(takes(&any4, v4) && takes(&any4, other));
+        assert!(!takes(&any4, v6), "an IPv4 wildcard takes no IPv6");
+        let any6 = listener("[::]:7174", false);
+        assert!(
+            takes(&any6, v6) && takes(&any6, v4),
+            "IPv6 wildcard takes IPv4 too"
+        );
+        let any6_only = listener("[::]:7174", true);
+        assert!(
+            takes(&any6_only, v6) && !takes(&any6_only, v4),
+            "unless AFONLY"
+        );
+    }
+
+    #[test]
+    fn private_data_longer_than_the_message_allows_is_einval() {
+        let data = [7u8; 60];
+        assert_eq!(
+            private_data(data.as_ptr().cast(), 60, 56),
+            Err(libc::EINVAL)
+        );
+        assert_eq!(private_data(data.as_ptr().cast(), 56, 56), Ok(vec![7; 56]));
+        assert_eq!(private_data(std::ptr::null(), 10, 56), Ok(vec![]));
+    }
+}
