@@ -167,8 +167,14 @@ pub(super) fn interop(ns: &Netns, vm: &mut Vm, x: &str, table: &mut Table) -> Re
             .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
             .collect();
         let cap = artifacts.join(format!("rdmacm_xroce-{role}_rxe_{file}_{BACKEND}.pcap"));
-        let r = captured(ns, &cap, || run_pair(ns, vm, x, case, xroce_server, &cap))
-            .and_then(|note| check_cm(&cap, case.cm).map(|cm| format!("{note}; {cm}")));
+        let r = match captured(ns, &cap, || run_pair(ns, vm, x, case, xroce_server, &cap)) {
+            Ok(note) => check_cm(&cap, case.cm).map(|cm| format!("{note}; {cm}")),
+            // What the wire saw says where the handshake stopped.
+            Err(e) => Err(match decode_report(&cap) {
+                Ok(r) => e.context(format!("capture: CM {}", cm_names(&r).join(" "))),
+                Err(_) => e,
+            }),
+        };
         // `xroce run --backend afxdp` leaves its XDP program attached.
         let _ = ns.enter(&[x, "detach", "--iface", HOST_IFACE]).output();
         table.record(&name, t, &r);
@@ -237,15 +243,18 @@ fn run_pair(
     }
 }
 
+/// The names of the capture's CM MADs ("CM REQ tid=...": REQ), in order.
+fn cm_names(r: &xroce_report::DecodeReport) -> Vec<&str> {
+    r.cm.iter()
+        .filter_map(|l| l.message.split_whitespace().nth(1))
+        .collect()
+}
+
 /// The capture holds `want` among its CM MADs, in that order, and RoCE
 /// frames besides them.
 fn check_cm(cap: &Path, want: &[&str]) -> Result<String> {
     let r = decode_report(cap)?;
-    // "CM REQ tid=...": the message's name.
-    let names: Vec<&str> =
-        r.cm.iter()
-            .filter_map(|l| l.message.split_whitespace().nth(1))
-            .collect();
+    let names = cm_names(&r);
     let mut at = 0;
     for w in want {
         match names[at..].iter().position(|n| n == w) {
