@@ -13,7 +13,12 @@
 //! and route resolution over the kernel's routing and neighbour tables
 //! ([`address`], [`route`], [`ports`]), devices ([`devices`]), QPs and
 //! SRQs on ids ([`qp`]), rdma_getaddrinfo ([`addrinfo`]), endpoints
-//! ([`ep`]). Not built yet: connections, multicast and rsockets
+//! ([`ep`]), and connections: each device's CM agent, its GSI QP (QP1)
+//! driving xroce-cm's ib_cm state machine ([`agent`]), the passive side
+//! ([`listen`]), the active side ([`connect`]), how connections end
+//! ([`teardown`]), what a connection holds and the QP moves it drives
+//! ([`conn`]), the agents' events ([`cm_events`]), and the last MADs
+//! sent at exit ([`exit`]). Not built yet: multicast and rsockets
 //! ([`unsupported`]: ENOSYS).
 
 mod address;
