@@ -12,9 +12,12 @@
 //! count.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     ffi::{c_char, c_int},
-    sync::{Arc, Condvar, Mutex},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc, Condvar, Mutex, OnceLock,
+    },
 };
 
 use crate::{
@@ -34,6 +37,18 @@ pub(crate) struct ChannelShared {
     queue: Mutex<VecDeque<EventPtr>>,
     ready: Condvar,
     fd: c_int,
+    /// rdma_destroy_event_channel ran: waiting and later gets fail.
+    closed: AtomicBool,
+}
+
+/// The live channels by their C address. rdma_get_cm_event finds the
+/// channel here rather than through the program's pointer: programs such
+/// as rping destroy the channel while their CM thread still waits in (or
+/// is about to call) rdma_get_cm_event, which rdma-core answers with the
+/// kernel's EBADF instead of touching freed memory.
+fn live() -> &'static Mutex<HashMap<usize, Arc<ChannelShared>>> {
+    static LIVE: OnceLock<Mutex<HashMap<usize, Arc<ChannelShared>>>> = OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
 /// A queued event (owned by the queue until handed to the program).
@@ -74,6 +89,7 @@ impl ChannelShared {
             queue: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
             fd,
+            closed: AtomicBool::new(false),
         }))
     }
 
@@ -167,6 +183,9 @@ impl ChannelShared {
     fn next(&self) -> Result<*mut CmEvent, i32> {
         let mut queue = self.queue.lock().unwrap();
         loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Err(libc::EBADF);
+            }
             if let Some(EventPtr(event)) = queue.pop_front() {
                 if queue.is_empty() {
                     self.set_readable(false);
@@ -256,9 +275,11 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
         let shared = ChannelShared::new()?;
         let channel = Box::new(Channel {
             c: rdma_event_channel { fd: shared.fd },
-            shared,
+            shared: shared.clone(),
         });
-        Ok(Box::into_raw(channel) as *mut rdma_event_channel)
+        let raw = Box::into_raw(channel) as *mut rdma_event_channel;
+        live().lock().unwrap().insert(raw as usize, shared);
+        Ok(raw)
     })
 }
 
@@ -267,10 +288,22 @@ pub extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
 #[no_mangle]
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     ffi((), || {
-        if !channel.is_null() {
-            // SAFETY: a channel from rdma_create_event_channel, destroyed once.
-            drop(unsafe { Box::from_raw(channel as *mut Channel) });
+        if channel.is_null() {
+            return;
         }
+        // A channel destroyed twice, or never made, is left alone.
+        let Some(shared) = live().lock().unwrap().remove(&(channel as usize)) else {
+            return;
+        };
+        {
+            // Under the queue's lock, so a waiter sees it before sleeping.
+            let _queue = shared.queue.lock().unwrap();
+            shared.closed.store(true, Ordering::Release);
+            shared.ready.notify_all();
+        }
+        // SAFETY: a live channel from rdma_create_event_channel (it was
+        // in the live table), destroyed once.
+        drop(unsafe { Box::from_raw(channel as *mut Channel) });
     })
 }
 
@@ -285,9 +318,13 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         if channel.is_null() || event.is_null() {
             return Err(libc::EINVAL);
         }
-        // SAFETY: a live channel from rdma_create_event_channel.
-        let channel = unsafe { &*(channel as *const Channel) };
-        let next = channel.shared.next()?;
+        let shared = live()
+            .lock()
+            .unwrap()
+            .get(&(channel as usize))
+            .cloned()
+            .ok_or(libc::EBADF)?;
+        let next = shared.next()?;
         // SAFETY: the program's out-pointer.
         unsafe { *event = next as *mut rdma_cm_event };
         Ok(())
@@ -453,6 +490,29 @@ mod tests {
             assert_eq!(id::rdma_destroy_id(c_id), 0);
             rdma_destroy_event_channel(from);
             rdma_destroy_event_channel(to);
+        }
+    }
+
+    #[test]
+    fn a_destroyed_channel_answers_ebadf_to_waiting_and_later_gets() {
+        let ch = rdma_create_event_channel() as usize;
+        let waiter = std::thread::spawn(move || {
+            let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+            // SAFETY: a channel that is live when the wait starts.
+            let rc = unsafe { rdma_get_cm_event(ch as *mut _, &mut ev) };
+            (rc, crate::errno::errno())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        // SAFETY: the channel made above, destroyed once.
+        unsafe { rdma_destroy_event_channel(ch as *mut _) };
+        assert_eq!(waiter.join().unwrap(), (-1, libc::EBADF));
+        let mut ev: *mut rdma_cm_event = std::ptr::null_mut();
+        // SAFETY: the program's (dangling) channel pointer is only looked
+        // up, never dereferenced; a second destroy is ignored.
+        unsafe {
+            assert_eq!(rdma_get_cm_event(ch as *mut _, &mut ev), -1);
+            assert_eq!(crate::errno::errno(), libc::EBADF);
+            rdma_destroy_event_channel(ch as *mut _);
         }
     }
 
