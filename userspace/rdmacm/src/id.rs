@@ -9,6 +9,7 @@
 //! them after taking the event, which the channel's lock orders after.
 
 use std::{
+    cell::UnsafeCell,
     ffi::{c_int, c_void},
     sync::{Arc, Condvar, Mutex, MutexGuard},
 };
@@ -53,9 +54,16 @@ pub(crate) struct Options {
 }
 
 /// `struct rdma_cm_id` and its state.
+///
+/// The C struct sits in an `UnsafeCell`: the program and this library
+/// write its fields (`event`, `qp`, `route`, ...) while a `&CmId` is held;
+/// without the cell those are writes through a shared reference, UB that
+/// release builds acted on (a synchronous id's `id->event` kept an event
+/// already acked: rdma_disconnect freed it twice, or destroy waited for an
+/// ack that never came).
 #[repr(C)]
 pub(crate) struct CmId {
-    pub(crate) c: rdma_cm_id,
+    pub(crate) c: UnsafeCell<rdma_cm_id>,
     pub(crate) shared: Arc<IdShared>,
 }
 
@@ -190,7 +198,7 @@ impl CmId {
     }
 
     pub(crate) fn c_ptr(&self) -> *mut rdma_cm_id {
-        &self.c as *const rdma_cm_id as *mut rdma_cm_id
+        self.c.get()
     }
 }
 
@@ -225,13 +233,13 @@ pub(crate) fn create(
         (channel, shared, 0)
     };
     let id = Box::new(CmId {
-        c: rdma_cm_id {
+        c: UnsafeCell::new(rdma_cm_id {
             channel: channel_ptr,
             context,
             ps,
             qp_type,
             ..Default::default()
-        },
+        }),
         shared: Arc::new(IdShared {
             state: Mutex::new(IdState {
                 alive: true,
