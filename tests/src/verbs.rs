@@ -352,6 +352,43 @@ pub fn loader_failures<'a>(stderr_lines: impl IntoIterator<Item = &'a str> + Clo
         .collect()
 }
 
+/// A scratch directory of this test process, removed on drop.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    /// `$TMPDIR/xroce-WHAT-PID`, made empty.
+    pub fn new(what: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("xroce-{what}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `cc -std=gnu11 -Wall -Werror -o OUT SRC ARGS...`, failing with the
+/// compiler's complaint.
+pub fn compile_c(src: &Path, out: &Path, args: &[&str]) {
+    let compiled = Command::new("cc")
+        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+        .arg(out)
+        .arg(src)
+        .args(args)
+        .output()
+        .expect("run cc (install gcc: cargo xtask setup does)");
+    assert!(
+        compiled.status.success(),
+        "cc rejected {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&compiled.stderr)
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

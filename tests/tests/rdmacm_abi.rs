@@ -7,15 +7,15 @@
 //!   version and no other, `dlvsym`, libibverbs.so.1 linked dynamically;
 //! - programs: a C program built against the real header drives channels,
 //!   ids, binding, address and route resolution, QPs, getaddrinfo and
-//!   endpoints between two namespaces under `xroce run`; `rping -s` loads
-//!   the library and stops cleanly at rdma_listen (not built yet: ENOSYS).
+//!   endpoints between two namespaces under `xroce run` (the connections
+//!   themselves: tests/rdmacm_programs.rs).
 
 use std::{
     collections::BTreeMap,
     ffi::CString,
     fmt::Write as _,
     mem::{align_of, offset_of, size_of},
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
 };
 
@@ -23,8 +23,9 @@ use xroce_cabi::rdma_cm as abi;
 use xroce_tests::{
     require_root, run,
     verbs::{
-        default_versioned_exports, dynamic_symbols, ibverbs_cdylib, layout_mismatches,
+        compile_c, default_versioned_exports, dynamic_symbols, ibverbs_cdylib, layout_mismatches,
         loader_failures, rdmacm_cdylib, soname, which, workspace_root, xroce_exe, xroce_run,
+        Scratch,
     },
     VethPair,
 };
@@ -163,40 +164,6 @@ fn c_program(structs: &[(String, Vec<String>)]) -> String {
     c
 }
 
-/// A scratch directory of this test process, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(what: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("xroce-{what}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `cc -o OUT SRC ARGS...`, failing with the compiler's complaint.
-fn compile(src: &Path, out: &Path, args: &[&str]) {
-    let compiled = Command::new("cc")
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(out)
-        .arg(src)
-        .args(args)
-        .output()
-        .expect("run cc (install gcc: cargo xtask setup does)");
-    assert!(
-        compiled.status.success(),
-        "cc rejected {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&compiled.stderr)
-    );
-}
-
 #[test]
 fn struct_layout_matches_the_c_headers() {
     require_header();
@@ -205,7 +172,7 @@ fn struct_layout_matches_the_c_headers() {
     let src = dir.0.join("layout.c");
     let exe = dir.0.join("layout");
     std::fs::write(&src, c_program(&structs)).unwrap();
-    compile(&src, &exe, &[]);
+    compile_c(&src, &exe, &[]);
     let out = run(&mut Command::new(&exe));
     let mismatches = layout_mismatches(&out.stdout, &rust);
     let fields: usize = structs.iter().map(|(_, f)| f.len()).sum();
@@ -364,7 +331,7 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
     let _ = (ibverbs_cdylib(), rdmacm_cdylib());
     let dir = Scratch::new("rdmacm-probe");
     let exe = dir.0.join("rdmacm_probe");
-    compile(
+    compile_c(
         &workspace_root().join("tests/c/rdmacm_probe.c"),
         &exe,
         &["-lrdmacm", "-libverbs", "-lpthread"],
@@ -464,8 +431,8 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         ("srq_max_wr_ok", "1".into()),
         ("srq_has_pd", "1".into()),
         ("srq_gone", "1".into()),
-        ("listen", format!("-1 {enosys}")),
-        ("connect", format!("-1 {enosys}")),
+        ("listen", format!("-1 {einval}")),
+        ("connect", format!("-1 {einval}")),
         ("resolve_unreachable", "0 0".into()),
         ("unreachable_event_poll", "1".into()),
         (
@@ -548,50 +515,6 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         out.status,
         problems.len(),
         problems.join("\n")
-    );
-}
-
-#[test]
-fn rping_server_stops_at_rdma_listen_with_enosys() {
-    require_root();
-    require_debian_rdmacm();
-    let _ = (ibverbs_cdylib(), rdmacm_cdylib());
-    let pair = VethPair::new(1500);
-    let out = xroce_run(
-        Some(&pair.a),
-        &["--backend", "udp", "--iface", &pair.if_a, "--"],
-    )
-    .args(["rping", "-s", "-v", "-a", &pair.addr_a.to_string()])
-    .env("XROCE_RDMACM_DEBUG", "1")
-    .env("LD_BIND_NOW", "1")
-    .output()
-    .expect("run rping under xroce run");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    // Our library said it (so it is the one loaded), rping reported the
-    // errno, and it exited on its own, not by a signal.
-    for want in [
-        "xroce librdmacm: rdma_listen: not implemented yet (errno ENOSYS)",
-        "rdma_listen: Function not implemented",
-    ] {
-        assert!(
-            stderr.contains(want),
-            "rping's stderr lacks `{want}`:\n{stderr}"
-        );
-    }
-    assert!(
-        out.status.code().is_some_and(|c| c != 0),
-        "rping should fail with a status, got {}:\n{stderr}",
-        out.status
-    );
-    let link = xroce_exe()
-        .parent()
-        .expect("xroce's directory")
-        .join("lib/librdmacm.so.1");
-    assert_eq!(
-        std::fs::read_link(&link).unwrap(),
-        Path::new("../libxroce_rdmacm.so"),
-        "{} is not xroce run's link",
-        link.display()
     );
 }
 

@@ -8,22 +8,13 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use xroce_tests::{
     require_root,
-    verbs::{ibverbs_cdylib, require_verbs_header, workspace_root, xroce_run},
+    verbs::{compile_c, ibverbs_cdylib, require_verbs_header, workspace_root, xroce_run, Scratch},
     VethPair,
 };
-
-/// A scratch directory of this test process, removed on drop.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// The probe, compiled against rdma-core's header into a scratch directory
 /// of the test `test` (tests run in parallel).
@@ -31,24 +22,10 @@ fn build_probe(test: &str) -> (Scratch, PathBuf) {
     require_root();
     require_verbs_header();
     let _ = ibverbs_cdylib();
-    let dir =
-        Scratch(std::env::temp_dir().join(format!("xroce-gsi-{test}-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = Scratch::new(&format!("gsi-{test}"));
     let exe = dir.0.join("gsi_qp_probe");
     let src = workspace_root().join("tests/c/gsi_qp_probe.c");
-    let compiled = Command::new("cc")
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(["-libverbs", "-ldl"])
-        .output()
-        .expect("run cc (install gcc: cargo xtask setup does)");
-    assert!(
-        compiled.status.success(),
-        "cc rejected {}:\n{}",
-        src.display(),
-        String::from_utf8_lossy(&compiled.stderr)
-    );
+    compile_c(&src, &exe, &["-libverbs", "-ldl"]);
     (dir, exe)
 }
 
