@@ -953,6 +953,24 @@ pub fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+/// Declares one #[test] per backend for a test body `fn NAME(Backend)`:
+/// `NAME::afxdp` and `NAME::udp`.
+#[macro_export]
+macro_rules! per_backend {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn afxdp() {
+                super::$name($crate::programs::Backend::AfXdp)
+            }
+            #[test]
+            fn udp() {
+                super::$name($crate::programs::Backend::Udp)
+            }
+        }
+    )*};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,6 +31,7 @@ use std::{
 };
 
 use xroce_tests::{
+    per_backend,
     programs::{
         args, check_bw_table, check_lat_table, check_opcode_counts, decode, next_port, serial,
         Backend, Cases, Finished, Node, PairOutput, Proc, Topology,
@@ -264,22 +265,6 @@ fn perftest_r(t: &Topology, tool: &str, extra: &[&str], bw: bool) -> Result<Stri
         check_lat_table(client, None)?
     };
     Ok(format!("{table}{}", attempts_note(attempts)))
-}
-
-/// Declares one #[test] per backend for a body: `NAME::afxdp`, `NAME::udp`.
-macro_rules! per_backend {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn afxdp() {
-                super::$name(super::Backend::AfXdp)
-            }
-            #[test]
-            fn udp() {
-                super::$name(super::Backend::Udp)
-            }
-        }
-    )*};
 }
 
 per_backend!(

@@ -23,6 +23,7 @@
 use std::time::Duration;
 
 use xroce_tests::{
+    per_backend,
     programs::{
         args, check_bw_table, check_lat_table, check_opcode_counts, decode, serial, Backend, Cases,
         Node, Topology,
@@ -122,22 +123,6 @@ fn bw(t: &Topology, program: &str, extra: &[&str]) -> Result<String, String> {
 
 fn lat(t: &Topology, program: &str, extra: &[&str]) -> Result<String, String> {
     perftest(t, program, extra, Table::Lat, None, &[], RUN)
-}
-
-/// Declares one #[test] per backend for a body: `NAME::afxdp`, `NAME::udp`.
-macro_rules! per_backend {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn afxdp() {
-                super::$name(super::Backend::AfXdp)
-            }
-            #[test]
-            fn udp() {
-                super::$name(super::Backend::Udp)
-            }
-        }
-    )*};
 }
 
 per_backend!(
