@@ -23,6 +23,7 @@ use xroce_common::{
     ecn::{ipv4_ce_update, ipv6_ecn, Ecn},
     fault::{fault_should_drop, FaultConfig, FaultRng},
     opcode_class::OpcodeClass,
+    qpn_block::{self, udp_checksum_update},
     opcode_is_known, Counter, CONFIG_SLOTS, COUNTER_SLOTS, MAX_FILTERED_QPNS, MAX_QUEUES,
     ROCEV2_UDP_PORT,
 };
@@ -79,20 +80,9 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
             }
             xdp_action::XDP_DROP
         }
-        Class::Roce => {
+        Class::Roce { block, dport_at } => {
             count(Counter::Roce);
-            // A missing socket makes the helper return the low bits of flags:
-            // XDP_PASS, so the kernel treats it like any unbound UDP port.
-            match XSKS.redirect(ctx.rx_queue_index(), xdp_action::XDP_PASS as u64) {
-                Ok(action) => {
-                    count(Counter::Redirected);
-                    action
-                }
-                Err(_) => {
-                    count(Counter::NoSocket);
-                    xdp_action::XDP_PASS
-                }
-            }
+            steer(&ctx, block, dport_at)
         }
     };
     if action == xdp_action::XDP_PASS {
@@ -102,7 +92,9 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
 }
 
 enum Class {
-    Roce,
+    /// A RoCEv2 frame for QPN block `block` (qpn_block) whose UDP
+    /// destination port is at `dport_at`.
+    Roce { block: u32, dport_at: usize },
     Drop(Counter),
     Other,
 }
@@ -238,7 +230,70 @@ fn roce<const L3: usize, const L4: usize, const V6: bool>(ctx: &XdpContext, l3: 
         Ecn::Ect0 => Counter::EcnEct0,
         Ecn::Ce => Counter::EcnCe,
     });
-    Class::Roce
+    Class::Roce {
+        block: qpn_block::of_qpn(dest_qpn),
+        dport_at: L4 + 2,
+    }
+}
+
+/// Hands a RoCEv2 frame for QPN block `block` to the process holding it:
+/// the AF_XDP socket of this RX queue when the AF_XDP owner holds the block,
+/// otherwise the kernel's UDP stack, on the block's own port.
+#[inline(always)]
+fn steer(ctx: &XdpContext, block: u32, dport_at: usize) -> u32 {
+    let queue = ctx.rx_queue_index();
+    let xsk_block = CONFIG
+        .get(qpn_block::CONFIG_XSK_BLOCK)
+        .copied()
+        .unwrap_or(0);
+    if block == xsk_block && XSKS.get(queue).is_some() {
+        // The socket can still go away between the lookup and here: then
+        // the helper returns the low bits of flags, XDP_PASS.
+        return match XSKS.redirect(queue, xdp_action::XDP_PASS as u64) {
+            Ok(action) => {
+                count(Counter::Redirected);
+                action
+            }
+            Err(_) => {
+                count(Counter::NoSocket);
+                xdp_action::XDP_PASS
+            }
+        };
+    }
+    if block != 0 {
+        if !set_dport(ctx, dport_at, qpn_block::udp_port(block)) {
+            return xdp_action::XDP_DROP;
+        }
+        count(Counter::ToBlockPort);
+    } else {
+        count(Counter::NoSocket);
+    }
+    xdp_action::XDP_PASS
+}
+
+/// Rewrites the UDP destination port at `at` to `port`, keeping a non-zero
+/// checksum right (RFC 1624 incremental update; 0 means none over IPv4).
+#[inline(always)]
+fn set_dport(ctx: &XdpContext, at: usize, port: u16) -> bool {
+    let Some(p) = bytes_at(ctx, at, 6) else {
+        return false;
+    };
+    let p = p as *mut u8;
+    // SAFETY: bytes_at checked the 6 bytes (port, length, checksum); XDP
+    // may write the packet.
+    unsafe {
+        let old = u16::from_be_bytes([*p, *p.add(1)]);
+        let check = u16::from_be_bytes([*p.add(4), *p.add(5)]);
+        let [hi, lo] = port.to_be_bytes();
+        *p = hi;
+        *p.add(1) = lo;
+        if check != 0 {
+            let c = udp_checksum_update(check, old, port).to_be_bytes();
+            *p.add(4) = c[0];
+            *p.add(5) = c[1];
+        }
+    }
+    true
 }
 
 /// Loss injection (`xroce fault`): seeded per CPU when a seed is set.

@@ -9,6 +9,7 @@ pub mod ecn;
 pub mod fault;
 pub mod fixed;
 pub mod opcode_class;
+pub mod qpn_block;
 
 /// UDP destination port that identifies RoCEv2 (IANA).
 pub const ROCEV2_UDP_PORT: u16 = 4791;
@@ -33,7 +34,8 @@ pub mod names {
     pub const LINK_PIN: &str = "link";
 }
 
-/// Slots in the `XROCE_CONFIG` array (slot 0: [`config_flags`]).
+/// Slots in the `XROCE_CONFIG` array (slot 0: [`config_flags`]; slot 1:
+/// [`qpn_block::CONFIG_XSK_BLOCK`]).
 pub const CONFIG_SLOTS: u32 = 4;
 
 /// Largest number of QPNs the XDP QPN filter can hold.
@@ -58,7 +60,8 @@ pub enum Counter {
     /// UDP/4791 frames that fail a check: dropped (sum of the drop_* reasons
     /// below that concern the frame itself).
     Malformed,
-    /// RoCEv2 frames whose RX queue has no AF_XDP socket: passed to the kernel.
+    /// RoCEv2 frames for block 0 whose RX queue has no AF_XDP socket (or
+    /// whose AF_XDP owner holds another block): passed to the kernel.
     NoSocket,
     // RoCEv2 frames by opcode class.
     OpSend,
@@ -96,10 +99,13 @@ pub enum Counter {
     DropTail,
     /// Frames dropped by loss injection.
     DropFault,
+    /// RoCEv2 frames for the QPN block of a process without the AF_XDP
+    /// sockets: passed to the kernel on that block's UDP port.
+    ToBlockPort,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 27] = [
+    pub const ALL: [Counter; 28] = [
         Counter::Seen,
         Counter::Roce,
         Counter::Redirected,
@@ -127,6 +133,7 @@ impl Counter {
         Counter::DropCongestion,
         Counter::DropTail,
         Counter::DropFault,
+        Counter::ToBlockPort,
     ];
 
     /// Drops for what the frame itself is (summed in [`Counter::Malformed`]),
@@ -171,6 +178,7 @@ impl Counter {
             Counter::DropCongestion => "drop_congestion",
             Counter::DropTail => "drop_tail",
             Counter::DropFault => "drop_fault",
+            Counter::ToBlockPort => "to_block_port",
         }
     }
 }

@@ -36,6 +36,8 @@ use nix::{
     },
 };
 
+use xroce_common::qpn_block;
+
 use crate::{
     io::{IoError, IoStats, PacketIo},
     verbs::Device,
@@ -177,6 +179,12 @@ impl Runtime {
         self.shutdown()
     }
 
+    /// Stops the thread and closes the backend now (before the owner
+    /// releases what the backend used).
+    pub fn halt(&mut self) {
+        let _ = self.shutdown();
+    }
+
     /// True while the I/O thread runs (false after an I/O error).
     pub fn is_running(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
@@ -260,6 +268,7 @@ fn run(
         // give it a moment, then go back to receiving (ACKs free the ring).
         let mut sent = 0;
         let own_mac = engine.config().mac;
+        let own_block = engine.config().qpn_block;
         let mut looped = 0;
         for _ in 0..4 {
             let mut engine_empty = false;
@@ -267,9 +276,14 @@ fn run(
                 let n = engine.poll_transmit(now, buf);
                 engine_empty |= n.is_none();
                 // Loopback (as rxe): a frame to our own MAC is for a QP of
-                // this device; the link would never bring it back.
+                // this device; the link would never bring it back. One for
+                // another process's QPN block goes to the backend, which
+                // hands it to that process.
                 match n {
-                    Some(len) if buf.get(..6) == Some(&own_mac[..]) => {
+                    Some(len)
+                        if buf.get(..6) == Some(&own_mac[..])
+                            && dest_block(&buf[..len]) == Some(own_block) =>
+                    {
                         engine.handle_frame(&buf[..len], now);
                         looped += 1;
                     }
@@ -286,6 +300,18 @@ fn run(
         }
     }
     Ok(())
+}
+
+/// The QPN block of the destination QP of a frame the engine built
+/// (Ethernet, IPv4 without options or IPv6, UDP, BTH).
+fn dest_block(frame: &[u8]) -> Option<u32> {
+    let bth = match frame.get(12..14)? {
+        [0x08, 0x00] => 14 + 20 + 8,
+        [0x86, 0xdd] => 14 + 40 + 8,
+        _ => return None,
+    };
+    let q = frame.get(bth + 5..bth + 8)?;
+    Some(qpn_block::of_qpn(u32::from_be_bytes([0, q[0], q[1], q[2]])))
 }
 
 /// ppoll(2) on the backend's descriptors and the doorbell (last) for at

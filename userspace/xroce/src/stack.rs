@@ -12,12 +12,16 @@ use std::{
 
 use crate::{
     cc::{self, CcKind},
-    device::{Attachment, BackendKind, NetDevice, NetDeviceConfig, NetDeviceError},
+    device::{
+        AfXdpHold, Attachment, BackendKind, NetDevice, NetDeviceConfig, NetDeviceError, QpnBlock,
+    },
     engine::EngineConfig,
     io::wire::Gid,
+    io::{shared::WireAndLocal, PacketIo},
     runtime::{Runtime, RuntimeConfig},
     stats_export::StatsExporter,
     verbs::{Device, Mtu},
+    xdp,
 };
 
 /// How to open a [`Stack`].
@@ -93,18 +97,38 @@ pub struct Stack {
     _stats: StatsExporter,
     runtime: Runtime,
     net: NetDevice,
+    _afxdp: Option<AfXdpHold>,
+    block: QpnBlock,
 }
 
 impl Stack {
     pub fn open(cfg: &StackConfig) -> Result<Stack, StackError> {
         let iface = cfg.iface.as_str();
+        let ifindex =
+            xdp::if_index(iface).map_err(|_| NetDeviceError::NoSuchInterface(iface.into()))?;
+        let block = QpnBlock::claim(ifindex).map_err(NetDeviceError::from)?;
+        // Frames from other hosts reach a block other than 0 only through
+        // the XDP program (it moves them to the block's port): attach it
+        // where we may.
+        let needs_xdp = block.block() != 0;
         let net = NetDevice::open(
             iface,
             NetDeviceConfig {
-                attach: cfg.backend == Some(BackendKind::AfXdp),
+                attach: cfg.backend == Some(BackendKind::AfXdp) || (needs_xdp && is_root()),
                 ..NetDeviceConfig::default()
             },
         )?;
+        if let Attachment::Ours { .. } = net.attachment() {
+            // The last process of the device detaches it, not necessarily us.
+            xdp::mark_process_attached(iface).map_err(NetDeviceError::from)?;
+        }
+        if needs_xdp && *net.attachment() == Attachment::None {
+            eprintln!(
+                "xroce: {iface}: another process uses this device, and without xroce's XDP \
+                 program frames from other hosts reach only that one; `sudo xroce attach \
+                 --iface {iface}` once lets every process of the device talk to other hosts"
+            );
+        }
         let backend = cfg.backend.unwrap_or(match net.attachment() {
             Attachment::None => BackendKind::Udp,
             _ => BackendKind::AfXdp,
@@ -142,15 +166,55 @@ impl Stack {
             ipv6: net.ipv6().to_vec(),
             line_rate_bps: rate,
             cc: Some(Arc::new(move || cc::build(kind, rate))),
+            qpn_block: block.block(),
             ..EngineConfig::default()
         };
-        let io = net
-            .open_io(backend, path_mtu.bytes())
-            .map_err(|source| StackError::Backend {
-                backend,
-                iface: iface.into(),
-                source,
-            })?;
+        let backend_err = |source| StackError::Backend {
+            backend,
+            iface: iface.into(),
+            source,
+        };
+        let mtu = path_mtu.bytes();
+        let afxdp = match backend {
+            BackendKind::AfXdp => block.claim_afxdp().map_err(|e| {
+                backend_err(NetDeviceError::Io(crate::io::IoError::Setup {
+                    what: "claim the device's AF_XDP sockets".into(),
+                    source: Some(e),
+                }))
+            })?,
+            BackendKind::Udp => None,
+        };
+        let io: Box<dyn PacketIo> = match (backend, &afxdp) {
+            (BackendKind::AfXdp, Some(_)) => {
+                let wire = net.open_io(backend, mtu).map_err(backend_err)?;
+                xdp::set_xsk_block(iface, block.block())
+                    .map_err(|e| backend_err(NetDeviceError::from(e)))?;
+                let local = net
+                    .open_udp(mtu, Some(block.block()))
+                    .map_err(backend_err)?;
+                Box::new(WireAndLocal::new(wire, local, net.mac()))
+            }
+            (BackendKind::AfXdp, None) => {
+                // One process owns an RX queue's AF_XDP socket; the others
+                // reach the wire through the kernel (see io::shared).
+                if std::env::var_os("XROCE_VERBS_DEBUG").is_some_and(|v| !v.is_empty() && v != "0")
+                {
+                    eprintln!(
+                        "xroce: {iface}: another process owns the AF_XDP sockets; QPN block {} \
+                         runs over the UDP backend",
+                        block.block()
+                    );
+                }
+                Box::new(
+                    net.open_udp(mtu, Some(block.block()))
+                        .map_err(backend_err)?,
+                )
+            }
+            (BackendKind::Udp, _) => Box::new(
+                net.open_udp(mtu, Some(block.block()))
+                    .map_err(backend_err)?,
+            ),
+        };
         let backend = io.name();
         let device = Device::new(engine);
         let runtime = Runtime::start(
@@ -171,7 +235,14 @@ impl Stack {
             _stats: stats,
             runtime,
             net,
+            _afxdp: afxdp,
+            block,
         })
+    }
+
+    /// The QPN block this process holds on the device.
+    pub fn qpn_block(&self) -> u32 {
+        self.block.block()
     }
 
     /// The interface.
@@ -201,4 +272,31 @@ impl Stack {
     pub fn is_running(&self) -> bool {
         self.runtime.is_running()
     }
+}
+
+impl Drop for Stack {
+    /// The XDP program a process attached stays while other processes use
+    /// the device; the last one to leave detaches it.
+    fn drop(&mut self) {
+        // Leave the device first (sockets closed, block and AF_XDP hold
+        // given back), then look for others: of two processes leaving at
+        // once, both may detach (the second finds nothing to detach), but
+        // neither leaves the program behind for the other.
+        self.runtime.halt();
+        self._afxdp = None;
+        self.block.release();
+        let process_attached = match self.net.attachment() {
+            Attachment::Ours { .. } => true,
+            Attachment::Existing => xdp::is_process_attached(self.net.name()),
+            Attachment::None => false,
+        };
+        if process_attached {
+            self.net.set_detach_on_drop(self.block.others().is_empty());
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
 }

@@ -17,7 +17,7 @@ use xroce_common::{
     config_flags,
     congestion::{EcnConfig, VirtualQueue},
     fault::FaultConfig,
-    names, Counter,
+    names, qpn_block, Counter,
 };
 
 /// The XDP object built from ebpf/ by build.rs.
@@ -165,8 +165,15 @@ fn ensure_bpffs() -> Result<(), XdpError> {
 /// maps, so the attachment outlives this process until [`detach`].
 pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
     require_root()?;
-    if_index(iface)?;
+    let ifindex = if_index(iface)?;
     ensure_bpffs()?;
+    // One attacher at a time: the check below and the clean-up after a
+    // failure must not meet another process's half-made attachment.
+    let _attaching = crate::device::attaching(ifindex, std::time::Duration::from_secs(10))
+        .map_err(|source| XdpError::Io {
+            what: format!("wait to attach to {iface}"),
+            source,
+        })?;
     let dir = pin_dir(iface);
     let link_pin = dir.join(names::LINK_PIN);
     if link_pin.exists() {
@@ -247,6 +254,36 @@ pub fn detach(iface: &str) -> Result<(), XdpError> {
 /// True if `iface` has xroce's program attached (its link is pinned).
 pub fn is_attached(iface: &str) -> bool {
     pin_dir(iface).join(names::LINK_PIN).exists()
+}
+
+/// Name of the (empty) directory in an interface's pin directory that says
+/// a process attached the program for itself: the last process that uses
+/// the device detaches it, where one an administrator attached stays.
+const PROCESS_ATTACHED: &str = "attached_by_process";
+
+/// Marks `iface`'s attachment as made by a process (see [`PROCESS_ATTACHED`]).
+pub fn mark_process_attached(iface: &str) -> Result<(), XdpError> {
+    let dir = pin_dir(iface).join(PROCESS_ATTACHED);
+    fs::create_dir_all(&dir).map_err(|source| XdpError::Io {
+        what: format!("create {}", dir.display()),
+        source,
+    })
+}
+
+/// Whether `iface`'s attachment was made by a process, not by `xroce attach`.
+pub fn is_process_attached(iface: &str) -> bool {
+    pin_dir(iface).join(PROCESS_ATTACHED).exists()
+}
+
+/// Tells the program which QPN block the owner of `iface`'s AF_XDP sockets
+/// holds: frames for the other blocks go to the kernel, on their ports.
+pub fn set_xsk_block(iface: &str, block: u32) -> Result<(), XdpError> {
+    let map = open_pinned(iface, names::CONFIG)?;
+    let mut config = aya::maps::Array::<MapData, u32>::try_from(aya::maps::Map::Array(map))
+        .map_err(bpf_err("config map"))?;
+    config
+        .set(qpn_block::CONFIG_XSK_BLOCK, block, 0)
+        .map_err(bpf_err("write XDP config"))
 }
 
 fn open_pinned(iface: &str, map: &str) -> Result<MapData, XdpError> {

@@ -20,15 +20,20 @@ pub(super) fn attach(iface: &str, cfg: NetDeviceConfig) -> Result<Attachment, Ne
             mode: cfg.mode,
             fallback: None,
         }),
+        // Another process of the device attached it since we looked.
+        Err(XdpError::AlreadyAttached(_)) => Ok(Attachment::Existing),
         Err(e @ (XdpError::NotRoot | XdpError::NoBpffs | XdpError::NoSuchInterface(_))) => {
             Err(e.into())
         }
         Err(e) if cfg.fallback_to_skb && cfg.mode == Mode::Native => {
-            xdp::attach(iface, Mode::Skb)?;
-            Ok(Attachment::Ours {
-                mode: Mode::Skb,
-                fallback: Some(e.to_string()),
-            })
+            match xdp::attach(iface, Mode::Skb) {
+                Ok(()) => Ok(Attachment::Ours {
+                    mode: Mode::Skb,
+                    fallback: Some(e.to_string()),
+                }),
+                Err(XdpError::AlreadyAttached(_)) => Ok(Attachment::Existing),
+                Err(e) => Err(e.into()),
+            }
         }
         Err(e) => Err(e.into()),
     }

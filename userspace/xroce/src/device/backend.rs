@@ -19,8 +19,7 @@ impl NetDevice {
         kind: BackendKind,
         path_mtu: u32,
     ) -> Result<Box<dyn PacketIo>, NetDeviceError> {
-        // Ethernet + VLAN + IPv6 + UDP + BTH + largest extension + ICRC.
-        let frame = path_mtu as usize + 14 + 4 + ROCE_HEADER_ALLOWANCE as usize + 20;
+        let frame = frame_len(path_mtu);
         match kind {
             BackendKind::AfXdp => {
                 if self.attachment == Attachment::None {
@@ -33,14 +32,31 @@ impl NetDevice {
                 }
                 Ok(Box::new(XskMultiQueue::open(&self.name, cfg)?))
             }
-            BackendKind::Udp => {
-                let mut cfg = UdpConfig::new(self.ip()?);
-                // IPv6 GIDs (link-local included) on a socket of their own.
-                cfg.ipv6_ifindex = (!self.ipv6.is_empty()).then_some(self.ifindex);
-                cfg.local_mac = self.mac;
-                cfg.max_frame_len = cfg.max_frame_len.max(frame);
-                Ok(Box::new(UdpBackend::open(cfg)?))
-            }
+            BackendKind::Udp => Ok(Box::new(self.open_udp(path_mtu, None)?)),
         }
     }
+
+    /// The UDP backend for RoCE path MTU `path_mtu`, bound to
+    /// [`ip`](Self::ip) and, if the device has IPv6 addresses, to all of
+    /// them; on the port of QPN block `qpn_block` when the device is shared
+    /// ([`crate::io::udp::UdpConfig::qpn_block`]).
+    pub fn open_udp(
+        &self,
+        path_mtu: u32,
+        qpn_block: Option<u32>,
+    ) -> Result<UdpBackend, NetDeviceError> {
+        let mut cfg = UdpConfig::new(self.ip()?);
+        // IPv6 GIDs (link-local included) on a socket of their own.
+        cfg.ipv6_ifindex = (!self.ipv6.is_empty()).then_some(self.ifindex);
+        cfg.local_mac = self.mac;
+        cfg.max_frame_len = cfg.max_frame_len.max(frame_len(path_mtu));
+        cfg.qpn_block = qpn_block;
+        Ok(UdpBackend::open(cfg)?)
+    }
+}
+
+/// Largest frame of path MTU `path_mtu`: Ethernet + VLAN + IPv6 + UDP +
+/// BTH + largest extension + ICRC around it.
+fn frame_len(path_mtu: u32) -> usize {
+    path_mtu as usize + 14 + 4 + ROCE_HEADER_ALLOWANCE as usize + 20
 }

@@ -31,9 +31,12 @@ use crate::xdp::{self, Mode, XdpError};
 
 mod attach;
 mod backend;
+mod block;
 mod interface;
 mod neighbour;
 
+pub(crate) use block::attaching;
+pub use block::{AfXdpHold, BlockError, QpnBlock};
 pub(crate) use interface::{ifreq_named, ioctl_socket};
 pub use interface::{interface_addrs, interface_mac, interface_mtu};
 pub use neighbour::{neighbour_mac, netlink_neighbour};
@@ -58,6 +61,8 @@ pub enum NetDeviceError {
          use `--backend udp` or let the device attach it"
     )]
     NoXdp(String),
+    #[error(transparent)]
+    Block(#[from] BlockError),
     #[error("unknown backend {0:?}; use `afxdp` or `udp`")]
     BadBackend(String),
     #[error(
@@ -164,6 +169,7 @@ pub struct NetDevice {
     ipv4: Vec<Ipv4Addr>,
     ipv6: Vec<Ipv6Addr>,
     attachment: Attachment,
+    detach_on_drop: bool,
 }
 
 /// The largest IB path MTU whose packets fit an interface MTU (as rxe
@@ -185,6 +191,7 @@ impl NetDevice {
         let (ipv4, ipv6) = interface_addrs(iface)?;
         let attachment = attach::attach(iface, cfg)?;
         Ok(NetDevice {
+            detach_on_drop: matches!(attachment, Attachment::Ours { .. }),
             name: iface.into(),
             ifindex,
             mac,
@@ -222,6 +229,13 @@ impl NetDevice {
 
     pub fn attachment(&self) -> &Attachment {
         &self.attachment
+    }
+
+    /// Whether dropping this value detaches the XDP program: by default
+    /// when it attached it. A device shared by several processes hands the
+    /// attachment to the last one that leaves.
+    pub fn set_detach_on_drop(&mut self, detach: bool) {
+        self.detach_on_drop = detach;
     }
 
     /// The address RoCEv2 uses: the first IPv4 address, else the first
@@ -272,7 +286,7 @@ impl NetDevice {
 
 impl Drop for NetDevice {
     fn drop(&mut self) {
-        if let Attachment::Ours { .. } = self.attachment {
+        if self.detach_on_drop {
             let _ = xdp::detach(&self.name);
         }
     }

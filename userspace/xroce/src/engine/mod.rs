@@ -99,11 +99,13 @@ use memory::MrTable;
 use qp_attr::{check_modify_for, QpAttr, QpAttrMask, QpCap, QpState, QpType, RemoteQp};
 use srq::Srq;
 use work::{RecvWr, SendWr};
+use xroce_common::qpn_block;
 
 pub(crate) use qp::QpCtx;
 
-/// First QP number handed out (rxe also starts above the special QPs 0/1).
-pub const QPN_BASE: u32 = 0x11;
+/// First QP number handed out in QPN block 0 (rxe also starts above the
+/// special QPs 0/1); block `b` starts at `b << 16` plus the same offset.
+pub const QPN_BASE: u32 = qpn_block::FIRST_QPN_OFFSET;
 
 /// QP number of the General Services Interface QP (IBTA 9.6.1.1.1: QP1
 /// carries the CM's and other managers' MADs).
@@ -117,20 +119,39 @@ pub const GSI_QKEY: u32 = 0x8001_0000;
 /// it out, so QP1 goes through the same per-QP paths as every other QP.
 const GSI_SLOT: usize = 0;
 
-/// The QP number of slot `idx` of `Engine::qps`.
-fn qpn_of_slot(idx: usize) -> u32 {
-    if idx == GSI_SLOT {
-        GSI_QPN
-    } else {
-        (idx - 1) as u32 + QPN_BASE
-    }
+/// Maps QP numbers to slots of `Engine::qps` and back: slot 0 is QP1, slot
+/// `i >= 1` is QPN `first + i - 1`, where `first` is the first QPN of the
+/// engine's QPN block ([`EngineConfig::qpn_block`]).
+#[derive(Clone, Copy, Debug)]
+struct QpnMap {
+    first: u32,
 }
 
-/// The slot of `Engine::qps` QP number `qpn` lives in, if it could be one.
-fn slot_of_qpn(qpn: u32) -> Option<usize> {
-    match qpn {
-        GSI_QPN => Some(GSI_SLOT),
-        q => q.checked_sub(QPN_BASE).map(|i| i as usize + 1),
+impl QpnMap {
+    fn new(block: u32) -> Self {
+        Self {
+            first: (block << qpn_block::SHIFT) + QPN_BASE,
+        }
+    }
+
+    /// The QP number of slot `idx`.
+    fn qpn(self, idx: usize) -> u32 {
+        if idx == GSI_SLOT {
+            GSI_QPN
+        } else {
+            (idx - 1) as u32 + self.first
+        }
+    }
+
+    /// The slot QP number `qpn` lives in, if it is one of this block's.
+    fn slot(self, qpn: u32) -> Option<usize> {
+        match qpn {
+            GSI_QPN => Some(GSI_SLOT),
+            q => q
+                .checked_sub(self.first)
+                .filter(|&i| i < qpn_block::QPNS_PER_BLOCK)
+                .map(|i| i as usize + 1),
+        }
     }
 }
 
@@ -162,6 +183,9 @@ pub struct EngineConfig {
     pub cnp_interval_ns: u64,
     /// Congestion controller per QP; `None` uses [`NoCc`] at `line_rate_bps`.
     pub cc: Option<CcFactory>,
+    /// The QPN block this engine's process holds on its device
+    /// ([`xroce_common::qpn_block`]): its QPs are numbered in it.
+    pub qpn_block: u32,
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -174,6 +198,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("max_inflight_pkts", &self.max_inflight_pkts)
             .field("ack_every", &self.ack_every)
             .field("cnp_interval_ns", &self.cnp_interval_ns)
+            .field("qpn_block", &self.qpn_block)
             .finish()
     }
 }
@@ -191,6 +216,7 @@ impl Default for EngineConfig {
             ecn_capable: true,
             cnp_interval_ns: 50_000,
             cc: None,
+            qpn_block: 0,
         }
     }
 }
@@ -327,6 +353,7 @@ pub struct Engine {
     cfg: EngineConfig,
     mrs: Arc<MrTable>,
     qps: Vec<Option<Box<QpCtx>>>,
+    qpn_map: QpnMap,
     free_qps: Vec<usize>,
     rr: usize,
     completions: Vec<Completion>,
@@ -352,6 +379,7 @@ pub struct QpCreate {
 impl Engine {
     pub fn new(cfg: EngineConfig, mrs: Arc<MrTable>) -> Self {
         Self {
+            qpn_map: QpnMap::new(cfg.qpn_block),
             cfg,
             mrs,
             qps: vec![None], // GSI_SLOT
@@ -440,7 +468,7 @@ impl Engine {
         let idx = match self.free_qps.pop() {
             Some(i) => i,
             None => {
-                if self.qps.len() > (1 << 23) {
+                if self.qps.len() > qpn_block::QPNS_PER_BLOCK as usize {
                     return Err(VerbsError::NoResources("QP numbers"));
                 }
                 self.qps.push(None);
@@ -468,7 +496,7 @@ impl Engine {
     }
 
     fn install_qp(&mut self, idx: usize, c: QpCreate) -> u32 {
-        let qpn = qpn_of_slot(idx);
+        let qpn = self.qpn_map.qpn(idx);
         let cc: Box<dyn CongestionControl> = match &self.cfg.cc {
             Some(f) => f(),
             None => Box::new(NoCc::new(self.cfg.line_rate_bps)),
@@ -480,7 +508,7 @@ impl Engine {
 
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        let idx = slot_of_qpn(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let idx = self.qpn_map.slot(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         match self.qps.get_mut(idx) {
             Some(slot @ Some(_)) => {
                 *slot = None;
@@ -498,7 +526,7 @@ impl Engine {
         qpn: u32,
         f: impl FnOnce(&mut QpCtx, &mut Env<'_>) -> Result<R>,
     ) -> Result<R> {
-        let idx = slot_of_qpn(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let idx = self.qpn_map.slot(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         let (qps, mut env) = self.split();
         let qp = qps
             .get_mut(idx)
@@ -600,7 +628,7 @@ impl Engine {
                 return;
             }
         };
-        let Some(idx) = slot_of_qpn(f.transport.bth.dest_qp) else {
+        let Some(idx) = self.qpn_map.slot(f.transport.bth.dest_qp) else {
             self.stats.rx_unknown_qp += 1;
             return;
         };
@@ -660,19 +688,19 @@ impl Engine {
 
     /// Current pacing rate of a QP (its congestion controller's rate).
     pub fn qp_rate_bps(&self, qpn: u32) -> Option<u64> {
-        let idx = slot_of_qpn(qpn)?;
+        let idx = self.qpn_map.slot(qpn)?;
         self.qps.get(idx)?.as_ref().map(|q| q.cc.rate_bps())
     }
 
     /// Name of a QP's congestion controller ("none", "dcqcn", ...).
     pub fn qp_cc_name(&self, qpn: u32) -> Option<&'static str> {
-        let idx = slot_of_qpn(qpn)?;
+        let idx = self.qpn_map.slot(qpn)?;
         self.qps.get(idx)?.as_ref().map(|q| q.cc.name())
     }
 
     /// Counters of one QP.
     pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
-        let idx = slot_of_qpn(qpn)?;
+        let idx = self.qpn_map.slot(qpn)?;
         self.qps.get(idx)?.as_ref().map(|q| q.qstats)
     }
 
@@ -682,6 +710,6 @@ impl Engine {
             .iter()
             .enumerate()
             .filter(|(_, q)| q.is_some())
-            .map(|(i, _)| qpn_of_slot(i))
+            .map(|(i, _)| self.qpn_map.qpn(i))
     }
 }

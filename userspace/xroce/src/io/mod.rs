@@ -42,6 +42,7 @@
 
 pub mod afxdp;
 pub mod channel;
+pub mod shared;
 mod sockopt;
 pub mod udp;
 

@@ -83,8 +83,14 @@ pub struct UdpConfig {
     /// Carry IPv6 on this interface (ifindex): an IPv6 socket bound to
     /// `[::]` there (SO_BINDTOIFINDEX), beside the IPv4 one.
     pub ipv6_ifindex: Option<u32>,
-    /// UDP port to bind and to send to (4791 for RoCEv2).
+    /// The RoCEv2 UDP port (4791): bound (without a QPN block), sent to,
+    /// and the destination port every ICRC is computed over.
     pub port: u16,
+    /// The QPN block this process holds on a shared device
+    /// ([`xroce_common::qpn_block`]): the socket binds that block's port,
+    /// and frames to our own MAC (another process of this device) go to
+    /// the port of their destination QP's block. `None`: bind `port`.
+    pub qpn_block: Option<u32>,
     /// Datagrams per recvmmsg/sendmmsg.
     pub batch: usize,
     /// Largest Ethernet frame handled (headers + BTH .. ICRC).
@@ -103,12 +109,21 @@ impl UdpConfig {
             local,
             ipv6_ifindex: None,
             port: ROCEV2_PORT,
+            qpn_block: None,
             batch: 64,
             max_frame_len: 4096 + 256,
             local_mac: [0; 6],
             peer_mac: [0; 6],
             socket_buffer: 4 << 20,
         }
+    }
+}
+
+impl UdpConfig {
+    /// The port the sockets bind: the QPN block's, else [`port`](Self::port).
+    pub fn bind_port(&self) -> u16 {
+        self.qpn_block
+            .map_or(self.port, xroce_common::qpn_block::udp_port)
     }
 }
 
@@ -242,7 +257,7 @@ impl UdpBackend {
             .as_ref()
             .or(self.v6.as_ref())
             .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |s| s.local);
-        SocketAddr::new(local, self.cfg.port)
+        SocketAddr::new(local, self.cfg.bind_port())
     }
 
     /// Counters particular to this backend.

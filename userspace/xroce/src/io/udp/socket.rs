@@ -75,14 +75,18 @@ fn open_socket(cfg: &UdpConfig, local: IpAddr, ifindex: Option<u32>) -> Result<U
     }
     let at = match local {
         // A link-local address names its interface by scope id.
-        IpAddr::V6(a) if a.is_unicast_link_local() => {
-            SocketAddr::V6(SocketAddrV6::new(a, cfg.port, 0, ifindex.unwrap_or(0)))
-        }
-        a => SocketAddr::new(a, cfg.port),
+        IpAddr::V6(a) if a.is_unicast_link_local() => SocketAddr::V6(SocketAddrV6::new(
+            a,
+            cfg.bind_port(),
+            0,
+            ifindex.unwrap_or(0),
+        )),
+        a => SocketAddr::new(a, cfg.bind_port()),
     };
     if let Err(e) = bind(raw, &SockaddrStorage::from(at)) {
         let hint = if e == nix::Error::EADDRINUSE {
-            " (another RoCEv2 stack, e.g. rdma_rxe, owns the port on this host)"
+            " (another RoCEv2 stack, e.g. rdma_rxe, or a process of another user owns the \
+             port on this host)"
         } else {
             ""
         };

@@ -18,6 +18,8 @@ use xroce_wire::{
     EthRepr, UdpChecksum, UdpRepr, ICRC_LEN,
 };
 
+use xroce_common::qpn_block;
+
 use super::{kernel_ipv4, kernel_ipv6, sockaddr::sockaddr_of, wait_on, UdpBackend, CMSG_ROOM};
 
 impl UdpBackend {
@@ -89,10 +91,22 @@ impl UdpBackend {
                 "UDP length {udp_len} does not fit the {len}-byte frame"
             ));
         }
+        // Another process of this device (its MAC is ours) receives on the
+        // UDP port of the QPN block of the destination QP; the ICRC stays
+        // computed over the RoCEv2 port, as the XDP program's port rewrite
+        // leaves it for frames from the wire.
+        let to_port = match self.cfg.qpn_block {
+            Some(_) if eth.dst == self.cfg.local_mac => {
+                let b = &frame[udp_at + udp::HEADER_LEN..];
+                let qpn = u32::from_be_bytes([0, b[5], b[6], b[7]]);
+                qpn_block::udp_port(qpn_block::of_qpn(qpn))
+            }
+            _ => dport,
+        };
         // What the kernel will send: our address and port, IPv4 id 0 with
         // DF, UDP checksum 0 (masked by the ICRC anyway).
         UdpRepr {
-            src_port: self.cfg.port,
+            src_port: self.cfg.bind_port(),
             dst_port: dport,
             checksum: UdpChecksum::Zero,
         }
@@ -115,9 +129,9 @@ impl UdpBackend {
         let to = match dst {
             // A link-local destination is on the socket's interface.
             IpAddr::V6(d) if d.is_unicast_link_local() => {
-                SocketAddr::V6(SocketAddrV6::new(d, dport, 0, socket.ifindex))
+                SocketAddr::V6(SocketAddrV6::new(d, to_port, 0, socket.ifindex))
             }
-            d => SocketAddr::new(d, dport),
+            d => SocketAddr::new(d, to_port),
         };
         let ifindex = socket.ifindex;
         let namelen = sockaddr_of(to, &mut self.tx_names[i]);
