@@ -3,7 +3,9 @@
 //! kernel TCP (iperf3), SEND latency (8 B) vs kernel UDP ping-pong
 //! (sockperf), Debian's unmodified ib_write_bw / ib_send_lat over xroce's
 //! drop-in libibverbs vs xroce's own bench / lat (the cost of the ABI
-//! layer), and the codec's ICRC vs plain CRC-32 implementations.
+//! layer), the codec's ICRC vs plain CRC-32 implementations, and one
+//! process alone on a device now that devices are shared vs the xroce of
+//! the commit before sharing ([`baseline`]).
 //! Writes target/bench/report.json.
 
 use std::{
@@ -18,7 +20,7 @@ use serde_json::Value;
 use xroce_report::{BenchReport, LatReport};
 
 use crate::{
-    dropin,
+    baseline, dropin,
     netns::{in_ns, xroce_bin, NsPair, Started},
     util::{output, require_root_for, step, workspace_root},
 };
@@ -41,6 +43,12 @@ struct Report {
     icrc: Value,
     dropin_ib_write_bw_gbps: f64,
     dropin_ib_send_lat_typical_us: f64,
+    /// WRITE 64 KiB, 1 QP, by the xroce of commit
+    /// [`baseline::BEFORE_SHARED_DEVICE`] (best of two runs).
+    before_shared_device_write_1qp: BenchReport,
+    /// The same by this xroce, one process alone on the device (best of
+    /// two runs, alternating with the other).
+    shared_device_alone_write_1qp: BenchReport,
     ratios: Ratios,
 }
 
@@ -52,6 +60,8 @@ struct Ratios {
     write_1qp_vs_tcp: f64,
     write_4qp_vs_tcp: f64,
     send_lat_p50_vs_udp: f64,
+    /// Goal (issue 12): >= 0.9.
+    shared_device_alone_vs_before: f64,
 }
 
 pub fn bench() -> Result<()> {
@@ -81,6 +91,25 @@ pub fn bench() -> Result<()> {
             SECONDS,
         ],
     )?;
+    step(&format!(
+        "WRITE 64 KiB, 1 QP: alone on a shared device vs xroce {} (before sharing)",
+        baseline::BEFORE_SHARED_DEVICE
+    ));
+    let before_exe = baseline::xroce_at(baseline::BEFORE_SHARED_DEVICE)?;
+    let write_args = ["write", "--size", "65536", "--duration", SECONDS];
+    let mut before: Option<BenchReport> = None;
+    let mut alone: Option<BenchReport> = None;
+    for _ in 0..2 {
+        let b: BenchReport = xroce_pair_with(&before_exe, &ns, "bench", &write_args)?;
+        let a: BenchReport = xroce_pair(&ns, "bench", &write_args)?;
+        if before.as_ref().is_none_or(|x| b.gbps > x.gbps) {
+            before = Some(b);
+        }
+        if alone.as_ref().is_none_or(|x| a.gbps > x.gbps) {
+            alone = Some(a);
+        }
+    }
+    let (before, alone) = (before.expect("two runs"), alone.expect("two runs"));
     step("xroce SEND latency, 8 B");
     let lat: LatReport = xroce_pair(&ns, "lat", &["send", "--size", "8", "--iters", "20000"])?;
     step("Debian ib_write_bw 64 KiB over xroce's libibverbs, 1 QP");
@@ -136,7 +165,10 @@ pub fn bench() -> Result<()> {
             write_1qp_vs_tcp: w1.gbps / tcp_gbps,
             write_4qp_vs_tcp: w4.gbps / tcp_gbps,
             send_lat_p50_vs_udp: send_p50 / udp_p50,
+            shared_device_alone_vs_before: alone.gbps / before.gbps,
         },
+        before_shared_device_write_1qp: before,
+        shared_device_alone_write_1qp: alone,
         xroce_write_1qp: w1,
         xroce_write_4qp: w4,
         xroce_send_lat: lat,
@@ -147,6 +179,15 @@ pub fn bench() -> Result<()> {
     println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 1 QP", w1.gbps);
     println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 4 QPs", w4.gbps);
     println!("{:<40} {:>10.3} Gb/s", "iperf3 TCP (kernel, GSO)", tcp_gbps);
+    println!(
+        "{:<40} {:>10.3} Gb/s",
+        "WRITE 64KiB alone, shared device", report.shared_device_alone_write_1qp.gbps
+    );
+    println!(
+        "{:<40} {:>10.3} Gb/s",
+        format!("WRITE 64KiB, xroce {}", baseline::BEFORE_SHARED_DEVICE),
+        report.before_shared_device_write_1qp.gbps
+    );
     println!(
         "{:<40} {:>10.3} Gb/s",
         "ib_write_bw 64KiB (drop-in libibverbs)", dropin_write_gbps
@@ -172,7 +213,16 @@ pub fn bench() -> Result<()> {
 /// Runs an xroce server in namespace b and a client in a; the client's
 /// report (`BenchReport` or `LatReport`).
 fn xroce_pair<R: DeserializeOwned>(ns: &NsPair, tool: &str, args: &[&str]) -> Result<R> {
-    let xroce = xroce_bin();
+    xroce_pair_with(&xroce_bin(), ns, tool, args)
+}
+
+/// [`xroce_pair`] with the `xroce` executable `xroce`.
+fn xroce_pair_with<R: DeserializeOwned>(
+    xroce: &std::path::Path,
+    ns: &NsPair,
+    tool: &str,
+    args: &[&str],
+) -> Result<R> {
     let listen = format!("{}:18600", ns.addr_b);
     let server = Started::spawn(
         in_ns(&ns.b, &xroce)
@@ -181,7 +231,7 @@ fn xroce_pair<R: DeserializeOwned>(ns: &NsPair, tool: &str, args: &[&str]) -> Re
             .args(["-d", &ns.if_b, "--listen", &listen])
             .stdout(Stdio::null()),
     )?;
-    let out = output(in_ns(&ns.a, &xroce).arg(tool).args(args).args([
+    let out = output(in_ns(&ns.a, xroce).arg(tool).args(args).args([
         "-d",
         &ns.if_a,
         "--connect",

@@ -4,6 +4,7 @@
 //! machine lacks and says what it does. xtask depends on no xroce crate:
 //! building those needs what `setup` installs.
 
+mod baseline;
 mod bench;
 mod demo;
 mod dropin;

@@ -488,6 +488,14 @@ impl Engine {
         if self.qps[GSI_SLOT].is_some() {
             return Err(VerbsError::AlreadyExists("the device's GSI QP (QP1)"));
         }
+        // QP1 traffic reaches the process of QPN block 0 only (see
+        // xroce_common::qpn_block): in another process a GSI QP would
+        // send requests whose answers never come back to it.
+        if self.cfg.qpn_block != 0 {
+            return Err(VerbsError::Busy(
+                "QP1 of a shared device belongs to the process holding QPN block 0",
+            ));
+        }
         let qpn = self.install_qp(GSI_SLOT, c);
         if let Some(qp) = self.qps[GSI_SLOT].as_deref_mut() {
             qp.attr.qkey = GSI_QKEY;

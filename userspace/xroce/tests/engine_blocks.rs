@@ -1,0 +1,96 @@
+//! QPN blocks (a device shared by several processes, one engine each): an
+//! engine numbers its QPs inside its own block, moves data with a peer of
+//! another block as with any other, reuses freed QPNs inside the block, and
+//! refuses QP1 outside block 0.
+
+use xroce::engine::{EngineConfig, QPN_BASE};
+use xroce::verbs::sim::{
+    connect_pair, derive_seed, sim_configs, LinkConfig, PairParams, Sim, SimLink,
+};
+use xroce::verbs::*;
+
+mod common;
+use common::pattern;
+
+const SEC: u64 = 1_000_000_000;
+
+fn sim_with_blocks(block_a: u32, block_b: u32) -> Sim {
+    let (mut ca, mut cb): (EngineConfig, EngineConfig) = sim_configs();
+    ca.qpn_block = block_a;
+    cb.qpn_block = block_b;
+    Sim::new(
+        Device::with_seed(ca, derive_seed(5, 1)),
+        Device::with_seed(cb, derive_seed(5, 2)),
+        SimLink::new(LinkConfig::default(), 5),
+    )
+}
+
+#[test]
+fn qps_are_numbered_in_the_engines_block_and_talk_across_blocks() {
+    let mut sim = sim_with_blocks(3, 0);
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    assert_eq!(a.qp.qp_num(), (3 << 16) + QPN_BASE);
+    assert_eq!(b.qp.qp_num(), QPN_BASE);
+    let msg = pattern(9, 5000);
+    // SAFETY: nothing is posted on a.mr yet.
+    unsafe { a.mr.write(0, &msg) }.unwrap();
+    b.qp.post_recv(&RecvWr {
+        wr_id: 7,
+        sg_list: vec![b.mr.sge(0, 8192)],
+    })
+    .unwrap();
+    a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 5000)]))
+        .unwrap();
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    let mut buf = [Wc::default(); 8];
+    let ok = sim.run_until(sim.now + 10 * SEC, |_| {
+        let n = a.cq.poll(&mut buf).unwrap();
+        wa.extend_from_slice(&buf[..n]);
+        let n = b.cq.poll(&mut buf).unwrap();
+        wb.extend_from_slice(&buf[..n]);
+        !wa.is_empty() && !wb.is_empty()
+    });
+    assert!(ok, "no completions: {wa:?} {wb:?}");
+    assert_eq!(wa[0].status, WcStatus::Success);
+    assert_eq!((wb[0].status, wb[0].byte_len), (WcStatus::Success, 5000));
+    assert_eq!(wb[0].src_qp, (3 << 16) + QPN_BASE);
+    // SAFETY: receive 7, the only WR that wrote these bytes, has completed.
+    assert_eq!(unsafe { b.mr.to_vec(0, 5000) }.unwrap(), msg);
+}
+
+#[test]
+fn the_next_qp_and_a_freed_one_stay_in_the_block() {
+    let sim = sim_with_blocks(200, 0);
+    let pd = sim.a.alloc_pd();
+    let cq = sim.a.create_cq(16).unwrap();
+    let init = QpInitAttr::rc(&cq);
+    let q1 = sim.a.create_qp(&pd, &init).unwrap();
+    let q2 = sim.a.create_qp(&pd, &init).unwrap();
+    assert_eq!(q1.qp_num(), (200 << 16) + QPN_BASE);
+    assert_eq!(q2.qp_num(), (200 << 16) + QPN_BASE + 1);
+    let n1 = q1.qp_num();
+    drop(q1);
+    let q3 = sim.a.create_qp(&pd, &init).unwrap();
+    assert_eq!(q3.qp_num(), n1, "a freed QPN is handed out again");
+}
+
+#[test]
+fn qp1_belongs_to_block_0_only() {
+    let sim = sim_with_blocks(1, 0);
+    let pd = sim.a.alloc_pd();
+    let cq = sim.a.create_cq(16).unwrap();
+    let mut init = QpInitAttr::rc(&cq);
+    init.qp_type = QpType::Ud;
+    match sim.a.create_gsi_qp(&pd, &init) {
+        Err(e) => assert!(
+            e.to_string().contains("QPN block 0"),
+            "the error names the rule: {e}"
+        ),
+        Ok(_) => panic!("a GSI QP outside block 0 would never get its answers"),
+    }
+    let pd_b = sim.b.alloc_pd();
+    let cq_b = sim.b.create_cq(16).unwrap();
+    let mut init_b = QpInitAttr::rc(&cq_b);
+    init_b.qp_type = QpType::Ud;
+    assert_eq!(sim.b.create_gsi_qp(&pd_b, &init_b).unwrap().qp_num(), 1);
+}
