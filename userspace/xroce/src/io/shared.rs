@@ -82,7 +82,7 @@ impl PacketIo for WireAndLocal {
         // it delivers (a sleeping runtime polls every descriptor anyway).
         self.rounds = self.rounds.wrapping_add(1);
         let mut local = 0;
-        if self.local_busy || self.rounds % LOCAL_READ_EVERY == 0 || !timeout.is_zero() {
+        if self.local_busy || self.rounds.is_multiple_of(LOCAL_READ_EVERY) || !timeout.is_zero() {
             local = self.local.recv_batch(Duration::ZERO, on_frame)?;
             self.local_busy = local > 0;
         }
