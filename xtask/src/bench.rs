@@ -225,7 +225,7 @@ fn xroce_pair_with<R: DeserializeOwned>(
 ) -> Result<R> {
     let listen = format!("{}:18600", ns.addr_b);
     let server = Started::spawn(
-        in_ns(&ns.b, &xroce)
+        in_ns(&ns.b, xroce)
             .arg(tool)
             .arg(args[0])
             .args(["-d", &ns.if_b, "--listen", &listen])
