@@ -19,6 +19,7 @@ pub mod datagram;
 pub mod experiment;
 pub mod perf;
 pub mod programs;
+pub mod shared;
 pub mod verbs;
 
 /// Fails the test (never skips it) unless we are root with the tools we need.
