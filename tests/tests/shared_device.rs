@@ -12,7 +12,7 @@
 //!   mid-run: its client reports that the peer stopped answering, the seven
 //!   other pairs verify their data, a new server takes the freed block at
 //!   once and passes, and afterwards nothing is left (holds, UDP sockets,
-//!   counters files, the XDP program the library attached for UDP);
+//!   counters files, the XDP program the processes attached);
 //! - unprivileged_user_udp: ib_write_bw as nobody over the UDP backend,
 //!   across the link and, at the same time, a second pair on one device.
 //!
@@ -279,24 +279,18 @@ fn eight_processes_one_killed(b: Backend) {
         if !stale.is_empty() {
             return Err(format!("counters files of ended processes: {stale:?}"));
         }
-        eprintln!(
-            "{}: XDP attached by a process during the run: {process_attached:?}; pins after: {:?}",
-            b.as_str(),
-            [srv_node, cl_node].map(|n| xroce::xdp::pin_dir(n.iface).exists())
-        );
-        if b == Backend::Udp {
-            // The library attached XDP for the blocks >= 1 and the last
-            // process of each device detached it.
-            if process_attached != [true, true] {
-                return Err(format!(
-                    "no process-attached XDP during the run (server's, client's device): {process_attached:?}"
-                ));
-            }
-            for node in [srv_node, cl_node] {
-                let pins = xroce::xdp::pin_dir(node.iface);
-                if pins.exists() {
-                    return Err(format!("{} left after the last process", pins.display()));
-                }
+        // `xroce bench` attaches XDP for itself with either backend (for
+        // AF_XDP, or for the UDP blocks >= 1), and the last process of each
+        // device detaches it.
+        if process_attached != [true, true] {
+            return Err(format!(
+                "no process-attached XDP during the run (server's, client's device): {process_attached:?}"
+            ));
+        }
+        for node in [srv_node, cl_node] {
+            let pins = xroce::xdp::pin_dir(node.iface);
+            if pins.exists() {
+                return Err(format!("{} left after the last process", pins.display()));
             }
         }
         Ok(format!("killed pid {victim_pid}: no counters file"))
