@@ -626,6 +626,26 @@ impl PairOutput {
         }
         Ok(())
     }
+
+    /// An rdma-core pingpong pair (ibv_rc_pingpong and kin): both printed
+    /// their " bytes in " and " iters in " lines and neither found invalid
+    /// data; returns the client's " bytes in " line.
+    pub fn check_pingpong(&self) -> Result<String, String> {
+        self.check_both_have(" bytes in ")?;
+        self.check_both_have(" iters in ")?;
+        let client = self.check()?;
+        for f in [client, &self.server] {
+            if f.stdout.contains("invalid data") {
+                return Err(format!("data check failed\n{}", f.describe()));
+            }
+        }
+        Ok(client
+            .stdout
+            .lines()
+            .find(|l| l.contains(" bytes in "))
+            .unwrap_or_default()
+            .to_string())
+    }
 }
 
 /// One row of a perftest result table: message size, iterations and the

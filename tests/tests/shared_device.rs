@@ -96,20 +96,7 @@ fn one_device_both_roles(b: Backend) {
             "-c",
         ]);
         let out = pair_on(start, node, node, "ibv_rc_pingpong", &a, &a, RUN);
-        out.check_both_have(" bytes in ")?;
-        out.check_both_have(" iters in ")?;
-        let client = out.check()?;
-        for f in [client, &out.server] {
-            if f.stdout.contains("invalid data") {
-                return Err(format!("data check failed\n{}", f.describe()));
-            }
-        }
-        Ok(client
-            .stdout
-            .lines()
-            .find(|l| l.contains(" bytes in "))
-            .unwrap_or_default()
-            .to_string())
+        out.check_pingpong()
     });
     c.case("nothing held afterwards", || {
         nothing_held(node)?;

@@ -66,20 +66,7 @@ fn pingpong(
         &pingpong_args(t.client(), extra),
         timeout,
     );
-    out.check_both_have(" bytes in ")?;
-    out.check_both_have(" iters in ")?;
-    let client = out.check()?;
-    for f in [client, &out.server] {
-        if f.stdout.contains("invalid data") {
-            return Err(format!("data check failed\n{}", f.describe()));
-        }
-    }
-    Ok(client
-        .stdout
-        .lines()
-        .find(|l| l.contains(" bytes in "))
-        .unwrap_or_default()
-        .to_string())
+    out.check_pingpong()
 }
 
 enum Table {
