@@ -197,13 +197,24 @@ impl OpenDevice {
     }
 
     fn start(iface: &str) -> Result<OpenDevice, String> {
+        let backend = config::backend()?;
         let stack = Stack::open(&StackConfig {
-            backend: config::backend()?,
+            backend,
             cc: config::cc()?,
             line_rate_bps: LINE_RATE_BPS,
             ..StackConfig::new(iface)
         })
         .map_err(|e| error_chain(&e))?;
+        if config::debug()
+            && backend == Some(xroce::device::BackendKind::AfXdp)
+            && stack.backend == "udp"
+        {
+            eprintln!(
+                "xroce: {iface}: another process owns the AF_XDP sockets; QPN block {} runs \
+                 over the UDP backend",
+                stack.qpn_block()
+            );
+        }
         let device = stack.device.clone();
         let event_owners: Arc<Mutex<HashMap<EventSource, EventOwner>>> = Arc::default();
         let owners = event_owners.clone();

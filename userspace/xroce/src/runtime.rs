@@ -37,6 +37,7 @@ use nix::{
 };
 
 use xroce_common::qpn_block;
+use xroce_wire::bth::BthHeader;
 
 use crate::{
     io::{IoError, IoStats, PacketIo},
@@ -310,8 +311,8 @@ fn dest_block(frame: &[u8]) -> Option<u32> {
         [0x86, 0xdd] => 14 + 40 + 8,
         _ => return None,
     };
-    let q = frame.get(bth + 5..bth + 8)?;
-    Some(qpn_block::of_qpn(u32::from_be_bytes([0, q[0], q[1], q[2]])))
+    let bth = BthHeader::new_checked(frame.get(bth..)?).ok()?;
+    Some(qpn_block::of_qpn(bth.dest_qp()))
 }
 
 /// ppoll(2) on the backend's descriptors and the doorbell (last) for at

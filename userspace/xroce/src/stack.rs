@@ -97,7 +97,7 @@ pub struct Stack {
     _stats: StatsExporter,
     runtime: Runtime,
     net: NetDevice,
-    _afxdp: Option<AfXdpHold>,
+    afxdp: Option<AfXdpHold>,
     block: QpnBlock,
 }
 
@@ -114,7 +114,7 @@ impl Stack {
         let net = NetDevice::open(
             iface,
             NetDeviceConfig {
-                attach: cfg.backend == Some(BackendKind::AfXdp) || (needs_xdp && is_root()),
+                attach: cfg.backend == Some(BackendKind::AfXdp) || (needs_xdp && xdp::is_root()),
                 ..NetDeviceConfig::default()
             },
         )?;
@@ -184,6 +184,8 @@ impl Stack {
             })?,
             BackendKind::Udp => None,
         };
+        // A process that asked for AF_XDP while another owns the sockets
+        // runs over UDP, as the UDP backend's processes do (see io::shared).
         let io: Box<dyn PacketIo> = match (backend, &afxdp) {
             (BackendKind::AfXdp, Some(_)) => {
                 let wire = net.open_io(backend, mtu).map_err(backend_err)?;
@@ -194,23 +196,7 @@ impl Stack {
                     .map_err(backend_err)?;
                 Box::new(WireAndLocal::new(wire, local, net.mac()))
             }
-            (BackendKind::AfXdp, None) => {
-                // One process owns an RX queue's AF_XDP socket; the others
-                // reach the wire through the kernel (see io::shared).
-                if std::env::var_os("XROCE_VERBS_DEBUG").is_some_and(|v| !v.is_empty() && v != "0")
-                {
-                    eprintln!(
-                        "xroce: {iface}: another process owns the AF_XDP sockets; QPN block {} \
-                         runs over the UDP backend",
-                        block.block()
-                    );
-                }
-                Box::new(
-                    net.open_udp(mtu, Some(block.block()))
-                        .map_err(backend_err)?,
-                )
-            }
-            (BackendKind::Udp, _) => Box::new(
+            _ => Box::new(
                 net.open_udp(mtu, Some(block.block()))
                     .map_err(backend_err)?,
             ),
@@ -235,7 +221,7 @@ impl Stack {
             _stats: stats,
             runtime,
             net,
-            _afxdp: afxdp,
+            afxdp,
             block,
         })
     }
@@ -283,7 +269,7 @@ impl Drop for Stack {
         // once, both may detach (the second finds nothing to detach), but
         // neither leaves the program behind for the other.
         self.runtime.halt();
-        self._afxdp = None;
+        self.afxdp = None;
         self.block.release();
         let process_attached = match self.net.attachment() {
             Attachment::Ours { .. } => true,
@@ -294,9 +280,4 @@ impl Drop for Stack {
             self.net.set_detach_on_drop(self.block.others().is_empty());
         }
     }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }

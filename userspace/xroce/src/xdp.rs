@@ -122,9 +122,14 @@ pub fn if_index(iface: &str) -> Result<u32, XdpError> {
     }
 }
 
-fn require_root() -> Result<(), XdpError> {
+/// Whether this process runs as root (attaching XDP needs it).
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn require_root() -> Result<(), XdpError> {
+    if !is_root() {
         return Err(XdpError::NotRoot);
     }
     Ok(())

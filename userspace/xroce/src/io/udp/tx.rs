@@ -97,9 +97,9 @@ impl UdpBackend {
         // leaves it for frames from the wire.
         let to_port = match self.cfg.qpn_block {
             Some(_) if eth.dst == self.cfg.local_mac => {
-                let b = &frame[udp_at + udp::HEADER_LEN..];
-                let qpn = u32::from_be_bytes([0, b[5], b[6], b[7]]);
-                qpn_block::udp_port(qpn_block::of_qpn(qpn))
+                // The length check above left a whole BTH here.
+                let bth = bth::BthHeader::new_unchecked(&frame[udp_at + udp::HEADER_LEN..]);
+                qpn_block::udp_port(qpn_block::of_qpn(bth.dest_qp()))
             }
             _ => dport,
         };
