@@ -12,7 +12,9 @@
 use aya_ebpf::{
     bindings::xdp_action,
     btf_maps,
-    helpers::{bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_xdp_get_buff_len,
+    },
     macros::{btf_map, map, xdp},
     maps::{Array, HashMap, PerCpuArray, XskMap},
     programs::XdpContext,
@@ -24,12 +26,16 @@ use xroce_common::{
     fault::{fault_should_drop, FaultConfig, FaultRng},
     opcode_class::OpcodeClass,
     qpn_block::{self, udp_checksum_update},
-    opcode_is_known, Counter, CONFIG_SLOTS, COUNTER_SLOTS, MAX_FILTERED_QPNS, MAX_QUEUES,
-    ROCEV2_UDP_PORT,
+    opcode_is_known, Counter, RxQueueCounters, CONFIG_SLOTS, COUNTER_SLOTS, MAX_FILTERED_QPNS,
+    MAX_QUEUES, ROCEV2_UDP_PORT,
 };
 
 #[map(name = "XROCE_COUNTERS")]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
+
+/// Per RX queue (`xroce stats --interval`): one lookup per frame.
+#[map(name = "XROCE_RXQ")]
+static RXQ_COUNTERS: PerCpuArray<RxQueueCounters> = PerCpuArray::pinned(MAX_QUEUES, 0);
 
 #[map(name = "XROCE_XSKS")]
 static XSKS: XskMap = XskMap::pinned(MAX_QUEUES, 0);
@@ -71,6 +77,15 @@ const OPCODE_ACK: u8 = 0x11;
 #[xdp(frags)]
 pub fn xroce_xdp(ctx: XdpContext) -> u32 {
     count(Counter::Seen);
+    let rxq = RXQ_COUNTERS.get_ptr_mut(ctx.rx_queue_index());
+    if let Some(q) = rxq {
+        // SAFETY: per-CPU slot, XDP runs with preemption off; the helper
+        // gives the whole frame's length, fragments included.
+        unsafe {
+            (*q).frames += 1;
+            (*q).bytes += bpf_xdp_get_buff_len(ctx.ctx);
+        }
+    }
     let action = match classify(&ctx) {
         Class::Other => xdp_action::XDP_PASS,
         Class::Drop(reason) => {
@@ -87,6 +102,16 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
     };
     if action == xdp_action::XDP_PASS {
         count(Counter::Passed);
+    }
+    if let Some(q) = rxq {
+        // SAFETY: as above.
+        unsafe {
+            match action {
+                xdp_action::XDP_REDIRECT => (*q).redirected += 1,
+                xdp_action::XDP_PASS => (*q).passed += 1,
+                _ => {}
+            }
+        }
     }
     action
 }

@@ -26,6 +26,8 @@ pub mod names {
     pub const ECN_QUEUE: &str = "XROCE_ECN_Q";
     pub const FAULT_CONFIG: &str = "XROCE_FAULT";
     pub const FAULT_RNG: &str = "XROCE_FAULT_RNG";
+    /// Per-RX-queue counters ([`crate::RxQueueCounters`]).
+    pub const RXQ_COUNTERS: &str = "XROCE_RXQ";
     /// BTF-defined maps: aya pins them only when told each path by name.
     pub const BTF_MAPS: [&str; 4] = [ECN_CONFIG, ECN_QUEUE, FAULT_CONFIG, FAULT_RNG];
     /// Directory under bpffs where one interface's maps and link are pinned.
@@ -43,6 +45,29 @@ pub const MAX_FILTERED_QPNS: u32 = 65536;
 
 /// Maximum number of RX queues (one AF_XDP socket each) per interface.
 pub const MAX_QUEUES: u32 = 64;
+
+/// What the XDP program counts per RX queue (`XROCE_RXQ`: a per-CPU array
+/// indexed by the queue, [`MAX_QUEUES`] entries; queues beyond it are not
+/// counted). Every frame ends redirected, passed or dropped, so
+/// `frames - redirected - passed` is what was dropped.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxQueueCounters {
+    /// Frames the program looked at on this queue.
+    pub frames: u64,
+    /// Their bytes (the whole frame, fragments included).
+    pub bytes: u64,
+    /// Handed to this queue's AF_XDP socket.
+    pub redirected: u64,
+    /// Left to the kernel stack.
+    pub passed: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<RxQueueCounters>() == 32);
+
+// SAFETY: plain #[repr(C)] u64s; every bit pattern is a valid value.
+#[cfg(feature = "user")]
+unsafe impl aya::Pod for RxQueueCounters {}
 
 /// Indices into the per-CPU counter array. Userspace sums the CPUs.
 #[repr(u32)]
