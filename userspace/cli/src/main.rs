@@ -70,9 +70,11 @@ fn main() {
     let result = match cli.command {
         Command::Attach { iface, mode } => xroce::xdp::attach(&iface, mode)
             .map(|()| {
+                // The interface holds the program (no pin): it stays after
+                // this command, whatever its mount namespace, until detach.
                 eprintln!(
-                    "xroce: attached to {iface} ({mode} mode); maps pinned in {}",
-                    xroce::xdp::pin_dir(&iface).display()
+                    "xroce: attached to {iface} ({mode} mode); it stays until \
+                     `xroce detach --iface {iface}`"
                 )
             })
             .map_err(anyhow::Error::from),

@@ -30,9 +30,11 @@ pub mod names {
     pub const RXQ_COUNTERS: &str = "XROCE_RXQ";
     /// BTF-defined maps: aya pins them only when told each path by name.
     pub const BTF_MAPS: [&str; 4] = [ECN_CONFIG, ECN_QUEUE, FAULT_CONFIG, FAULT_RNG];
-    /// Directory under bpffs where one interface's maps and link are pinned.
+    /// Directory under bpffs where xroce before 2026-12 pinned one
+    /// interface's maps and link (`<PIN_ROOT>/<iface>/`). Nothing is pinned
+    /// now (the program is found through the interface); only cleaned.
     pub const PIN_ROOT: &str = "/sys/fs/bpf/xroce";
-    /// Name of the pinned XDP link inside an interface's pin directory.
+    /// Name of the pinned XDP link inside an old pin directory.
     pub const LINK_PIN: &str = "link";
 }
 
@@ -224,6 +226,9 @@ pub const fn opcode_is_known(opcode: u8) -> bool {
 pub mod config_flags {
     /// Only redirect frames whose destination QPN is in `XROCE_QPNS`.
     pub const QPN_FILTER: u32 = 1;
+    /// Not read by the program: a process attached it for itself, and the
+    /// last process of the device detaches it (`xroce attach`'s stays).
+    pub const BY_PROCESS: u32 = 2;
 }
 
 /// Number of slots in the counter array.

@@ -6,6 +6,11 @@
 //! One lookup for xroce's devices (`xroce::device::neighbour_mac`) and for
 //! the drop-in librdmacm, which must not link the xroce crate (it shares
 //! xroce's device state through libibverbs.so.1 at run time).
+//!
+//! [`xdp`]: which XDP program an interface runs (RTM_GETLINK's IFLA_XDP) and
+//! attaching or detaching one over RTM_SETLINK, as `ip link set xdp` does.
+
+pub mod xdp;
 
 use std::{
     io,

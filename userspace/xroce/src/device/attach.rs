@@ -22,9 +22,12 @@ pub(super) fn attach(iface: &str, cfg: NetDeviceConfig) -> Result<Attachment, Ne
         }),
         // Another process of the device attached it since we looked.
         Err(XdpError::AlreadyAttached(_)) => Ok(Attachment::Existing),
-        Err(e @ (XdpError::NotRoot | XdpError::NoBpffs | XdpError::NoSuchInterface(_))) => {
-            Err(e.into())
-        }
+        Err(
+            e @ (XdpError::NotRoot
+            | XdpError::NoBpffs
+            | XdpError::NoSuchInterface(_)
+            | XdpError::OtherProgram(_)),
+        ) => Err(e.into()),
         Err(e) if cfg.fallback_to_skb && cfg.mode == Mode::Native => {
             match xdp::attach(iface, Mode::Skb) {
                 Ok(()) => Ok(Attachment::Ours {

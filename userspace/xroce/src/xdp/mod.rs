@@ -1,16 +1,22 @@
-//! Loads xroce's XDP program, attaches it to an interface, pins its maps and
-//! link under `/sys/fs/bpf/xroce/<iface>/`, and reads them back from any
-//! process (`xroce stats` runs apart from `xroce attach`).
+//! Loads xroce's XDP program and attaches it to an interface over
+//! rtnetlink, then finds it again from any process through the interface
+//! ([`query`]): rtnetlink names the attached program, its id leads to its
+//! maps. An attachment made over netlink belongs to the interface (no
+//! bpf_link, no pin), so it outlives `xroce attach` in any mount namespace
+//! (`ip netns exec` gives a command a private /sys, hence a private bpffs),
+//! and it goes with its interface: a deleted namespace leaves nothing that
+//! could make a later interface of the same name look attached.
 
 use std::{
     ffi::CString,
     fmt, fs,
+    os::fd::{AsFd, AsRawFd},
     path::{Path, PathBuf},
 };
 
 use aya::{
     maps::{MapData, PerCpuArray, XskMap},
-    programs::{links::FdLink, links::PinnedLink, Xdp, XdpMode},
+    programs::Xdp,
     Ebpf, EbpfLoader,
 };
 use xroce_common::{
@@ -19,6 +25,11 @@ use xroce_common::{
     fault::FaultConfig,
     names, qpn_block, Counter,
 };
+use xroce_netlink::xdp::{flags as xdp_flags, set_xdp};
+
+mod find;
+
+pub use find::XdpAttachment;
 
 /// The XDP object built from ebpf/ by build.rs.
 static XDP_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xroce-xdp"));
@@ -33,10 +44,11 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn xdp_mode(self) -> XdpMode {
+    /// The XDP_FLAGS_*_MODE bit of this mode.
+    fn netlink_flag(self) -> u32 {
         match self {
-            Mode::Native => XdpMode::Driver,
-            Mode::Skb => XdpMode::Skb,
+            Mode::Native => xdp_flags::DRV_MODE,
+            Mode::Skb => xdp_flags::SKB_MODE,
         }
     }
 }
@@ -83,6 +95,13 @@ pub enum XdpError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "interface {0} runs another XDP program; xroce shares an interface only through \
+         libxdp's dispatcher (`xdp-loader status {0}` shows what runs there)"
+    )]
+    OtherProgram(String),
+    #[error("xroce's XDP program has no map named {0}; is it an older build? re-attach it")]
+    NoMap(String),
     #[error("the xroce XDP object has no program named {0}")]
     NoProgram(&'static str),
     /// A BPF operation failed; `source` is aya's error (for a rejected
@@ -107,7 +126,8 @@ where
     }
 }
 
-/// Directory holding one interface's pinned maps and link.
+/// Where xroce before 2026-12 pinned one interface's maps and link. Only
+/// ever read now to clean what such a version left (see [`attach`]).
 pub fn pin_dir(iface: &str) -> PathBuf {
     Path::new(names::PIN_ROOT).join(iface)
 }
@@ -142,8 +162,9 @@ fn bpffs_mounted() -> bool {
         .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf"))
 }
 
-/// Mounts bpffs at /sys/fs/bpf if it is not there (as bpftool does), since
-/// pinning is how other processes find our maps.
+/// Mounts bpffs at /sys/fs/bpf if it is not there (as bpftool does): aya
+/// pins the object's legacy maps while it loads them (see [`load`]). In a
+/// private mount namespace (`ip netns exec`) the mount is private too.
 fn ensure_bpffs() -> Result<(), XdpError> {
     if bpffs_mounted() {
         return Ok(());
@@ -166,49 +187,65 @@ fn ensure_bpffs() -> Result<(), XdpError> {
     }
 }
 
-/// Loads the program, attaches it to `iface` in `mode` and pins the link and
-/// maps, so the attachment outlives this process until [`detach`].
+/// xroce's program on `iface`: its id, mode, whether it runs under libxdp's
+/// dispatcher and whether a process attached it for itself. `Ok(None)` if
+/// the interface runs no program of xroce's. Works from any process and
+/// any mount namespace of the interface's network namespace.
+pub fn query(iface: &str) -> Result<Option<XdpAttachment>, XdpError> {
+    let Some((mut attachment, info)) = find::find(iface)? else {
+        return Ok(None);
+    };
+    attachment.by_process = config_flags_of(&info)? & config_flags::BY_PROCESS != 0;
+    Ok(Some(attachment))
+}
+
+fn config_flags_of(info: &aya::programs::ProgramInfo) -> Result<u32, XdpError> {
+    let map = find::map_of(info, names::CONFIG)?;
+    let config = aya::maps::Array::<MapData, u32>::try_from(aya::maps::Map::Array(map))
+        .map_err(bpf_err("config map"))?;
+    config.get(&0, 0).map_err(bpf_err("read XDP config"))
+}
+
+/// Removes what an earlier xroce pinned for `iface` (its link and maps
+/// under [`pin_dir`]) when the interface does not run that program: the
+/// interface it was made for is gone (its namespace was deleted while
+/// attached). Says so on stderr, naming what it removed.
+fn clean_stale_pins(iface: &str) {
+    let dir = pin_dir(iface);
+    if !dir.exists() {
+        return;
+    }
+    match fs::remove_dir_all(&dir) {
+        Ok(()) => eprintln!(
+            "xroce: removed stale XDP state {} (left by an interface {iface} that is gone; \
+             {iface} runs no xroce program)",
+            dir.display()
+        ),
+        Err(e) => eprintln!(
+            "xroce: cannot remove stale XDP state {} ({e}); {iface} runs no xroce program",
+            dir.display()
+        ),
+    }
+}
+
+/// Loads the program, attaches it to `iface` in `mode` over rtnetlink: the
+/// attachment belongs to the interface and stays until [`detach`] (or the
+/// interface goes), whatever becomes of this process and its mounts.
 pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
     require_root()?;
     let ifindex = if_index(iface)?;
-    ensure_bpffs()?;
-    // One attacher at a time: the check below and the clean-up after a
-    // failure must not meet another process's half-made attachment.
+    // One attacher at a time: two would each load a program, and the check
+    // below must not meet another process's half-made attachment.
     let _attaching = crate::device::attaching(ifindex, std::time::Duration::from_secs(10))
         .map_err(|source| XdpError::Io {
             what: format!("wait to attach to {iface}"),
             source,
         })?;
-    let dir = pin_dir(iface);
-    let link_pin = dir.join(names::LINK_PIN);
-    if link_pin.exists() {
+    if find::find(iface)?.is_some() {
         return Err(XdpError::AlreadyAttached(iface.into()));
     }
-    fs::create_dir_all(&dir).map_err(|source| XdpError::Io {
-        what: format!("create {}", dir.display()),
-        source,
-    })?;
-    let result = load_and_attach(iface, mode, &dir, &link_pin);
-    if result.is_err() {
-        // Leave nothing half-made behind: a later attach starts clean.
-        let _ = fs::remove_dir_all(&dir);
-    }
-    result
-}
-
-fn load_and_attach(iface: &str, mode: Mode, dir: &Path, link_pin: &Path) -> Result<(), XdpError> {
-    let mut loader = EbpfLoader::new();
-    loader.default_map_pin_directory(dir);
-    let btf_pins: Vec<(&str, PathBuf)> = names::BTF_MAPS
-        .iter()
-        .map(|name| (*name, dir.join(name)))
-        .collect();
-    for (name, path) in &btf_pins {
-        loader.map_pin_path(name, path.as_path());
-    }
-    let mut ebpf: Ebpf = loader
-        .load(XDP_OBJECT)
-        .map_err(bpf_err("load the xroce XDP object"))?;
+    clean_stale_pins(iface);
+    let mut ebpf = load()?;
     let program: &mut Xdp = ebpf
         .program_mut(names::PROGRAM)
         .ok_or(XdpError::NoProgram(names::PROGRAM))?
@@ -217,73 +254,104 @@ fn load_and_attach(iface: &str, mode: Mode, dir: &Path, link_pin: &Path) -> Resu
     program
         .load()
         .map_err(bpf_err("the kernel verifier rejected the XDP program"))?;
-    let link_id = program
-        .attach(iface, mode.xdp_mode())
-        .map_err(bpf_err(format!("attach XDP to {iface} in {mode:?} mode")))?;
-    let link = program
-        .take_link(link_id)
-        .map_err(bpf_err("take the XDP link"))?;
-    let fd_link: FdLink = link.try_into().map_err(bpf_err(
-        "pin the XDP link (this kernel has no bpf_link for XDP; it needs 5.9 or later)",
-    ))?;
-    fd_link.pin(link_pin).map_err(bpf_err(format!(
-        "pin the XDP link at {}",
-        link_pin.display()
-    )))?;
-    Ok(())
-}
-
-/// Detaches the program from `iface` and removes its pins.
-pub fn detach(iface: &str) -> Result<(), XdpError> {
-    require_root()?;
-    let dir = pin_dir(iface);
-    let link_pin = dir.join(names::LINK_PIN);
-    if !link_pin.exists() {
-        if_index(iface)?;
-        return Err(XdpError::NotAttached(iface.into()));
-    }
-    let link =
-        PinnedLink::from_pin(&link_pin).map_err(bpf_err(format!("open {}", link_pin.display())))?;
-    let fd_link = link.unpin().map_err(|source| XdpError::Io {
-        what: format!("unpin {}", link_pin.display()),
-        source,
-    })?;
-    // Dropping the last reference to the link detaches the program.
-    drop(fd_link);
-    fs::remove_dir_all(&dir).map_err(|source| XdpError::Io {
-        what: format!("remove {}", dir.display()),
-        source,
+    let fd = program.fd().map_err(bpf_err("XDP program fd"))?;
+    // UPDATE_IF_NOEXIST: never replace another program the interface runs.
+    // Dropping `ebpf` afterwards closes our descriptors; the interface holds
+    // the program, and the program its maps.
+    set_xdp(
+        ifindex,
+        fd.as_fd().as_raw_fd(),
+        xdp_flags::UPDATE_IF_NOEXIST | mode.netlink_flag(),
+        None,
+    )
+    .map_err(|source| match source.raw_os_error() {
+        Some(libc::EBUSY) | Some(libc::EEXIST) => XdpError::OtherProgram(iface.into()),
+        _ => XdpError::Bpf {
+            what: format!("attach XDP to {iface} in {mode} mode"),
+            source: Box::new(source),
+        },
     })
 }
 
-/// True if `iface` has xroce's program attached (its link is pinned).
-pub fn is_attached(iface: &str) -> bool {
-    pin_dir(iface).join(names::LINK_PIN).exists()
-}
-
-/// Name of the (empty) directory in an interface's pin directory that says
-/// a process attached the program for itself: the last process that uses
-/// the device detaches it, where one an administrator attached stays.
-const PROCESS_ATTACHED: &str = "attached_by_process";
-
-/// Marks `iface`'s attachment as made by a process (see [`PROCESS_ATTACHED`]).
-pub fn mark_process_attached(iface: &str) -> Result<(), XdpError> {
-    let dir = pin_dir(iface).join(PROCESS_ATTACHED);
+/// Loads the object. aya pins maps declared `pinned` in the object while it
+/// creates them (and would reuse a map already pinned at that path, sharing
+/// it between interfaces), so they are pinned in a directory of this load
+/// alone, removed right after: the program holds its maps from then on.
+fn load() -> Result<Ebpf, XdpError> {
+    ensure_bpffs()?;
+    let dir = Path::new("/sys/fs/bpf").join(format!(
+        "xroce-load-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+    ));
     fs::create_dir_all(&dir).map_err(|source| XdpError::Io {
         what: format!("create {}", dir.display()),
         source,
+    })?;
+    let ebpf = EbpfLoader::new()
+        .default_map_pin_directory(&dir)
+        .load(XDP_OBJECT)
+        .map_err(bpf_err("load the xroce XDP object"));
+    let _ = fs::remove_dir_all(&dir);
+    ebpf
+}
+
+/// Detaches xroce's program from `iface`. Only that program: the kernel
+/// removes it only if it is still the one attached (XDP_FLAGS_REPLACE with
+/// its fd expected).
+pub fn detach(iface: &str) -> Result<(), XdpError> {
+    require_root()?;
+    let Some((attachment, info)) = find::find(iface)? else {
+        clean_stale_pins(iface);
+        return Err(XdpError::NotAttached(iface.into()));
+    };
+    let fd = info.fd().map_err(bpf_err("open the XDP program"))?;
+    set_xdp(
+        attachment.ifindex,
+        -1,
+        xdp_flags::REPLACE | attachment.mode.netlink_flag(),
+        Some(fd.as_fd().as_raw_fd()),
+    )
+    .map_err(|source| XdpError::Io {
+        what: format!("detach XDP from {iface}"),
+        source,
     })
+}
+
+/// True if `iface` runs xroce's program.
+pub fn is_attached(iface: &str) -> bool {
+    matches!(find::find(iface), Ok(Some(_)))
+}
+
+/// Marks `iface`'s attachment as made by a process for itself (a flag in
+/// its config map): the last process that uses the device detaches it,
+/// where one an administrator attached stays.
+pub fn mark_process_attached(iface: &str) -> Result<(), XdpError> {
+    update_flags(iface, |f| f | config_flags::BY_PROCESS)
 }
 
 /// Whether `iface`'s attachment was made by a process, not by `xroce attach`.
 pub fn is_process_attached(iface: &str) -> bool {
-    pin_dir(iface).join(PROCESS_ATTACHED).exists()
+    matches!(query(iface), Ok(Some(a)) if a.by_process)
+}
+
+fn update_flags(iface: &str, f: impl FnOnce(u32) -> u32) -> Result<(), XdpError> {
+    let map = open_map(iface, names::CONFIG)?;
+    let mut config = aya::maps::Array::<MapData, u32>::try_from(aya::maps::Map::Array(map))
+        .map_err(bpf_err("config map"))?;
+    let flags = config.get(&0, 0).map_err(bpf_err("read XDP config"))?;
+    config
+        .set(0, f(flags), 0)
+        .map_err(bpf_err("write XDP config"))
 }
 
 /// Tells the program which QPN block the owner of `iface`'s AF_XDP sockets
 /// holds: frames for the other blocks go to the kernel, on their ports.
 pub fn set_xsk_block(iface: &str, block: u32) -> Result<(), XdpError> {
-    let map = open_pinned(iface, names::CONFIG)?;
+    let map = open_map(iface, names::CONFIG)?;
     let mut config = aya::maps::Array::<MapData, u32>::try_from(aya::maps::Map::Array(map))
         .map_err(bpf_err("config map"))?;
     config
@@ -291,13 +359,13 @@ pub fn set_xsk_block(iface: &str, block: u32) -> Result<(), XdpError> {
         .map_err(bpf_err("write XDP config"))
 }
 
-fn open_pinned(iface: &str, map: &str) -> Result<MapData, XdpError> {
-    let path = pin_dir(iface).join(map);
-    if !path.exists() {
-        if_index(iface)?;
+/// The map `map` (one of [`names`]) of xroce's program on `iface`, found
+/// through the interface (any process, any mount namespace).
+pub fn open_map(iface: &str, map: &str) -> Result<MapData, XdpError> {
+    let Some((_, info)) = find::find(iface)? else {
         return Err(XdpError::NotAttached(iface.into()));
-    }
-    MapData::from_pin(&path).map_err(bpf_err(format!("open {}", path.display())))
+    };
+    find::map_of(&info, map)
 }
 
 /// Sums of the per-CPU XDP counters of one interface.
@@ -317,7 +385,7 @@ impl XdpCounters {
 
 /// Reads the counters pinned for `iface` (works from any process).
 pub fn read_counters(iface: &str) -> Result<XdpCounters, XdpError> {
-    let map = open_pinned(iface, names::COUNTERS)?;
+    let map = open_map(iface, names::COUNTERS)?;
     let array = PerCpuArray::<MapData, u64>::try_from(aya::maps::Map::PerCpuArray(map))
         .map_err(bpf_err("counter map"))?;
     let mut values = Vec::with_capacity(Counter::ALL.len());
@@ -332,14 +400,14 @@ pub fn read_counters(iface: &str) -> Result<XdpCounters, XdpError> {
 
 /// The pinned XSKMAP of `iface`: AF_XDP sockets register here per RX queue.
 pub fn xsk_map(iface: &str) -> Result<XskMap<MapData>, XdpError> {
-    let map = open_pinned(iface, names::XSKS)?;
+    let map = open_map(iface, names::XSKS)?;
     XskMap::try_from(aya::maps::Map::XskMap(map)).map_err(bpf_err("XSK map"))
 }
 
 /// Turns the destination-QPN filter on or off: when on, RoCEv2 frames whose
 /// QPN was not registered with [`register_qpn`] are dropped in the kernel.
 pub fn set_qpn_filter(iface: &str, on: bool) -> Result<(), XdpError> {
-    let map = open_pinned(iface, names::CONFIG)?;
+    let map = open_map(iface, names::CONFIG)?;
     let mut config = aya::maps::Array::<MapData, u32>::try_from(aya::maps::Map::Array(map))
         .map_err(bpf_err("config map"))?;
     let flags = config.get(&0, 0).map_err(bpf_err("read XDP config"))?;
@@ -352,7 +420,7 @@ pub fn set_qpn_filter(iface: &str, on: bool) -> Result<(), XdpError> {
 }
 
 fn qpn_map(iface: &str) -> Result<aya::maps::HashMap<MapData, u32, u8>, XdpError> {
-    let map = open_pinned(iface, names::QPNS)?;
+    let map = open_map(iface, names::QPNS)?;
     aya::maps::HashMap::try_from(aya::maps::Map::HashMap(map)).map_err(bpf_err("QPN map"))
 }
 
@@ -372,7 +440,7 @@ pub fn unregister_qpn(iface: &str, qpn: u32) -> Result<(), XdpError> {
 
 /// A one-entry array map of `T` pinned for `iface`.
 fn single<T: aya::Pod>(iface: &str, name: &str) -> Result<aya::maps::Array<MapData, T>, XdpError> {
-    let map = open_pinned(iface, name)?;
+    let map = open_map(iface, name)?;
     aya::maps::Array::try_from(aya::maps::Map::Array(map)).map_err(bpf_err(name.to_string()))
 }
 

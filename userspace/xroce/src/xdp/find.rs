@@ -1,0 +1,98 @@
+//! Finding xroce's program through the interface, as `ip link` and
+//! xdp-loader do: rtnetlink names the program attached to the interface
+//! (IFLA_XDP), and the program's id leads to its maps. Nothing here reads
+//! bpffs, so it works in any mount namespace (`ip netns exec` gives a
+//! command a private /sys, `nsenter --net` keeps the host's).
+
+use aya::{
+    maps::{MapData, MapInfo},
+    programs::{loaded_programs, ProgramInfo},
+};
+use xroce_common::names;
+
+use super::{bpf_err, if_index, Mode, XdpError};
+
+/// xroce's program on an interface, as [`query`](super::query) reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XdpAttachment {
+    /// Kernel index of the interface (this network namespace).
+    pub ifindex: u32,
+    /// Id of xroce's program (`bpftool prog show id N`).
+    pub prog_id: u32,
+    /// The mode the interface runs it in.
+    pub mode: Mode,
+    /// The id of libxdp's multi-program dispatcher when xroce's program is
+    /// one of its components (`xdp-loader status` lists them), `None` when
+    /// it is the interface's program itself.
+    pub dispatcher: Option<u32>,
+    /// Made by a process for itself (the device's last process detaches
+    /// it), not by `xroce attach` (which stays until `xroce detach`).
+    pub by_process: bool,
+}
+
+/// The program with id `id`, if it is still loaded.
+pub(super) fn program(id: u32) -> Result<Option<ProgramInfo>, XdpError> {
+    for info in loaded_programs() {
+        let info = info.map_err(bpf_err("list the loaded BPF programs"))?;
+        if info.id() == id {
+            return Ok(Some(info));
+        }
+    }
+    Ok(None)
+}
+
+fn is_ours(info: &ProgramInfo) -> bool {
+    info.name_as_str() == Some(names::PROGRAM)
+}
+
+/// xroce's program on `iface` without its config flags read: the
+/// interface's program if it is xroce's; `None` if the interface runs no
+/// program or another one.
+pub(super) fn find(iface: &str) -> Result<Option<(XdpAttachment, ProgramInfo)>, XdpError> {
+    let ifindex = if_index(iface)?;
+    let state = xroce_netlink::xdp::xdp_state(ifindex).map_err(|source| XdpError::Io {
+        what: format!("read the XDP state of {iface} over rtnetlink"),
+        source,
+    })?;
+    // Native first: with both modes attached, the driver's runs first and
+    // is the one AF_XDP sockets meet.
+    for (id, mode) in [
+        (state.drv_prog_id, Mode::Native),
+        (state.skb_prog_id, Mode::Skb),
+    ] {
+        if id == 0 {
+            continue;
+        }
+        let Some(info) = program(id)? else {
+            continue;
+        };
+        if is_ours(&info) {
+            let attachment = XdpAttachment {
+                ifindex,
+                prog_id: id,
+                mode,
+                dispatcher: None,
+                by_process: false,
+            };
+            return Ok(Some((attachment, info)));
+        }
+    }
+    Ok(None)
+}
+
+/// The map `name` of program `info`, found by its id.
+pub(super) fn map_of(info: &ProgramInfo, name: &str) -> Result<MapData, XdpError> {
+    let ids = info
+        .map_ids()
+        .map_err(bpf_err("read the maps of the XDP program"))?
+        .unwrap_or_default();
+    for id in ids {
+        let Ok(map) = MapInfo::from_id(id) else {
+            continue;
+        };
+        if map.name_as_str() == Some(name) {
+            return MapData::from_id(id).map_err(bpf_err(format!("open map {name} (id {id})")));
+        }
+    }
+    Err(XdpError::NoMap(name.to_string()))
+}
