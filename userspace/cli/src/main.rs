@@ -52,7 +52,7 @@ enum Command {
     Bench(perf::PerfArgs),
     /// Latency between two xroce peers: write, read, send
     Lat(perf::PerfArgs),
-    /// Receive RoCEv2 frames on an AF_XDP socket and count them
+    /// Capture the RoCEv2 frames XDP steers to AF_XDP into a pcap file (-w), as tcpdump
     Capture(capture::CaptureArgs),
     /// Decode RoCEv2 frames in a pcap or pcapng file and verify their ICRC
     Decode(decode::DecodeArgs),
