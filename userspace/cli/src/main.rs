@@ -12,6 +12,7 @@ mod perf;
 mod pingpong;
 mod run;
 mod stats;
+mod status;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -31,7 +32,8 @@ struct Cli {
 enum Command {
     /// Attach the XDP program to an interface and pin it (outlives this process)
     Attach {
-        #[arg(long)]
+        /// Network interface (as `ip link` names it)
+        #[arg(long, value_name = "IF")]
         iface: String,
         /// native (in the driver) or skb (generic)
         #[arg(long, default_value = "native")]
@@ -39,11 +41,14 @@ enum Command {
     },
     /// Detach the XDP program from an interface and remove its pins
     Detach {
-        #[arg(long)]
+        /// Network interface (as `ip link` names it)
+        #[arg(long, value_name = "IF")]
         iface: String,
     },
-    /// Show the XDP program's counters for an interface
+    /// Show the XDP program's counters for an interface (--interval S: rates every S seconds)
     Stats(stats::StatsArgs),
+    /// List the interfaces xroce's XDP program is attached to and the processes using them
+    Status(status::StatusArgs),
     /// Program the XDP congestion point (virtual bottleneck, ECN marking)
     Ecn(congestion::EcnArgs),
     /// Inject loss into RoCEv2 traffic in the XDP program
@@ -82,6 +87,7 @@ fn main() {
             .map(|()| eprintln!("xroce: detached from {iface}"))
             .map_err(anyhow::Error::from),
         Command::Stats(args) => stats::run(&args),
+        Command::Status(args) => status::run(&args),
         Command::Capture(args) => capture::run(&args),
         Command::Bench(args) => perf::bench(&args),
         Command::Lat(args) => perf::lat(&args),

@@ -1,6 +1,6 @@
 //! The JSON reports `xroce bench --json`, `xroce lat --json`,
-//! `xroce decode --json`, `xroce stats --json` and `xroce capture --json`
-//! print, one
+//! `xroce decode --json`, `xroce stats --json` (and its `--interval`
+//! lines), `xroce status --json` and `xroce capture --json` print, one
 //! definition for the CLI that writes them and the tools that read them
 //! (`cargo xtask bench`, `xroce experiment`). Reading a report into these
 //! types fails on a missing or misspelt field instead of reading it as zero.
@@ -17,8 +17,12 @@ mod decode;
 pub use decode::{CmLine, DecodeReport, Problem, QpTraffic};
 mod capture;
 pub use capture::CaptureReport;
+mod status;
+pub use status::{InterfaceStatus, ProcessStatus, StatusReport, XdpStatus};
 mod stats;
-pub use stats::{EcnSettings, EngineCounters, FaultSettings, StatsReport};
+pub use stats::{
+    EcnSettings, EngineCounters, FaultSettings, RxQueueRates, StatsInterval, StatsReport,
+};
 
 /// `xroce bench --json`: the bandwidth of one run, as the client saw it
 /// (with `--perftest` also the server's view).

@@ -64,6 +64,47 @@ pub struct FaultSettings {
     pub seed: u64,
 }
 
+/// `xroce stats --interval S --json`: one of these per line, every S
+/// seconds. Rates are per second over the interval just ended.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StatsInterval {
+    pub iface: String,
+    /// Seconds from the first sample to the end of this interval.
+    pub t: f64,
+    /// Length of this interval as measured, in seconds.
+    pub seconds: f64,
+    /// Frames per second the XDP program saw, over every RX queue.
+    pub rx_pps: f64,
+    /// Bits per second of those frames (whole frames, Ethernet header
+    /// included, no FCS).
+    pub rx_bps: f64,
+    /// XDP counter name -> events per second in this interval.
+    pub xdp_rates: BTreeMap<String, f64>,
+    /// XDP counter name -> total at the end of the interval.
+    pub xdp: BTreeMap<String, u64>,
+    /// Every RX queue that has seen a frame since the program was attached.
+    pub rx_queues: Vec<RxQueueRates>,
+}
+
+/// One RX queue in [`StatsInterval`].
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RxQueueRates {
+    pub queue: u32,
+    pub rx_pps: f64,
+    pub rx_bps: f64,
+    pub redirected_pps: f64,
+    pub passed_pps: f64,
+    pub dropped_pps: f64,
+    /// Totals since the program was attached.
+    pub frames: u64,
+    pub bytes: u64,
+    pub redirected: u64,
+    pub passed: u64,
+    pub dropped: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

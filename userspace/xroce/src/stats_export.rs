@@ -1,6 +1,7 @@
 //! Publishes a running engine's counters where `xroce stats` (another
 //! process) can read them: `/run/xroce/<iface>/engine.<pid>`, one
-//! `name value` line per counter, rewritten atomically every half second
+//! `name value` line per counter and a `qpns` line listing its live QPs
+//! (for `xroce status`), rewritten atomically every half second
 //! and removed when the exporter stops. What a killed process left (its
 //! file, a folder left empty) is swept by the next exporter that starts or
 //! stops and by readers.
@@ -59,21 +60,38 @@ pub fn sweep_stale() {
     let _ = fs::remove_dir(EXPORT_ROOT);
 }
 
+/// Key of the line that lists the live QPs (hexadecimal QPNs).
+const QPNS: &str = "qpns";
+
 /// The exported file's text: one `name value` line per counter, every
 /// field of [`EngineStats`] in declaration order (the list its declaration
-/// generates, so none can be left out).
-fn render(s: &EngineStats) -> String {
-    s.fields().map(|(k, v)| format!("{k} {v}\n")).collect()
+/// generates, so none can be left out), then `qpns` and the live QPs.
+fn render(s: &EngineStats, qpns: &[u32]) -> String {
+    let mut text: String = s.fields().map(|(k, v)| format!("{k} {v}\n")).collect();
+    text.push_str(QPNS);
+    for q in qpns {
+        text.push_str(&format!(" {q:#x}"));
+    }
+    text.push('\n');
+    text
 }
 
-/// Parses what [`render`] wrote.
-fn parse(text: &str) -> Vec<(String, u64)> {
-    text.lines()
+/// Parses what [`render`] wrote: the counters, and the QPs if listed.
+fn parse(text: &str) -> (Vec<(String, u64)>, Option<Vec<u32>>) {
+    let mut qpns = None;
+    let fields = text
+        .lines()
         .filter_map(|l| {
-            let (k, v) = l.split_once(' ')?;
+            let (k, v) = l.split_once(' ').unwrap_or((l, ""));
+            if k == QPNS {
+                let hex = |q: &str| u32::from_str_radix(q.trim_start_matches("0x"), 16).ok();
+                qpns = Some(v.split_whitespace().filter_map(hex).collect());
+                return None;
+            }
             Some((k.to_string(), v.trim().parse().ok()?))
         })
-        .collect()
+        .collect();
+    (fields, qpns)
 }
 
 /// Counters published by one live engine.
@@ -81,6 +99,8 @@ fn parse(text: &str) -> Vec<(String, u64)> {
 pub struct Published {
     pub pid: u32,
     pub fields: Vec<(String, u64)>,
+    /// Its live QPs (None: a writer that does not list them).
+    pub qpns: Option<Vec<u32>>,
 }
 
 /// Reads what live engines on `iface` published; files of processes that
@@ -104,8 +124,8 @@ pub fn read_published(iface: &str) -> Vec<Published> {
         let Ok(text) = fs::read_to_string(entry.path()) else {
             continue;
         };
-        let fields = parse(&text);
-        out.push(Published { pid, fields });
+        let (fields, qpns) = parse(&text);
+        out.push(Published { pid, fields, qpns });
     }
     out.sort_by_key(|p| p.pid);
     out
@@ -133,7 +153,11 @@ impl StatsExporter {
                 // temporary file the same `engine.tmp`.
                 let tmp = PathBuf::from(format!("{}.tmp", path.display()));
                 while !stop.load(Ordering::Acquire) {
-                    let text = render(&device.stats());
+                    let (stats, qpns) = {
+                        let engine = device.lock();
+                        (engine.stats(), engine.qp_numbers().collect::<Vec<_>>())
+                    };
+                    let text = render(&stats, &qpns);
                     // Another process's sweep may have taken the folder
                     // while it was still empty: make it again.
                     let _ = fs::create_dir_all(&dir);
@@ -215,7 +239,10 @@ mod tests {
             cq_overflows: 3,
             ..EngineStats::default()
         };
-        let read = parse(&render(&stats));
+        let (read, qpns) = parse(&render(&stats, &[0x11, 0x1_0012]));
+        assert_eq!(qpns, Some(vec![0x11, 0x1_0012]));
+        assert_eq!(parse(&render(&stats, &[])).1, Some(vec![]));
+        assert_eq!(parse("tx_frames 3\n").1, None, "written before qpns");
         let names: Vec<_> = read.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, EngineStats::NAMES);
         assert_eq!(

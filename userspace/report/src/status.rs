@@ -1,0 +1,85 @@
+//! `xroce status --json`: the interfaces of this network namespace that run
+//! xroce's XDP program or have processes on them, and those processes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::required;
+
+/// `xroce status --json`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StatusReport {
+    /// By interface index.
+    pub interfaces: Vec<InterfaceStatus>,
+}
+
+/// One interface in [`StatusReport`].
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct InterfaceStatus {
+    pub iface: String,
+    pub ifindex: u32,
+    /// xroce's XDP program on it; null: none (its processes run over UDP).
+    #[serde(deserialize_with = "required")]
+    pub xdp: Option<XdpStatus>,
+    /// Processes holding a QPN block of the device, by pid.
+    pub processes: Vec<ProcessStatus>,
+    /// Blocks held by sockets whose process could not be seen (another
+    /// user's, without root).
+    pub unattributed_blocks: Vec<u32>,
+}
+
+/// xroce's XDP program on an interface.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct XdpStatus {
+    /// `bpftool prog show id N`.
+    pub prog_id: u32,
+    /// native or skb.
+    pub mode: String,
+    /// libxdp's dispatcher program id when xroce's program runs under it.
+    #[serde(deserialize_with = "required")]
+    pub dispatcher: Option<u32>,
+    /// Attached by a process for itself (its device's last process detaches
+    /// it) rather than by `xroce attach`.
+    pub by_process: bool,
+}
+
+/// A process using a device.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessStatus {
+    pub pid: u32,
+    /// Its command name (/proc/PID/comm).
+    pub command: String,
+    /// The QPN blocks it holds (its QPNs are `block << 16 | n`).
+    pub blocks: Vec<u32>,
+    /// Whether it owns the device's AF_XDP sockets.
+    pub afxdp: bool,
+    /// The UDP ports its blocks receive on.
+    pub udp_ports: Vec<u16>,
+    /// Its live QPs as its engine last published them (every half
+    /// second); null when it publishes nothing (e.g. not root).
+    #[serde(deserialize_with = "required")]
+    pub qpns: Option<Vec<u32>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_report_round_trips_and_nulls_are_required() {
+        let json = r#"{"interfaces":[{"iface":"eth1","ifindex":3,"xdp":{"prog_id":42,"mode":"native","dispatcher":null,"by_process":false},"processes":[{"pid":7,"command":"xroce","blocks":[1],"afxdp":false,"udp_ports":[24791],"qpns":[65553]}],"unattributed_blocks":[]}]}"#;
+        let r: StatusReport = serde_json::from_str(json).unwrap();
+        assert_eq!(r.interfaces[0].xdp.as_ref().unwrap().prog_id, 42);
+        assert_eq!(r.interfaces[0].processes[0].qpns, Some(vec![65553]));
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            serde_json::from_str::<serde_json::Value>(json).unwrap()
+        );
+        let e = serde_json::from_str::<StatusReport>(&json.replace(r#","qpns":[65553]"#, ""))
+            .unwrap_err();
+        assert!(e.to_string().contains("missing field `qpns`"), "{e}");
+    }
+}
