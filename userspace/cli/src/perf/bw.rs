@@ -4,90 +4,152 @@
 
 use std::{
     io::Write,
-    sync::atomic::{AtomicBool, Ordering},
+    sync::OnceLock,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context};
-use xroce::verbs::{RecvWr, SendWr, Wc, WrOpcode};
+use xroce::verbs::{RecvWr, Wc, WrOpcode};
 
 use super::{
     conn::{
         check_wc, client_setup_until_ready, serve_clients, server_connect, slots_for, ClientSide,
-        Conn, Done, Hello, Peer, Remote, ServerSide, Verdict,
+        Conn, Done, Hello, Remote, Run, ServerSide, Verdict,
     },
+    flags::{self, Tool},
     pattern,
-    report::{print_bench, BenchReport},
+    report::{print_json, BenchReport, Table},
     stack::Stack,
-    Op, PerfArgs, RunLength,
+    Op, PerfArgs, RunLength, Transport,
 };
 
 pub fn run(args: &PerfArgs) -> anyhow::Result<()> {
+    flags::check(args, Tool::Bench)?;
     if args.op == Op::Atomic && args.size.is_some() && args.size_bytes()? != 8 {
         bail!("atomics move 8 bytes; leave out --size or pass --size 8");
     }
     if args.perftest {
         return super::perftest::bench(args);
     }
-    let size = args.size_bytes()?;
     if args.listen.is_some() {
-        serve_clients(args, serve)
-    } else {
-        client(args, if args.op == Op::Atomic { 8 } else { size })
+        return serve_clients(args, serve);
     }
+    let sizes = if args.op == Op::Atomic {
+        vec![8]
+    } else {
+        flags::sizes(args, 65536, flags::ud_limit(args))?
+    };
+    let mut stack = None;
+    for (i, &size) in sizes.iter().enumerate() {
+        let run = Run {
+            size,
+            more: i + 1 < sizes.len(),
+        };
+        let rows = Rows {
+            first: i == 0,
+            last: !run.more,
+        };
+        client(args, &mut stack, run, rows)?;
+    }
+    Ok(())
+}
+
+/// Which rows of an -a table this run prints.
+#[derive(Clone, Copy)]
+struct Rows {
+    first: bool,
+    last: bool,
 }
 
 // ---------------------------------------------------------------- server
 
 fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
     let op = Op::from_name(&side.hello.op)?;
-    let (conn, _) = server_connect(&mut side)?;
+    let (conn, remote) = server_connect(&mut side)?;
     let ServerSide {
         stack,
         mut peer,
         hello,
     } = side;
-    match op {
-        Op::Read => {
-            for q in 0..hello.qps {
-                for s in 0..conn.slots {
-                    let off = conn.slot_offset(q, s);
-                    // SAFETY: before sync(1) the client posts no READ, and this side posts nothing.
-                    unsafe { conn.mr.write(off, &pattern::make(q, s, hello.size)) }?;
-                }
-            }
-        }
-        Op::Send => {
-            // The client keeps at most `slots` sends in flight per QP.
-            for q in 0..hello.qps {
-                for s in 0..conn.slots {
-                    post_recv(&conn, q, s)?;
-                }
-            }
-        }
-        Op::Write | Op::Atomic => {}
+    let bidi = hello.bidirectional;
+    // What the client READs, and with -b what we send.
+    if op == Op::Read || (bidi && matches!(op, Op::Write | Op::Send)) {
+        fill_slots(&conn, hello.size)?;
+    }
+    if op == Op::Send {
+        // The client keeps at most `slots` sends in flight per QP.
+        post_all_recvs(&conn)?;
     }
     peer.sync(1)?;
     peer.session.set_timeout(hello.run_timeout());
-
-    // Sends need the server's CPU on every message; one-sided ops do not.
-    let (done, received) = if op == Op::Send {
-        receive_sends(stack, &conn, &mut peer, &hello)?
-    } else {
-        let done: Done = peer.recv("the end of the run")?;
-        (done, Ok(()))
+    let length = match (hello.iters, hello.seconds) {
+        (Some(n), _) => RunLength::Iters(n),
+        (None, Some(s)) => RunLength::Duration(Duration::from_secs_f64(s.max(0.0))),
+        (None, None) => RunLength::Iters(0),
     };
+    let target = OnceLock::new();
+    let (done, arrivals, sent) = std::thread::scope(|s| -> anyhow::Result<_> {
+        // Sends need the CPU of their receiver on every message; one-sided ops do not.
+        let receiver = (op == Op::Send)
+            .then(|| s.spawn(|| receive_loop(stack, &conn, hello.size, hello.qps, &target)));
+        let sender = bidi.then(|| {
+            s.spawn(|| {
+                send_loop(
+                    stack,
+                    &conn,
+                    &remote,
+                    op,
+                    hello.size,
+                    hello.depth,
+                    length,
+                    None,
+                )
+            })
+        });
+        let done: anyhow::Result<Done> = peer.recv("the end of the run");
+        // Whatever happens, the receiver must stop.
+        let _ = target.set(
+            done.as_ref()
+                .map_or_else(|_| vec![], |d| d.completed.clone()),
+        );
+        let arrivals = receiver.map(|h| join(h, "receiver")).transpose();
+        let sent = sender.map(|h| join(h, "sender")).transpose();
+        Ok((done?, arrivals?, sent?))
+    })?;
     peer.session.set_timeout(super::OOB_TIMEOUT);
-    let check = received.and_then(|()| verify_server(op, &conn, &hello, &done));
+    let mut arrived = None;
+    let check = match arrivals {
+        Some(a) => {
+            arrived = Some(a.arrived.iter().sum::<u64>());
+            a.check
+        }
+        None => Ok(()),
+    }
+    .and_then(|()| verify_server(op, &conn, &hello, &done))
+    .and_then(|()| match (&sent, op) {
+        // Our READs of the client's memory.
+        (Some(sent), Op::Read) => verify_reads(&conn, &sent.completed, hello.size),
+        _ => Ok(()),
+    });
     let stats = stack.device.stats();
     let verdict = Verdict {
         verified: check.is_ok(),
         detail: check.err().map_or_else(String::new, |e| e.to_string()),
         cnps_sent: stats.tx_cnps,
         ce_marked: stats.rx_ce_marked,
+        sent: sent.as_ref().map(|s| s.completed.clone()),
+        sent_seconds: sent.as_ref().map(|s| s.seconds),
+    };
+    let counted = match arrived {
+        Some(n) => format!(
+            " ({n} of {} messages arrived)",
+            done.completed.iter().sum::<u64>()
+        ),
+        None => String::new(),
     };
     eprintln!(
-        "xroce: {} from {}: {}",
+        "xroce: {} {} from {}: {}{counted}",
+        hello.transport,
         hello.op,
         peer.addr.ip(),
         if verdict.verified {
@@ -99,100 +161,157 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
     peer.send(&verdict, "the verdict")
 }
 
+fn join<T>(
+    h: std::thread::ScopedJoinHandle<'_, anyhow::Result<T>>,
+    what: &str,
+) -> anyhow::Result<T> {
+    h.join()
+        .map_err(|_| anyhow::anyhow!("the {what} thread panicked"))?
+}
+
+/// Our slots hold the pattern (what we send, or what the peer READs).
+fn fill_slots(conn: &Conn, size: usize) -> anyhow::Result<()> {
+    for q in 0..conn.qps.len() {
+        for s in 0..conn.slots {
+            // SAFETY: nothing is posted on these slots yet (before sync(1) / the first post).
+            unsafe {
+                conn.mr
+                    .write(conn.slot_offset(q, s), &pattern::make(q, s, size))
+            }?;
+        }
+    }
+    Ok(())
+}
+
+fn post_all_recvs(conn: &Conn) -> anyhow::Result<()> {
+    for q in 0..conn.qps.len() {
+        for s in 0..conn.slots {
+            post_recv(conn, q, s)?;
+        }
+    }
+    Ok(())
+}
+
 fn post_recv(conn: &Conn, q: usize, s: usize) -> anyhow::Result<()> {
     conn.qps[q].post_recv(&RecvWr {
         wr_id: wr_id(q, s),
-        sg_list: vec![conn.mr.sge(conn.slot_offset(q, s), conn.slot_len)],
+        sg_list: vec![conn.mr.sge(conn.inbound_offset(q, s), conn.slot_len)],
     })?;
     Ok(())
 }
 
-/// Checks each SEND as it lands, reposts its buffer, until the client says
-/// it is done and every message it counted has arrived.
-fn receive_sends(
+/// What a receiver took.
+struct Arrivals {
+    arrived: Vec<u64>,
+    /// Every message that arrived holds what was sent; on RC, all arrived.
+    check: anyhow::Result<()>,
+}
+
+/// Takes SENDs as they land on `conn.rcq`, checks each and reposts its
+/// buffer, until `target` (the sender's completions per QP) is known and
+/// has arrived. RC delivers before it acknowledges, so all of it arrives;
+/// UC and UD drop a message that finds no receive, so there a shortfall
+/// is counted, not a failure.
+fn receive_loop(
     stack: &Stack,
     conn: &Conn,
-    peer: &mut Peer,
-    hello: &Hello,
-) -> anyhow::Result<(Done, anyhow::Result<()>)> {
-    let finished = AtomicBool::new(false);
-    let mut arrived = vec![0u64; hello.qps];
+    size: usize,
+    qps: usize,
+    target: &OnceLock<Vec<u64>>,
+) -> anyhow::Result<Arrivals> {
+    let reliable = conn.transport == Transport::Rc;
+    let mut arrived = vec![0u64; qps];
     let mut bad: anyhow::Result<()> = Ok(());
-    let mut buf = vec![0u8; hello.size];
+    let mut buf = vec![0u8; size];
     let mut wcs = [Wc::default(); 64];
-    let mut done = None;
-    std::thread::scope(|s| -> anyhow::Result<()> {
-        let reader = s.spawn(|| {
-            let r: anyhow::Result<Done> = peer.recv("the end of the run");
-            finished.store(true, Ordering::Release);
-            r
-        });
-        loop {
-            let n = conn.cq.poll(&mut wcs)?;
-            for wc in &wcs[..n] {
-                check_wc(wc, "receive")?;
-                let (q, slot) = split_wr_id(wc.wr_id);
-                arrived[q] += 1;
-                if bad.is_ok() {
-                    // SAFETY: this slot's only receive has completed and is reposted after this read.
-                    unsafe { conn.mr.read(conn.slot_offset(q, slot), &mut buf) }?;
-                    if wc.byte_len as usize != hello.size
-                        || buf != pattern::make(q, slot, hello.size)
-                    {
-                        bad = Err(anyhow::anyhow!(
-                            "message {} on QP {q} differs from what was sent",
-                            arrived[q]
-                        ));
-                    }
+    let mut deadline = None;
+    loop {
+        let n = conn.rcq.poll(&mut wcs)?;
+        for wc in &wcs[..n] {
+            check_wc(wc, "receive")?;
+            let (q, slot) = split_wr_id(wc.wr_id);
+            arrived[q] += 1;
+            if bad.is_ok() {
+                let at = conn.inbound_offset(q, slot) + conn.grh;
+                // SAFETY: this slot's only receive has completed and is reposted after this read.
+                unsafe { conn.mr.read(at, &mut buf) }?;
+                let len = wc.byte_len as usize - conn.grh.min(wc.byte_len as usize);
+                // Unreliable transports lose messages: the next one may be any slot's.
+                let intact = buf == pattern::make(q, slot, size)
+                    || (!reliable && (0..conn.slots).any(|s| buf == pattern::make(q, s, size)));
+                if len != size || !intact {
+                    bad = Err(anyhow::anyhow!(
+                        "message {} on QP {q} differs from what was sent",
+                        arrived[q]
+                    ));
                 }
-                post_recv(conn, q, slot)?;
             }
-            if n == 0 {
-                if finished.load(Ordering::Acquire) {
-                    break;
-                }
-                stack.check_running()?;
-                conn.cq.wait(Duration::from_millis(5))?;
+            post_recv(conn, q, slot)?;
+        }
+        if n > 0 {
+            continue;
+        }
+        if let Some(t) = target.get() {
+            if t.len() != qps || arrived.iter().zip(t).all(|(a, t)| a >= t) {
+                break;
+            }
+            let wait = if reliable { 5 } else { 1 };
+            let d = *deadline.get_or_insert_with(|| Instant::now() + Duration::from_secs(wait));
+            if Instant::now() > d {
+                break;
             }
         }
-        let d = reader
-            .join()
-            .map_err(|_| anyhow::anyhow!("reader thread panicked"))??;
-        // Whatever the client completed has arrived here (RC delivers
-        // before it acknowledges), but may still sit in the CQ.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while arrived.iter().sum::<u64>() < d.completed.iter().sum() && Instant::now() < deadline {
-            let n = conn.cq.poll(&mut wcs)?;
-            for wc in &wcs[..n] {
-                check_wc(wc, "receive")?;
-                arrived[split_wr_id(wc.wr_id).0] += 1;
-            }
-            if n == 0 {
-                conn.cq.wait(Duration::from_millis(5))?;
-            }
-        }
-        if arrived != d.completed {
+        stack.check_running()?;
+        conn.rcq.wait(Duration::from_millis(5))?;
+    }
+    let t = target.get().cloned().unwrap_or_default();
+    if bad.is_ok() && t.len() == qps {
+        let short = arrived.iter().zip(&t).any(|(a, t)| a < t);
+        if arrived.iter().zip(&t).any(|(a, t)| a > t) || (reliable && short) {
             bad = Err(anyhow::anyhow!(
-                "client completed {:?} sends per QP, {:?} arrived",
-                d.completed,
-                arrived
+                "the sender completed {t:?} sends per QP, {arrived:?} arrived"
+            ));
+        } else if short && arrived.iter().sum::<u64>() == 0 {
+            bad = Err(anyhow::anyhow!(
+                "none of the {:?} {} sends arrived",
+                t,
+                conn.transport.name()
             ));
         }
-        done = Some(d);
-        Ok(())
-    })?;
-    Ok((done.expect("set above"), bad))
+    }
+    Ok(Arrivals {
+        arrived,
+        check: bad,
+    })
 }
 
 fn verify_server(op: Op, conn: &Conn, hello: &Hello, done: &Done) -> anyhow::Result<()> {
+    verify_inbound(op, conn, hello.size, &done.completed)
+}
+
+/// Checks what the peer's `completed` WRITEs or atomics per QP left in our
+/// memory. UC acknowledges nothing: its last WRITEs may still be on the
+/// wire when the sender says it is done, so they get a moment to land.
+fn verify_inbound(op: Op, conn: &Conn, size: usize, completed: &[u64]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let r = verify_inbound_once(op, conn, size, completed);
+        if r.is_ok() || conn.transport == Transport::Rc || Instant::now() > deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn verify_inbound_once(op: Op, conn: &Conn, size: usize, completed: &[u64]) -> anyhow::Result<()> {
     match op {
         Op::Write => {
-            let mut buf = vec![0u8; hello.size];
-            for (q, &n) in done.completed.iter().enumerate() {
+            let mut buf = vec![0u8; size];
+            for (q, &n) in completed.iter().enumerate() {
                 for s in 0..(n.min(conn.slots as u64) as usize) {
-                    // SAFETY: the client's WRITEs all completed before it sent Done (out-of-band sync).
-                    unsafe { conn.mr.read(conn.slot_offset(q, s), &mut buf) }?;
-                    if buf != pattern::make(q, s, hello.size) {
+                    // SAFETY: the peer's WRITEs all completed before it said so (out-of-band sync).
+                    unsafe { conn.mr.read(conn.inbound_offset(q, s), &mut buf) }?;
+                    if buf != pattern::make(q, s, size) {
                         bail!("slot {s} of QP {q} does not hold what was written");
                     }
                 }
@@ -200,9 +319,9 @@ fn verify_server(op: Op, conn: &Conn, hello: &Hello, done: &Done) -> anyhow::Res
             Ok(())
         }
         Op::Atomic => {
-            for (q, &n) in done.completed.iter().enumerate() {
-                // SAFETY: the client's atomics all completed before it sent Done (out-of-band sync).
-                let counter = unsafe { conn.mr.load_u64(conn.slot_offset(q, 0)) }?;
+            for (q, &n) in completed.iter().enumerate() {
+                // SAFETY: the peer's atomics all completed before it said so (out-of-band sync).
+                let counter = unsafe { conn.mr.load_u64(conn.inbound_offset(q, 0)) }?;
                 if counter != n {
                     bail!("QP {q}: {n} fetch-and-adds of 1 completed, counter is {counter}");
                 }
@@ -217,14 +336,30 @@ fn verify_server(op: Op, conn: &Conn, hello: &Hello, done: &Done) -> anyhow::Res
 
 /// Sends need a posted receive buffer of their own each: no more in
 /// flight than there are slots.
-fn client_setup_bw(args: &PerfArgs, size: usize) -> anyhow::Result<ClientSide> {
+fn client_setup_bw<'a>(
+    args: &PerfArgs,
+    stack: &'a mut Option<Stack>,
+    run: Run,
+) -> anyhow::Result<ClientSide<'a>> {
+    let size = run.size;
     let depth = if args.op == Op::Send {
         slots_for(size, args.qps, args.tx_depth)
     } else {
         args.tx_depth
     };
     let length = args.run_length(default_iters(size));
-    client_setup_until_ready(args, "bench", size, depth, length, |_| Ok(()))
+    let (op, bidi) = (args.op, args.bidirectional);
+    client_setup_until_ready(args, stack, "bench", run, depth, length, |conn| {
+        // What we send, and with -b what the server READs; with -b the
+        // server's first sends need our receives before "ready".
+        if matches!(op, Op::Write | Op::Send) || (bidi && op == Op::Read) {
+            fill_slots(conn, size)?;
+        }
+        if bidi && op == Op::Send {
+            post_all_recvs(conn)?;
+        }
+        Ok(())
+    })
 }
 
 fn default_iters(size: usize) -> u64 {
@@ -252,32 +387,33 @@ struct TraceRow {
     retransmits: u64,
 }
 
-fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
-    let ClientSide {
-        mut peer,
-        remote,
-        stack,
-        conn,
-        hello,
-    } = client_setup_bw(args, size)?;
-    let op = args.op;
-    if matches!(op, Op::Write | Op::Send) {
-        for q in 0..hello.qps {
-            for s in 0..conn.slots {
-                // SAFETY: no WR is posted yet (the first ones go out below).
-                unsafe {
-                    conn.mr
-                        .write(conn.slot_offset(q, s), &pattern::make(q, s, size))
-                }?;
-            }
-        }
-    }
-    let length = args.run_length(default_iters(size));
+/// What one side sent.
+struct Sent {
+    completed: Vec<u64>,
+    seconds: f64,
+    retransmits: u64,
+    cnps: u64,
+    trace: Vec<TraceRow>,
+}
+
+/// `depth` WRs of `op` in flight per QP until `length`; with `trace_bin`,
+/// a --trace row per bin.
+#[allow(clippy::too_many_arguments)]
+fn send_loop(
+    stack: &Stack,
+    conn: &Conn,
+    remote: &Remote,
+    op: Op,
+    size: usize,
+    depth: usize,
+    length: RunLength,
+    trace_bin: Option<Duration>,
+) -> anyhow::Result<Sent> {
+    let qps = conn.qps.len();
     let before = stack.device.stats();
-    let mut completed = vec![0u64; hello.qps];
-    let mut posted = vec![0u64; hello.qps];
+    let mut completed = vec![0u64; qps];
+    let mut posted = vec![0u64; qps];
     let mut trace = Vec::new();
-    let bin = Duration::from_millis(args.bin_ms.max(1));
     let (mut bin_start, mut bin_bytes) = (Instant::now(), 0u64);
     let start = Instant::now();
     let more = |posted: u64, start: Instant| match length {
@@ -285,8 +421,8 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
         RunLength::Duration(d) => start.elapsed() < d,
     };
     for (q, posted) in posted.iter_mut().enumerate() {
-        while *posted < hello.depth as u64 && more(*posted, start) {
-            post(&conn, &remote, op, q, *posted, size)?;
+        while *posted < depth as u64 && more(*posted, start) {
+            post(conn, remote, op, q, *posted, size)?;
             *posted += 1;
         }
     }
@@ -299,7 +435,7 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
             completed[q] += 1;
             bin_bytes += size as u64;
             if more(posted[q], start) {
-                post(&conn, &remote, op, q, posted[q], size)?;
+                post(conn, remote, op, q, posted[q], size)?;
                 posted[q] += 1;
             }
         }
@@ -307,110 +443,232 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
             stack.check_running()?;
             conn.cq.wait(Duration::from_millis(1))?;
         }
-        if args.trace.is_some() && bin_start.elapsed() >= bin {
-            let s = stack.device.stats();
-            trace.push(TraceRow {
-                t_ms: start.elapsed().as_millis() as u64,
-                bytes: std::mem::take(&mut bin_bytes),
-                rate_bps: stack
-                    .device
-                    .lock()
-                    .qp_rate_bps(conn.qps[0].qp_num())
-                    .unwrap_or(0),
-                cnps: s.rx_cnps - before.rx_cnps,
-                retransmits: s.tx_retransmitted - before.tx_retransmitted,
-            });
-            bin_start = Instant::now();
+        if let Some(bin) = trace_bin {
+            if bin_start.elapsed() >= bin {
+                let s = stack.device.stats();
+                trace.push(TraceRow {
+                    t_ms: start.elapsed().as_millis() as u64,
+                    bytes: std::mem::take(&mut bin_bytes),
+                    rate_bps: stack
+                        .device
+                        .lock()
+                        .qp_rate_bps(conn.qps[0].qp_num())
+                        .unwrap_or(0),
+                    cnps: s.rx_cnps - before.rx_cnps,
+                    retransmits: s.tx_retransmitted - before.tx_retransmitted,
+                });
+                bin_start = Instant::now();
+            }
         }
     }
     let seconds = start.elapsed().as_secs_f64();
     let after = stack.device.stats();
+    Ok(Sent {
+        completed,
+        seconds,
+        retransmits: after.tx_retransmitted - before.tx_retransmitted,
+        cnps: after.rx_cnps - before.rx_cnps,
+        trace,
+    })
+}
+
+fn client(args: &PerfArgs, stack: &mut Option<Stack>, run: Run, rows: Rows) -> anyhow::Result<()> {
+    let size = run.size;
+    let ClientSide {
+        mut peer,
+        remote,
+        stack,
+        conn,
+        hello,
+    } = client_setup_bw(args, stack, run)?;
+    let op = args.op;
+    let bidi = args.bidirectional;
+    let length = args.run_length(default_iters(size));
+    let trace_bin = args
+        .trace
+        .is_some()
+        .then(|| Duration::from_millis(args.bin_ms.max(1)));
+    let target = OnceLock::new();
+    let (sent, verdict, arrivals) = std::thread::scope(|s| -> anyhow::Result<_> {
+        let receiver = (bidi && op == Op::Send)
+            .then(|| s.spawn(|| receive_loop(stack, &conn, size, hello.qps, &target)));
+        let sent = send_loop(
+            stack,
+            &conn,
+            &remote,
+            op,
+            size,
+            hello.depth,
+            length,
+            trace_bin,
+        );
+        let verdict = sent
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("{e:#}"))
+            .and_then(|sent| {
+                peer.send(
+                    &Done {
+                        completed: sent.completed.clone(),
+                    },
+                    "the end of the run",
+                )?;
+                peer.recv::<Verdict>("the server's verdict")
+            });
+        let theirs = verdict
+            .as_ref()
+            .ok()
+            .and_then(|v| v.sent.clone())
+            .unwrap_or_default();
+        let _ = target.set(theirs);
+        let arrivals = receiver.map(|h| join(h, "receiver")).transpose();
+        Ok((sent?, verdict?, arrivals?))
+    })?;
     let mut verified = true;
     let mut detail = String::new();
-    if op == Op::Read {
-        if let Err(e) = verify_reads(&conn, &completed, size) {
+    let mut fail = |e: anyhow::Error| {
+        if verified {
             verified = false;
             detail = e.to_string();
         }
+    };
+    // Our READs land in our inbound slots.
+    if op == Op::Read {
+        if let Err(e) = verify_reads(&conn, &sent.completed, size) {
+            fail(e);
+        }
     }
-    peer.send(
-        &Done {
-            completed: completed.clone(),
-        },
-        "the end of the run",
-    )?;
-    let verdict: Verdict = peer.recv("the server's verdict")?;
     if !verdict.verified {
-        verified = false;
-        detail = verdict.detail.clone();
+        fail(anyhow::anyhow!("{}", verdict.detail));
+    }
+    if bidi {
+        let theirs = verdict.sent.clone().unwrap_or_default();
+        if theirs.len() != hello.qps {
+            fail(anyhow::anyhow!(
+                "the server did not send in both directions (is it xroce of the same version?)"
+            ));
+        }
+        if let Some(a) = arrivals {
+            if let Err(e) = a.check {
+                fail(e);
+            }
+        }
+        if let Err(e) = verify_inbound(op, &conn, size, &theirs) {
+            fail(e);
+        }
     }
     if let Some(path) = &args.trace {
-        write_trace(path, &trace)?;
+        write_trace(path, &sent.trace)?;
     }
-    let msgs: u64 = completed.iter().sum();
-    let bytes = msgs * size as u64;
+    let msgs: u64 = sent.completed.iter().sum();
+    let rate = |msgs: u64, seconds: f64| {
+        if seconds > 0.0 {
+            msgs as f64 / seconds
+        } else {
+            0.0
+        }
+    };
+    let mut msgs_per_sec = rate(msgs, sent.seconds);
+    let mut total = msgs;
+    let mut seconds = sent.seconds;
+    if bidi {
+        // As perftest's -b: the sum of both directions.
+        let theirs: u64 = verdict.sent.iter().flatten().sum();
+        let their_secs = verdict.sent_seconds.unwrap_or(0.0);
+        msgs_per_sec += rate(theirs, their_secs);
+        total += theirs;
+        seconds = seconds.max(their_secs);
+    }
+    let bytes = total * size as u64;
     let report = BenchReport {
         op: op.name().into(),
         size: size as u64,
-        iters: msgs,
+        iters: total,
         qps: hello.qps as u64,
         mtu: conn.mtu.bytes(),
         backend: stack.backend.into(),
         cc: args.cc.to_string(),
         seconds,
         bytes,
-        gbps: bytes as f64 * 8.0 / seconds / 1e9,
-        msgs_per_sec: msgs as f64 / seconds,
+        gbps: msgs_per_sec * size as f64 * 8.0 / 1e9,
+        msgs_per_sec,
         verified: Some(verified),
-        retransmits: after.tx_retransmitted - before.tx_retransmitted,
-        cnps: after.rx_cnps - before.rx_cnps,
+        retransmits: sent.retransmits,
+        cnps: sent.cnps,
         server_cnps_sent: Some(verdict.cnps_sent),
         server_ce_marked: Some(verdict.ce_marked),
         perftest: None,
     };
-    print_bench(args.json, &report)?;
+    if args.json {
+        print_json(&report)?;
+    } else {
+        let mut t = Table::from(&report);
+        t.title = title(args);
+        t.print_rows(rows.first, rows.last);
+    }
     if !verified {
         bail!("data was not verified: {detail}");
     }
     Ok(())
 }
 
+/// The table's title beyond the op: transport, -b.
+fn title(args: &PerfArgs) -> String {
+    let mut t = String::new();
+    if args.connection != Transport::Rc {
+        t += &format!(" {}", args.connection.name());
+    }
+    if args.bidirectional {
+        t += " bidirectional";
+    }
+    t
+}
+
 fn post(conn: &Conn, remote: &Remote, op: Op, q: usize, i: u64, size: usize) -> anyhow::Result<()> {
     let slot = (i % conn.slots as u64) as usize;
     let local = conn.slot_offset(q, slot);
-    let remote_addr = remote.mr_addr + local as u64;
     let rkey = remote.rkey;
-    let (opcode, len) = match op {
-        Op::Write => (WrOpcode::RdmaWrite { remote_addr, rkey }, size),
-        Op::Read => (WrOpcode::RdmaRead { remote_addr, rkey }, size),
-        Op::Send => (WrOpcode::Send, size),
+    let (opcode, at, len) = match op {
+        Op::Write => (
+            WrOpcode::RdmaWrite {
+                remote_addr: remote.mr_addr + conn.inbound_offset(q, slot) as u64,
+                rkey,
+            },
+            local,
+            size,
+        ),
+        Op::Read => (
+            WrOpcode::RdmaRead {
+                remote_addr: remote.mr_addr + local as u64,
+                rkey,
+            },
+            conn.inbound_offset(q, slot),
+            size,
+        ),
+        Op::Send => (WrOpcode::Send, local, size),
         Op::Atomic => (
             WrOpcode::AtomicFetchAndAdd {
-                // Every QP adds to its own counter in its first slot.
-                remote_addr: remote.mr_addr + conn.slot_offset(q, 0) as u64,
+                // Every QP adds to its own counter in its first inbound slot.
+                remote_addr: remote.mr_addr + conn.inbound_offset(q, 0) as u64,
                 rkey,
                 add: 1,
             },
+            local,
             8,
         ),
     };
-    conn.qps[q]
-        .post_send(&SendWr::new(
-            wr_id(q, slot),
-            opcode,
-            vec![conn.mr.sge(local, len)],
-        ))
+    conn.post(remote, q, wr_id(q, slot), opcode, at, len)
         .with_context(|| format!("post {} on QP {q}", op.name()))
 }
 
+/// Our READs brought the peer's pattern into our inbound slots.
 fn verify_reads(conn: &Conn, completed: &[u64], size: usize) -> anyhow::Result<()> {
     let mut buf = vec![0u8; size];
     for (q, &n) in completed.iter().enumerate() {
         for s in 0..(n.min(conn.slots as u64) as usize) {
             // SAFETY: every READ has completed (the run loop waited for all posted WRs).
-            unsafe { conn.mr.read(conn.slot_offset(q, s), &mut buf) }?;
+            unsafe { conn.mr.read(conn.inbound_offset(q, s), &mut buf) }?;
             if buf != pattern::make(q, s, size) {
-                bail!("slot {s} of QP {q} does not hold what the server has");
+                bail!("slot {s} of QP {q} does not hold what the peer has");
             }
         }
     }

@@ -23,13 +23,14 @@ use xroce::{
     connect::{self, ConnInfo, Role, Session},
     verbs::{
         AccessFlags, AddressVector, CompletionQueue, MemoryRegion, Mtu, ProtectionDomain, QpAttr,
-        QpInitAttr, QueuePair, RemoteQp, Wc, WcStatus,
+        QpAttrMask, QpInitAttr, QpState, QueuePair, RemoteQp, SendFlags, SendWr, UdAddress, Wc,
+        WcStatus, WrOpcode,
     },
 };
 
 use super::{
     stack::{first_ipv4, Stack},
-    PerfArgs, RunLength, OOB_TIMEOUT,
+    PerfArgs, RunLength, Transport, OOB_TIMEOUT,
 };
 
 pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -41,7 +42,12 @@ pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
 const MR_BUDGET: usize = 256 << 20;
 
 /// Identifies the protocol; bumped when messages change.
-pub const MAGIC: &str = "xroce-perf/2";
+pub const MAGIC: &str = "xroce-perf/3";
+
+/// perftest's DEF_QKEY, the Q_Key of both sides' UD QPs.
+const QKEY: u32 = 0x1111_1111;
+/// The GRH a UD receive buffer starts with (as in ibverbs).
+const GRH: usize = 40;
 
 /// How long the client may take to connect (the server may start later).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,6 +67,18 @@ pub struct Hello {
     pub iters: Option<u64>,
     /// Seconds when the run has a duration.
     pub seconds: Option<f64>,
+    /// RC, UC or UD (-c).
+    #[serde(default)]
+    pub transport: String,
+    /// Both sides send (-b).
+    #[serde(default)]
+    pub bidirectional: bool,
+    /// Messages up to this size go inline (-I; 0: none).
+    #[serde(default)]
+    pub inline: u32,
+    /// Another run (the next size of -a) follows on a new connection.
+    #[serde(default)]
+    pub more: bool,
 }
 
 impl Hello {
@@ -96,6 +114,11 @@ pub struct Verdict {
     pub detail: String,
     pub cnps_sent: u64,
     pub ce_marked: u64,
+    /// With -b: what the server sent, per QP, and in how many seconds.
+    #[serde(default)]
+    pub sent: Option<Vec<u64>>,
+    #[serde(default)]
+    pub sent_seconds: Option<f64>,
 }
 
 /// The out-of-band connection to the peer: a [`Session`] plus JSON
@@ -182,12 +205,24 @@ fn check_magic(magic: &str) -> anyhow::Result<()> {
 /// WRs in flight; those WRs then share slots (same data, so checks hold).
 pub struct Conn {
     pub _pd: ProtectionDomain,
+    /// Send completions (and receive ones but with -b).
     pub cq: CompletionQueue,
+    /// Receive completions: `cq` itself but with -b, where a thread of
+    /// its own takes them.
+    pub rcq: CompletionQueue,
+    pub transport: Transport,
     pub qps: Vec<QueuePair>,
     pub mr: MemoryRegion,
     pub psns: Vec<u32>,
     pub slot_len: usize,
     pub slots: usize,
+    /// Where what the peer sends lands: past our own slots with -b (both
+    /// sides write at once), else on them.
+    pub inbound: usize,
+    /// Bytes before a received message in its slot: UD's GRH.
+    pub grh: usize,
+    /// Messages up to this size are sent inline.
+    pub inline: usize,
     /// The path MTU the QPs run (the smaller of both sides'), once connected.
     pub mtu: Mtu,
 }
@@ -199,30 +234,49 @@ pub fn slots_for(size: usize, qps: usize, depth: usize) -> usize {
 }
 
 /// The peer's memory as the exchange told it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Remote {
     pub mr_addr: u64,
     pub rkey: u32,
+    /// UD: where each QP's sends go.
+    pub ud: Vec<UdAddress>,
 }
 
 impl Conn {
     pub fn create(stack: &Stack, hello: &Hello) -> anyhow::Result<Conn> {
+        let transport = Transport::from_name(&hello.transport)?;
         let pd = stack.device.alloc_pd();
         let cq = stack
             .device
             .create_cq(hello.qps * hello.depth * 2 + 64)
             .context("create CQ")?;
+        let rcq = if hello.bidirectional {
+            stack
+                .device
+                .create_cq(hello.qps * hello.depth + 64)
+                .context("create CQ")?
+        } else {
+            cq.clone()
+        };
         let mut init = QpInitAttr::rc(&cq);
+        init.qp_type = transport.qp_type();
+        init.recv_cq = rcq.clone();
         init.cap.max_send_wr = hello.depth as u32;
         init.cap.max_recv_wr = hello.depth as u32;
+        if hello.inline > 0 {
+            init.cap.max_inline_data = hello.inline;
+        }
         let qps = (0..hello.qps)
             .map(|_| stack.device.create_qp(&pd, &init))
             .collect::<Result<Vec<_>, _>>()
-            .context("create QP")?;
-        let slot_len = hello.size.max(8);
+            .with_context(|| format!("create {} QP", transport.name()))?;
+        let grh = if transport == Transport::Ud { GRH } else { 0 };
+        let slot_len = hello.size.max(8) + grh;
         let slots = slots_for(hello.size, hello.qps, hello.depth.max(2));
+        let region = hello.qps * slots * slot_len;
+        let inbound = if hello.bidirectional { region } else { 0 };
         let mr = pd
-            .reg_mr(hello.qps * slots * slot_len, ALL_ACCESS)
+            .reg_mr(region + inbound, ALL_ACCESS)
             .context("register MR")?;
         let mut rng = rand::rng();
         let psns = (0..hello.qps)
@@ -231,17 +285,52 @@ impl Conn {
         Ok(Conn {
             _pd: pd,
             cq,
+            rcq,
+            transport,
             qps,
             mr,
             psns,
             slot_len,
             slots,
+            inbound,
+            grh,
+            inline: hello.inline as usize,
             mtu: stack.path_mtu,
         })
     }
 
+    /// Our slot `slot` of QP `qp`: what we send from (and READ into
+    /// without -b).
     pub fn slot_offset(&self, qp: usize, slot: usize) -> usize {
         (qp * self.slots + slot) * self.slot_len
+    }
+
+    /// Where the peer's message for slot `slot` of QP `qp` lands in our
+    /// memory (a receive buffer starts here; its data `grh` later).
+    pub fn inbound_offset(&self, qp: usize, slot: usize) -> usize {
+        self.inbound + self.slot_offset(qp, slot)
+    }
+
+    /// Posts `opcode` of `len` bytes from our offset `local` on QP `q`:
+    /// inline when -I allows, to the peer's UD QP on UD.
+    pub fn post(
+        &self,
+        remote: &Remote,
+        q: usize,
+        wr_id: u64,
+        opcode: WrOpcode,
+        local: usize,
+        len: usize,
+    ) -> anyhow::Result<()> {
+        let mut wr = SendWr::new(wr_id, opcode, vec![self.mr.sge(local, len)]);
+        if len <= self.inline && matches!(opcode, WrOpcode::Send | WrOpcode::RdmaWrite { .. }) {
+            wr.flags |= SendFlags::INLINE;
+        }
+        if let Some(ud) = remote.ud.get(q) {
+            wr.ud = Some(*ud);
+        }
+        self.qps[q].post_send(&wr)?;
+        Ok(())
     }
 
     /// What the peer needs to know about our QPs and memory.
@@ -292,12 +381,27 @@ impl Conn {
         } else {
             stack.path_mtu
         };
+        let mut ud = Vec::new();
         for ((qp, &psn), r) in self.qps.iter().zip(&self.psns).zip(remote) {
-            connect_qp(qp, psn, self.mtu, 16, r.qpn, r.psn, peer_mac, dest_ip)?;
+            if self.transport == Transport::Ud {
+                ud_ready(qp, psn)?;
+                ud.push(UdAddress {
+                    av: AddressVector {
+                        dest_mac: peer_mac,
+                        dest_ip: dest_ip.into(),
+                        ..Default::default()
+                    },
+                    remote_qpn: r.qpn,
+                    remote_qkey: QKEY,
+                });
+            } else {
+                connect_qp(qp, psn, self.mtu, 16, r.qpn, r.psn, peer_mac, dest_ip)?;
+            }
         }
         Ok(Remote {
             mr_addr: remote[0].mr_addr,
             rkey: remote[0].rkey,
+            ud,
         })
     }
 }
@@ -351,6 +455,30 @@ pub fn connect_qp(
         .with_context(|| format!("connect QP {:#x} to {:#x}", qp.qp_num(), dest_qpn))
 }
 
+/// RESET -> RTS for one UD QP (Q_Key [`QKEY`]); the destination goes
+/// in each send.
+fn ud_ready(qp: &QueuePair, sq_psn: u32) -> anyhow::Result<()> {
+    let mut a = QpAttr {
+        qkey: QKEY,
+        sq_psn,
+        ..Default::default()
+    };
+    let steps = [
+        (
+            QpState::Init,
+            QpAttrMask::STATE | QpAttrMask::QKEY | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT,
+        ),
+        (QpState::Rtr, QpAttrMask::STATE),
+        (QpState::Rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN),
+    ];
+    for (state, mask) in steps {
+        a.qp_state = state;
+        qp.modify(&a, mask)
+            .with_context(|| format!("UD QP {:#x} to {state:?}", qp.qp_num()))?;
+    }
+    Ok(())
+}
+
 /// A completion that is not a success ends the run with a message that
 /// says what happened.
 pub fn check_wc(wc: &Wc, what: &str) -> anyhow::Result<()> {
@@ -372,25 +500,35 @@ pub fn check_wc(wc: &Wc, what: &str) -> anyhow::Result<()> {
 }
 
 /// The client's side of setting up: TCP, stack, exchange, connected QPs.
-pub struct ClientSide {
+pub struct ClientSide<'a> {
     pub peer: Peer,
     /// The server's memory.
     pub remote: Remote,
-    pub stack: Stack,
+    pub stack: &'a Stack,
     pub conn: Conn,
     pub hello: Hello,
 }
 
-/// Everything up to the server's "ready": TCP, stack, exchange, QPs at RTS,
-/// then `before_ready` (e.g. posting receives before the first message).
-pub fn client_setup_until_ready(
+/// One run of the client: its size, and whether another follows (-a).
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    pub size: usize,
+    pub more: bool,
+}
+
+/// Everything up to the server's "ready": TCP, stack (opened by the first
+/// run, kept for the next ones in `stack`), exchange, QPs at RTS, then
+/// `before_ready` (e.g. posting receives before the first message).
+pub fn client_setup_until_ready<'a>(
     args: &PerfArgs,
+    stack: &'a mut Option<Stack>,
     mode: &str,
-    size: usize,
+    run: Run,
     depth: usize,
     length: RunLength,
     before_ready: impl FnOnce(&Conn) -> anyhow::Result<()>,
-) -> anyhow::Result<ClientSide> {
+) -> anyhow::Result<ClientSide<'a>> {
+    let size = run.size;
     let server = args.connect.expect("clap: --listen or --connect");
     // Retries while the server is not listening yet (both sides may be
     // started at the same moment).
@@ -399,7 +537,10 @@ pub fn client_setup_until_ready(
     })?;
     let local_ip = stream.local_addr()?.ip();
     let mut peer = Peer::new(stream, Role::Client)?;
-    let stack = Stack::open(args, local_ip)?;
+    if stack.is_none() {
+        *stack = Some(Stack::open(args, local_ip)?);
+    }
+    let stack: &'a Stack = stack.as_ref().expect("opened above");
     let (iters, seconds) = match length {
         RunLength::Iters(n) => (Some(n), None),
         RunLength::Duration(d) => (None, Some(d.as_secs_f64())),
@@ -413,15 +554,26 @@ pub fn client_setup_until_ready(
         depth,
         iters,
         seconds,
+        transport: args.connection.name().into(),
+        bidirectional: args.bidirectional,
+        inline: args.inline_size.unwrap_or(0),
+        more: run.more,
     };
     let greeting: Greeting = peer.swap(&hello, "greetings")?;
     check_magic(&greeting.magic)?;
-    let mut conn = Conn::create(&stack, &hello)?;
+    let mut conn = Conn::create(stack, &hello)?;
+    if conn.transport == Transport::Ud && size > stack.path_mtu.bytes() as usize {
+        bail!(
+            "-c UD: a message is at most one path MTU ({} bytes); use --size {} or less",
+            stack.path_mtu.bytes(),
+            stack.path_mtu.bytes()
+        );
+    }
     let infos = peer
         .session
-        .exchange(&conn.infos(&stack))
+        .exchange(&conn.infos(stack))
         .with_context(|| format!("exchanging QPs with {server}"))?;
-    let remote = conn.connect(&infos, server.ip(), &stack)?;
+    let remote = conn.connect(&infos, server.ip(), stack)?;
     before_ready(&conn)?;
     peer.sync(1)?;
     Ok(ClientSide {
@@ -466,13 +618,18 @@ pub fn serve_clients(
     };
     std::thread::scope(|s| {
         let mut handles = Vec::new();
-        for _ in 0..args.peers {
+        // A client running several sizes (-a) comes back for each.
+        let mut left = args.peers;
+        while left > 0 {
             let (stream, _) = listener.accept().context("accept")?;
             let mut peer = Peer::new(stream, Role::Server)?;
             let hello: Hello = peer.swap(&greeting, "greetings")?;
             check_magic(&hello.magic)?;
             if hello.qps == 0 || hello.depth == 0 || hello.qps > connect::MAX_QPS {
                 bail!("peer asked for {} QPs of depth {}", hello.qps, hello.depth);
+            }
+            if !hello.more {
+                left -= 1;
             }
             let stack = &stack;
             let serve = &serve;

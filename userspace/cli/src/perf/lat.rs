@@ -3,26 +3,30 @@
 //! trip (ping-pong), read is the whole round trip of a READ.
 //!
 //! Write ping-pong polls memory like ib_write_lat: each side writes the
-//! iteration number into the last 8 bytes of the other's buffer and spins
-//! until its own buffer shows the number it expects.
+//! iteration number into the last 8 bytes of the other's buffer (all of
+//! it below 8 bytes, the number then truncated) and spins until its own
+//! buffer shows the number it expects.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use xroce::verbs::{RecvWr, SendWr, Wc, WrOpcode};
+use xroce::verbs::{RecvWr, Wc, WrOpcode};
 
 use super::{
     conn::{
         check_wc, client_setup_until_ready, serve_clients, server_connect, ClientSide, Conn, Done,
-        Remote, ServerSide, Verdict,
+        Remote, Run, ServerSide, Verdict,
     },
+    flags::{self, Tool},
     pattern,
     report::{print_json, LatReport, Latency, Table},
     stack::Stack,
-    Op, PerfArgs, RunLength,
+    Op, PerfArgs, RunLength, Transport,
 };
 
 const DEFAULT_ITERS: u64 = 1000;
+const RULE: &str =
+    "---------------------------------------------------------------------------------------";
 /// A message that does not come back in this time ends the run.
 const STALL: Duration = Duration::from_secs(5);
 
@@ -30,18 +34,37 @@ pub fn run(args: &PerfArgs) -> anyhow::Result<()> {
     if args.op == Op::Atomic {
         bail!("lat measures write, read or send; use `xroce bench atomic` for atomics");
     }
+    flags::check(args, Tool::Lat)?;
     if args.perftest {
         return super::perftest::lat(args);
     }
-    let size = args.size_bytes()?;
-    if args.op == Op::Write && size < 8 {
-        bail!("write latency needs --size 8 or more (the iteration number travels in the message)");
-    }
     if args.listen.is_some() {
-        serve_clients(args, serve)
-    } else {
-        client(args, size)
+        return serve_clients(args, serve);
     }
+    let sizes = flags::sizes(args, 65536, flags::ud_limit(args))?;
+    if sizes.contains(&0) {
+        bail!("--size must be at least 1");
+    }
+    let mut stack = None;
+    for (i, &size) in sizes.iter().enumerate() {
+        let run = Run {
+            size,
+            more: i + 1 < sizes.len(),
+        };
+        client(args, &mut stack, run, (i == 0, !run.more))?;
+    }
+    Ok(())
+}
+
+/// The bytes of a write that carry the iteration number: its last 8, or
+/// all of a shorter one.
+fn counter_len(size: usize) -> usize {
+    size.min(8)
+}
+
+/// `n` as the last `counter_len(size)` bytes of a write carry it.
+fn counter(n: u64, size: usize) -> Vec<u8> {
+    n.to_le_bytes()[..counter_len(size)].to_vec()
 }
 
 /// Completions seen so far: sends acknowledged and messages received.
@@ -75,7 +98,7 @@ impl Seen {
         stack: &Stack,
         op: Op,
         what: &str,
-        done: impl Fn(&Seen, &Conn) -> anyhow::Result<bool>,
+        mut done: impl FnMut(&Seen, &Conn) -> anyhow::Result<bool>,
     ) -> anyhow::Result<()> {
         let deadline = Instant::now() + STALL;
         loop {
@@ -104,7 +127,10 @@ impl Seen {
         let what = format!("message {i} did not arrive");
         match op {
             Op::Write => {
-                let at = conn.slot_offset(0, 0) + size - 8;
+                let w = counter_len(size);
+                let at = conn.slot_offset(0, 0) + size - w;
+                let want = counter(i + 1, size);
+                let mut got = vec![0u8; w];
                 let device = &stack.device;
                 self.until(conn, stack, op, &what, |_, c| {
                     // The engine writes MR memory only with the device
@@ -112,7 +138,8 @@ impl Seen {
                     // landing on these bytes while we read them.
                     let _engine = device.lock();
                     // SAFETY: no concurrent writer while the engine lock is held.
-                    Ok(unsafe { c.mr.load_u64(at) }? == i + 1)
+                    unsafe { c.mr.read(at, &mut got) }?;
+                    Ok(got == want)
                 })
             }
             _ => self.until(conn, stack, op, &what, |s, _| Ok(s.recvs > i)),
@@ -139,8 +166,9 @@ fn ping(conn: &Conn, remote: &Remote, op: Op, i: u64, size: usize) -> anyhow::Re
     let src = conn.slot_offset(0, 1);
     let opcode = match op {
         Op::Write => {
+            let w = counter_len(size);
             // SAFETY: the last WRITE from slot 1 completed (`sends` waits each); the peer writes slot 0.
-            unsafe { conn.mr.write(src + size - 8, &(i + 1).to_le_bytes()) }?;
+            unsafe { conn.mr.write(src + size - w, &counter(i + 1, size)) }?;
             WrOpcode::RdmaWrite {
                 remote_addr: remote.mr_addr + conn.slot_offset(0, 0) as u64,
                 rkey: remote.rkey,
@@ -149,10 +177,7 @@ fn ping(conn: &Conn, remote: &Remote, op: Op, i: u64, size: usize) -> anyhow::Re
         _ => WrOpcode::Send,
     };
     // Unsignaled would be cheaper, but a failed send must still surface.
-    conn.qps[0]
-        .post_send(&SendWr::new(1, opcode, vec![conn.mr.sge(src, size)]))
-        .context("post")?;
-    Ok(())
+    conn.post(remote, 0, 1, opcode, src, size).context("post")
 }
 
 fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
@@ -194,12 +219,22 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
             detail: String::new(),
             cnps_sent: stack.device.stats().tx_cnps,
             ce_marked: stack.device.stats().rx_ce_marked,
+            sent: None,
+            sent_seconds: None,
         },
         "the verdict",
     )
 }
 
-fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
+/// One size's run; `rows`: whether it prints the table's header and its
+/// closing rule (-a prints one table).
+fn client(
+    args: &PerfArgs,
+    stack: &mut Option<Stack>,
+    run: Run,
+    rows: (bool, bool),
+) -> anyhow::Result<()> {
+    let size = run.size;
     let iters = match args.run_length(DEFAULT_ITERS) {
         RunLength::Iters(n) => n,
         RunLength::Duration(_) => bail!("lat runs a number of iterations: use --iters"),
@@ -210,7 +245,7 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
         stack,
         conn,
         hello: _,
-    } = client_setup_lat(args, size, iters)?;
+    } = client_setup_lat(args, stack, run, iters)?;
     let op = args.op;
     let mut samples = Vec::with_capacity(iters as usize);
     let mut verified = true;
@@ -220,22 +255,25 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
         let t0 = Instant::now();
         match op {
             Op::Read => {
-                conn.qps[0].post_send(&SendWr::new(
+                conn.post(
+                    &remote,
+                    0,
                     i,
                     WrOpcode::RdmaRead {
                         remote_addr: remote.mr_addr + conn.slot_offset(0, 0) as u64,
                         rkey: remote.rkey,
                     },
-                    vec![conn.mr.sge(conn.slot_offset(0, 1), size)],
-                ))?;
-                seen.sends(&conn, &stack, op, i + 1)?;
+                    conn.slot_offset(0, 1),
+                    size,
+                )?;
+                seen.sends(&conn, stack, op, i + 1)?;
                 samples.push(t0.elapsed().as_nanos() as u64);
             }
             _ => {
                 ping(&conn, &remote, op, i, size)?;
-                seen.message(&conn, &stack, op, i, size)?;
+                seen.message(&conn, stack, op, i, size)?;
                 samples.push(t0.elapsed().as_nanos() as u64 / 2);
-                seen.sends(&conn, &stack, op, i + 1)?;
+                seen.sends(&conn, stack, op, i + 1)?;
             }
         }
     }
@@ -273,6 +311,42 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
     };
     if args.json {
         print_json(&report)?;
+    } else if args.all {
+        let l = &report.lat_us;
+        let (first, last) = rows;
+        if first {
+            println!("{RULE}");
+            println!(
+                " xroce {}{} latency   backend {}   path MTU {}",
+                report.op,
+                if args.connection == Transport::Rc {
+                    String::new()
+                } else {
+                    format!(" {}", args.connection.name())
+                },
+                report.backend,
+                report.mtu
+            );
+            println!(
+                " #bytes     #iterations    t_min[usec]    t_p50[usec]    t_p99[usec]    t_max[usec]    t_avg[usec]    verified"
+            );
+        }
+        println!(
+            " {:<10} {:<14} {:<14.2} {:<14.2} {:<14.2} {:<14.2} {:<14.2} {}",
+            report.size,
+            iters,
+            l.min,
+            l.p50,
+            l.p99,
+            l.max,
+            l.avg,
+            report
+                .verified
+                .map_or_else(|| "n/a".to_string(), |v| v.to_string())
+        );
+        if last {
+            println!("{RULE}");
+        }
     } else {
         let l = &report.lat_us;
         Table {
@@ -287,6 +361,11 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
             msgs_per_sec: iters as f64 / seconds,
             retransmits: report.retransmits,
             verified: report.verified,
+            title: if args.connection == Transport::Rc {
+                String::new()
+            } else {
+                format!(" {}", args.connection.name())
+            },
         }
         .print();
         println!(
@@ -302,11 +381,24 @@ fn client(args: &PerfArgs, size: usize) -> anyhow::Result<()> {
 
 /// The bandwidth client's setup with two slots (receive, send) and, for
 /// sends, a receive posted before the server may answer.
-fn client_setup_lat(args: &PerfArgs, size: usize, iters: u64) -> anyhow::Result<ClientSide> {
-    client_setup_until_ready(args, "lat", size, 2, RunLength::Iters(iters), |conn| {
-        if args.op == Op::Send {
-            post_recv(conn)?;
-        }
-        Ok(())
-    })
+fn client_setup_lat<'a>(
+    args: &PerfArgs,
+    stack: &'a mut Option<Stack>,
+    run: Run,
+    iters: u64,
+) -> anyhow::Result<ClientSide<'a>> {
+    client_setup_until_ready(
+        args,
+        stack,
+        "lat",
+        run,
+        2,
+        RunLength::Iters(iters),
+        |conn| {
+            if args.op == Op::Send {
+                post_recv(conn)?;
+            }
+            Ok(())
+        },
+    )
 }

@@ -15,6 +15,7 @@
 
 mod bw;
 pub mod conn;
+mod flags;
 mod lat;
 mod pattern;
 mod perftest;
@@ -148,6 +149,84 @@ pub struct PerfArgs {
     /// With --perftest: TCP port of the exchange (perftest's -p)
     #[arg(long, short = 'p', default_value_t = xroce::connect::perftest::PORT)]
     pub port: u16,
+    /// GID index of the source address, as perftest's -x: the table the
+    /// drop-in libibverbs shows (0 link-local, 1 the IPv4 address, then
+    /// IPv6 ones); the engine runs RoCEv2 over IPv4, so 1
+    #[arg(long = "gid-index", short = 'x', value_name = "N")]
+    pub gid_index: Option<u32>,
+    /// All sizes 2..2^23 (perftest's -a), one report row per size (client;
+    /// --json: one object per size, one per line)
+    #[arg(long, short = 'a', conflicts_with = "size")]
+    pub all: bool,
+    /// bench: both sides send at once; the report is the sum of both
+    /// directions (perftest's -b; client, the server follows)
+    #[arg(long, short = 'b')]
+    pub bidirectional: bool,
+    /// Transport: RC, UC (write, send) or UD (send) (perftest's -c; client
+    /// and server alike with --perftest, else the server follows)
+    #[arg(
+        long = "connection",
+        short = 'c',
+        value_enum,
+        ignore_case = true,
+        default_value = "RC"
+    )]
+    pub connection: Transport,
+    /// Send write/send messages of up to N bytes inline (perftest's -I;
+    /// at most 256, the engine's limit)
+    #[arg(
+        long = "inline_size",
+        alias = "inline-size",
+        short = 'I',
+        value_name = "N"
+    )]
+    pub inline_size: Option<u32>,
+    /// Bandwidth in Gb/s instead of MB/s in perftest's tables (--perftest;
+    /// xroce's own table is in Gb/s already)
+    #[arg(long = "report_gbits", alias = "report-gbits")]
+    pub report_gbits: bool,
+}
+
+/// perftest's -c.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Reliable Connection
+    #[default]
+    #[value(name = "RC")]
+    Rc,
+    /// Unreliable Connection: write and send
+    #[value(name = "UC")]
+    Uc,
+    /// Unreliable Datagram: send, one path MTU at most
+    #[value(name = "UD")]
+    Ud,
+}
+
+impl Transport {
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Rc => "RC",
+            Transport::Uc => "UC",
+            Transport::Ud => "UD",
+        }
+    }
+
+    pub fn from_name(s: &str) -> anyhow::Result<Transport> {
+        Ok(match s {
+            "RC" | "" => Transport::Rc,
+            "UC" => Transport::Uc,
+            "UD" => Transport::Ud,
+            other => bail!("unknown transport {other:?}; use RC, UC or UD"),
+        })
+    }
+
+    pub fn qp_type(self) -> xroce::verbs::QpType {
+        match self {
+            Transport::Rc => xroce::verbs::QpType::Rc,
+            Transport::Uc => xroce::verbs::QpType::Uc,
+            Transport::Ud => xroce::verbs::QpType::Ud,
+        }
+    }
 }
 
 impl PerfArgs {

@@ -13,16 +13,6 @@ pub fn print_json(report: &impl Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The report as JSON, or as [`Table`].
-pub fn print_bench(json: bool, report: &BenchReport) -> anyhow::Result<()> {
-    if json {
-        print_json(report)
-    } else {
-        Table::from(report).print();
-        Ok(())
-    }
-}
-
 /// The bandwidth table: the settings of a run and its figures.
 pub struct Table<'a> {
     pub op: &'a str,
@@ -38,6 +28,8 @@ pub struct Table<'a> {
     pub retransmits: u64,
     /// `None` prints as "n/a".
     pub verified: Option<bool>,
+    /// Added to the title after the op (" UC", " bidirectional").
+    pub title: String,
 }
 
 impl<'a> From<&'a BenchReport> for Table<'a> {
@@ -54,6 +46,7 @@ impl<'a> From<&'a BenchReport> for Table<'a> {
             msgs_per_sec: r.msgs_per_sec,
             retransmits: r.retransmits,
             verified: r.verified,
+            title: String::new(),
         }
     }
 }
@@ -63,18 +56,27 @@ const RULE: &str =
 
 impl Table<'_> {
     pub fn print(&self) {
-        println!("{RULE}");
-        println!(
-            " xroce {} bandwidth   backend {}   path MTU {}   QPs {}   cc {}",
-            self.op,
-            self.backend,
-            self.mtu,
-            self.qps,
-            self.cc.unwrap_or("none"),
-        );
-        println!(
-            " #bytes     #iterations    BW average[Gb/sec]    MsgRate[Mpps]    retransmits   verified"
-        );
+        self.print_rows(true, true);
+    }
+
+    /// The header (`first`), this run's row, the closing rule (`last`):
+    /// one table for the runs of -a.
+    pub fn print_rows(&self, first: bool, last: bool) {
+        if first {
+            println!("{RULE}");
+            println!(
+                " xroce {}{} bandwidth   backend {}   path MTU {}   QPs {}   cc {}",
+                self.op,
+                self.title,
+                self.backend,
+                self.mtu,
+                self.qps,
+                self.cc.unwrap_or("none"),
+            );
+            println!(
+                " #bytes     #iterations    BW average[Gb/sec]    MsgRate[Mpps]    retransmits   verified"
+            );
+        }
         println!(
             " {:<10} {:<14} {:<21.3} {:<16.4} {:<13} {}",
             self.size,
@@ -85,6 +87,8 @@ impl Table<'_> {
             self.verified
                 .map_or_else(|| "n/a".to_string(), |v| v.to_string()),
         );
-        println!("{RULE}");
+        if last {
+            println!("{RULE}");
+        }
     }
 }

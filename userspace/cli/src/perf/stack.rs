@@ -55,8 +55,10 @@ impl Deref for Stack {
 }
 
 impl Stack {
-    /// Opens `args.iface` for RoCEv2 from `local_ip`.
+    /// Opens `args.iface` for RoCEv2 from `local_ip`, or from the
+    /// address of GID `-x N`.
     pub fn open(args: &PerfArgs, local_ip: IpAddr) -> anyhow::Result<Stack> {
+        let local_ip = super::flags::source_ip(args, local_ip)?;
         Self::open_with(&StackOptions::from(args), local_ip)
     }
 

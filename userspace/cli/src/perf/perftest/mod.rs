@@ -139,7 +139,9 @@ pub fn bench(args: &PerfArgs) -> anyhow::Result<()> {
         (Role::Client, _) => {
             let r = t.bw_client()?;
             t.conn.hand_shake(&t.my[0])?;
-            let theirs = t.conn.exchange_bw_report(&r.to_report(p))?;
+            let theirs = t
+                .conn
+                .exchange_bw_report(&report::in_units(&r.to_report(p), t.gbits))?;
             t.close()?;
             t.report_bw(args.json, &r, Some(theirs))
         }

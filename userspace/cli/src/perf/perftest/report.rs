@@ -76,12 +76,12 @@ impl Test {
             perftest.bw_peak_mb_per_sec = Some(mine.bw_peak);
             perftest.bw_avg_mb_per_sec = Some(mine.bw_avg);
             perftest.msg_rate_mpps = Some(mine.msg_rate_avg);
-            perftest.peer_report = theirs.as_ref().map(figures);
+            perftest.peer_report = theirs.as_ref().map(|t| figures(&in_mb(t, self.gbits)));
         }
         if json {
             print_json(&report)?;
         } else {
-            print_perftest_bw(&mine);
+            print_perftest_bw(&in_units(&mine, self.gbits), self.gbits);
             if p.op != Op::Send && self.role == Role::Client {
                 Table::from(&report).print();
             }
@@ -107,11 +107,11 @@ impl Test {
             report.size = theirs.size;
             report.bytes = theirs.iters * theirs.size;
             if let Some(perftest) = &mut report.perftest {
-                perftest.peer_report = Some(figures(theirs));
+                perftest.peer_report = Some(figures(&in_mb(theirs, self.gbits)));
             }
             print_json(&report)?;
         } else {
-            print_perftest_bw(theirs);
+            print_perftest_bw(theirs, self.gbits);
         }
         Ok(())
     }
@@ -168,9 +168,36 @@ impl Test {
 const RESULT_LINE: &str =
     "---------------------------------------------------------------------------------------";
 
-fn print_perftest_bw(r: &BwReport) {
+/// MB/s (2^20 bytes) to Gb/s.
+const GBITS_PER_MB: f64 = MB * 8.0 / 1e9;
+
+/// A report in MB/s as perftest exchanges and prints it: in Gb/s with
+/// --report_gbits (perftest scales its figures before it sends them).
+pub(super) fn in_units(r: &BwReport, gbits: bool) -> BwReport {
+    let k = if gbits { GBITS_PER_MB } else { 1.0 };
+    BwReport {
+        bw_peak: r.bw_peak * k,
+        bw_avg: r.bw_avg * k,
+        ..*r
+    }
+}
+
+/// The peer's report back in MB/s (it used our unit, as perftest's pairs do).
+fn in_mb(r: &BwReport, gbits: bool) -> BwReport {
+    let k = if gbits { 1.0 / GBITS_PER_MB } else { 1.0 };
+    BwReport {
+        bw_peak: r.bw_peak * k,
+        bw_avg: r.bw_avg * k,
+        ..*r
+    }
+}
+
+/// perftest's bw table, its figures as they are; headed Gb/sec with
+/// --report_gbits.
+fn print_perftest_bw(r: &BwReport, gbits: bool) {
+    let unit = if gbits { "Gb/sec" } else { "MB/sec" };
     println!("{RESULT_LINE}");
-    println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
+    println!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]");
     println!(
         " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
         r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate_avg

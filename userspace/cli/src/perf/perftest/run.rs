@@ -87,11 +87,7 @@ impl Test {
             },
         };
         self.qps[q]
-            .post_send(&SendWr::new(
-                q as u64,
-                opcode,
-                vec![self.mr.sge(local, p.size)],
-            ))
+            .post_send(&self.send_wr(q as u64, opcode, self.mr.sge(local, p.size)))
             .with_context(|| format!("post {} on QP {q}", p.verb()))
     }
 
@@ -249,13 +245,13 @@ impl Test {
                 // SAFETY: our last WRITE from here completed (wait_wc below); the peer writes our receive half.
                 unsafe { self.mr.write(post_at, &[scnt as u8]) }?;
                 posted_at.push(Instant::now());
-                self.qps[0].post_send(&SendWr::new(
+                self.qps[0].post_send(&self.send_wr(
                     0,
                     WrOpcode::RdmaWrite {
                         remote_addr: self.rem[0].vaddr,
                         rkey: self.rem[0].rkey,
                     },
-                    vec![self.mr.sge(0, p.size)],
+                    self.mr.sge(0, p.size),
                 ))?;
             }
             if ccnt < p.iters {
@@ -285,11 +281,7 @@ impl Test {
             if scnt < p.iters {
                 posted_at.push(Instant::now());
                 scnt += 1;
-                self.qps[0].post_send(&SendWr::new(
-                    0,
-                    WrOpcode::Send,
-                    vec![self.mr.sge(0, p.size)],
-                ))?;
+                self.qps[0].post_send(&self.send_wr(0, WrOpcode::Send, self.mr.sge(0, p.size)))?;
                 // Reap the send's completion (a receive may come first).
                 while sdone < scnt {
                     if self.wait_any()?.opcode == WcOpcode::Recv {

@@ -17,6 +17,7 @@ use xroce::{
 use super::{oob::open_oob, rx_depth, Params, Tool};
 use crate::perf::{
     conn::{connect_qp, peer_mac, ALL_ACCESS},
+    flags::{address_lines, AddrExtra},
     stack::Stack,
     Op, PerfArgs, OOB_TIMEOUT,
 };
@@ -62,6 +63,10 @@ pub(super) struct Test {
     pub(super) cycle: usize,
     pub(super) cache_line: usize,
     pub(super) mtu: Mtu,
+    /// Write/send messages up to this size go inline (-I).
+    pub(super) inline: usize,
+    /// --report_gbits.
+    pub(super) gbits: bool,
 }
 
 impl Test {
@@ -102,6 +107,10 @@ impl Test {
             .create_cq(p.qps * (p.tx_depth + rx_depth) + 64)
             .context("create CQ")?;
         let mut init = QpInitAttr::rc(&cq);
+        init.qp_type = args.connection.qp_type();
+        if let Some(n) = args.inline_size {
+            init.cap.max_inline_data = n;
+        }
         init.cap.max_send_wr = p.tx_depth as u32;
         init.cap.max_recv_wr = rx_depth.max(1) as u32;
         let qps = (0..p.qps)
@@ -142,9 +151,46 @@ impl Test {
             cycle,
             cache_line,
             mtu,
+            inline: args.inline_size.unwrap_or(0) as usize,
+            gbits: args.report_gbits,
         };
         t.hand_shakes()?;
+        if !args.json {
+            t.print_addresses();
+        }
         Ok(t)
+    }
+
+    /// perftest's address lines: every QP's local one, then every remote.
+    fn print_addresses(&self) {
+        let extra = AddrExtra::for_op(self.p.op);
+        for d in &self.my {
+            println!("{}", address_lines("local", d, extra));
+        }
+        for d in &self.rem {
+            println!("{}", address_lines("remote", d, extra));
+        }
+    }
+
+    /// A send WR of `opcode` from `sge`, inline when -I allows.
+    pub(super) fn send_wr(
+        &self,
+        wr_id: u64,
+        opcode: xroce::verbs::WrOpcode,
+        sge: xroce::verbs::Sge,
+    ) -> xroce::verbs::SendWr {
+        let inline = sge.length as usize <= self.inline
+            && matches!(
+                opcode,
+                xroce::verbs::WrOpcode::Send | xroce::verbs::WrOpcode::RdmaWrite { .. }
+            );
+        let wr = xroce::verbs::SendWr::new(wr_id, opcode, vec![sge]);
+        if inline {
+            let flags = wr.flags | xroce::verbs::SendFlags::INLINE;
+            wr.flags(flags)
+        } else {
+            wr
+        }
     }
 
     /// The tool's hand shakes up to the measurement, QPs to RTS and
