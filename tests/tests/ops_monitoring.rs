@@ -147,6 +147,17 @@ fn lines(text: &str) -> Vec<StatsInterval> {
         .collect()
 }
 
+/// What the one process started in `dir` has written to stdout so far
+/// (Proc names its files by a counter shared by the tests).
+fn stdout_so_far(dir: &TempDir) -> String {
+    let files = std::fs::read_dir(&dir.0).expect("read the monitor's directory");
+    let out = files
+        .flatten()
+        .find(|f| f.path().extension().is_some_and(|e| e == "out"))
+        .expect("the monitor's stdout file");
+    std::fs::read_to_string(out.path()).unwrap_or_default()
+}
+
 /// A queue's totals in a line (zero when the line does not list it: it
 /// has seen no frame yet).
 fn queue(line: &StatsInterval, q: u32) -> (u64, u64, u64) {
@@ -198,7 +209,7 @@ fn stats_interval_rates_on_the_right_rx_queue() {
     let monitor = Proc::spawn(cmd, "xroce stats --interval 0.5".into(), &dir.0);
     // Its first line says it is sampling.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while lines(&std::fs::read_to_string(dir.0.join("0.out")).unwrap_or_default()).is_empty() {
+    while lines(&stdout_so_far(&dir)).is_empty() {
         assert!(Instant::now() < deadline, "no stats line within 10 s");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -431,6 +442,28 @@ fn status_lists_attachment_and_processes() {
     );
     assert_eq!(a.processes.len(), 1);
     assert_eq!(a.processes[0].pid, client.pid());
+
+    // `ip netns exec` (a private /sys) sees the same program and process.
+    let out = xroce_tests::run(
+        Command::new("ip")
+            .args(["netns", "exec", &pair.b.name])
+            .args([xroce.to_str().unwrap(), "status", "--json"]),
+    );
+    let via_exec: StatusReport = serde_json::from_slice(&out.stdout).expect("status JSON");
+    let seen = |s: &StatusReport| -> Vec<_> {
+        s.interfaces
+            .iter()
+            .map(|i| {
+                let pids: Vec<_> = i
+                    .processes
+                    .iter()
+                    .map(|p| (p.pid, p.blocks.clone()))
+                    .collect();
+                (i.iface.clone(), i.xdp.clone(), pids)
+            })
+            .collect()
+    };
+    assert_eq!(seen(&via_exec), seen(&on_b), "ip netns exec vs nsenter");
 
     // The human form names the same.
     let text = xroce_out(&pair.b, &["status", "--iface", &pair.if_b]);

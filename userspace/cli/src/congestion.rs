@@ -11,7 +11,8 @@ use xroce_common::{
 
 #[derive(clap::Args, Debug)]
 pub struct EcnArgs {
-    #[arg(long)]
+    /// Network interface with xroce's XDP program (as `ip link` names it)
+    #[arg(long, value_name = "IF")]
     pub iface: String,
     /// Turn the congestion point off
     #[arg(long, conflicts_with_all = ["link_rate", "kmin", "kmax", "pmax", "buffer"])]
@@ -74,7 +75,8 @@ pub fn ecn(args: &EcnArgs) -> anyhow::Result<()> {
 
 #[derive(clap::Args, Debug)]
 pub struct FaultArgs {
-    #[arg(long)]
+    /// Network interface with xroce's XDP program (as `ip link` names it)
+    #[arg(long, value_name = "IF")]
     pub iface: String,
     /// Turn loss injection off
     #[arg(long, conflicts_with_all = ["drop", "opcode", "qpn", "seed"])]

@@ -22,7 +22,8 @@ pub struct StatsArgs {
     #[arg(long, value_name = "IF")]
     pub iface: String,
     /// Print rates every this many seconds (e.g. 1, 0.5, 500ms) until Ctrl-C
-    #[arg(long, short = 'i', value_name = "SECONDS", value_parser = crate::units::seconds)]
+    // No -i: capture's -i (tcpdump's) is the interface.
+    #[arg(long, value_name = "SECONDS", value_parser = crate::units::seconds)]
     pub interval: Option<crate::units::Seconds>,
     /// With --interval: stop after this many intervals
     #[arg(long, short = 'c', value_name = "N", requires = "interval")]
@@ -236,30 +237,38 @@ fn interval_report(iface: &str, first: Instant, old: &Sample, new: &Sample) -> S
     }
 }
 
-/// `1234567` -> `1.23M`: rates as xdp-bench shows them.
-fn si(v: f64) -> String {
-    let (v, unit) = match v {
-        v if v >= 1e9 => (v / 1e9, "G"),
-        v if v >= 1e6 => (v / 1e6, "M"),
-        v if v >= 1e3 => (v / 1e3, "k"),
-        v => (v, ""),
-    };
-    if unit.is_empty() {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.2}{unit}")
+/// A rate with an SI prefix: (`1.23`, `M`) for 1234567; below 1000 a
+/// whole number and no prefix.
+fn prefixed(v: f64) -> (String, &'static str) {
+    match v {
+        v if v >= 1e9 => (format!("{:.2}", v / 1e9), "G"),
+        v if v >= 1e6 => (format!("{:.2}", v / 1e6), "M"),
+        v if v >= 1e3 => (format!("{:.2}", v / 1e3), "k"),
+        v => (format!("{v:.0}"), ""),
     }
+}
+
+/// `1234567` -> `1.23M`: event rates as xdp-bench shows them.
+fn si(v: f64) -> String {
+    let (n, p) = prefixed(v);
+    format!("{n}{p}")
+}
+
+/// `1234567` -> `1.23 Mbit/s`.
+fn bits(v: f64) -> String {
+    let (n, p) = prefixed(v);
+    format!("{n} {p}bit/s")
 }
 
 fn print_interval(r: &StatsInterval) {
     let rate = |name: &str| r.xdp_rates.get(name).copied().unwrap_or(0.0);
     let dropped: f64 = r.rx_queues.iter().map(|q| q.dropped_pps).sum();
     println!(
-        "{:>8.1}s {}: rx {} pps {}bit/s | roce {} pps, redirected {}, passed {}, dropped {}",
+        "{:>8.1}s {}: rx {} pps {} | roce {} pps, redirected {}, passed {}, dropped {}",
         r.t,
         r.iface,
         si(r.rx_pps),
-        si(r.rx_bps),
+        bits(r.rx_bps),
         si(rate("roce")),
         si(rate("redirected")),
         si(rate("passed")),
@@ -268,10 +277,10 @@ fn print_interval(r: &StatsInterval) {
     for q in &r.rx_queues {
         if q.rx_pps > 0.0 {
             println!(
-                "          queue {:>2}: rx {} pps {}bit/s | redirected {}, passed {}, dropped {}",
+                "          queue {:>2}: rx {} pps {} | redirected {}, passed {}, dropped {}",
                 q.queue,
                 si(q.rx_pps),
-                si(q.rx_bps),
+                bits(q.rx_bps),
                 si(q.redirected_pps),
                 si(q.passed_pps),
                 si(q.dropped_pps)
@@ -359,6 +368,14 @@ mod tests {
         assert_eq!((q0.redirected_pps, q0.passed_pps), (980.0, 10.0));
         assert_eq!((q0.dropped, q0.dropped_pps), (5, 10.0));
         assert_eq!((r.rx_pps, r.rx_bps, r.seconds), (1000.0, 800_000.0, 0.5));
+    }
+
+    #[test]
+    fn rates_print_with_si_prefixes() {
+        assert_eq!(si(999.4), "999");
+        assert_eq!(si(14_380.0), "14.38k");
+        assert_eq!(bits(124_440_000.0), "124.44 Mbit/s");
+        assert_eq!(bits(0.0), "0 bit/s");
     }
 
     #[test]
