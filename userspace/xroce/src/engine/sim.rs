@@ -154,7 +154,7 @@ pub struct SimLink {
     pub stats: LinkStats,
     /// Drop everything (peer gone).
     pub cut: bool,
-    pcap: Option<pcap_file::pcap::PcapWriter<std::io::BufWriter<std::fs::File>>>,
+    pcap: Option<crate::capture::PcapWriter<std::io::BufWriter<std::fs::File>>>,
     trace: Option<Vec<u64>>,
 }
 
@@ -203,26 +203,19 @@ impl SimLink {
     /// marking) into a classic pcap file with simulated timestamps
     /// (nanoseconds, Ethernet), for `xroce decode`, tshark or Wireshark.
     pub fn record_pcap(&mut self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
-        use pcap_file::pcap::{PcapHeader, PcapWriter};
-        let header = PcapHeader {
-            ts_resolution: pcap_file::TsResolution::NanoSecond,
-            endianness: pcap_file::Endianness::Little,
-            ..PcapHeader::default()
+        let options = crate::capture::WriteOptions {
+            nanosecond: true,
+            ..Default::default()
         };
-        let file = std::io::BufWriter::new(std::fs::File::create(path)?);
-        let w = PcapWriter::with_header(file, header).map_err(|e| match e {
-            pcap_file::PcapError::IoError(e) => e,
-            e => std::io::Error::other(e),
-        })?;
-        self.pcap = Some(w);
+        self.pcap = Some(crate::capture::PcapWriter::create(path, options)?);
         Ok(())
     }
 
     fn pcap_write(&mut self, frame: &[u8], now: u64) {
         if let Some(w) = &mut self.pcap {
-            let ts = std::time::Duration::from_nanos(now);
-            let p = pcap_file::pcap::PcapPacket::new(ts, frame.len() as u32, frame);
-            if w.write_packet(&p).is_err() {
+            if w.write(std::time::Duration::from_nanos(now), frame)
+                .is_err()
+            {
                 self.pcap = None;
             }
         }
