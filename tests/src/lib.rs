@@ -162,6 +162,14 @@ impl VethPair {
         }
     }
 
+    /// Runs `f(if_b)` on a thread inside namespace b: xroce finds an
+    /// interface's XDP program (and its maps) through the interface, so
+    /// from the interface's network namespace.
+    pub fn in_b<T: Send + 'static>(&self, f: impl FnOnce(&str) -> T + Send + 'static) -> T {
+        let iface = self.if_b.clone();
+        in_netns(&self.b.name, move || f(&iface))
+    }
+
     /// Gives both ends an IPv6 address in fd77:<the IPv4 subnet's octet>::/64
     /// (`nodad`: no duplicate detection to wait for); returns (a's, b's).
     pub fn add_ipv6(&self) -> (std::net::Ipv6Addr, std::net::Ipv6Addr) {

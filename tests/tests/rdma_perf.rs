@@ -83,7 +83,7 @@ fn injected_loss_is_recovered() {
         assert_eq!(r.verified, Some(true), "{r:?}");
         assert!(r.retransmits > 0, "{r:?}");
     }
-    let c = xroce::xdp::read_counters(&pair.if_b).unwrap();
+    let c = pair.in_b(xroce::xdp::read_counters).unwrap();
     assert!(c.get(xroce_common::Counter::DropFault) > 0, "{c:?}");
 }
 

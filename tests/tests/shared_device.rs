@@ -177,7 +177,12 @@ fn eight_processes_one_killed(b: Backend) {
     std::thread::sleep(Duration::from_secs(2));
     // Whether a process attached XDP for itself on each device (the UDP
     // backend's blocks >= 1 need it), to be detached by the last one.
-    let process_attached = [srv_node, cl_node].map(|n| xroce::xdp::is_process_attached(n.iface));
+    // (Asked inside each node's namespace: the program is found through its
+    // interface.)
+    let process_attached = [srv_node, cl_node].map(|n| {
+        let iface = n.iface.to_string();
+        xroce_tests::in_netns(&n.ns.name, move || xroce::xdp::is_process_attached(&iface))
+    });
 
     // The kill, mid-run.
     let mut victim = servers[KILLED].take().unwrap();
@@ -275,9 +280,13 @@ fn eight_processes_one_killed(b: Backend) {
             ));
         }
         for node in [srv_node, cl_node] {
-            let pins = xroce::xdp::pin_dir(node.iface);
-            if pins.exists() {
-                return Err(format!("{} left after the last process", pins.display()));
+            let iface = node.iface.to_string();
+            let left = xroce_tests::in_netns(&node.ns.name, move || xroce::xdp::query(&iface));
+            if let Ok(Some(a)) = left {
+                return Err(format!(
+                    "XDP program {} left on {} after the last process",
+                    a.prog_id, node.iface
+                ));
             }
         }
         Ok(format!("killed pid {victim_pid}: no counters file"))

@@ -70,7 +70,7 @@ fn burst_over_the_virtual_link_is_marked_then_dropped_when_not_ect() {
     for f in &ours {
         assert!(ipv4_checksum_ok(&f[14..34]), "IPv4 checksum after marking");
     }
-    let c = xroce::xdp::read_counters(&pair.if_b).unwrap();
+    let c = pair.in_b(xroce::xdp::read_counters).unwrap();
     assert_eq!(c.get(Counter::EcnMarked), marked as u64, "{c:?}");
     assert_eq!(c.get(Counter::EcnEct0), 400, "{c:?}");
 
@@ -83,7 +83,7 @@ fn burst_over_the_virtual_link_is_marked_then_dropped_when_not_ect() {
         .into_iter()
         .filter(|f| roce::is_ours(f))
         .collect();
-    let c = xroce::xdp::read_counters(&pair.if_b).unwrap();
+    let c = pair.in_b(xroce::xdp::read_counters).unwrap();
     assert!(c.get(Counter::DropCongestion) > 0, "{c:?}");
     assert_eq!(
         late.len() as u64 + c.get(Counter::DropCongestion),
@@ -102,7 +102,7 @@ fn burst_over_the_virtual_link_is_marked_then_dropped_when_not_ect() {
     assert_ne!(stats.ecn.queue_peak_bytes, 0, "{stats:?}");
 
     xdp.xroce(&["ecn", "--iface", &pair.if_b, "--off"]);
-    assert_eq!(xroce::xdp::ecn_config(&pair.if_b).unwrap().enabled, 0);
+    assert_eq!(pair.in_b(xroce::xdp::ecn_config).unwrap().enabled, 0);
 }
 
 #[test]
@@ -147,7 +147,7 @@ fn loss_injection_drops_its_share_of_the_chosen_class_only() {
         (600..=800).contains(&writes),
         "30% of 1000 WRITEs dropped, {writes} arrived"
     );
-    let c = xroce::xdp::read_counters(&pair.if_b).unwrap();
+    let c = pair.in_b(xroce::xdp::read_counters).unwrap();
     assert_eq!(c.get(Counter::DropFault), 1000 - writes as u64, "{c:?}");
     assert_eq!(c.get(Counter::Malformed), 0, "{c:?}");
 

@@ -1,6 +1,6 @@
 //! The XDP program in two network namespaces: RoCEv2 frames reach the AF_XDP
 //! socket, malformed ones are dropped, everything else still works through
-//! the kernel, and the pinned counters add up.
+//! the kernel, and the counters (found through the interface) add up.
 
 use std::{
     io::{Read, Write},
@@ -167,7 +167,7 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
     server.join().unwrap();
     assert_eq!(&echoed, b"hello");
 
-    let counters = xroce::xdp::read_counters(&pair.if_b).expect("read counters");
+    let counters = pair.in_b(xroce::xdp::read_counters).expect("read counters");
     let get = |c| counters.get(c);
     assert_eq!(get(Counter::Roce), ROCE_FRAMES as u64, "{counters:?}");
     assert_eq!(get(Counter::Redirected), ROCE_FRAMES as u64, "{counters:?}");
@@ -193,7 +193,7 @@ fn roce_frames_reach_afxdp_and_other_traffic_passes() {
         "every frame is redirected, passed or dropped: {counters:?}"
     );
 
-    // `xroce stats` reads the same pins from another process.
+    // `xroce stats` reads the same maps from another process.
     let out = pair.b.exec(&[
         xroce.to_str().unwrap(),
         "stats",
@@ -216,8 +216,8 @@ fn qpn_filter_drops_frames_for_unregistered_qps() {
     pair.b
         .exec(&[xroce.to_str().unwrap(), "attach", "--iface", &pair.if_b]);
     let _attached = Attached { pair: &pair };
-    xroce::xdp::set_qpn_filter(&pair.if_b, true).unwrap();
-    xroce::xdp::register_qpn(&pair.if_b, 0x123).unwrap();
+    pair.in_b(|i| xroce::xdp::set_qpn_filter(i, true)).unwrap();
+    pair.in_b(|i| xroce::xdp::register_qpn(i, 0x123)).unwrap();
     pair.a
         .exec(&["ping", "-c", "1", "-W", "2", &pair.addr_b.to_string()]);
 
@@ -253,13 +253,13 @@ fn qpn_filter_drops_frames_for_unregistered_qps() {
         vec![0x123; 10],
         "only the registered QP's frames arrive"
     );
-    let counters = xroce::xdp::read_counters(&pair.if_b).unwrap();
+    let counters = pair.in_b(xroce::xdp::read_counters).unwrap();
     assert_eq!(counters.get(Counter::DropUnknownQpn), 10, "{counters:?}");
     assert_eq!(counters.get(Counter::Malformed), 0, "{counters:?}");
 
     // Unregistering closes the door; turning the filter off opens it again.
-    xroce::xdp::unregister_qpn(&pair.if_b, 0x123).unwrap();
-    xroce::xdp::set_qpn_filter(&pair.if_b, false).unwrap();
+    pair.in_b(|i| xroce::xdp::unregister_qpn(i, 0x123)).unwrap();
+    pair.in_b(|i| xroce::xdp::set_qpn_filter(i, false)).unwrap();
 }
 
 #[test]

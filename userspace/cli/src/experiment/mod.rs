@@ -201,6 +201,18 @@ fn incast(a: &IncastArgs) -> anyhow::Result<()> {
     result
 }
 
+/// Runs `f` on a thread inside network namespace `netns` (xroce finds an
+/// interface's XDP program through the interface, so from its namespace).
+pub(crate) fn in_netns<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<T> {
+    xroce_netns::spawn_in(netns, f)
+        .with_context(|| format!("enter namespace {netns}"))?
+        .join()
+        .map_err(|_| anyhow::anyhow!("a thread in namespace {netns} panicked"))
+}
+
 /// `xroce attach --iface IF --mode native` inside the host's namespace.
 fn attach(exe: &Path, host: &topology::Host) -> anyhow::Result<()> {
     let out = host
@@ -256,9 +268,17 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
         attach(exe, host)?;
     }
     let rx = &topo.receiver;
-    program_receiver(a, &rx.iface)?;
-    let ecn = xroce::xdp::ecn_config(&rx.iface)?;
-    let fault = xroce::xdp::fault_config(&rx.iface)?;
+    // The program is found through its interface: ask from its namespace.
+    let (ecn, fault) = {
+        let (a, iface) = (a.clone(), rx.iface.clone());
+        in_netns(&rx.netns, move || -> anyhow::Result<_> {
+            program_receiver(&a, &iface)?;
+            Ok((
+                xroce::xdp::ecn_config(&iface)?,
+                xroce::xdp::fault_config(&iface)?,
+            ))
+        })??
+    };
 
     // The receiver: one process, one AF_XDP socket, all the connections.
     let listen = format!("{}:{}", rx.addr, a.port);
@@ -293,9 +313,13 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
         std::thread::sleep(Duration::from_millis(10));
     }
 
-    let sender_ifaces: Vec<String> = topo.senders.iter().map(|h| h.iface.clone()).collect();
+    let sender_ifaces: Vec<(String, String)> = topo
+        .senders
+        .iter()
+        .map(|h| (h.netns.clone(), h.iface.clone()))
+        .collect();
     let mut sampler = Sampler::new(
-        &rx.iface,
+        &(rx.netns.clone(), rx.iface.clone()),
         &sender_ifaces,
         plan.link_rate_bps,
         &out.join("queue.csv"),

@@ -22,9 +22,13 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn open_pin(iface: &str, map: &str) -> anyhow::Result<MapData> {
-    let path = xroce::xdp::pin_dir(iface).join(map);
-    MapData::from_pin(&path).with_context(|| format!("open {}", path.display()))
+/// Map `map` of the program on `iface` in namespace `netns`: found through
+/// the interface from a thread inside that namespace; the map's descriptor
+/// then serves from anywhere.
+fn open_map((netns, iface): &(String, String), map: &'static str) -> anyhow::Result<MapData> {
+    let i = iface.clone();
+    super::in_netns(netns, move || xroce::xdp::open_map(&i, map))?
+        .with_context(|| format!("open {map} of {iface} in {netns}"))
 }
 
 /// One row of queue.csv. Counts are cumulative since the start.
@@ -71,7 +75,8 @@ pub struct Sampler {
     queue: Array<MapData, VirtualQueue>,
     counters: PerCpuArray<MapData, u64>,
     /// Each sender interface's counters, once its program is pinned.
-    sender_ifaces: Vec<String>,
+    /// (namespace, interface) of each sender.
+    sender_ifaces: Vec<(String, String)>,
     sender_counters: Vec<Option<PerCpuArray<MapData, u64>>>,
     /// Counter values at the start, subtracted from every sample.
     base: Sample,
@@ -79,8 +84,8 @@ pub struct Sampler {
     pub last: Sample,
 }
 
-fn counters_of(iface: &str) -> anyhow::Result<PerCpuArray<MapData, u64>> {
-    let map = open_pin(iface, names::COUNTERS)?;
+fn counters_of(iface: &(String, String)) -> anyhow::Result<PerCpuArray<MapData, u64>> {
+    let map = open_map(iface, names::COUNTERS)?;
     PerCpuArray::try_from(Map::PerCpuArray(map)).context("counter map")
 }
 
@@ -93,12 +98,12 @@ fn sum(array: &PerCpuArray<MapData, u64>, counter: Counter) -> u64 {
 
 impl Sampler {
     pub fn new(
-        receiver_iface: &str,
-        sender_ifaces: &[String],
+        receiver_iface: &(String, String),
+        sender_ifaces: &[(String, String)],
         link_rate_bps: u64,
         csv: &std::path::Path,
     ) -> anyhow::Result<Self> {
-        let queue = Array::try_from(Map::Array(open_pin(receiver_iface, names::ECN_QUEUE)?))
+        let queue = Array::try_from(Map::Array(open_map(receiver_iface, names::ECN_QUEUE)?))
             .context("virtual queue map")?;
         let counters = counters_of(receiver_iface)?;
         let mut out = std::io::BufWriter::new(

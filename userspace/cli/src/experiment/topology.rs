@@ -9,8 +9,8 @@
 //!
 //! Names carry this process's PID (base 36), so several experiments (and a
 //! crashed one's leftovers) never collide; interface names are globally
-//! unique too because XDP pins live under `/sys/fs/bpf/xroce/<iface>/` in
-//! the one bpffs every namespace shares. The 10.201.0.0/24 addresses exist
+//! unique too (older xroce pinned under `/sys/fs/bpf/xroce/<iface>/` in
+//! the one bpffs every namespace shares). The 10.201.0.0/24 addresses exist
 //! only inside these namespaces. [`Topology`] deletes everything on drop,
 //! which runs on every exit path but SIGKILL; [`sweep_stale`] removes what a
 //! killed run left behind.
@@ -54,8 +54,7 @@ pub struct Host {
 
 impl Host {
     /// A command that runs `program` in this host's network namespace while
-    /// keeping the host's mounts (so the pins in /sys/fs/bpf are shared;
-    /// `ip netns exec` would mount a fresh /sys and hide them).
+    /// keeping the host's mounts (nsenter --net).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         xroce_netns::command(&self.netns, program)
     }
@@ -197,12 +196,10 @@ fn mac_of(netns: &str, iface: &str) -> anyhow::Result<String> {
         .with_context(|| format!("no MAC address for {iface} in {netns}: {text}"))
 }
 
-/// Detaches xroce's XDP program from `iface` (if pinned) and removes its
-/// pin directory; the interface itself may already be gone.
+/// Removes what an older xroce pinned for `iface`. The XDP program itself
+/// belongs to the interface and goes with its namespace (detaching it from
+/// here would look the name up in this process's namespace, not its own).
 pub fn remove_pins(iface: &str) {
-    if xroce::xdp::is_attached(iface) {
-        let _ = xroce::xdp::detach(iface);
-    }
     let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(iface));
 }
 
