@@ -12,7 +12,9 @@
 //! - status_lists_attachment_and_processes: `xroce status` names the
 //!   interface xroce is attached to with mode and program id, a running
 //!   `xroce bench` server with its pid, command name and QPN block, and
-//!   no process once it has exited.
+//!   no process once it has exited; the client's own attachment on the
+//!   other side (by a process, gone with it); a UDP-backend server on an
+//!   interface without the program.
 //!
 //! Run under `flock /tmp/xroce-netns.lock` beside other namespace tests.
 
@@ -489,6 +491,41 @@ fn status_lists_attachment_and_processes() {
     // The client's own attachment left with it.
     let after_a = status(&pair.a);
     assert!(after_a.interfaces.is_empty(), "{after_a:?}");
+
+    // A UDP-backend server on a, which runs no XDP program now: the
+    // interface is listed for its process, without a program.
+    let port = programs::next_port();
+    let listen_a = format!("{}:{port}", pair.addr_a);
+    let mut cmd = pair.a.command(&xroce);
+    cmd.args(["bench", "write", "--backend", "udp", "--iface", &pair.if_a]);
+    cmd.args(["--listen", &listen_a]);
+    let mut udp_server = Proc::spawn(cmd, "xroce bench server (udp)".into(), &dir.0);
+    programs::wait_listening(&pair.a, port, &mut udp_server, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", udp_server.stderr_so_far()));
+    let on_udp = status(&pair.a);
+    assert_eq!(on_udp.interfaces.len(), 1, "{on_udp:?}");
+    let a = &on_udp.interfaces[0];
+    assert_eq!(
+        (a.iface.as_str(), &a.xdp),
+        (pair.if_a.as_str(), &None),
+        "{a:?}"
+    );
+    let u = &a.processes[..];
+    assert_eq!(u.len(), 1, "{a:?}");
+    assert_eq!(
+        (
+            u[0].pid,
+            u[0].blocks.as_slice(),
+            u[0].afxdp,
+            u[0].udp_ports.as_slice()
+        ),
+        (udp_server.pid(), &[0][..], false, &[4791][..]),
+        "{a:?}"
+    );
+    udp_server.signal(libc::SIGTERM);
+    let _ = udp_server.finish(Duration::from_secs(10));
+    let gone = status(&pair.a);
+    assert!(gone.interfaces.is_empty(), "{gone:?}");
     eprintln!("server pid {} QPs {qpns:x?}; program {prog_id} on b", p.pid);
 }
 
