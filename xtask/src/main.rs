@@ -41,6 +41,8 @@ enum Cmd {
     Bench,
     /// VMs with Linux Soft-RoCE: build, boot, run, test
     Vm(vm::VmArgs),
+    /// vagrant/'s Vagrantfile here: pack the box, libvirtd in a namespace, test
+    Vagrant(vm::VagrantArgs),
 }
 
 fn main() {
@@ -59,6 +61,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Demo => demo::demo(),
         Cmd::Bench => bench::bench(),
         Cmd::Vm(args) => vm::run(&args),
+        Cmd::Vagrant(args) => vm::vagrant(&args),
     }
 }
 

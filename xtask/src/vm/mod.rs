@@ -18,6 +18,7 @@
 mod image;
 mod qemu;
 mod suites;
+mod vagrant;
 
 use std::time::Instant;
 
@@ -25,6 +26,7 @@ use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 
 pub use image::Kernel;
+pub use vagrant::{run_cmd as vagrant, VagrantArgs};
 
 #[derive(Args)]
 pub struct VmArgs {
@@ -102,11 +104,13 @@ pub fn run(args: &VmArgs) -> Result<()> {
             match suite.as_str() {
                 "matrix" => suites::matrix(&kernels),
                 "interop" => suites::interop(),
+                "vagrant" => vagrant::suite(),
                 "all" => {
                     suites::matrix(&kernels)?;
-                    suites::interop()
+                    suites::interop()?;
+                    vagrant::suite()
                 }
-                other => bail!("unknown suite {other:?} (matrix, interop, all)"),
+                other => bail!("unknown suite {other:?} (matrix, interop, vagrant, all)"),
             }
         }
     }
@@ -126,6 +130,7 @@ pub fn suite(quick: bool) -> Result<()> {
     eprintln!("vm: images ready in {:.0?}", t.elapsed());
     suites::matrix(Kernel::ALL)?;
     suites::interop()?;
+    vagrant::suite()?;
     eprintln!("vm: all VM suites passed in {:.0?}", t.elapsed());
     Ok(())
 }
