@@ -15,8 +15,7 @@ use aya_ebpf::{
     helpers::{
         bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_xdp_get_buff_len,
     },
-    macros::{btf_map, map, xdp},
-    maps::{Array, HashMap, PerCpuArray, XskMap},
+    macros::{btf_map, xdp},
     programs::XdpContext,
 };
 use xroce_common::{
@@ -30,22 +29,27 @@ use xroce_common::{
     MAX_QUEUES, ROCEV2_UDP_PORT,
 };
 
-#[map(name = "XROCE_COUNTERS")]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::pinned(COUNTER_SLOTS, 0);
+// Every map is BTF-defined: libbpf 1.x (libxdp, xdp-loader, bpftool) refuses
+// an object with legacy `maps` definitions, and these need no pinning.
+#[btf_map(name = "XROCE_COUNTERS")]
+static COUNTERS: btf_maps::PerCpuArray<u64, { COUNTER_SLOTS as usize }> =
+    btf_maps::PerCpuArray::new();
 
 /// Per RX queue (`xroce stats --interval`): one lookup per frame.
-#[map(name = "XROCE_RXQ")]
-static RXQ_COUNTERS: PerCpuArray<RxQueueCounters> = PerCpuArray::pinned(MAX_QUEUES, 0);
+#[btf_map(name = "XROCE_RXQ")]
+static RXQ_COUNTERS: btf_maps::PerCpuArray<RxQueueCounters, { MAX_QUEUES as usize }> =
+    btf_maps::PerCpuArray::new();
 
-#[map(name = "XROCE_XSKS")]
-static XSKS: XskMap = XskMap::pinned(MAX_QUEUES, 0);
+#[btf_map(name = "XROCE_XSKS")]
+static XSKS: btf_maps::XskMap<{ MAX_QUEUES as usize }> = btf_maps::XskMap::new();
 
-#[map(name = "XROCE_CONFIG")]
-static CONFIG: Array<u32> = Array::pinned(CONFIG_SLOTS, 0);
+#[btf_map(name = "XROCE_CONFIG")]
+static CONFIG: btf_maps::Array<u32, { CONFIG_SLOTS as usize }> = btf_maps::Array::new();
 
 /// Destination QPNs the local stack owns (value unused).
-#[map(name = "XROCE_QPNS")]
-static QPNS: HashMap<u32, u8> = HashMap::pinned(MAX_FILTERED_QPNS, 0);
+#[btf_map(name = "XROCE_QPNS")]
+static QPNS: btf_maps::HashMap<u32, u8, { MAX_FILTERED_QPNS as usize }> =
+    btf_maps::HashMap::new();
 
 // The congestion point and loss injection. BTF maps: the queue's value holds
 // a bpf_spin_lock, which the kernel only accepts in a BTF-described map.

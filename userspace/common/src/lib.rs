@@ -28,8 +28,6 @@ pub mod names {
     pub const FAULT_RNG: &str = "XROCE_FAULT_RNG";
     /// Per-RX-queue counters ([`crate::RxQueueCounters`]).
     pub const RXQ_COUNTERS: &str = "XROCE_RXQ";
-    /// BTF-defined maps: aya pins them only when told each path by name.
-    pub const BTF_MAPS: [&str; 4] = [ECN_CONFIG, ECN_QUEUE, FAULT_CONFIG, FAULT_RNG];
     /// Directory under bpffs where xroce before 2026-12 pinned one
     /// interface's maps and link (`<PIN_ROOT>/<iface>/`). Nothing is pinned
     /// now (the program is found through the interface); only cleaned.

@@ -155,38 +155,6 @@ fn require_root() -> Result<(), XdpError> {
     Ok(())
 }
 
-fn bpffs_mounted() -> bool {
-    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
-    mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf"))
-}
-
-/// Mounts bpffs at /sys/fs/bpf if it is not there (as bpftool does): aya
-/// pins the object's legacy maps while it loads them (see [`load`]). In a
-/// private mount namespace (`ip netns exec`) the mount is private too.
-fn ensure_bpffs() -> Result<(), XdpError> {
-    if bpffs_mounted() {
-        return Ok(());
-    }
-    let _ = fs::create_dir_all("/sys/fs/bpf");
-    // SAFETY: all arguments are valid NUL-terminated strings or null.
-    let rc = unsafe {
-        libc::mount(
-            c"bpf".as_ptr(),
-            c"/sys/fs/bpf".as_ptr(),
-            c"bpf".as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
-    if rc == 0 || bpffs_mounted() {
-        Ok(())
-    } else {
-        Err(XdpError::NoBpffs)
-    }
-}
-
 /// xroce's program on `iface`: its id, mode, whether it runs under libxdp's
 /// dispatcher and whether a process attached it for itself. `Ok(None)` if
 /// the interface runs no program of xroce's. Works from any process and
@@ -273,30 +241,12 @@ pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
     })
 }
 
-/// Loads the object. aya pins maps declared `pinned` in the object while it
-/// creates them (and would reuse a map already pinned at that path, sharing
-/// it between interfaces), so they are pinned in a directory of this load
-/// alone, removed right after: the program holds its maps from then on.
+/// Loads the object. Its maps are all BTF-defined without pinning, so
+/// nothing lands in bpffs: the program holds its maps once it is attached.
 fn load() -> Result<Ebpf, XdpError> {
-    ensure_bpffs()?;
-    let dir = Path::new("/sys/fs/bpf").join(format!(
-        "xroce-load-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos()
-    ));
-    fs::create_dir_all(&dir).map_err(|source| XdpError::Io {
-        what: format!("create {}", dir.display()),
-        source,
-    })?;
-    let ebpf = EbpfLoader::new()
-        .default_map_pin_directory(&dir)
+    EbpfLoader::new()
         .load(XDP_OBJECT)
-        .map_err(bpf_err("load the xroce XDP object"));
-    let _ = fs::remove_dir_all(&dir);
-    ebpf
+        .map_err(bpf_err("load the xroce XDP object"))
 }
 
 /// Detaches xroce's program from `iface`. Only that program: the kernel
