@@ -634,8 +634,12 @@ impl Libvirt {
         xroce_netns::add_veth(end(HOST_IFACE), end("xrb"), 4200)?;
         ns.ip(&["link", "set", "xrb", "master", BRIDGE, "up"])?;
         ns.configure(HOST_IFACE, 4200, HOST_IP.parse()?, 24)?;
+        // One route to the VMs, through xr0: programs under `xroce run`
+        // find their device from the route (rdma_cm's address resolution),
+        // and the bridge's own address serves nothing (no DHCP, no DNS).
+        ns.ip(&["route", "del", &format!("{PREFIX}0/24"), "dev", BRIDGE])?;
         eprintln!(
-            "vagrant: network xroce-rxe: bridge {BRIDGE} {PREFIX}1/24 (isolated, MTU 4200), {HOST_IFACE} {HOST_IP} for xroce"
+            "vagrant: network xroce-rxe: bridge {BRIDGE} {PREFIX}1/24 (isolated, MTU 4200), {HOST_IFACE} {HOST_IP} for xroce (the route to the VMs)"
         );
         Ok(())
     }
@@ -846,6 +850,22 @@ fn wanted(case: &str) -> bool {
 }
 
 const PP: &str = "-m 1024 -s 4096 -n 100";
+/// rping: 20 verified round trips of 4096 bytes.
+const RPING: &str = "-C 20 -V -S 4096";
+const RPING_COUNT: usize = 20;
+
+/// The client's count of verified pings (`grep -c 'ping data:'` of -v).
+fn rping_ok(out: &str) -> Result<String> {
+    let n: usize = out
+        .lines()
+        .rev()
+        .find_map(|l| l.trim().parse().ok())
+        .context("no count of pings")?;
+    if n != RPING_COUNT {
+        bail!("rping verified {n} pings, not {RPING_COUNT}");
+    }
+    Ok(format!("{n} pings of 4096 bytes verified by rping -V"))
+}
 const PP_BYTES: u64 = 2 * 4096 * 100;
 
 /// rxe1 serves, rxe2 connects (retrying until the server listens).
@@ -881,6 +901,15 @@ pub fn suite() -> Result<()> {
     let b = pack_box(false)?;
     add_box(&b)?;
     cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
+    // The drop-in libibverbs and librdmacm beside it, for `xroce run`.
+    cargo(&[
+        "build",
+        "--release",
+        "-p",
+        "xroce-ibverbs",
+        "-p",
+        "xroce-rdmacm",
+    ])?;
     let xroce = workspace_root().join("target/release/xroce");
     let x = xroce.to_string_lossy().into_owned();
     let lv = Libvirt::start()?;
@@ -940,20 +969,16 @@ pub fn suite() -> Result<()> {
         let name = "vagrant rxe<->rxe rping -V (data verified)";
         if wanted(name) {
             let t = Instant::now();
-            let count = 20;
             let r = rxe_pair(
                 &lv,
-                &format!("rping -s -a {PREFIX}11 -C {count} -V -S 4096"),
-                &format!("rping -c -a {PREFIX}11 -C {count} -V -S 4096 -v"),
+                &format!("rping -s -a {PREFIX}11 {RPING}"),
+                &format!(
+                    "{}; rping -c -a {PREFIX}11 {RPING} -v | grep -c 'ping data: rdma-ping-'",
+                    "set -o pipefail"
+                ),
                 Duration::from_secs(180),
             )
-            .and_then(|(_, c)| {
-                let pings = c.lines().filter(|l| l.contains("ping data:")).count();
-                if pings != count {
-                    bail!("rping printed {pings} verified pings, not {count}");
-                }
-                Ok(format!("{pings} pings of 4096 bytes verified"))
-            });
+            .and_then(|(_, c)| rping_ok(&c));
             record(name, t, r);
         }
         let name = "vagrant xroce (host) server <-> rxe ibv_rc_pingpong";
@@ -988,6 +1013,49 @@ pub fn suite() -> Result<()> {
                     .find(|l| l.contains("bytes in"))
                     .context("xroce printed no `bytes in` line")?;
                 Ok(format!("xroce: {}; rxe: {c}", h.trim()))
+            })();
+            record(name, t, r);
+        }
+        let name = "vagrant xroce run -- rping -V (host) <-> rxe rping (data verified)";
+        if wanted(name) {
+            let t = Instant::now();
+            let r = (|| {
+                let srv = Bg::spawn(
+                    ssh(
+                        &lv,
+                        "rxe1",
+                        &format!("timeout 150 rping -s -a {PREFIX}11 {RPING}"),
+                    ),
+                    dir().join("server.log"),
+                )?;
+                // rping's own -V compares every byte it reads back; the
+                // drop-in librdmacm and libibverbs carry it over xr0.
+                let mut host = lv.command("bash");
+                host.arg("-c").arg(format!(
+                    "set -o pipefail; for i in $(seq 1 30); do {x} run --iface {HOST_IFACE} --backend afxdp -- \
+                     rping -c -a {PREFIX}11 {RPING} -v >/tmp/xroce-vagrant-rping.$$ 2>&1 && \
+                     {{ grep -c 'ping data: rdma-ping-' /tmp/xroce-vagrant-rping.$$; rm -f /tmp/xroce-vagrant-rping.$$; exit 0; }}; \
+                     sleep 1; done; tail -5 /tmp/xroce-vagrant-rping.$$; rm -f /tmp/xroce-vagrant-rping.$$; exit 1"
+                ));
+                let (ok, hout) = run_timed(host, Duration::from_secs(180))?;
+                let _ = lv
+                    .command(&x)
+                    .args(["detach", "--iface", HOST_IFACE])
+                    .output();
+                let (sok, sout) = srv.finish(Duration::from_secs(60))?;
+                if !ok {
+                    bail!(
+                        "xroce run rping failed: {}",
+                        hout.lines().last().unwrap_or("")
+                    );
+                }
+                if !sok {
+                    bail!(
+                        "rxe1's rping -s failed: {}",
+                        sout.lines().last().unwrap_or("")
+                    );
+                }
+                rping_ok(&hout)
             })();
             record(name, t, r);
         }
