@@ -2,9 +2,9 @@
 //! -a (one verified row per size), -b (both directions at once, summed,
 //! both sides checking data), -c UC / UD (and the ops they refuse), -I
 //! (inline, and its limit), --report_gbits (units), -x (the source GID),
-//! and --perftest's address lines against Debian's ib_write_bw /
-//! ib_read_bw run under `xroce run` (each side's remote line is the other's
-//! local line).
+//! --perftest's address lines against Debian's ib_write_bw / ib_read_bw
+//! run under `xroce run` (each side's remote line is the other's local
+//! line), and --perftest -a against Debian's ib_write_bw / ib_write_lat -a.
 
 use std::{process::Output, time::Duration};
 
@@ -602,5 +602,119 @@ fn perftest_address_lines_match_debians_ib_write_bw_and_ib_read_bw() {
         finished_ok(&debian),
         1,
         &["LID", "QPN", "PSN", "OUT", "RKey", "VAddr"],
+    );
+}
+
+/// The sizes of the result rows in perftest-style output.
+fn row_sizes(text: &str) -> Vec<u64> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let size = w.next()?.parse().ok()?;
+            let iters: u64 = w.next()?.parse().ok()?;
+            (iters > 0).then_some(size)
+        })
+        .collect()
+}
+
+#[test]
+fn perftest_all_sizes_against_debians_ib_write_bw_and_ib_write_lat() {
+    require_root();
+    let _turn = serial();
+    let t = Topology::direct(Backend::AfXdp, 1500);
+    let s = |v: &[&str]| v.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+
+    // ib_write_bw -a serves; xroce's client prints a row per size and hands
+    // the last one to the server, which prints it.
+    let port = next_port();
+    let mut debian = debian_server(
+        &t,
+        "ib_write_bw",
+        &s(&["-x", "1", "-F", "-a", "-n", "5", "-p", &port.to_string()]),
+    );
+    wait_listening(t.server().ns, port, &mut debian, Duration::from_secs(30))
+        .expect("ib_write_bw listens");
+    let ours = xroce_proc(
+        &t,
+        false,
+        &s(&[
+            "bench",
+            "write",
+            "--perftest",
+            "-a",
+            "-n",
+            "5",
+            "-p",
+            &port.to_string(),
+            &t.server().addr.to_string(),
+        ]),
+    )
+    .finish(Duration::from_secs(120));
+    let debian = debian.finish(Duration::from_secs(30));
+    let (ours, debian) = (finished_ok(&ours), finished_ok(&debian));
+    assert_eq!(row_sizes(ours), all_sizes(), "{ours}");
+    assert_eq!(ours.matches("#bytes").count(), 1, "{ours}");
+    assert_eq!(row_sizes(debian), vec![1 << 23], "{debian}");
+
+    // xroce serves ib_write_lat -a: both print a row per size.
+    let port = next_port();
+    let mut ours = xroce_proc(
+        &t,
+        true,
+        &s(&[
+            "lat",
+            "write",
+            "--perftest",
+            "-a",
+            "-n",
+            "5",
+            "-p",
+            &port.to_string(),
+        ]),
+    );
+    wait_listening(t.server().ns, port, &mut ours, Duration::from_secs(30)).expect("xroce listens");
+    let debian = t
+        .start(
+            t.client(),
+            "ib_write_lat",
+            &s(&[
+                "-x",
+                "1",
+                "-F",
+                "-a",
+                "-n",
+                "5",
+                "-p",
+                &port.to_string(),
+                &t.server().addr.to_string(),
+            ]),
+        )
+        .finish(Duration::from_secs(120));
+    let ours = ours.finish(Duration::from_secs(30));
+    let (ours, debian) = (finished_ok(&ours), finished_ok(&debian));
+    assert_eq!(row_sizes(ours), all_sizes(), "{ours}");
+    assert_eq!(row_sizes(debian), all_sizes(), "{debian}");
+
+    // Send and atomics are refused with -a --perftest, naming the way out.
+    let out = t
+        .client()
+        .ns
+        .command(workspace_bin("xroce"))
+        .args([
+            "bench",
+            "send",
+            "--perftest",
+            "-a",
+            "-d",
+            t.client().iface,
+            "127.0.0.1",
+        ])
+        .output()
+        .expect("run xroce");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("-a with --perftest runs write and read") && err.contains("pass one --size"),
+        "{err}"
     );
 }

@@ -64,8 +64,11 @@ pub fn check(args: &PerfArgs, tool: Tool) -> anyhow::Result<()> {
         bail!("-b is for bandwidth (`xroce bench`); latency runs ping-pong already: leave out -b");
     }
     if args.perftest {
-        if args.all {
-            bail!("-a with --perftest is not supported yet: pass one --size per run (or run -a against an xroce peer, without --perftest)");
+        if args.all && !matches!(op, Op::Write | Op::Read) {
+            bail!(
+                "-a with --perftest runs write and read (ib_write_*/ib_read_*); for {} pass one --size per run, or run -a against an xroce peer (without --perftest)",
+                op.name()
+            );
         }
         if args.bidirectional {
             bail!("-b with --perftest is not supported yet: run -b against an xroce peer (without --perftest)");
@@ -162,7 +165,7 @@ pub fn source_ip(args: &PerfArgs, default: IpAddr) -> anyhow::Result<IpAddr> {
                 .map(|(i, _)| i.to_string())
                 .collect();
             bail!(
-                "-x {n}: GID {} is IPv6; xroce's engine runs RoCEv2 over IPv4: use -x {} (table: {})",
+                "-x {n}: GID {} is IPv6; bench and lat run RoCEv2 over IPv4: use -x {} (table: {})",
                 show_gid(gid),
                 if v4.is_empty() {
                     "N after adding an IPv4 address".to_string()

@@ -151,11 +151,12 @@ pub struct PerfArgs {
     pub port: u16,
     /// GID index of the source address, as perftest's -x: the table the
     /// drop-in libibverbs shows (0 link-local, 1 the IPv4 address, then
-    /// IPv6 ones); the engine runs RoCEv2 over IPv4, so 1
+    /// IPv6 ones); bench and lat run RoCEv2 over IPv4, so 1
     #[arg(long = "gid-index", short = 'x', value_name = "N")]
     pub gid_index: Option<u32>,
     /// All sizes 2..2^23 (perftest's -a), one report row per size (client;
-    /// --json: one object per size, one per line)
+    /// --json: one object per size, one per line; --perftest: write and
+    /// read, both sides)
     #[arg(long, short = 'a', conflicts_with = "size")]
     pub all: bool,
     /// bench: both sides send at once; the report is the sum of both

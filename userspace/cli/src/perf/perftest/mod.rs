@@ -70,12 +70,18 @@ struct Params {
     iters: u64,
     qps: usize,
     tx_depth: usize,
+    /// -a: every size up to `size` (the buffers are made for the largest).
+    all: bool,
 }
+
+/// perftest's -a: 2 B .. 8 MiB.
+const ALL_SIZES: std::ops::RangeInclusive<u32> = 1..=23;
 
 impl Params {
     fn new(args: &PerfArgs, tool: Tool) -> anyhow::Result<Params> {
         let size = match (tool, args.op) {
             (_, Op::Atomic) => 8,
+            _ if args.all => 1 << ALL_SIZES.end(),
             (Tool::Bw, _) => args.size_or(DEF_SIZE_BW)?,
             (Tool::Lat, _) => args.size_or(DEF_SIZE_LAT)?,
         };
@@ -109,6 +115,7 @@ impl Params {
             iters,
             qps: args.qps,
             tx_depth,
+            all: args.all,
         })
     }
 
@@ -136,6 +143,26 @@ pub fn bench(args: &PerfArgs) -> anyhow::Result<()> {
             t.close()?;
             t.report_bw(args.json, &r, None)
         }
+        (Role::Client, _) if p.all => {
+            // As perftest's RUN_ALL: a row per size, then the last report
+            // to the passive server.
+            let mut last = None;
+            for (i, k) in ALL_SIZES.enumerate() {
+                t.p.size = 1 << k;
+                let r = t.bw_client()?;
+                t.rows = (i == 0, k == *ALL_SIZES.end());
+                t.report_bw(args.json, &r, None)?;
+                last = Some(r);
+            }
+            let r = last.expect("sizes to run");
+            t.conn.hand_shake(&t.my[0])?;
+            let theirs = t
+                .conn
+                .exchange_bw_report(&report::in_units(&r.to_report(t.p), t.gbits))?;
+            t.close()?;
+            let _ = theirs;
+            Ok(())
+        }
         (Role::Client, _) => {
             let r = t.bw_client()?;
             t.conn.hand_shake(&t.my[0])?;
@@ -160,6 +187,22 @@ pub fn bench(args: &PerfArgs) -> anyhow::Result<()> {
 pub fn lat(args: &PerfArgs) -> anyhow::Result<()> {
     let p = Params::new(args, Tool::Lat)?;
     let mut t = Test::setup(args, p)?;
+    if p.all && !(t.role == Role::Server && p.op == Op::Read) {
+        // As perftest's RUN_ALL: the same connection, a row per size.
+        for (i, k) in ALL_SIZES.enumerate() {
+            t.p.size = 1 << k;
+            let samples = match p.op {
+                Op::Write => t.lat_write()?,
+                _ => t.lat_read()?,
+            };
+            t.rows = (i == 0, k == *ALL_SIZES.end());
+            t.report_lat(args.json, samples)?;
+        }
+        if p.op == Op::Read {
+            t.close()?;
+        }
+        return Ok(());
+    }
     let samples = match (t.role, p.op) {
         (Role::Server, Op::Read) => {
             // Only the client posts READs; the server waits to close.
@@ -186,7 +229,8 @@ pub fn lat(args: &PerfArgs) -> anyhow::Result<()> {
 
 /// How long the passive side may wait for the whole run.
 fn run_timeout(p: Params) -> Duration {
-    OOB_TIMEOUT + Duration::from_millis(p.iters.saturating_mul(p.qps as u64)) * 10
+    let runs = if p.all { ALL_SIZES.count() as u32 } else { 1 };
+    OOB_TIMEOUT + Duration::from_millis(p.iters.saturating_mul(p.qps as u64)) * 10 * runs
 }
 
 /// Receives per QP: the send bw server keeps perftest's 512 (shared by the

@@ -81,8 +81,8 @@ impl Test {
         if json {
             print_json(&report)?;
         } else {
-            print_perftest_bw(&in_units(&mine, self.gbits), self.gbits);
-            if p.op != Op::Send && self.role == Role::Client {
+            print_perftest_bw(&in_units(&mine, self.gbits), self.gbits, self.rows);
+            if p.op != Op::Send && self.role == Role::Client && !p.all {
                 Table::from(&report).print();
             }
         }
@@ -111,7 +111,7 @@ impl Test {
             }
             print_json(&report)?;
         } else {
-            print_perftest_bw(theirs, self.gbits);
+            print_perftest_bw(theirs, self.gbits, self.rows);
         }
         Ok(())
     }
@@ -152,15 +152,19 @@ impl Test {
             return print_json(&report);
         }
         let l = &report.lat_us;
-        println!("{RESULT_LINE}");
-        println!(
-            " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
-        );
+        if self.rows.0 {
+            println!("{RESULT_LINE}");
+            println!(
+                " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
+            );
+        }
         println!(
             " {:<7} {:<10}     {:<7.2}        {:<7.2}      {:<7.2}     \t       {:<7.2}     \t{:<7.2}\t\t{:<7.2}   \t\t{:<7.2}",
             p.size, p.iters, l.min, l.max, l.p50, l.avg, stdev_us, l.p99, l.p999,
         );
-        println!("{RESULT_LINE}");
+        if self.rows.1 {
+            println!("{RESULT_LINE}");
+        }
         Ok(())
     }
 }
@@ -194,15 +198,22 @@ fn in_mb(r: &BwReport, gbits: bool) -> BwReport {
 
 /// perftest's bw table, its figures as they are; headed Gb/sec with
 /// --report_gbits.
-fn print_perftest_bw(r: &BwReport, gbits: bool) {
+/// `rows`: the header (first row of -a), the closing rule (last).
+fn print_perftest_bw(r: &BwReport, gbits: bool, rows: (bool, bool)) {
     let unit = if gbits { "Gb/sec" } else { "MB/sec" };
-    println!("{RESULT_LINE}");
-    println!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]");
+    if rows.0 {
+        println!("{RESULT_LINE}");
+        println!(
+            " #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]"
+        );
+    }
     println!(
         " {:<7}    {:<10}       {:<7.2}            {:<7.2}\t\t   {:<7.6}",
         r.size, r.iters, r.bw_peak, r.bw_avg, r.msg_rate_avg
     );
-    println!("{RESULT_LINE}");
+    if rows.1 {
+        println!("{RESULT_LINE}");
+    }
 }
 
 /// perftest's report as it goes into ours.

@@ -67,6 +67,9 @@ pub(super) struct Test {
     pub(super) inline: usize,
     /// --report_gbits.
     pub(super) gbits: bool,
+    /// Whether the next report prints the table's header and its closing
+    /// rule (-a prints one table).
+    pub(super) rows: (bool, bool),
 }
 
 impl Test {
@@ -153,6 +156,7 @@ impl Test {
             mtu,
             inline: args.inline_size.unwrap_or(0) as usize,
             gbits: args.report_gbits,
+            rows: (true, true),
         };
         t.hand_shakes()?;
         if !args.json {
