@@ -85,7 +85,7 @@ impl Netns {
     }
 
     /// A command that runs in this namespace's network stack but keeps the
-    /// host's mounts (so /sys/fs/bpf pins are shared, unlike `ip netns exec`).
+    /// host's mounts (`nsenter --net`; xdp_attach checks `ip netns exec` too).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         self.guard.command(program)
     }
@@ -104,8 +104,8 @@ impl Netns {
 
 impl Drop for VethPair {
     fn drop(&mut self) {
-        // A process killed mid-test cannot detach: its pins would outlive
-        // the interfaces. The names are this test's own.
+        // The XDP programs go with the interfaces; what an older xroce
+        // pinned under these (this test's own) names goes too.
         for iface in [&self.if_a, &self.if_b] {
             let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(iface));
         }

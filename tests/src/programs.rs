@@ -254,7 +254,7 @@ impl Topology {
     }
 
     /// `xroce run --iface IF --backend B -- PROGRAM ARGS` in the node's
-    /// namespace (nsenter --net keeps the host's /sys/fs/bpf).
+    /// namespace (nsenter --net).
     pub fn command(&self, node: Node<'_>, program: &str, args: &[String]) -> Command {
         let mut cmd = node.ns.command(workspace_bin("xroce"));
         cmd.args([

@@ -104,8 +104,8 @@ pub fn check_frame(frame: &[u8]) -> Result<Checked, String> {
     })
 }
 
-/// Removes the XDP pin directories of these interfaces on drop (the
-/// namespace going away detaches the program but leaves bpffs pins).
+/// Removes on drop what an older xroce pinned for these interfaces (the
+/// program itself goes with the interface's namespace).
 pub struct PinGuard(pub Vec<String>);
 
 impl Drop for PinGuard {
