@@ -468,6 +468,7 @@ impl Libvirt {
             bail!("cargo xtask vagrant runs libvirtd and makes namespaces: run it as root");
         }
         let tag = format!("xrvg-{}", std::process::id());
+        remove_stale();
         xroce_netns::delete_on_interrupt(|| {
             eprintln!("\nvagrant: interrupted: stopping libvirtd's namespace");
             if let Some(pid) = HOLDER.lock().ok().and_then(|h| *h) {
@@ -698,6 +699,30 @@ impl Drop for Libvirt {
     }
 }
 
+/// What a run killed by SIGKILL leaves (its PID namespace dies with it,
+/// see PR_SET_PDEATHSIG above): the named network namespace
+/// /run/netns/xrvg-<pid> and target/vagrant/run-<pid>, whose <pid> is gone.
+fn remove_stale() {
+    let dead = |name: &str, prefix: &str| {
+        name.strip_prefix(prefix)
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    };
+    for e in fs::read_dir("/run/netns").into_iter().flatten().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if dead(&n, "xrvg-") {
+            eprintln!("vagrant: deleting network namespace {n} (left by a killed run)");
+            xroce_netns::delete(&n);
+        }
+    }
+    for e in fs::read_dir(dir()).into_iter().flatten().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if dead(&n, "run-") {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 fn tail(path: &Path) -> String {
     let s = fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = s.lines().collect();
@@ -722,6 +747,13 @@ fn shell(command: &[String]) -> Result<()> {
         c.arg("-c").arg(command.join(" "));
         c
     };
+    // SAFETY: prctl in the child before exec: the shell ends with xtask.
+    unsafe {
+        c.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
     eprintln!("+ {}", describe(&c));
     let st = c.status()?;
     drop(lv);
