@@ -6,7 +6,7 @@
 
 use aya::{
     maps::{MapData, MapInfo},
-    programs::{loaded_programs, ProgramInfo},
+    programs::{loaded_programs, ProgramError, ProgramInfo},
 };
 use xroce_common::names;
 
@@ -33,7 +33,17 @@ pub struct XdpAttachment {
 /// The program with id `id`, if it is still loaded.
 pub(super) fn program(id: u32) -> Result<Option<ProgramInfo>, XdpError> {
     for info in loaded_programs() {
-        let info = info.map_err(bpf_err("list the loaded BPF programs"))?;
+        let info = match info {
+            Ok(info) => info,
+            // A program unloaded between listing and opening it (another
+            // process's): not ours to find, not a failure.
+            Err(ProgramError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                continue
+            }
+            Err(e) => return Err(bpf_err("list the loaded BPF programs")(e)),
+        };
         if info.id() == id {
             return Ok(Some(info));
         }
