@@ -17,10 +17,11 @@
 set -euo pipefail
 
 # rdma-core and its tools; kmod/iproute2 to set rxe up; tcpdump for
-# captures; bpftool, libelf1 and zlib1g for xroce's binaries and tests.
+# captures; bpftool, libelf1 and zlib1g for xroce's binaries and tests;
+# xdp-tools (xdp-loader, xdp-filter) for the libxdp dispatcher case.
 PACKAGES="rdma-core ibverbs-utils ibverbs-providers perftest rdmacm-utils \
 infiniband-diags iproute2 kmod procps iputils-ping tcpdump ethtool bpftool \
-libelf1 zlib1g util-linux ca-certificates"
+libelf1 zlib1g util-linux ca-certificates xdp-tools"
 
 # rxe needs a CRC32 implementation it asks for on demand (not a module
 # dependency): without it `rdma link add` fails with "No such file or directory".
