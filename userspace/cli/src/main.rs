@@ -7,6 +7,7 @@ mod capture;
 mod congestion;
 mod decode;
 mod experiment;
+mod iface;
 mod perf;
 // rc_pingpong's refill loop bumps the count its range started from (on purpose).
 mod pingpong;

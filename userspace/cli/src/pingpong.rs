@@ -53,8 +53,9 @@ const STALL: Duration = Duration::from_secs(20);
 pub struct PingpongArgs {
     /// Server to connect to (client); without it, wait for a client (server)
     pub peer: Option<String>,
-    /// Interface to run RoCEv2 on (ibv_rc_pingpong: the IB device)
-    #[arg(long, short = 'd')]
+    /// Interface to run RoCEv2 on (or, as ibv_rc_pingpong's -d, xroce's
+    /// device on it: xroce_IF)
+    #[arg(long, short = 'd', value_parser = crate::iface::interface)]
     pub iface: String,
     /// TCP port of the out-of-band exchange
     #[arg(long, short = 'p', default_value_t = 18515)]

@@ -86,8 +86,9 @@ pub struct PerfArgs {
     /// without it, serve a perftest client on --port
     #[arg(requires = "perftest")]
     pub server: Option<String>,
-    /// Interface to run RoCEv2 on
-    #[arg(long, short = 'd')]
+    /// Interface to run RoCEv2 on (or xroce's device on it, as perftest's
+    /// -d: xroce_IF)
+    #[arg(long, short = 'd', value_parser = crate::iface::interface)]
     pub iface: String,
     /// Serve a peer on ADDR:PORT (the TCP port of the exchange)
     #[arg(
