@@ -15,6 +15,7 @@ use super::{
 };
 use crate::util::{cargo, step, workspace_root};
 
+mod dispatcher;
 mod rdmacm;
 
 const MEM_MIB: u32 = 1536;
@@ -264,8 +265,9 @@ pub fn run_one(k: Kernel, mtu: u32, script: &str) -> Result<i32> {
 
 /// Kernel matrix: in a VM on each kernel, xroce's XDP program attaches in
 /// native mode on virtio-net (through the verifier) and in skb mode, its
-/// counters read back, and the xdp_redirect end-to-end test binary runs
-/// (namespaces + veth inside the guest).
+/// counters read back, the xdp_redirect end-to-end test binary runs
+/// (namespaces + veth inside the guest), and xroce shares a veth with
+/// xdp-filter through libxdp's dispatcher (suites/dispatcher.rs).
 pub fn matrix(kernels: &[Kernel]) -> Result<()> {
     let payload = payload()?;
     let mut table = Table::default();
@@ -284,6 +286,12 @@ pub fn matrix(kernels: &[Kernel]) -> Result<()> {
                 continue;
             }
         };
+        // XROCE_VM_ONLY=dispatcher: only the libxdp dispatcher case.
+        if std::env::var("XROCE_VM_ONLY").as_deref() == Ok("dispatcher") {
+            dispatcher::run(&mut vm, k, &mut table);
+            vm.poweroff()?;
+            continue;
+        }
         let x = "/opt/xroce/target/release/xroce";
         // (mode, interface MTU, counted): virtio-net takes native XDP only
         // while a frame fits a page; jumbo MTUs are reported, not required.
@@ -341,6 +349,7 @@ pub fn matrix(kernels: &[Kernel]) -> Result<()> {
                     .to_string()
             });
         table.record(&format!("{} e2e xdp_redirect", k.label()), t, &r);
+        dispatcher::run(&mut vm, k, &mut table);
         vm.poweroff()?;
         drop(ns);
     }

@@ -2,7 +2,9 @@
 //! xdp-loader do: rtnetlink names the program attached to the interface
 //! (IFLA_XDP), and the program's id leads to its maps. Nothing here reads
 //! bpffs, so it works in any mount namespace (`ip netns exec` gives a
-//! command a private /sys, `nsenter --net` keeps the host's).
+//! command a private /sys, `nsenter --net` keeps the host's). Under
+//! libxdp's dispatcher the interface names the dispatcher; xroce's program
+//! is the one a freplace link of the dispatcher runs.
 
 use aya::{
     maps::{MapData, MapInfo},
@@ -10,7 +12,7 @@ use aya::{
 };
 use xroce_common::names;
 
-use super::{bpf_err, if_index, Mode, XdpError};
+use super::{bpf_err, if_index, libxdp, Mode, XdpError};
 
 /// xroce's program on an interface, as [`query`](super::query) reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,6 +87,25 @@ pub(super) fn find(iface: &str) -> Result<Option<(XdpAttachment, ProgramInfo)>, 
                 by_process: false,
             };
             return Ok(Some((attachment, info)));
+        }
+        // libxdp's dispatcher: xroce's program is one of the programs its
+        // slots run (freplace links whose target is the dispatcher).
+        if info.name_as_str() == Some(libxdp::DISPATCHER_NAME) {
+            for component in libxdp::components(id) {
+                let Some(c) = program(component)? else {
+                    continue;
+                };
+                if is_ours(&c) {
+                    let attachment = XdpAttachment {
+                        ifindex,
+                        prog_id: component,
+                        mode,
+                        dispatcher: Some(id),
+                        by_process: false,
+                    };
+                    return Ok(Some((attachment, c)));
+                }
+            }
         }
     }
     Ok(None)

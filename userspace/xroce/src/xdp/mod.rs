@@ -28,8 +28,10 @@ use xroce_common::{
 use xroce_netlink::xdp::{flags as xdp_flags, set_xdp};
 
 mod find;
+mod libxdp;
 
 pub use find::XdpAttachment;
+pub use libxdp::RUN_PRIO;
 
 /// The XDP object built from ebpf/ by build.rs.
 static XDP_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xroce-xdp"));
@@ -196,9 +198,15 @@ fn clean_stale_pins(iface: &str) {
     }
 }
 
-/// Loads the program, attaches it to `iface` in `mode` over rtnetlink: the
-/// attachment belongs to the interface and stays until [`detach`] (or the
-/// interface goes), whatever becomes of this process and its mounts.
+/// Loads the program and attaches it to `iface` in `mode`. Through libxdp's
+/// multi-program dispatcher where the kernel takes EXT programs, so other
+/// programs share the interface (xdp-filter, a user's own; libxdp pins the
+/// component's link in bpffs, which keeps it); where it does not, libxdp
+/// attaches the program directly over netlink. Either way the attachment
+/// stays until [`detach`] (or the interface goes), whatever becomes of this
+/// process. A command whose bpffs dies with it (`ip netns exec` mounts a
+/// private /sys) attaches directly over rtnetlink: a pin there would not
+/// outlive the command.
 pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
     require_root()?;
     let ifindex = if_index(iface)?;
@@ -213,6 +221,50 @@ pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
         return Err(XdpError::AlreadyAttached(iface.into()));
     }
     clean_stale_pins(iface);
+    if !bpffs_outlives_us() {
+        return attach_direct(iface, ifindex, mode);
+    }
+    libxdp::attach(XDP_OBJECT, ifindex, mode).map_err(|errno| match errno {
+        libc::EBUSY | libc::EEXIST => XdpError::OtherProgram(iface.into()),
+        _ => XdpError::Bpf {
+            what: format!("attach XDP to {iface} in {mode} mode through libxdp"),
+            source: libxdp::strerror(errno).into(),
+        },
+    })
+}
+
+/// Whether libxdp's pins under /sys/fs/bpf outlive this process: this is
+/// PID 1's mount namespace, or its /sys/fs/bpf is the same bpffs as PID
+/// 1's. Not so under `ip netns exec`, whose private /sys goes with it.
+fn bpffs_outlives_us() -> bool {
+    let ns = |p: &str| fs::read_link(p).ok();
+    if ns("/proc/self/ns/mnt").is_some() && ns("/proc/self/ns/mnt") == ns("/proc/1/ns/mnt") {
+        return true;
+    }
+    use std::os::unix::fs::MetadataExt;
+    match (
+        fs::metadata("/sys/fs/bpf"),
+        fs::metadata("/proc/1/root/sys/fs/bpf"),
+    ) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino() && is_bpffs("/sys/fs/bpf"),
+        _ => false,
+    }
+}
+
+fn is_bpffs(path: &str) -> bool {
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    let Ok(c) = CString::new(path) else {
+        return false;
+    };
+    // SAFETY: statfs writes only into `st`.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC
+    }
+}
+
+/// Attaches over rtnetlink without libxdp (no pin, nothing in bpffs).
+fn attach_direct(iface: &str, ifindex: u32, mode: Mode) -> Result<(), XdpError> {
     let mut ebpf = load()?;
     let program: &mut Xdp = ebpf
         .program_mut(names::PROGRAM)
@@ -249,15 +301,27 @@ fn load() -> Result<Ebpf, XdpError> {
         .map_err(bpf_err("load the xroce XDP object"))
 }
 
-/// Detaches xroce's program from `iface`. Only that program: the kernel
-/// removes it only if it is still the one attached (XDP_FLAGS_REPLACE with
-/// its fd expected).
+/// Detaches xroce's program from `iface`. Only that program: under a
+/// dispatcher libxdp removes xroce's component and the others stay;
+/// attached directly, the kernel removes it only if it is still the one
+/// attached (XDP_FLAGS_REPLACE with its fd expected).
 pub fn detach(iface: &str) -> Result<(), XdpError> {
     require_root()?;
     let Some((attachment, info)) = find::find(iface)? else {
         clean_stale_pins(iface);
         return Err(XdpError::NotAttached(iface.into()));
     };
+    if attachment.dispatcher.is_some() {
+        return libxdp::detach_component(attachment.ifindex, attachment.prog_id, attachment.mode)
+            .map_err(|errno| XdpError::Bpf {
+                what: format!(
+                    "detach xroce's program from libxdp's dispatcher on {iface} \
+                     (libxdp's state is under /sys/fs/bpf/xdp; run this where \
+                     `xdp-loader status {iface}` lists the programs)"
+                ),
+                source: libxdp::strerror(errno).into(),
+            });
+    }
     let fd = info.fd().map_err(bpf_err("open the XDP program"))?;
     set_xdp(
         attachment.ifindex,
