@@ -126,6 +126,11 @@ pub struct VethPair {
 
 impl VethPair {
     pub fn new(mtu: u32) -> Self {
+        Self::with_queues(mtu, 1)
+    }
+
+    /// A pair with `queues` RX and TX queues on each end.
+    pub fn with_queues(mtu: u32, queues: u32) -> Self {
         let tag = unique_tag();
         let a = Netns::new(format!("xr{tag}a"));
         let b = Netns::new(format!("xr{tag}b"));
@@ -135,7 +140,7 @@ impl VethPair {
         let octet = (unique_subnet() % 250) as u8 + 1;
         let addr_a = std::net::Ipv4Addr::new(10, 77, octet, 1);
         let addr_b = std::net::Ipv4Addr::new(10, 77, octet, 2);
-        xroce_netns::add_veth(
+        xroce_netns::add_veth_queues(
             xroce_netns::VethEnd {
                 netns: &a.name,
                 iface: &if_a,
@@ -145,6 +150,7 @@ impl VethPair {
                 iface: &if_b,
             },
             mtu,
+            queues,
         )
         .unwrap_or_else(|e| panic!("{e}"));
         for (ns, ifname, addr) in [(&a, &if_a, addr_a), (&b, &if_b, addr_b)] {

@@ -247,45 +247,6 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// A veth pair with two RX queues on each end, addressed in 10.78.x/24
-/// (inside the namespaces only), links up.
-fn two_queue_pair() -> (Netns, Netns, String, String, Ipv4Addr, Ipv4Addr) {
-    let tag = unique_tag();
-    let a = Netns::new(format!("xr{tag}a"));
-    let b = Netns::new(format!("xr{tag}b"));
-    let (if_a, if_b) = (format!("xr{tag}a"), format!("xr{tag}b"));
-    run(Command::new("ip").args([
-        "link",
-        "add",
-        &if_a,
-        "numtxqueues",
-        "2",
-        "numrxqueues",
-        "2",
-        "netns",
-        &a.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &if_b,
-        "numtxqueues",
-        "2",
-        "numrxqueues",
-        "2",
-        "netns",
-        &b.name,
-    ]));
-    let octet = (std::process::id() % 200) as u8 + 20;
-    let addr_a = Ipv4Addr::new(10, 78, octet, 1);
-    let addr_b = Ipv4Addr::new(10, 78, octet, 2);
-    for (ns, ifname, addr) in [(&a, &if_a, addr_a), (&b, &if_b, addr_b)] {
-        ns.exec(&["ip", "addr", "add", &format!("{addr}/24"), "dev", ifname]);
-        ns.exec(&["ip", "link", "set", ifname, "up"]);
-    }
-    (a, b, if_a, if_b, addr_a, addr_b)
-}
-
 /// `-c N` on a two-queue interface: every queue is captured, exactly N
 /// frames are written (the sender sends more), byte for byte the frames
 /// sent, and xroce decode and tshark read N frames with N good ICRCs.
@@ -293,12 +254,14 @@ fn two_queue_pair() -> (Netns, Netns, String, String, Ipv4Addr, Ipv4Addr) {
 fn capture_writes_a_pcap_that_decode_and_tshark_read() {
     require_root();
     const N: u32 = 300;
-    let (a, b, if_a, if_b, addr_a, addr_b) = two_queue_pair();
+    let pair = VethPair::with_queues(1500, 2);
+    let (a, b, if_a, if_b) = (&pair.a, &pair.b, pair.if_a.clone(), pair.if_b.clone());
+    let (addr_a, addr_b) = (pair.addr_a, pair.addr_b);
     let _pins = xroce_tests::roce::PinGuard(vec![if_b.clone()]);
-    let _xdp = AttachedXdp::new(&b, &if_b, "native");
+    let _xdp = AttachedXdp::new(b, &if_b, "native");
     let file = tmp("c.pcap");
     let cap = Running::start(
-        &b,
+        b,
         &[
             "--iface",
             &if_b,

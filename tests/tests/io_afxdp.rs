@@ -350,43 +350,11 @@ fn afxdp_multi_buffer_carries_path_mtu_4096_frames() {
 /// kernel spread over them.
 #[test]
 fn multi_queue_wrapper_receives_from_every_queue() {
-    use std::net::{Ipv4Addr, UdpSocket};
-    use xroce_tests::{run, unique_tag, Netns};
+    use std::net::UdpSocket;
     require_root();
-    let tag = unique_tag();
-    let a = Netns::new(format!("xr{tag}a"));
-    let b = Netns::new(format!("xr{tag}b"));
-    let (if_a, if_b) = (format!("xr{tag}a"), format!("xr{tag}b"));
-    let _pins = PinGuard(vec![if_b.clone()]);
-    run(std::process::Command::new("ip").args([
-        "link",
-        "add",
-        &if_a,
-        "numtxqueues",
-        "2",
-        "numrxqueues",
-        "2",
-        "netns",
-        &a.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &if_b,
-        "numtxqueues",
-        "2",
-        "numrxqueues",
-        "2",
-        "netns",
-        &b.name,
-    ]));
-    let octet = (std::process::id() % 200) as u8 + 20;
-    let addr_a = Ipv4Addr::new(10, 79, octet, 1);
-    let addr_b = Ipv4Addr::new(10, 79, octet, 2);
-    for (ns, ifname, addr) in [(&a, &if_a, addr_a), (&b, &if_b, addr_b)] {
-        ns.exec(&["ip", "addr", "add", &format!("{addr}/24"), "dev", ifname]);
-        ns.exec(&["ip", "link", "set", ifname, "up"]);
-    }
+    let pair = xroce_tests::VethPair::with_queues(1500, 2);
+    let (a, b, if_b) = (&pair.a, &pair.b, pair.if_b.clone());
+    let (addr_a, addr_b) = (pair.addr_a, pair.addr_b);
     const SOCKETS: u32 = 16;
     const EACH: u32 = 50;
     let barrier = Arc::new(Barrier::new(2));

@@ -27,7 +27,7 @@ use xroce_report::{BenchReport, StatsInterval, StatsReport, StatusReport, XdpSta
 use xroce_tests::{
     perf,
     programs::{self, Proc, TempDir},
-    require_root, unique_tag, workspace_bin, Netns, VethPair,
+    require_root, workspace_bin, Netns, VethPair,
 };
 
 /// Detaches the program from `iface` in `ns` when the test ends, however
@@ -69,39 +69,8 @@ impl Drop for Attached<'_> {
 /// each end; a's kernel sends every frame on its TX queue 1 (XPS), which
 /// veth delivers on b's RX queue 1.
 fn two_queue_pair() -> VethPair {
-    let tag = unique_tag();
-    let a = Netns::new(format!("xr{tag}a"));
-    let b = Netns::new(format!("xr{tag}b"));
-    let (if_a, if_b) = (format!("xr{tag}a"), format!("xr{tag}b"));
-    let octet = 200 + (std::process::id() % 50) as u8;
-    let addr_a = std::net::Ipv4Addr::new(10, 77, octet, 1);
-    let addr_b = std::net::Ipv4Addr::new(10, 77, octet, 2);
-    xroce_tests::run(Command::new("ip").args([
-        "link",
-        "add",
-        &if_a,
-        "numtxqueues",
-        "2",
-        "numrxqueues",
-        "2",
-        "netns",
-        &a.name,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &if_b,
-        "numtxqueues",
-        "2",
-        "numrxqueues",
-        "2",
-        "netns",
-        &b.name,
-    ]));
-    for (ns, iface, addr) in [(&a, &if_a, addr_a), (&b, &if_b, addr_b)] {
-        ns.exec(&["ip", "addr", "add", &format!("{addr}/24"), "dev", iface]);
-        ns.exec(&["ip", "link", "set", iface, "up"]);
-    }
+    let pair = VethPair::with_queues(1500, 2);
+    let (a, if_a) = (&pair.a, &pair.if_a);
     // XPS lives in sysfs, which only `ip netns exec` shows for a's
     // interfaces (nsenter keeps the host's /sys).
     let xps = format!(
@@ -110,14 +79,7 @@ fn two_queue_pair() -> VethPair {
         all_cpus_mask()
     );
     xroce_tests::run(Command::new("ip").args(["netns", "exec", &a.name, "sh", "-c", &xps]));
-    VethPair {
-        a,
-        b,
-        if_a,
-        if_b,
-        addr_a,
-        addr_b,
-    }
+    pair
 }
 
 /// The cpumask of every CPU the kernel may run (sysfs's format: 32-bit

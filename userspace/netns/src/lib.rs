@@ -258,11 +258,22 @@ pub struct VethEnd<'a> {
 /// stay down; [`Netns::configure`] or `ip link set ... up` raise them.
 /// Deleting either namespace deletes the pair.
 pub fn add_veth(a: VethEnd, b: VethEnd, mtu: u32) -> Result<()> {
-    let mtu = mtu.to_string();
-    run(Command::new("ip").args([
-        "link", "add", a.iface, "netns", a.netns, "mtu", &mtu, "type", "veth", "peer", "name",
-        b.iface, "netns", b.netns, "mtu", &mtu,
-    ]))
+    add_veth_queues(a, b, mtu, 1)
+}
+
+/// [`add_veth`] with `queues` RX and TX queues on each end (multi-queue
+/// veth: the kernel spreads flows over them, and AF_XDP binds per queue).
+pub fn add_veth_queues(a: VethEnd, b: VethEnd, mtu: u32, queues: u32) -> Result<()> {
+    let (mtu, q) = (mtu.to_string(), queues.to_string());
+    let mut args = vec!["link", "add"];
+    for (i, e) in [a, b].into_iter().enumerate() {
+        if i == 1 {
+            args.extend(["type", "veth", "peer", "name"]);
+        }
+        args.extend([e.iface, "netns", e.netns, "mtu", &mtu]);
+        args.extend(["numtxqueues", &q, "numrxqueues", &q]);
+    }
+    run(Command::new("ip").args(args))
 }
 
 #[cfg(test)]
