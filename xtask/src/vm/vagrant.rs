@@ -773,6 +773,7 @@ fn run_timed(mut cmd: Command, limit: Duration) -> Result<(bool, String)> {
         .stdin(Stdio::null())
         .stdout(f.try_clone()?)
         .stderr(f)
+        .process_group(0)
         .spawn()
         .with_context(|| format!("starting {what}"))?;
     let t = Instant::now();
@@ -781,8 +782,7 @@ fn run_timed(mut cmd: Command, limit: Duration) -> Result<(bool, String)> {
             break Some(st);
         }
         if t.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
             break None;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -808,10 +808,13 @@ impl Bg {
     fn spawn(mut cmd: Command, log: PathBuf) -> Result<Bg> {
         eprintln!("+ {} &", describe(&cmd));
         let f = fs::File::create(&log)?;
+        // Its own process group: `vagrant ssh` runs ssh as a child,
+        // which must go too.
         let child = cmd
             .stdin(Stdio::null())
             .stdout(f.try_clone()?)
             .stderr(f)
+            .process_group(0)
             .spawn()?;
         Ok(Bg { child, log })
     }
@@ -844,10 +847,19 @@ impl Bg {
 
 impl Drop for Bg {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+        kill_group(&mut self.child);
+    }
+}
+
+/// SIGKILL to the process group `child` leads (it and what it started,
+/// e.g. vagrant's ssh), then reaps it.
+fn kill_group(child: &mut Child) {
+    // Only while it is unreaped: its PID (= PGID) is still ours then.
+    if child.try_wait().ok().flatten().is_none() {
+        // SAFETY: a signal to the group of a child we spawned with
+        // process_group(0) (its PGID is its PID).
+        unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+        let _ = child.wait();
     }
 }
 
