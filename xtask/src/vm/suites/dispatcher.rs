@@ -97,7 +97,13 @@ pub(super) fn run(vm: &mut Vm, k: Kernel, table: &mut Table) {
     let t = Instant::now();
     let r = vm
         .run(SCRIPT, Duration::from_secs(240))
-        .and_then(|(rc, out)| summary(rc, &out));
+        .and_then(|(rc, out)| {
+            // The guest's own words (xdp-loader status, stats) in the log.
+            for l in out.lines() {
+                eprintln!("[{} dispatcher] {l}", k.label());
+            }
+            summary(rc, &out)
+        });
     table.record(
         &format!("{} dispatcher (xdp-filter beside)", k.label()),
         t,
@@ -107,7 +113,6 @@ pub(super) fn run(vm: &mut Vm, k: Kernel, table: &mut Table) {
 
 fn summary(rc: i32, out: &str) -> Result<String> {
     if rc != 0 || !out.contains("DISPATCHER-OK") {
-        eprintln!("{out}");
         let why = out
             .lines()
             .rev()
