@@ -16,14 +16,13 @@
 use std::{
     fs,
     path::PathBuf,
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{bail, Context};
 use xroce::{
     capture::{PcapWriter, WriteOptions, DEFAULT_SNAPLEN},
-    device::{AfXdpHold, QpnBlock},
+    device::{AfXdpHold, Hold, QpnBlock},
     io::{
         afxdp::{rx_queue_count, XskConfig, XskMultiQueue},
         PacketIo,
@@ -83,71 +82,17 @@ pub enum Precision {
     Nano,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-/// Ctrl-C and kill end the capture loop, not the process: the file is
-/// flushed and the sockets closed on the way out.
-fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe).
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(sig, &action, std::ptr::null_mut());
-        }
-    }
-}
-
-/// The processes (PID and name) that have the abstract Unix socket name
-/// `name` bound in this network namespace: /proc/net/unix gives its inode,
-/// the processes' fd tables the owners.
-fn holders(name: &str) -> Vec<String> {
-    let Ok(table) = fs::read_to_string("/proc/thread-self/net/unix") else {
-        return Vec::new();
-    };
-    let want = format!("@{name}");
-    let inodes: Vec<String> = table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() >= 8 && f[7] == want).then(|| format!("socket:[{}]", f[6]))
+/// The processes (PID and name) holding `hold` of device `ifindex`.
+fn who(ifindex: u32, hold: Hold) -> String {
+    let found: Vec<String> = xroce::device::holders()
+        .into_iter()
+        .filter(|h| h.ifindex == ifindex && h.hold == hold)
+        .map(|h| match h.pid {
+            Some(pid) => format!("PID {pid} ({})", xroce::device::command_name(pid)),
+            None => "a process we may not look into".into(),
         })
         .collect();
-    if inodes.is_empty() {
-        return Vec::new();
-    }
-    let mut found = Vec::new();
-    let Ok(procs) = fs::read_dir("/proc") else {
-        return found;
-    };
-    for p in procs.flatten() {
-        let pid = p.file_name().to_string_lossy().into_owned();
-        if !pid.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let Ok(fds) = fs::read_dir(p.path().join("fd")) else {
-            continue;
-        };
-        let owns = fds.flatten().any(|fd| {
-            fs::read_link(fd.path())
-                .is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))
-        });
-        if owns {
-            let comm = fs::read_to_string(p.path().join("comm")).unwrap_or_default();
-            found.push(format!("PID {pid} ({})", comm.trim()));
-        }
-    }
-    found
-}
-
-fn who(name: &str) -> String {
-    match holders(name).as_slice() {
+    match found.as_slice() {
         [] => "another process".into(),
         h => h.join(", "),
     }
@@ -162,7 +107,7 @@ fn take_device(iface: &str, ifindex: u32) -> anyhow::Result<(QpnBlock, AfXdpHold
             "{iface}: {} uses this xroce device (QPN block 0); its RoCEv2 frames would go to \
              the capture instead. Capture before or after it, or in transit (tcpdump on a \
              bridge between the hosts)",
-            who(&format!("xroce/{ifindex}/block/0"))
+            who(ifindex, Hold::Block(0))
         );
     }
     let Some(hold) = block
@@ -173,7 +118,7 @@ fn take_device(iface: &str, ifindex: u32) -> anyhow::Result<(QpnBlock, AfXdpHold
             "{iface}: {} owns this xroce device's AF_XDP sockets; a capture would take its \
              RoCEv2 frames. Capture before or after it, or in transit (tcpdump on a bridge \
              between the hosts)",
-            who(&format!("xroce/{ifindex}/afxdp"))
+            who(ifindex, Hold::AfXdp)
         );
     };
     Ok((block, hold))
@@ -285,7 +230,7 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
     };
     // A reader of -w - sees the header before any frame arrives.
     sink.flush()?;
-    install_signal_handlers();
+    crate::stop::install_signal_handlers();
     let mut io = open_sockets(iface, &queues)?;
     let snaplen = if args.snaplen == 0 {
         DEFAULT_SNAPLEN
@@ -304,7 +249,7 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
     let packet_buffered = args.packet_buffered || to_stdout;
     let (mut frames, mut bytes) = (0u64, 0u64);
     let stopped_by = loop {
-        if STOP.load(Ordering::SeqCst) {
+        if crate::stop::stop_requested() {
             break "signal";
         }
         if frames >= wanted {
@@ -334,7 +279,7 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
         });
         match r {
             Ok(_) => {}
-            Err(e) if STOP.load(Ordering::SeqCst) || is_interrupted(&e) => continue,
+            Err(e) if crate::stop::stop_requested() || is_interrupted(&e) => continue,
             Err(e) => return Err(e).context(format!("receive on {iface}")),
         }
         let mut result = match write_error {

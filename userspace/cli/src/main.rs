@@ -14,6 +14,7 @@ mod pingpong;
 mod run;
 mod stats;
 mod status;
+mod stop;
 mod units;
 
 use clap::{Parser, Subcommand};

@@ -8,36 +8,12 @@ use std::{
     io::Read,
     path::Path,
     process::{Child, Command, ExitStatus, Stdio},
-    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::Context;
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-/// Makes SIGINT, SIGTERM and SIGHUP set the stop flag instead of killing
-/// us, so the namespaces and XDP pins are removed on Ctrl-C too.
-pub fn install_signal_handlers() {
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the handler only stores to an atomic (async-signal-safe).
-        unsafe {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            action.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(sig, &action, std::ptr::null_mut());
-        }
-    }
-}
-
-/// True once a stop signal arrived.
-pub fn stop_requested() -> bool {
-    STOP.load(Ordering::SeqCst)
-}
+pub use crate::stop::{install_signal_handlers, stop_requested};
 
 /// A child process, killed (by PID) on drop if it still runs.
 pub struct Proc {

@@ -16,8 +16,8 @@ use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType,
 use xroce_common::qpn_block;
 
 /// What a hold is on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hold {
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Hold {
     Block(u32),
     AfXdp,
     /// Held while a process attaches the XDP program (two at once would
@@ -31,6 +31,19 @@ fn name(ifindex: u32, hold: Hold) -> String {
         Hold::AfXdp => format!("xroce/{ifindex}/afxdp"),
         Hold::Attaching => format!("xroce/{ifindex}/attaching"),
     }
+}
+
+/// The device (ifindex) and hold of an abstract name as /proc/net/unix
+/// shows it (`@xroce/<ifindex>/...`); None for any other name.
+pub(super) fn parse_name(shown: &str) -> Option<(u32, Hold)> {
+    let (ifindex, what) = shown.strip_prefix("@xroce/")?.split_once('/')?;
+    let hold = match what {
+        "afxdp" => Hold::AfXdp,
+        "attaching" => Hold::Attaching,
+        w => Hold::Block(w.strip_prefix("block/")?.parse().ok()?),
+    };
+    let ifindex = ifindex.parse().ok()?;
+    (format!("@{}", name(ifindex, hold)) == shown).then_some((ifindex, hold))
 }
 
 fn unix_socket() -> nix::Result<OwnedFd> {

@@ -32,11 +32,13 @@ use crate::xdp::{self, Mode, XdpError};
 mod attach;
 mod backend;
 mod block;
+mod holders;
 mod interface;
 mod neighbour;
 
 pub(crate) use block::attaching;
-pub use block::{AfXdpHold, BlockError, QpnBlock};
+pub use block::{AfXdpHold, BlockError, Hold, QpnBlock};
+pub use holders::{command_name, holders, Holder};
 pub(crate) use interface::{ifreq_named, ioctl_socket};
 pub use interface::{interface_addrs, interface_mac, interface_mtu};
 pub use neighbour::{neighbour_mac, netlink_neighbour};
