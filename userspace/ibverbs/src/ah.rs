@@ -380,7 +380,7 @@ mod tests {
     /// The table of an interface with MAC, IP, its EUI-64 link-local
     /// address and one global IPv6 address.
     fn gids() -> Vec<[u8; 16]> {
-        let ll = Ipv6Addr::from(crate::query::link_local_gid(MAC));
+        let ll = xroce::device::link_local_gid(MAC);
         crate::query::gid_table(MAC, Some(IP), &[ll, GLOBAL_V6])
     }
 

@@ -127,20 +127,6 @@ pub(crate) fn index_of(dev: *mut ibv_device) -> Option<usize> {
         .position(|e| std::ptr::eq(&e.dev, dev))
 }
 
-/// The node GUID rxe derives from the MAC (modified EUI-64), in host order.
-pub(crate) fn guid_from_mac(mac: [u8; 6]) -> u64 {
-    u64::from_be_bytes([
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ])
-}
-
 /// The object an async event is about.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum EventSource {
@@ -495,7 +481,7 @@ pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> __be64 {
     ffi(0, || {
         entry_of(dev)
             .and_then(|e| device::interface_mac(&e.iface).ok())
-            .map(|mac| guid_from_mac(mac).to_be())
+            .map(|mac| xroce::device::guid_from_mac(mac).to_be())
             .unwrap_or(0)
     })
 }

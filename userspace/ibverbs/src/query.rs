@@ -21,9 +21,10 @@ use xroce::device;
 use xroce::verbs::Mtu;
 
 use crate::abi::*;
-use crate::context::{context, entry_of, guid_from_mac, Context};
+use crate::context::{context, entry_of, Context};
 use crate::errno::{ffi, ffi_int, set_errno};
 use crate::limits::*;
+use xroce::device::guid_from_mac;
 
 /// The one port.
 const PORT: u32 = 1;
@@ -61,27 +62,13 @@ const GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 
 // ---------------------------------------------------------------- GIDs
 
-/// The link-local GID the kernel gives a RoCE port (and the IPv6
-/// link-local address it gives the interface): fe80::/64 with the
-/// modified EUI-64 interface identifier of the MAC.
-pub(crate) fn link_local_gid(mac: [u8; 6]) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[0] = 0xfe;
-    g[1] = 0x80;
-    g[8..].copy_from_slice(&guid_from_mac(mac).to_be_bytes());
-    g
-}
-
-/// The populated GID table: the link-local GID, the IPv4-mapped address,
-/// then the interface's IPv6 addresses but the link-local one already at
-/// index 0 (rxe's table; the entries source GID indexes resolve against).
-/// Every entry is RoCE v2; the rest of the table is empty.
+/// The populated GID table ([`xroce::device::gid_table`], rxe's) as GID
+/// bytes; every entry is RoCE v2, the rest of the table is empty.
 pub(crate) fn gid_table(mac: [u8; 6], v4: Option<Ipv4Addr>, v6: &[Ipv6Addr]) -> Vec<[u8; 16]> {
-    let ll = link_local_gid(mac);
-    let mut t = vec![ll];
-    t.extend(v4.map(|a| a.to_ipv6_mapped().octets()));
-    t.extend(v6.iter().map(|a| a.octets()).filter(|g| *g != ll));
-    t
+    xroce::device::gid_table(mac, v4, v6)
+        .iter()
+        .map(Ipv6Addr::octets)
+        .collect()
 }
 
 /// An open device's GID table: index 1 is the IPv4 address its engine uses.
@@ -904,11 +891,11 @@ mod tests {
     fn link_local_gid_is_eui64_of_the_mac() {
         // 02:42:ac:11:00:02 -> fe80::42:acff:fe11:2 (U/L bit flipped).
         assert_eq!(
-            link_local_gid(MAC),
+            xroce::device::link_local_gid(MAC).octets(),
             [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x00, 0x42, 0xac, 0xff, 0xfe, 0x11, 0x00, 0x02]
         );
         assert_eq!(
-            Ipv6Addr::from(link_local_gid([0x52, 0x54, 0x00, 0x12, 0x34, 0x56])),
+            xroce::device::link_local_gid([0x52, 0x54, 0x00, 0x12, 0x34, 0x56]),
             "fe80::5054:ff:fe12:3456".parse::<Ipv6Addr>().unwrap()
         );
     }
@@ -918,7 +905,7 @@ mod tests {
         let v4 = Ipv4Addr::new(192, 168, 1, 7);
         let t = gid_table(MAC, Some(v4), &[]);
         assert_eq!(t.len(), 2);
-        assert_eq!(t[0], link_local_gid(MAC));
+        assert_eq!(t[0], xroce::device::link_local_gid(MAC).octets());
         assert_eq!(
             t[1],
             [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 7]
@@ -927,9 +914,12 @@ mod tests {
         for (i, g) in t.iter().enumerate() {
             assert_eq!(crate::ah::gid_index_of(&t, g), Some(i as u32));
         }
-        assert_eq!(gid_table(MAC, None, &[]), vec![link_local_gid(MAC)]);
+        assert_eq!(
+            gid_table(MAC, None, &[]),
+            vec![xroce::device::link_local_gid(MAC).octets()]
+        );
         // IPv6 addresses follow; the link-local one is GID 0 already.
-        let ll = Ipv6Addr::from(link_local_gid(MAC));
+        let ll = xroce::device::link_local_gid(MAC);
         let global: Ipv6Addr = "2001:db8::7".parse().unwrap();
         let t6 = gid_table(MAC, Some(v4), &[ll, global]);
         assert_eq!(t6, [t[0], t[1], global.octets()]);

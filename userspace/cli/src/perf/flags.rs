@@ -109,29 +109,7 @@ pub fn gid_table(iface: &str) -> anyhow::Result<Vec<Ipv6Addr>> {
         .with_context(|| format!("-x: the MAC address of {iface}"))?;
     let (v4, v6) = xroce::device::interface_addrs(iface)
         .with_context(|| format!("-x: the addresses of {iface}"))?;
-    // fe80::/64 with the modified EUI-64 of the MAC.
-    let ll = Ipv6Addr::from([
-        0xfe,
-        0x80,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ]);
-    let mut t = vec![ll];
-    t.extend(v4.first().map(|a| a.to_ipv6_mapped()));
-    t.extend(v6.into_iter().filter(|a| *a != ll));
-    Ok(t)
+    Ok(xroce::device::gid_table(mac, v4.first().copied(), &v6))
 }
 
 /// The source address RoCE runs from: GID `-x N`'s, else `default`.

@@ -32,12 +32,14 @@ use crate::xdp::{self, Mode, XdpError};
 mod attach;
 mod backend;
 mod block;
+mod gid;
 mod holders;
 mod interface;
 mod neighbour;
 
 pub(crate) use block::attaching;
 pub use block::{AfXdpHold, BlockError, Hold, QpnBlock};
+pub use gid::{gid_table, guid_from_mac, link_local_gid};
 pub use holders::{command_name, holders, Holder};
 pub(crate) use interface::{ifreq_named, ioctl_socket};
 pub use interface::{interface_addrs, interface_mac, interface_mtu};
