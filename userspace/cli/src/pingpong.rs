@@ -81,7 +81,8 @@ pub struct PingpongArgs {
     /// GID index (accepted, ignored: the GID is the interface's IPv4-mapped one)
     #[arg(long, short = 'g')]
     pub gid_idx: Option<i32>,
-    /// Check the received data (the client sends a pattern the server checks)
+    /// Check the received data (the client sends rc_pingpong's -c pattern,
+    /// the server checks every byte of every message)
     #[arg(long, short = 'c')]
     pub chk: bool,
     /// Packet I/O: afxdp or udp (path MTU 4096 needs udp for now)
@@ -114,10 +115,21 @@ fn print_dest(which: &str, d: &PingpongDest) {
     );
 }
 
-/// The byte at `i` of the client's message when checking (`--chk`).
+/// The byte at `i` of the client's message when checking (`-c`), as
+/// ibv_rc_pingpong's client sends it: its buffer is filled with 0x7b and
+/// `-c` zeroes the first byte of every page (rdma-core's server checks
+/// those bytes; we check every byte, so either side may be rdma-core's).
 fn pattern(i: usize) -> u8 {
-    (i % 251) as u8
+    const PAGE: usize = 4096;
+    if i.is_multiple_of(PAGE) {
+        0
+    } else {
+        FILL
+    }
 }
+
+/// What rc_pingpong fills its buffer with.
+const FILL: u8 = 0x7b;
 
 pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
     if args.size == 0 {
@@ -151,7 +163,7 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
     let fill: Vec<u8> = if args.chk && args.peer.is_some() {
         (0..args.size).map(pattern).collect()
     } else {
-        vec![0x7b; args.size]
+        vec![FILL; args.size]
     };
     // SAFETY: the MR is new: no receive or send is posted on it yet.
     unsafe { mr.write(0, &fill) }?;

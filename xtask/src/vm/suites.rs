@@ -442,7 +442,8 @@ pub fn interop() -> Result<()> {
         let cap = artifacts.join(format!(
             "xroce-{role}_rxe_rc_pingpong_mtu{mtu}_{backend}.pcap"
         ));
-        let common = format!("-m {mtu} -s 4096 -n 100");
+        // -c on both sides: each checks what the other's client sent.
+        let common = format!("-m {mtu} -s 4096 -n 100 -c");
         let host: Vec<String> = [&x, "pingpong", "-d", HOST_IFACE, "--backend", backend]
             .iter()
             .map(|s| s.to_string())
@@ -1091,6 +1092,10 @@ fn guest_server_result(vm: &mut Vm) -> Result<String> {
          cat /tmp/srv.log; exit $(cat /tmp/srv.rc 2>/dev/null || echo 124)",
         Duration::from_secs(150),
     )?;
+    // rc_pingpong -c reports bad pages on stdout and still exits 0.
+    if let Some(bad) = out.lines().find(|l| l.contains("invalid data")) {
+        bail!("rxe's server checked the data: {}", bad.trim());
+    }
     Ok(summary(&out))
 }
 

@@ -897,7 +897,7 @@ fn wanted(case: &str) -> bool {
 const CASES: [&str; 4] = [
     "vagrant rxe<->rxe ibv_rc_pingpong -c",
     "vagrant rxe<->rxe rping -V (data verified)",
-    "vagrant xroce (host) server <-> rxe ibv_rc_pingpong",
+    "vagrant xroce (host) server <-> rxe ibv_rc_pingpong -c",
     "vagrant xroce run -- rping -V (host) <-> rxe rping (data verified)",
 ];
 
@@ -1042,7 +1042,8 @@ pub fn suite() -> Result<()> {
             let t = Instant::now();
             let r = (|| {
                 let mut host = lv.command(&x);
-                host.args(["pingpong", "-d", HOST_IFACE, "--backend", "afxdp"])
+                // -c on both sides: xroce checks every byte rdma-core's client sent.
+                host.args(["pingpong", "-d", HOST_IFACE, "--backend", "afxdp", "-c"])
                     .args(PP.split(' '));
                 let srv = Bg::spawn(host, dir().join("xroce.log"))?;
                 let (ok, cout) = run_timed(
