@@ -5,7 +5,8 @@
 //! (`xdp-loader status` lists it), `xdp-filter load` joins it on the same
 //! interface, an RDMA WRITE stream over AF_XDP runs with its data verified,
 //! `xroce stats` and `xroce status` find the program, and `xroce detach`
-//! leaves xdp-filter attached. The same WRITE stream runs first with the
+//! leaves xdp-filter attached; `ip netns exec xroce attach` (a private
+//! bpffs) attaches directly. The same WRITE stream runs first with the
 //! program attached directly (libxdp told to skip its dispatcher), for the
 //! bandwidth ratio.
 
@@ -88,6 +89,12 @@ $B xdp-loader status vb | grep -q ' xdpfilt_' || fail "xdp-filter gone with xroc
 $B $x status | grep -q 'vb' && fail "xroce status still lists vb"
 $B xdp-filter unload vb
 $B ip -d link show vb | grep -q 'prog/xdp' && fail "vb still runs a program after xdp-filter unload"
+
+# 5. From `ip netns exec` (a private /sys, where a libxdp pin would die
+# with the command): attached directly, and it outlives the command.
+ip netns exec xdpdb $x attach --iface vb
+$B ip -d link show vb | grep -q 'name xroce_xdp' || { $B ip -d link show vb; fail "ip netns exec attach: vb does not run xroce_xdp itself"; }
+$B $x detach --iface vb
 $A $x detach --iface va
 echo DISPATCHER-OK
 "#;
