@@ -110,6 +110,14 @@ pub(super) fn attach(object: &'static [u8], ifindex: u32, mode: Mode) -> Result<
             return Err((-err) as i32);
         }
         let mut rc = sys::xdp_program__set_run_prio(prog, RUN_PRIO);
+        // The program handles multi-buffer frames (section xdp.frags), but
+        // libbpf marks it so only when it loads it, after libxdp chose the
+        // dispatcher's flags: without this the dispatcher is made without
+        // frags and a driver whose MTU needs them (virtio-net above a
+        // page) refuses it.
+        if rc == 0 {
+            rc = sys::xdp_program__set_xdp_frags_support(prog, true);
+        }
         if rc == 0 {
             rc = sys::xdp_program__set_chain_call_enabled(prog, sys::xdp_action_XDP_PASS, true);
         }
