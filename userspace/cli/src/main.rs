@@ -77,10 +77,21 @@ fn main() {
     let result = match cli.command {
         Command::Attach { iface, mode } => xroce::xdp::attach(&iface, mode)
             .map(|()| {
-                // The interface holds the program (no pin): it stays after
-                // this command, whatever its mount namespace, until detach.
+                // The interface (or libxdp's dispatcher on it) holds the
+                // program: it stays after this command until detach.
+                let how = match xroce::xdp::query(&iface) {
+                    Ok(Some(a)) => match a.dispatcher {
+                        Some(d) => format!(
+                            "program {} in {} mode, under libxdp's dispatcher {d} \
+                             (`xdp-loader status {iface}`)",
+                            a.prog_id, a.mode
+                        ),
+                        None => format!("program {} in {} mode", a.prog_id, a.mode),
+                    },
+                    _ => format!("{mode} mode"),
+                };
                 eprintln!(
-                    "xroce: attached to {iface} ({mode} mode); it stays until \
+                    "xroce: attached to {iface} ({how}); it stays until \
                      `xroce detach --iface {iface}`"
                 )
             })
