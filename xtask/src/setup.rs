@@ -9,7 +9,8 @@ use crate::util::{is_root, output, run, step, succeeds};
 
 /// Debian packages: the C libraries xsk-rs builds libxdp/libbpf against
 /// (libelf, zlib, libpcap headers), clang/llvm, and the tools the tests and
-/// benchmarks drive (ip, ping, nsenter, bpftool, tshark, iperf3, sockperf),
+/// benchmarks drive (ip, ping, nsenter, bpftool, tshark, iperf3, sockperf,
+/// xdp-tools' xdp-filter and xdp-loader beside xroce's program),
 /// and rdma-core's unmodified programs that run over xroce's drop-in
 /// libibverbs and librdmacm (ibverbs-utils, perftest, rdmacm-utils) with the
 /// headers the ABI layout tests compare against (libibverbs-dev,
@@ -31,6 +32,7 @@ const APT_PACKAGES: &[&str] = &[
     "sockperf",
     "ethtool",
     "tcpdump",
+    "xdp-tools",
     "ibverbs-utils",
     "perftest",
     "rdmacm-utils",
