@@ -80,6 +80,7 @@ pub(crate) mod qp;
 pub mod qp_attr;
 mod requester;
 mod responder;
+mod schedule;
 pub mod sim;
 pub mod srq;
 pub mod timers;
@@ -355,7 +356,8 @@ pub struct Engine {
     qps: Vec<Option<Box<QpCtx>>>,
     qpn_map: QpnMap,
     free_qps: Vec<usize>,
-    rr: usize,
+    sched: schedule::Schedule,
+    due: Vec<usize>,
     completions: Vec<Completion>,
     scratch: Vec<u8>,
     events: VecDeque<AsyncEvent>,
@@ -384,7 +386,8 @@ impl Engine {
             mrs,
             qps: vec![None], // GSI_SLOT
             free_qps: Vec::new(),
-            rr: 0,
+            sched: schedule::Schedule::default(),
+            due: Vec::new(),
             completions: Vec::with_capacity(64),
             scratch: vec![0; 4096],
             events: VecDeque::with_capacity(64),
@@ -511,6 +514,8 @@ impl Engine {
         };
         let burst = self.cfg.pacing_burst_bytes;
         self.qps[idx] = Some(Box::new(QpCtx::new(qpn, c, cc, burst)));
+        self.sched.reset_slot(idx);
+        self.reschedule(idx);
         qpn
     }
 
@@ -520,6 +525,7 @@ impl Engine {
         match self.qps.get_mut(idx) {
             Some(slot @ Some(_)) => {
                 *slot = None;
+                self.sched.reset_slot(idx);
                 if idx != GSI_SLOT {
                     self.free_qps.push(idx);
                 }
@@ -542,7 +548,19 @@ impl Engine {
             .ok_or(VerbsError::NoSuchQp(qpn))?;
         let r = f(qp, &mut env);
         qp.after_event(&mut env);
+        self.reschedule(idx);
         r
+    }
+
+    /// After any event on the QP in `idx`: it may have something to send,
+    /// and its next timer may have moved.
+    fn reschedule(&mut self, idx: usize) {
+        let Some(qp) = self.qps.get(idx).and_then(|q| q.as_deref()) else {
+            return;
+        };
+        let t = qp.next_timeout();
+        self.sched.arm(idx, t);
+        self.sched.wake(idx);
     }
 
     /// `ibv_modify_qp`.
@@ -647,26 +665,26 @@ impl Engine {
         };
         qp.handle_packet(&mut env, &f, payload, now_ns);
         qp.after_event(&mut env);
+        self.reschedule(idx);
     }
 
     /// Produce the next frame to send into `buf` (which should hold at least
     /// `path MTU + 128` bytes); `None` when nothing is ready now.
     pub fn poll_transmit(&mut self, now_ns: u64, buf: &mut [u8]) -> Option<usize> {
-        let n = self.qps.len();
-        if n == 0 {
-            return None;
-        }
-        let start = self.rr % n;
-        for k in 0..n {
-            let i = (start + k) % n;
+        // Only QPs that had an event since they last had nothing to send:
+        // the rest wait for one (a timer is one, see `schedule`).
+        self.sched.wake_due(now_ns);
+        while let Some(i) = self.sched.pop_ready() {
             let (qps, mut env) = self.split();
             let Some(qp) = qps[i].as_deref_mut() else {
                 continue;
             };
             let r = qp.poll_transmit(&mut env, now_ns, buf);
             qp.after_event(&mut env);
+            let t = qp.next_timeout();
+            self.sched.arm(i, t);
             if let Some(len) = r {
-                self.rr = i + 1;
+                self.sched.wake(i); // to the back: round-robin
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += len as u64;
                 return Some(len);
@@ -677,21 +695,24 @@ impl Engine {
 
     /// Earliest time `handle_timeout` has work to do.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.qps
-            .iter()
-            .flatten()
-            .filter_map(|q| q.next_timeout())
-            .min()
+        self.sched.next_deadline()
     }
 
     /// Run timers due at `now_ns` (retransmission, RNR back-off, pacing,
-    /// congestion-control timers).
+    /// congestion-control timers) of the QPs that have one due.
     pub fn handle_timeout(&mut self, now_ns: u64) {
-        let (qps, mut env) = self.split();
-        for qp in qps.iter_mut().flatten() {
-            qp.handle_timeout(&mut env, now_ns);
-            qp.after_event(&mut env);
+        let mut due = std::mem::take(&mut self.due);
+        self.sched.take_due(now_ns, &mut due);
+        for &i in &due {
+            let (qps, mut env) = self.split();
+            if let Some(qp) = qps[i].as_deref_mut() {
+                qp.handle_timeout(&mut env, now_ns);
+                qp.after_event(&mut env);
+                self.reschedule(i);
+            }
         }
+        due.clear();
+        self.due = due;
     }
 
     /// Current pacing rate of a QP (its congestion controller's rate).

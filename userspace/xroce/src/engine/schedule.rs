@@ -1,0 +1,176 @@
+//! Which QPs `Engine::poll_transmit` and `Engine::handle_timeout` visit, so
+//! their cost per packet does not grow with the number of QPs.
+//!
+//! - A ready list: a FIFO of slots that may have something to send. A slot
+//!   enters it after any event on its QP (a verb, a received packet, a timer
+//!   that fired) and at most once (`queued`); a slot whose QP produced a
+//!   frame goes to the back (round-robin between busy QPs), one that
+//!   produced nothing leaves until its next event. Wake-ups that only time
+//!   brings (pacer, RNR back-off, congestion-control timers) are timers in
+//!   `QpCtx::next_timeout`, which is what makes leaving the list safe.
+//! - A timer heap of (deadline, slot, generation) with lazy deletion: a QP's
+//!   `next_timeout()` is recomputed after each of its events and pushed when
+//!   it changed; entries that no longer match (`armed`) or belong to an
+//!   earlier QP of the slot (`gen`) are dropped when they reach the top. A
+//!   binary heap rather than a timer wheel: O(log n) per re-arm is small
+//!   next to a packet, it needs no tick size (deadlines range from a pacer
+//!   gap of nanoseconds to seconds of RTO) and it is easy to get right.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+#[derive(Default)]
+struct SlotState {
+    /// Bumped when the slot's QP is created or destroyed.
+    gen: u64,
+    /// The slot is in the ready list (with the current `gen`).
+    queued: bool,
+    /// The deadline the heap holds a live entry for.
+    armed: Option<u64>,
+}
+
+#[derive(Default)]
+pub(crate) struct Schedule {
+    slots: Vec<SlotState>,
+    ready: VecDeque<(usize, u64)>,
+    timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    /// Slots with `armed` set: the heap is rebuilt when stale entries
+    /// (a re-armed RTO stays in it until its old time) outnumber them.
+    armed: usize,
+    scratch: Vec<Reverse<(u64, usize, u64)>>,
+}
+
+impl Schedule {
+    fn slot(&mut self, idx: usize) -> &mut SlotState {
+        if idx >= self.slots.len() {
+            self.slots.resize_with(idx + 1, SlotState::default);
+        }
+        &mut self.slots[idx]
+    }
+
+    /// A QP was created in or removed from `idx`: whatever the list and
+    /// the heap hold for the slot is stale from now on.
+    pub fn reset_slot(&mut self, idx: usize) {
+        let s = self.slot(idx);
+        s.gen += 1;
+        s.queued = false;
+        if s.armed.take().is_some() {
+            self.armed -= 1;
+        }
+        self.clean_top();
+    }
+
+    /// The QP in `idx` may have something to send.
+    pub fn wake(&mut self, idx: usize) {
+        let s = self.slot(idx);
+        if !s.queued {
+            s.queued = true;
+            let gen = s.gen;
+            self.ready.push_back((idx, gen));
+        }
+    }
+
+    /// Next slot to ask for a frame, taken off the list (`wake` puts it
+    /// back at the end).
+    pub fn pop_ready(&mut self) -> Option<usize> {
+        while let Some((idx, gen)) = self.ready.pop_front() {
+            let s = &mut self.slots[idx];
+            if s.gen == gen && s.queued {
+                s.queued = false;
+                return Some(idx);
+            }
+        }
+        None
+    }
+
+    /// The QP in `idx` now wants `handle_timeout` at `deadline`.
+    pub fn arm(&mut self, idx: usize, deadline: Option<u64>) {
+        let s = self.slot(idx);
+        if s.armed == deadline {
+            return;
+        }
+        let was = s.armed.is_some();
+        s.armed = deadline;
+        let gen = s.gen;
+        match (was, deadline) {
+            (false, Some(_)) => self.armed += 1,
+            (true, None) => self.armed -= 1,
+            _ => {}
+        }
+        if let Some(t) = deadline {
+            self.timers.push(Reverse((t, idx, gen)));
+        }
+        if self.timers.len() > 2 * self.armed + 64 {
+            // Amortised O(1) per push: at least half of what is dropped
+            // here was pushed since the last rebuild.
+            let mut v = std::mem::take(&mut self.timers).into_vec();
+            v.retain(|e| self.live(e));
+            self.timers = BinaryHeap::from(v);
+        }
+        self.clean_top();
+    }
+
+    fn live(&self, &Reverse((t, idx, gen)): &Reverse<(u64, usize, u64)>) -> bool {
+        let s = &self.slots[idx];
+        s.gen == gen && s.armed == Some(t)
+    }
+
+    /// Drop stale entries from the top, so `next_deadline` can peek: only
+    /// `arm` and `reset_slot` make entries stale, and both call this.
+    fn clean_top(&mut self) {
+        while let Some(top) = self.timers.peek() {
+            if self.live(top) {
+                break;
+            }
+            self.timers.pop();
+        }
+    }
+
+    /// Earliest deadline of any QP.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.timers.peek().map(|e| e.0 .0)
+    }
+
+    /// Take every slot whose deadline is at or before `now` into `out`;
+    /// they are disarmed until the caller re-arms them.
+    pub fn take_due(&mut self, now: u64, out: &mut Vec<usize>) {
+        while let Some(top) = self.timers.peek() {
+            let Reverse((t, idx, _)) = *top;
+            if t > now && self.live(top) {
+                break;
+            }
+            let live = self.live(top);
+            self.timers.pop();
+            if live {
+                self.slots[idx].armed = None;
+                self.armed -= 1;
+                out.push(idx);
+            }
+        }
+    }
+
+    /// Put the slots whose deadline has come on the ready list, leaving
+    /// their timers armed for `handle_timeout`: a pacer that opened with
+    /// time lets `poll_transmit` send even if the caller has not run the
+    /// timers yet (as when it scanned every QP).
+    pub fn wake_due(&mut self, now: u64) {
+        if self.next_deadline().is_none_or(|t| t > now) {
+            return;
+        }
+        let mut held = std::mem::take(&mut self.scratch);
+        while let Some(&top) = self.timers.peek() {
+            if top.0 .0 > now {
+                break;
+            }
+            self.timers.pop();
+            if self.live(&top) {
+                held.push(top);
+            }
+        }
+        for e in held.drain(..) {
+            self.wake(e.0 .1);
+            self.timers.push(e);
+        }
+        self.scratch = held;
+    }
+}
