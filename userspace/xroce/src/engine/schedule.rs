@@ -174,3 +174,81 @@ impl Schedule {
         self.scratch = held;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(s: &mut Schedule, now: u64) -> Vec<usize> {
+        let mut v = Vec::new();
+        s.take_due(now, &mut v);
+        v
+    }
+
+    #[test]
+    fn ready_list_is_fifo_once_per_slot_and_forgets_reset_slots() {
+        let mut s = Schedule::default();
+        s.wake(3);
+        s.wake(1);
+        s.wake(3);
+        assert_eq!(s.pop_ready(), Some(3));
+        s.wake(3); // back of the list
+        assert_eq!(s.pop_ready(), Some(1));
+        assert_eq!(s.pop_ready(), Some(3));
+        assert_eq!(s.pop_ready(), None);
+        // A slot reset while queued: its entry is stale, and the new QP
+        // is queued once.
+        s.wake(2);
+        s.reset_slot(2);
+        assert_eq!(s.pop_ready(), None);
+        s.wake(2);
+        s.reset_slot(2);
+        s.wake(2);
+        assert_eq!(s.pop_ready(), Some(2));
+        assert_eq!(s.pop_ready(), None);
+    }
+
+    #[test]
+    fn rearmed_and_cancelled_timers_fire_once_at_their_last_time() {
+        let mut s = Schedule::default();
+        s.arm(1, Some(100));
+        s.arm(1, None);
+        assert_eq!(s.next_deadline(), None);
+        s.arm(1, Some(50));
+        s.arm(2, Some(70));
+        assert_eq!(s.next_deadline(), Some(50));
+        assert_eq!(due(&mut s, 60), [1]);
+        assert_eq!(s.next_deadline(), Some(70));
+        s.arm(1, Some(200));
+        s.arm(1, Some(80)); // earlier
+        assert_eq!(due(&mut s, 100), [2, 1]);
+        assert_eq!(due(&mut s, 1000), Vec::<usize>::new(), "stale 100/200");
+        assert_eq!(s.next_deadline(), None);
+    }
+
+    #[test]
+    fn a_reset_slot_never_gets_its_old_timers() {
+        let mut s = Schedule::default();
+        s.arm(4, Some(10));
+        s.reset_slot(4);
+        assert_eq!(s.next_deadline(), None);
+        s.arm(4, Some(10)); // the new QP, same time
+        assert_eq!(due(&mut s, 10), [4]);
+        assert_eq!(due(&mut s, 10), Vec::<usize>::new());
+        // Timers that came due wake their slot for poll_transmit, and stay.
+        s.arm(5, Some(20));
+        s.wake_due(25);
+        assert_eq!(s.pop_ready(), Some(5));
+        assert_eq!(s.next_deadline(), Some(20));
+    }
+
+    #[test]
+    fn stale_entries_do_not_pile_up() {
+        let mut s = Schedule::default();
+        for t in 0..100_000u64 {
+            s.arm(1, Some(1_000_000 + t)); // an RTO pushed on at every ACK
+        }
+        assert!(s.timers.len() <= 2 * s.armed + 65, "{}", s.timers.len());
+        assert_eq!(due(&mut s, u64::MAX), [1]);
+    }
+}
