@@ -354,10 +354,11 @@ impl Drop for Topology {
 }
 
 /// `xroce run` finds the library next to itself unless XROCE_LIB_DIR
-/// says where: fail clearly if it was not built.
+/// says where: build it there (once per test process), so a test binary
+/// that runs before any other built it does not find it missing.
 fn require_library() {
     if std::env::var_os("XROCE_LIB_DIR").is_none() {
-        workspace_bin("libxroce_ibverbs.so");
+        crate::verbs::ibverbs_cdylib();
     }
 }
 
