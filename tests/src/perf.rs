@@ -104,6 +104,28 @@ pub fn run_ok<R: serde::de::DeserializeOwned>(
     serde_json::from_str(line.trim()).unwrap_or_else(|e| panic!("client JSON {line:?}: {e}"))
 }
 
+/// 300 WRITEs of 64 KiB over AF_XDP on both sides, data verified: the
+/// check that an XDP attachment really carries RDMA.
+pub fn afxdp_write_verified(pair: &VethPair) -> BenchReport {
+    let r: BenchReport = run_ok(
+        pair,
+        "bench",
+        &["write", "--backend", "afxdp"],
+        &[
+            "write",
+            "--backend",
+            "afxdp",
+            "--size",
+            "64KiB",
+            "--iters",
+            "300",
+        ],
+    );
+    assert_eq!(r.verified, Some(true), "{r:?}");
+    assert_eq!(r.backend, "afxdp", "{r:?}");
+    r
+}
+
 /// `bench` WRITE, READ and SEND of `size` bytes `iters` times with the UDP
 /// backend on one side and AF_XDP on the other, both ways round. Asserts that
 /// every run verified its data and reports the client's backend; returns the

@@ -12,9 +12,8 @@
 
 use std::{path::PathBuf, process::Output};
 
-use xroce_report::BenchReport;
 use xroce_tests::{
-    in_netns, perf::run_ok, require_root, unique_tag, workspace_bin, Netns, VethPair,
+    in_netns, perf::afxdp_write_verified, require_root, unique_tag, workspace_bin, Netns, VethPair,
 };
 
 /// Addresses of these tests' links (only inside their namespaces).
@@ -168,22 +167,7 @@ fn a_deleted_namespace_leaves_no_attachment_behind_and_old_pins_are_cleaned() {
         addr_a,
         addr_b,
     };
-    let r: BenchReport = run_ok(
-        &pair,
-        "bench",
-        &["write", "--backend", "afxdp"],
-        &[
-            "write",
-            "--backend",
-            "afxdp",
-            "--size",
-            "64KiB",
-            "--iters",
-            "300",
-        ],
-    );
-    assert_eq!(r.verified, Some(true), "{r:?}");
-    assert_eq!(r.backend, "afxdp", "{r:?}");
+    let r = afxdp_write_verified(&pair);
     assert!(
         !old_pin_dir(&if_a).exists(),
         "the client's device did not clean {}",
@@ -299,21 +283,7 @@ fn ip_netns_exec_attach_outlives_the_command_and_every_route_finds_it() {
 
     // RDMA over AF_XDP through that attachment (the server's sockets join
     // its XSKMAP, found by id), data verified.
-    let r: BenchReport = run_ok(
-        &pair,
-        "bench",
-        &["write", "--backend", "afxdp"],
-        &[
-            "write",
-            "--backend",
-            "afxdp",
-            "--size",
-            "64KiB",
-            "--iters",
-            "300",
-        ],
-    );
-    assert_eq!(r.verified, Some(true), "{r:?}");
+    let r = afxdp_write_verified(&pair);
     assert!(
         ip_link_prog(&pair.b, &if_b).is_some_and(|p| p.contains(&format!("id {}", q.prog_id))),
         "the admin's attachment did not stay through the run"

@@ -12,8 +12,8 @@
 
 use std::process::Output;
 
-use xroce_report::{BenchReport, StatsReport, StatusReport};
-use xroce_tests::{perf::run_ok, require_root, workspace_bin, Netns, VethPair};
+use xroce_report::{StatsReport, StatusReport};
+use xroce_tests::{perf::afxdp_write_verified, require_root, workspace_bin, Netns, VethPair};
 
 fn text(o: &Output) -> String {
     format!(
@@ -114,21 +114,7 @@ fn xroce_joins_libxdp_dispatcher_where_the_kernel_allows_and_attaches_directly_w
         assert_eq!(ip_link_prog(b, &pair.if_b).as_deref(), Some(prog.as_str()));
     }
 
-    let r: BenchReport = run_ok(
-        &pair,
-        "bench",
-        &["write", "--backend", "afxdp"],
-        &[
-            "write",
-            "--backend",
-            "afxdp",
-            "--size",
-            "64KiB",
-            "--iters",
-            "300",
-        ],
-    );
-    assert_eq!(r.verified, Some(true), "{r:?}");
+    let r = afxdp_write_verified(&pair);
     let out = xroce_in(b, &["stats", "--iface", &pair.if_b, "--json"]);
     assert!(out.status.success(), "xroce stats: {}", text(&out));
     let stats: StatsReport = serde_json::from_slice(&out.stdout).expect("stats JSON");
