@@ -109,6 +109,8 @@ impl Drop for VethPair {
         for iface in [&self.if_a, &self.if_b] {
             let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(iface));
         }
+        // And their root, once nothing else is in it.
+        let _ = std::fs::remove_dir(xroce_common::names::PIN_ROOT);
     }
 }
 

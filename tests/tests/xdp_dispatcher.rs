@@ -47,9 +47,38 @@ fn xdp_tool(ns: &Netns, args: &[&str]) -> Output {
         .unwrap_or_else(|e| panic!("{} (install xdp-tools): {e}", args[0]))
 }
 
+/// The bpffs directories xdp-filter and libxdp make and leave (empty) behind:
+/// those that were not there before the test are removed after it, on every
+/// exit path; remove_dir takes only empty ones, so no one else's state goes.
+struct ToolDirs(Vec<&'static str>);
+
+impl ToolDirs {
+    fn new() -> Self {
+        let dirs = [
+            "/sys/fs/bpf/xdp-filter/programs",
+            "/sys/fs/bpf/xdp-filter",
+            "/sys/fs/bpf/xdp",
+        ];
+        Self(
+            dirs.into_iter()
+                .filter(|d| !std::path::Path::new(d).exists())
+                .collect(),
+        )
+    }
+}
+
+impl Drop for ToolDirs {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
 #[test]
 fn xroce_joins_libxdp_dispatcher_where_the_kernel_allows_and_attaches_directly_where_not() {
     require_root();
+    let _tool_dirs = ToolDirs::new();
     let pair = VethPair::new(1500);
     let (a, b) = (&pair.a, &pair.b);
 

@@ -186,11 +186,15 @@ fn clean_stale_pins(iface: &str) {
         return;
     }
     match fs::remove_dir_all(&dir) {
-        Ok(()) => eprintln!(
-            "xroce: removed stale XDP state {} (left by an interface {iface} that is gone; \
-             {iface} runs no xroce program)",
-            dir.display()
-        ),
+        Ok(()) => {
+            // Nothing pins there any more: the root goes once it is empty.
+            let _ = fs::remove_dir(names::PIN_ROOT);
+            eprintln!(
+                "xroce: removed stale XDP state {} (left by an interface {iface} that is gone; \
+                 {iface} runs no xroce program)",
+                dir.display()
+            )
+        }
         Err(e) => eprintln!(
             "xroce: cannot remove stale XDP state {} ({e}); {iface} runs no xroce program",
             dir.display()
