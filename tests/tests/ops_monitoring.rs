@@ -27,43 +27,8 @@ use xroce_report::{BenchReport, StatsInterval, StatsReport, StatusReport, XdpSta
 use xroce_tests::{
     perf,
     programs::{self, Proc, TempDir},
-    require_root, workspace_bin, Netns, VethPair,
+    require_root, workspace_bin, AttachedXdp, Netns, VethPair,
 };
-
-/// Detaches the program from `iface` in `ns` when the test ends, however
-/// it ends.
-struct Attached<'a> {
-    ns: &'a Netns,
-    iface: String,
-}
-
-impl<'a> Attached<'a> {
-    fn new(ns: &'a Netns, iface: &str, mode: &str) -> Self {
-        let xroce = workspace_bin("xroce");
-        ns.exec(&[
-            xroce.to_str().unwrap(),
-            "attach",
-            "--iface",
-            iface,
-            "--mode",
-            mode,
-        ]);
-        Self {
-            ns,
-            iface: iface.to_string(),
-        }
-    }
-}
-
-impl Drop for Attached<'_> {
-    fn drop(&mut self) {
-        let _ = self
-            .ns
-            .command(workspace_bin("xroce"))
-            .args(["detach", "--iface", &self.iface])
-            .output();
-    }
-}
 
 /// Two namespaces joined by a veth pair with two RX and two TX queues on
 /// each end; a's kernel sends every frame on its TX queue 1 (XPS), which
@@ -142,7 +107,7 @@ fn roce_frame_bytes(payload: u64, ext: u64) -> u64 {
 fn stats_interval_rates_on_the_right_rx_queue() {
     require_root();
     let pair = two_queue_pair();
-    let _attached = Attached::new(&pair.b, &pair.if_b, "native");
+    let _attached = AttachedXdp::new(&pair.b, &pair.if_b, "native");
     let dir = TempDir::new();
 
     // The totals before: one interval's line carries them.
@@ -311,7 +276,7 @@ fn status_lists_attachment_and_processes() {
     let dir = TempDir::new();
     // b: attached by an administrator in skb mode; a: nothing attached,
     // the client's AF_XDP engine attaches for itself.
-    let _attached = Attached::new(&pair.b, &pair.if_b, "skb");
+    let _attached = AttachedXdp::new(&pair.b, &pair.if_b, "skb");
     let (prog_id, mode) = ip_link_xdp(&pair.b, &pair.if_b).expect("ip link shows XDP on b");
     assert_eq!(mode, "skb");
     let idle = status(&pair.b);

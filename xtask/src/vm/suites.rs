@@ -152,7 +152,7 @@ fn newest(dir: &Path, prefix: &str) -> Option<PathBuf> {
 /// Builds the release CLI and, beside it, xroce's drop-in libibverbs
 /// (target/release/libxroce_ibverbs.so, which `xroce run` puts first on the
 /// library path as libibverbs.so.1): wherever the suites build the CLI.
-fn build_release_cli() -> Result<()> {
+pub(super) fn build_release_cli() -> Result<()> {
     cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
     build_release_dropin_libs()
 }

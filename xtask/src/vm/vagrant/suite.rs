@@ -13,7 +13,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 use super::{add_box, dir, ensure_tools, pack_box, Libvirt, HOST_IFACE, HOST_IP, PREFIX};
-use crate::util::{cargo, describe, step, workspace_root};
+use crate::util::{describe, step, workspace_root};
 
 /// A command run to completion within `limit` (killed by PID after it).
 fn run_timed(mut cmd: Command, limit: Duration) -> Result<(bool, String)> {
@@ -208,16 +208,8 @@ pub fn suite() -> Result<()> {
     ensure_tools()?;
     let b = pack_box(false)?;
     add_box(&b)?;
-    cargo(&["build", "--release", "-p", "xroce-cli", "--bin", "xroce"])?;
-    // The drop-in libibverbs and librdmacm beside it, for `xroce run`.
-    cargo(&[
-        "build",
-        "--release",
-        "-p",
-        "xroce-ibverbs",
-        "-p",
-        "xroce-rdmacm",
-    ])?;
+    // The CLI and, beside it for `xroce run`, the drop-in libraries.
+    super::super::suites::build_release_cli()?;
     let xroce = workspace_root().join("target/release/xroce");
     let x = xroce.to_string_lossy().into_owned();
     let lv = Libvirt::start()?;
