@@ -146,7 +146,14 @@ impl StatsExporter {
         let path = dir.join(format!("engine.{}", std::process::id()));
         let stop = Arc::new(AtomicBool::new(false));
         sweep_stale();
-        let thread = fs::create_dir_all(&dir).ok().map(|()| {
+        // Only a folder we may not make stops the exporter. Another
+        // process's sweep can remove an empty /run/xroce while
+        // create_dir_all makes it (NotFound): the loop makes it again.
+        let may_write = match fs::create_dir_all(&dir) {
+            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            Ok(()) => true,
+        };
+        let thread = may_write.then(|| {
             let (stop, path) = (stop.clone(), path.clone());
             std::thread::spawn(move || {
                 // Per process: with_extension would make every process's
@@ -157,18 +164,29 @@ impl StatsExporter {
                         let engine = device.lock();
                         (engine.stats(), engine.qp_numbers().collect::<Vec<_>>())
                     };
-                    let text = render(&stats, &qpns);
-                    // Another process's sweep may have taken the folder
-                    // while it was still empty: make it again.
-                    let _ = fs::create_dir_all(&dir);
-                    if fs::write(&tmp, text).is_ok() {
-                        let _ = fs::rename(&tmp, &path);
-                    }
+                    publish(&dir, &tmp, &path, &render(&stats, &qpns));
                     std::thread::sleep(Duration::from_millis(500));
                 }
             })
         });
         Self { stop, thread, path }
+    }
+}
+
+/// Writes `text` to `path` atomically (through `tmp`). Another process's
+/// sweep may take the folder while it is empty, between our making it and
+/// our write: then make it again, a few times.
+fn publish(dir: &Path, tmp: &Path, path: &Path, text: &str) {
+    for _ in 0..3 {
+        let _ = fs::create_dir_all(dir);
+        match fs::write(tmp, text) {
+            Ok(()) => {
+                let _ = fs::rename(tmp, path);
+                return;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(_) => return,
+        }
     }
 }
 
