@@ -5,7 +5,9 @@
 //! drop-in libibverbs vs xroce's own bench / lat (the cost of the ABI
 //! layer), the codec's ICRC vs plain CRC-32 implementations, and one
 //! process alone on a device now that devices are shared vs the xroce of
-//! the commit before sharing ([`baseline`]).
+//! the commit before sharing ([`baseline`]), xroce's WRITE against the raw
+//! AF_XDP ceiling of the same pair ([`ceiling`]), and the CPU seconds per GB
+//! of xroce and of kernel TCP ([`cpu`]).
 //! Writes target/bench/report.json.
 
 use std::{
@@ -18,6 +20,9 @@ use anyhow::{bail, Context, Result};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
 use xroce_report::{BenchReport, LatReport};
+
+mod ceiling;
+mod cpu;
 
 use crate::{
     baseline, dropin,
@@ -49,6 +54,12 @@ struct Report {
     /// The same by this xroce, one process alone on the device (best of
     /// two runs, alternating with the other).
     shared_device_alone_write_1qp: BenchReport,
+    /// The raw AF_XDP ceiling on the same pair (issue 13, goal 1).
+    afxdp_ceiling: ceiling::Blast,
+    /// CPU cost of xroce's WRITE 64 KiB 1 QP and of iperf3's TCP stream
+    /// (issue 13, goal 7).
+    cpu_xroce_write_1qp: cpu::CpuCost,
+    cpu_tcp: cpu::CpuCost,
     ratios: Ratios,
 }
 
@@ -62,6 +73,10 @@ struct Ratios {
     send_lat_p50_vs_udp: f64,
     /// Goal (issue 12): >= 0.9.
     shared_device_alone_vs_before: f64,
+    /// Goal (issue 13): >= 0.85.
+    write_1qp_vs_afxdp_ceiling: f64,
+    /// CPU seconds per GB, xroce over kernel TCP (lower is cheaper).
+    cpu_per_gb_write_1qp_vs_tcp: f64,
 }
 
 pub fn bench() -> Result<()> {
@@ -72,11 +87,19 @@ pub fn bench() -> Result<()> {
     step(&format!("veth pair {} <-> {}, MTU {MTU}", ns.if_a, ns.if_b));
 
     step("xroce RDMA WRITE 64 KiB, 1 QP");
-    let w1: BenchReport = xroce_pair(
-        &ns,
-        "bench",
-        &["write", "--size", "65536", "--duration", SECONDS],
-    )?;
+    let (w1, cpu_w1) = cpu::measure(|| {
+        let r: BenchReport = xroce_pair(
+            &ns,
+            "bench",
+            &["write", "--size", "65536", "--duration", SECONDS],
+        )?;
+        let bytes = r.bytes;
+        Ok((r, bytes))
+    })?;
+    step("raw AF_XDP ceiling: WRITE-sized frames, no RDMA");
+    ceiling::build()?;
+    let blast = ceiling::blast(&ns, 5)?;
+    eprintln!("{}", serde_json::to_string(&blast)?);
     step("xroce RDMA WRITE 64 KiB, 4 QPs");
     let w4: BenchReport = xroce_pair(
         &ns,
@@ -132,7 +155,7 @@ pub fn bench() -> Result<()> {
     // median half round trip, as `xroce lat` reports p50.
     let dropin_lat_us = column(&dropin_lat, 4, "ib_send_lat's t_typical")?;
     step("iperf3 TCP, one stream");
-    let tcp_gbps = iperf3(&ns)?;
+    let (tcp_gbps, cpu_tcp) = cpu::measure(|| iperf3(&ns))?;
     step("sockperf UDP ping-pong, 64 B");
     let udp_p50 = sockperf(&ns)?;
     step("ICRC throughput vs CRC-32 peers");
@@ -166,7 +189,12 @@ pub fn bench() -> Result<()> {
             write_4qp_vs_tcp: w4.gbps / tcp_gbps,
             send_lat_p50_vs_udp: send_p50 / udp_p50,
             shared_device_alone_vs_before: alone.gbps / before.gbps,
+            write_1qp_vs_afxdp_ceiling: w1.gbps / blast.payload_gbps,
+            cpu_per_gb_write_1qp_vs_tcp: cpu_w1.cpu_seconds_per_gb / cpu_tcp.cpu_seconds_per_gb,
         },
+        afxdp_ceiling: blast,
+        cpu_xroce_write_1qp: cpu_w1,
+        cpu_tcp,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,
         xroce_write_1qp: w1,
@@ -179,6 +207,18 @@ pub fn bench() -> Result<()> {
     println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 1 QP", w1.gbps);
     println!("{:<40} {:>10.3} Gb/s", "xroce WRITE 64KiB 4 QPs", w4.gbps);
     println!("{:<40} {:>10.3} Gb/s", "iperf3 TCP (kernel, GSO)", tcp_gbps);
+    println!(
+        "{:<40} {:>10.3} Gb/s",
+        "raw AF_XDP ceiling (payload)", report.afxdp_ceiling.payload_gbps
+    );
+    println!(
+        "{:<40} {:>10.2} s/GB",
+        "CPU, xroce WRITE 64KiB 1 QP", report.cpu_xroce_write_1qp.cpu_seconds_per_gb
+    );
+    println!(
+        "{:<40} {:>10.2} s/GB",
+        "CPU, iperf3 TCP", report.cpu_tcp.cpu_seconds_per_gb
+    );
     println!(
         "{:<40} {:>10.3} Gb/s",
         "WRITE 64KiB alone, shared device", report.shared_device_alone_write_1qp.gbps
@@ -265,9 +305,11 @@ struct Iperf3End {
 #[derive(Deserialize)]
 struct Iperf3Sum {
     bits_per_second: f64,
+    bytes: u64,
 }
 
-fn iperf3(ns: &NsPair) -> Result<f64> {
+/// iperf3's received rate (Gb/s) and bytes.
+fn iperf3(ns: &NsPair) -> Result<(f64, u64)> {
     let addr = ns.addr_b.to_string();
     let _server = Started::spawn(
         in_ns(&ns.b, "iperf3")
@@ -277,7 +319,8 @@ fn iperf3(ns: &NsPair) -> Result<f64> {
     thread::sleep(Duration::from_millis(500));
     let out = output(in_ns(&ns.a, "iperf3").args(["-c", &addr, "-t", SECONDS, "-J"]))?;
     let v: Iperf3 = serde_json::from_str(&out).context("iperf3 -J output")?;
-    Ok(v.end.sum_received.bits_per_second / 1e9)
+    let sum = v.end.sum_received;
+    Ok((sum.bits_per_second / 1e9, sum.bytes))
 }
 
 /// sockperf's p50 one-way latency (half the round trip), microseconds.
