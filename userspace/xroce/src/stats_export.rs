@@ -11,7 +11,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
-        Arc,
+        Arc, Once,
     },
     thread::JoinHandle,
     time::Duration,
@@ -146,6 +146,7 @@ impl StatsExporter {
         let path = dir.join(format!("engine.{}", std::process::id()));
         let stop = Arc::new(AtomicBool::new(false));
         sweep_stale();
+        remove_at_exit();
         // Only a folder we may not make stops the exporter. Another
         // process's sweep can remove an empty /run/xroce while
         // create_dir_all makes it (NotFound): the loop makes it again.
@@ -178,6 +179,9 @@ impl StatsExporter {
 /// our write: then make it again, a few times.
 fn publish(dir: &Path, tmp: &Path, path: &Path, text: &str) {
     for _ in 0..3 {
+        if EXITING.load(Ordering::Acquire) {
+            return;
+        }
         let _ = fs::create_dir_all(dir);
         match fs::write(tmp, text) {
             Ok(()) => {
@@ -188,6 +192,35 @@ fn publish(dir: &Path, tmp: &Path, path: &Path, text: &str) {
             Err(_) => return,
         }
     }
+}
+
+/// Set by the exit handler: exporters still running write no more.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// A C program under the drop-in libibverbs often exits without closing
+/// its device, so no exporter is dropped: remove this process's files
+/// when it exits (exit(3) or a return from main), once per process.
+fn remove_at_exit() {
+    static REGISTER: Once = Once::new();
+    extern "C" fn remove_own_files() {
+        EXITING.store(true, Ordering::Release);
+        let me = std::process::id();
+        if let Ok(dirs) = fs::read_dir(EXPORT_ROOT) {
+            for d in dirs.flatten() {
+                for name in [format!("engine.{me}"), format!("engine.{me}.tmp")] {
+                    let _ = fs::remove_file(d.path().join(name));
+                }
+                let _ = fs::remove_dir(d.path());
+            }
+        }
+        let _ = fs::remove_dir(EXPORT_ROOT);
+    }
+    REGISTER.call_once(|| {
+        // SAFETY: registers a plain function with no arguments; it touches
+        // only the file system and an atomic, which stay usable during
+        // exit handlers.
+        unsafe { libc::atexit(remove_own_files) };
+    });
 }
 
 impl Drop for StatsExporter {
