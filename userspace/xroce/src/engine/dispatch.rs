@@ -67,8 +67,17 @@ impl QpCtx {
             }
             return;
         }
-        if f.ip.ecn() == 3 {
-            env.stats.rx_ce_marked += 1;
+        let ce = f.ip.ecn() == 3;
+        // A receive ring under pressure marks what fills it: data (WRITE
+        // and SEND payload, READ responses), not ACKs or CNPs.
+        let pressure = env.rx_pressure && !ce && !payload.is_empty();
+        if pressure {
+            env.stats.rx_pressure_marked += 1;
+        }
+        if ce || pressure {
+            if ce {
+                env.stats.rx_ce_marked += 1;
+            }
             self.qstats.ce_marked_received += 1;
             let due = self
                 .last_cnp_ns
@@ -128,8 +137,17 @@ impl QpCtx {
                 return Some(n);
             }
         }
-        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+        if matches!(self.state, QpState::Rts | QpState::Sqd) && self.budget_allows(env) {
+            let new_data = self.req.psn == self.req.max_psn;
             if let Some(n) = self.req_poll(env, now, buf) {
+                if new_data && self.qp_type == QpType::Rc {
+                    // Mid-message: the rest of it keeps its room.
+                    self.reserved_end = self
+                        .sq
+                        .get(self.req.idx)
+                        .filter(|w| w.started)
+                        .map(|w| xroce_wire::psn_add(w.last_psn, 1));
+                }
                 self.prefer_req = false;
                 return Some(n);
             }
@@ -138,6 +156,44 @@ impl QpCtx {
             return self.resp_poll(env, now, buf);
         }
         None
+    }
+
+    /// Whether the device's in-flight budget has room for the requester's
+    /// next packet. A retransmission always has (its PSNs are counted
+    /// already), and so has the rest of a started message (its room was
+    /// taken when it started); a new message needs room for all its PSNs
+    /// (a READ: its response packets), but no more than the whole budget,
+    /// so a big one still goes once everything else is acknowledged. Sets
+    /// `budget_blocked` when new data waits, so the engine queues the QP
+    /// for room.
+    fn budget_allows(&mut self, env: &Env<'_>) -> bool {
+        if self.qp_type != QpType::Rc
+            || self.req.psn != self.req.max_psn
+            || self.req.rnr_until.is_some()
+        {
+            return true;
+        }
+        let Some(w) = self.sq.get(self.req.idx) else {
+            return true;
+        };
+        let window = env.cfg.max_inflight_pkts.max(1) as i32;
+        if xroce_wire::psn_diff(self.req.psn, self.req.comp_psn) >= window {
+            return true; // the QP's own window holds it; an ACK wakes it
+        }
+        if w.started {
+            return true;
+        }
+        let need = if w.op.is_atomic() {
+            1
+        } else {
+            w.len.div_ceil(self.mtu).max(1)
+        };
+        let max = env.cfg.max_device_inflight_pkts;
+        if env.inflight_room >= need.min(max) {
+            return true;
+        }
+        self.budget_blocked = true;
+        false
     }
 
     pub(crate) fn next_timeout(&self) -> Option<u64> {

@@ -176,6 +176,13 @@ pub struct EngineConfig {
     pub pacing_burst_bytes: u64,
     /// Most unacknowledged PSNs a QP keeps in flight.
     pub max_inflight_pkts: u32,
+    /// Most unacknowledged PSNs all RC QPs of the device keep in flight
+    /// together (0: no device-wide limit). Each is a packet that lands in
+    /// the peer's receive ring (a READ request counts its responses), so
+    /// this bounds what many QPs can pile onto it at once: 1,024 QPs x a
+    /// window of 128 would otherwise be 131,072 packets against a ring of
+    /// a few thousand. QPs that find it used up queue for room (FIFO).
+    pub max_device_inflight_pkts: u32,
     /// Set AckReq at least every this many packets of a long message.
     pub ack_every: u32,
     /// Mark data packets ECT(0).
@@ -197,6 +204,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("ipv6", &self.ipv6)
             .field("line_rate_bps", &self.line_rate_bps)
             .field("max_inflight_pkts", &self.max_inflight_pkts)
+            .field("max_device_inflight_pkts", &self.max_device_inflight_pkts)
             .field("ack_every", &self.ack_every)
             .field("cnp_interval_ns", &self.cnp_interval_ns)
             .field("qpn_block", &self.qpn_block)
@@ -213,6 +221,10 @@ impl Default for EngineConfig {
             line_rate_bps: 100_000_000_000,
             pacing_burst_bytes: 64 * 1024,
             max_inflight_pkts: 128, // rxe: RXE_MAX_UNACKED_PSNS
+            // A quarter of an AF_XDP RX ring of 2,048 frames (half of the
+            // default UMEM), about 1 MB at path MTU 2048: several times what
+            // one QP's window needs on a veth pair, far below overflow.
+            max_device_inflight_pkts: 512,
             ack_every: 32,
             ecn_capable: true,
             cnp_interval_ns: 50_000,
@@ -282,6 +294,12 @@ counters! {
         pub tx_cnps: u64,
         pub rx_cnps: u64,
         pub rx_ce_marked: u64,
+        /// Data packets that arrived while the receive ring was under
+        /// pressure ([`Engine::set_rx_pressure`]), treated as CE-marked.
+        pub rx_pressure_marked: u64,
+        /// Times a QP with new data waited for room in the device's
+        /// in-flight budget ([`EngineConfig::max_device_inflight_pkts`]).
+        pub tx_budget_waits: u64,
         pub retry_timeouts: u64,
         pub retries_started: u64,
         pub rx_rnr_naks: u64,
@@ -347,6 +365,11 @@ pub(crate) struct Env<'a> {
     pub completions: &'a mut Vec<Completion>,
     pub scratch: &'a mut Vec<u8>,
     pub events: &'a mut VecDeque<AsyncEvent>,
+    /// New PSNs the device's in-flight budget still allows (u32::MAX: no
+    /// limit).
+    pub inflight_room: u32,
+    /// The receive ring is under pressure: data packets count as CE-marked.
+    pub rx_pressure: bool,
 }
 
 /// The per-device transport engine. See the module documentation.
@@ -362,6 +385,9 @@ pub struct Engine {
     scratch: Vec<u8>,
     events: VecDeque<AsyncEvent>,
     stats: EngineStats,
+    /// Unacknowledged PSNs of all QPs (the sum of their `counted_inflight`).
+    inflight: u64,
+    rx_pressure: bool,
 }
 
 /// What a new QP is made of (`ibv_qp_init_attr` with the CQs named by id).
@@ -392,7 +418,29 @@ impl Engine {
             scratch: vec![0; 4096],
             events: VecDeque::with_capacity(64),
             stats: EngineStats::default(),
+            inflight: 0,
+            rx_pressure: false,
         }
+    }
+
+    /// Unacknowledged PSNs of all the device's QPs together (bounded by
+    /// [`EngineConfig::max_device_inflight_pkts`], give or take one READ).
+    pub fn inflight_pkts(&self) -> u64 {
+        self.inflight
+    }
+
+    /// The backend's receive ring (AF_XDP RX ring, UDP socket queue) is
+    /// over its threshold, or no longer: while it is, data packets that
+    /// arrive are treated as CE-marked, so the responder sends CNPs and
+    /// the senders' congestion control slows them, as a switch queue
+    /// marking ECN would make it.
+    pub fn set_rx_pressure(&mut self, on: bool) {
+        self.rx_pressure = on;
+    }
+
+    /// Whether [`set_rx_pressure`](Self::set_rx_pressure) is on.
+    pub fn rx_pressure(&self) -> bool {
+        self.rx_pressure
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -453,6 +501,10 @@ impl Engine {
     }
 
     fn split(&mut self) -> (&mut Vec<Option<Box<QpCtx>>>, Env<'_>) {
+        let inflight_room = match self.cfg.max_device_inflight_pkts {
+            0 => u32::MAX,
+            max => u64::from(max).saturating_sub(self.inflight) as u32,
+        };
         (
             &mut self.qps,
             Env {
@@ -462,8 +514,20 @@ impl Engine {
                 completions: &mut self.completions,
                 scratch: &mut self.scratch,
                 events: &mut self.events,
+                inflight_room,
+                rx_pressure: self.rx_pressure,
             },
         )
+    }
+
+    /// Brings the device's in-flight count up to date with the QP in
+    /// `idx` after an event on it.
+    fn sync_inflight(&mut self, idx: usize) {
+        if let Some(qp) = self.qps.get_mut(idx).and_then(|q| q.as_deref_mut()) {
+            let now = qp.unacked_pkts();
+            self.inflight = self.inflight + u64::from(now) - u64::from(qp.counted_inflight);
+            qp.counted_inflight = now;
+        }
     }
 
     /// `ibv_create_qp`: returns the new QP's number.
@@ -524,7 +588,9 @@ impl Engine {
         let idx = self.qpn_map.slot(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
         match self.qps.get_mut(idx) {
             Some(slot @ Some(_)) => {
-                *slot = None;
+                if let Some(qp) = slot.take() {
+                    self.inflight -= u64::from(qp.counted_inflight);
+                }
                 self.sched.reset_slot(idx);
                 if idx != GSI_SLOT {
                     self.free_qps.push(idx);
@@ -555,6 +621,7 @@ impl Engine {
     /// After any event on the QP in `idx`: it may have something to send,
     /// and its next timer may have moved.
     fn reschedule(&mut self, idx: usize) {
+        self.sync_inflight(idx);
         let Some(qp) = self.qps.get(idx).and_then(|q| q.as_deref()) else {
             return;
         };
@@ -672,17 +739,45 @@ impl Engine {
     /// `path MTU + 128` bytes); `None` when nothing is ready now.
     pub fn poll_transmit(&mut self, now_ns: u64, buf: &mut [u8]) -> Option<usize> {
         // Only QPs that had an event since they last had nothing to send:
-        // the rest wait for one (a timer is one, see `schedule`).
+        // the rest wait for one (a timer is one, see `schedule`). QPs that
+        // wait for room in the in-flight budget go first when there is
+        // some, oldest first; one that still finds too little (a READ
+        // bigger than the room) ends their turn for this call.
         self.sched.wake_due(now_ns);
-        while let Some(i) = self.sched.pop_ready() {
+        let mut serve_waiters = true;
+        loop {
+            let room = self.cfg.max_device_inflight_pkts == 0
+                || self.inflight < u64::from(self.cfg.max_device_inflight_pkts);
+            let (i, was_waiting) = match (room && serve_waiters)
+                .then(|| self.sched.pop_waiter())
+                .flatten()
+            {
+                Some(i) => (i, true),
+                None => match self.sched.pop_ready() {
+                    Some(i) => (i, false),
+                    None => return None,
+                },
+            };
             let (qps, mut env) = self.split();
             let Some(qp) = qps[i].as_deref_mut() else {
                 continue;
             };
+            qp.budget_blocked = false;
             let r = qp.poll_transmit(&mut env, now_ns, buf);
             qp.after_event(&mut env);
+            let blocked = std::mem::take(&mut qp.budget_blocked);
             let t = qp.next_timeout();
+            self.sync_inflight(i);
             self.sched.arm(i, t);
+            if blocked {
+                if was_waiting {
+                    serve_waiters = false;
+                    self.sched.wait_front(i);
+                } else {
+                    self.stats.tx_budget_waits += 1;
+                    self.sched.wait(i);
+                }
+            }
             if let Some(len) = r {
                 self.sched.wake(i); // to the back: round-robin
                 self.stats.tx_frames += 1;
@@ -690,7 +785,6 @@ impl Engine {
                 return Some(len);
             }
         }
-        None
     }
 
     /// Earliest time `handle_timeout` has work to do.

@@ -135,6 +135,18 @@ pub(crate) struct QpCtx {
     pub cq_overflowed: bool,
     pub sqd_notified: bool,
     pub comm_est: bool,
+    /// What this QP adds to the engine's device-wide in-flight count
+    /// (its `unacked_pkts` when the engine last looked).
+    pub counted_inflight: u32,
+    /// Set by `poll_transmit` when new request data waited for room in
+    /// the device's in-flight budget.
+    pub budget_blocked: bool,
+    /// One past the last PSN of the message being sent, while it is only
+    /// partly sent: a message takes its room in the device budget whole
+    /// when it starts, so it can always finish (its last packet asks for
+    /// the ACK that frees the room; QPs holding room for half-sent
+    /// messages without one would wait for each other until their RTOs).
+    pub reserved_end: Option<u32>,
 }
 
 impl QpCtx {
@@ -181,6 +193,9 @@ impl QpCtx {
             cq_overflowed: false,
             sqd_notified: false,
             comm_est: false,
+            counted_inflight: 0,
+            budget_blocked: false,
+            reserved_end: None,
         }
     }
 
@@ -218,6 +233,27 @@ impl QpCtx {
     /// Retransmission timeout (local ACK timeout), if any.
     pub(crate) fn rto_ns(&self) -> Option<u64> {
         timers::ack_timeout_ns(self.attr.timeout)
+    }
+
+    /// PSNs sent and not yet acknowledged or answered, plus the rest of a
+    /// partly sent message ([`reserved_end`](Self::reserved_end)); RC only
+    /// (UC and UD acknowledge nothing), none once the QP no longer sends.
+    /// Every state change passes through here (the engine counts after
+    /// each event), so a reservation never outlives its QP's state.
+    pub(crate) fn unacked_pkts(&mut self) -> u32 {
+        if self.qp_type != QpType::Rc
+            || !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
+        {
+            self.reserved_end = None;
+            return 0;
+        }
+        let mut end = self.req.max_psn;
+        match self.reserved_end {
+            Some(r) if xroce_wire::psn_lt(end, r) => end = r,
+            Some(_) => self.reserved_end = None,
+            None => {}
+        }
+        xroce_wire::psn_diff(end, self.req.comp_psn).max(0) as u32
     }
 
     pub(crate) fn psn_outstanding(&self) -> bool {

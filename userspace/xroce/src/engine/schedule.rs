@@ -15,6 +15,12 @@
 //!   binary heap rather than a timer wheel: O(log n) per re-arm is small
 //!   next to a packet, it needs no tick size (deadlines range from a pacer
 //!   gap of nanoseconds to seconds of RTO) and it is easy to get right.
+//! - A wait list: a FIFO of slots whose requester has new data but found
+//!   the device's in-flight budget used up (`EngineConfig::
+//!   max_device_inflight_pkts`). They leave the ready list; when
+//!   acknowledgements free room, `Engine::poll_transmit` serves them first,
+//!   oldest first, one packet per turn, so the QPs share the budget fairly
+//!   and none polls for room.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -25,6 +31,8 @@ struct SlotState {
     gen: u64,
     /// The slot is in the ready list (with the current `gen`).
     queued: bool,
+    /// The slot is in the wait list (with the current `gen`).
+    waiting: bool,
     /// The deadline the heap holds a live entry for.
     armed: Option<u64>,
 }
@@ -33,6 +41,7 @@ struct SlotState {
 pub(crate) struct Schedule {
     slots: Vec<SlotState>,
     ready: VecDeque<(usize, u64)>,
+    waiters: VecDeque<(usize, u64)>,
     timers: BinaryHeap<Reverse<(u64, usize, u64)>>,
     /// Slots with `armed` set: the heap is rebuilt when stale entries
     /// (a re-armed RTO stays in it until its old time) outnumber them.
@@ -54,6 +63,7 @@ impl Schedule {
         let s = self.slot(idx);
         s.gen += 1;
         s.queued = false;
+        s.waiting = false;
         if s.armed.take().is_some() {
             self.armed -= 1;
         }
@@ -77,6 +87,40 @@ impl Schedule {
             let s = &mut self.slots[idx];
             if s.gen == gen && s.queued {
                 s.queued = false;
+                return Some(idx);
+            }
+        }
+        None
+    }
+
+    /// The QP in `idx` has new data and waits for room in the device's
+    /// in-flight budget (at the back of the wait list, once).
+    pub fn wait(&mut self, idx: usize) {
+        let s = self.slot(idx);
+        if !s.waiting {
+            s.waiting = true;
+            let gen = s.gen;
+            self.waiters.push_back((idx, gen));
+        }
+    }
+
+    /// As [`wait`](Self::wait), at the front: a QP that was served first
+    /// but needs more room than there is keeps its place.
+    pub fn wait_front(&mut self, idx: usize) {
+        let s = self.slot(idx);
+        if !s.waiting {
+            s.waiting = true;
+            let gen = s.gen;
+            self.waiters.push_front((idx, gen));
+        }
+    }
+
+    /// The slot that has waited longest for room, taken off the wait list.
+    pub fn pop_waiter(&mut self) -> Option<usize> {
+        while let Some((idx, gen)) = self.waiters.pop_front() {
+            let s = &mut self.slots[idx];
+            if s.gen == gen && s.waiting {
+                s.waiting = false;
                 return Some(idx);
             }
         }
@@ -240,6 +284,24 @@ mod tests {
         s.wake_due(25);
         assert_eq!(s.pop_ready(), Some(5));
         assert_eq!(s.next_deadline(), Some(20));
+    }
+
+    #[test]
+    fn wait_list_is_fifo_once_per_slot_front_keeps_its_place() {
+        let mut s = Schedule::default();
+        s.wait(4);
+        s.wait(2);
+        s.wait(4);
+        s.wake(4); // waiting and ready are separate lists
+        assert_eq!(s.pop_ready(), Some(4));
+        assert_eq!(s.pop_waiter(), Some(4));
+        s.wait_front(4);
+        assert_eq!(s.pop_waiter(), Some(4));
+        assert_eq!(s.pop_waiter(), Some(2));
+        assert_eq!(s.pop_waiter(), None);
+        s.wait(7);
+        s.reset_slot(7);
+        assert_eq!(s.pop_waiter(), None, "a reset slot waits no more");
     }
 
     #[test]

@@ -1,0 +1,283 @@
+//! Many QPs against one receiver (issue 13, goal 3), without I/O: the
+//! device-wide in-flight budget (`EngineConfig::max_device_inflight_pkts`)
+//! bounds what 1,024 QPs put on the link at once and shares it fairly, and
+//! a receiver under pressure (`Engine::set_rx_pressure`) slows its senders
+//! through CNPs and DCQCN.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use xroce::cc::{Dcqcn, DcqcnConfig};
+use xroce::engine::completion::{Completion, WcStatus};
+use xroce::engine::memory::MrTable;
+use xroce::engine::qp_attr::Mtu;
+use xroce::engine::sim::{
+    connect_engines, sim_configs, EngineEndpoint, LinkConfig, PairParams, Sim, SimLink,
+};
+use xroce::engine::work::{SendWr, WrOpcode};
+use xroce::engine::{Engine, EngineConfig};
+
+const MSG: usize = 4096;
+
+fn sim_with(link: LinkConfig, f: impl Fn(&mut EngineConfig)) -> Sim<Mutex<Engine>> {
+    let (mut ca, mut cb) = sim_configs();
+    f(&mut ca);
+    f(&mut cb);
+    let engine = |cfg| Mutex::new(Engine::new(cfg, Arc::new(MrTable::default())));
+    Sim::new(engine(ca), engine(cb), SimLink::new(link, 13))
+}
+
+fn write(id: u64, from: &EngineEndpoint, to: &EngineEndpoint, slot: usize) -> SendWr {
+    SendWr::new(
+        id,
+        WrOpcode::RdmaWrite {
+            remote_addr: to.mr.addr() + (slot * MSG) as u64,
+            rkey: to.mr.rkey(),
+        },
+        vec![from.mr.sge(slot * MSG, MSG)],
+    )
+}
+
+fn take(e: &Mutex<Engine>, into: &mut Vec<Completion>) {
+    e.lock().unwrap().take_completions(into);
+}
+
+/// 1,024 QPs, each with 4 WRITEs of 4 KiB posted at once (2 packets each at
+/// path MTU 2048: 8,192 packets wanting the link together), under a device
+/// budget of 256 packets: the sender never has more in flight, the link
+/// never carries more, every WRITE completes once and its bytes arrive
+/// exactly, nothing is sent twice, and no QP gets ahead of another by more
+/// than a message or two.
+#[test]
+fn device_inflight_is_bounded_and_shared_fairly_by_1024_qps() {
+    const QPS: usize = 1024;
+    const PER_QP: usize = 4;
+    const BUDGET: u32 = 256;
+    let link = LinkConfig {
+        delay_ns: 20_000,
+        rate_bps: 10_000_000_000,
+        ..Default::default()
+    };
+    let mut sim = sim_with(link, |c| c.max_device_inflight_pkts = BUDGET);
+    let p = PairParams {
+        mtu: Mtu::Mtu2048,
+        mr_len: PER_QP * MSG,
+        // An RTO of ~67 ms: only a bug would make a packet wait that long.
+        timeout: 14,
+        retry_cnt: 0,
+        ..Default::default()
+    };
+    let eps: Vec<_> = (0..QPS).map(|_| connect_engines(&sim, &p)).collect();
+    let mut sent = Vec::with_capacity(QPS);
+    for (q, (a, _)) in eps.iter().enumerate() {
+        let data = common::pattern(q as u64, PER_QP * MSG);
+        // SAFETY: nothing is posted on this MR yet.
+        unsafe { a.mr.write(0, &data).unwrap() };
+        sent.push(data);
+    }
+    {
+        let mut ga = sim.a.lock().unwrap();
+        for (q, (a, b)) in eps.iter().enumerate() {
+            for s in 0..PER_QP {
+                let mut wr = write((q * PER_QP + s) as u64, a, b, s);
+                wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+                ga.post_send(a.qpn, &wr).unwrap();
+            }
+        }
+    }
+    let slot_of = |qpn: u32| eps.iter().position(|(a, _)| a.qpn == qpn).unwrap();
+    let mut done = vec![0usize; QPS];
+    let mut wcs = Vec::new();
+    let mut max_inflight = 0u64;
+    let mut max_link = 0usize;
+    let mut spread_at_half = None;
+    let total = QPS * PER_QP;
+    let finished = sim.run_until(sim.now + 5_000_000_000, |s| {
+        let inflight = s.a.lock().unwrap().inflight_pkts();
+        max_inflight = max_inflight.max(inflight);
+        max_link = max_link.max(s.link.in_flight());
+        take(&s.a, &mut wcs);
+        for c in wcs.drain(..) {
+            assert_eq!(c.wc.status, WcStatus::Success, "{c:?}");
+            done[slot_of(c.wc.qp_num)] += 1;
+        }
+        let n: usize = done.iter().sum();
+        if spread_at_half.is_none() && n >= total / 2 {
+            let (lo, hi) = (done.iter().min().unwrap(), done.iter().max().unwrap());
+            spread_at_half = Some((*lo, *hi));
+        }
+        n == total
+    });
+    assert!(
+        finished,
+        "completed {:?} of {total}",
+        done.iter().sum::<usize>()
+    );
+    assert!(done.iter().all(|&d| d == PER_QP), "a WRITE completed twice");
+    assert!(
+        max_inflight <= u64::from(BUDGET),
+        "{max_inflight} packets in flight, budget {BUDGET}"
+    );
+    assert!(
+        max_inflight >= u64::from(BUDGET) / 2,
+        "budget barely used: {max_inflight}"
+    );
+    // Data one way, at most one ACK per data packet the other.
+    assert!(
+        max_link <= 2 * BUDGET as usize,
+        "{max_link} frames on the link"
+    );
+    let (lo, hi) = spread_at_half.unwrap();
+    assert!(
+        hi - lo <= 2,
+        "halfway, the slowest QP had {lo} WRITEs done and the fastest {hi}"
+    );
+    let (sa, sb) = (sim.a.lock().unwrap().stats(), sim.b.lock().unwrap().stats());
+    assert_eq!(sa.tx_retransmitted, 0);
+    assert_eq!(sb.rx_duplicate, 0);
+    assert_eq!(sa.tx_data_packets, (total * 2) as u64, "each packet once");
+    assert!(sa.tx_budget_waits > 0, "the budget never held anyone");
+    assert_eq!(sim.a.lock().unwrap().inflight_pkts(), 0);
+    for (q, (_, b)) in eps.iter().enumerate() {
+        let mut got = vec![0; PER_QP * MSG];
+        // SAFETY: every WRITE to it has completed.
+        unsafe { b.mr.read(0, &mut got).unwrap() };
+        assert!(got == sent[q], "QP {q}: the data differs");
+    }
+}
+
+/// The budget frees room when a QP leaves: one that goes to ERR with
+/// packets in flight (its peer vanished) gives them back, so the others
+/// carry on.
+#[test]
+fn a_failed_qp_gives_its_budget_back() {
+    const BUDGET: u32 = 8;
+    let mut sim = sim_with(LinkConfig::default(), |c| {
+        c.max_device_inflight_pkts = BUDGET
+    });
+    let p = PairParams {
+        mtu: Mtu::Mtu2048,
+        mr_len: 16 * MSG,
+        timeout: 8,
+        retry_cnt: 1,
+        ..Default::default()
+    };
+    let (a1, b1) = connect_engines(&sim, &p);
+    let (a2, b2) = connect_engines(&sim, &p);
+    // QP 1's peer is gone: everything it sends is lost.
+    sim.b.lock().unwrap().destroy_qp(b1.qpn).unwrap();
+    {
+        let mut ga = sim.a.lock().unwrap();
+        for s in 0..16 {
+            ga.post_send(a1.qpn, &write(s as u64, &a1, &b1, s)).unwrap();
+        }
+        for s in 0..16 {
+            let mut wr = write(100 + s as u64, &a2, &b2, s);
+            wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+            ga.post_send(a2.qpn, &wr).unwrap();
+        }
+    }
+    let mut wcs = Vec::new();
+    let mut ok2 = 0;
+    let finished = sim.run_until(sim.now + 2_000_000_000, |s| {
+        assert!(s.a.lock().unwrap().inflight_pkts() <= u64::from(BUDGET));
+        take(&s.a, &mut wcs);
+        ok2 += wcs
+            .drain(..)
+            .filter(|c| c.wc.qp_num == a2.qpn && c.wc.status == WcStatus::Success)
+            .count();
+        ok2 == 16
+    });
+    assert!(finished, "QP 2 completed {ok2} of 16");
+    assert_eq!(sim.a.lock().unwrap().inflight_pkts(), 0);
+}
+
+fn dcqcn_sim() -> Sim<Mutex<Engine>> {
+    let rate = 10_000_000_000;
+    let link = LinkConfig {
+        delay_ns: 5_000,
+        rate_bps: 40_000_000_000,
+        ..Default::default()
+    };
+    sim_with(link, move |c| {
+        c.line_rate_bps = rate;
+        c.cc = Some(Arc::new(move || {
+            Box::new(Dcqcn::new(rate, DcqcnConfig::default()))
+        }));
+    })
+}
+
+/// Streams WRITEs from A to B for `ns` of simulated time, keeping `depth`
+/// in flight; returns the bytes completed.
+fn stream(sim: &mut Sim<Mutex<Engine>>, a: &EngineEndpoint, b: &EngineEndpoint, ns: u64) -> u64 {
+    let depth = 16;
+    let mut posted = 0u64;
+    let mut completed = 0u64;
+    let mut wcs = Vec::new();
+    let end = sim.now + ns;
+    sim.run_until(end, |s| {
+        take(&s.a, &mut wcs);
+        completed += wcs
+            .drain(..)
+            .filter(|c| c.wc.status == WcStatus::Success)
+            .count() as u64;
+        let mut ga = s.a.lock().unwrap();
+        while posted < completed + depth {
+            let mut wr = write(posted, a, b, (posted % 4) as usize);
+            wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+            ga.post_send(a.qpn, &wr).unwrap();
+            posted += 1;
+        }
+        s.now >= end
+    });
+    completed * MSG as u64
+}
+
+/// A receiver whose ring is under pressure marks what arrives as CE: its
+/// responder sends CNPs, the sender's DCQCN cuts its rate and the sender
+/// moves less data than an unpressured one in the same time; once the
+/// pressure is gone, no more CNPs come and the rate climbs back.
+#[test]
+fn receiver_pressure_slows_the_sender_through_cnps() {
+    let p = PairParams {
+        mtu: Mtu::Mtu2048,
+        mr_len: 4 * MSG,
+        ..Default::default()
+    };
+    // Unpressured: no CNPs, the line rate throughout.
+    let mut free = dcqcn_sim();
+    let (fa, fb) = connect_engines(&free, &p);
+    let free_bytes = stream(&mut free, &fa, &fb, 5_000_000);
+    let line = free.a.lock().unwrap().qp_rate_bps(fa.qpn).unwrap();
+    assert_eq!(free.b.lock().unwrap().stats().tx_cnps, 0);
+    assert_eq!(line, 10_000_000_000);
+
+    let mut sim = dcqcn_sim();
+    let (a, b) = connect_engines(&sim, &p);
+    sim.b.lock().unwrap().set_rx_pressure(true);
+    let pressed_bytes = stream(&mut sim, &a, &b, 5_000_000);
+    let (sa, sb) = (sim.a.lock().unwrap().stats(), sim.b.lock().unwrap().stats());
+    let low = sim.a.lock().unwrap().qp_rate_bps(a.qpn).unwrap();
+    assert!(sb.rx_pressure_marked > 0);
+    assert_eq!(sb.rx_ce_marked, 0, "nothing was marked on the link");
+    assert!(sb.tx_cnps > 10, "receiver sent {} CNPs", sb.tx_cnps);
+    assert_eq!(sa.rx_cnps, sb.tx_cnps);
+    assert!(low < line / 4, "rate under pressure {low} of {line}");
+    assert!(
+        pressed_bytes * 2 < free_bytes,
+        "under pressure {pressed_bytes} bytes, without {free_bytes}"
+    );
+    assert_eq!(sa.tx_retransmitted, 0, "slowed down, not dropped");
+
+    // Pressure gone: CNPs stop and DCQCN recovers.
+    sim.b.lock().unwrap().set_rx_pressure(false);
+    let cnps = sim.b.lock().unwrap().stats().tx_cnps;
+    stream(&mut sim, &a, &b, 20_000_000);
+    assert_eq!(sim.b.lock().unwrap().stats().tx_cnps, cnps);
+    let back = sim.a.lock().unwrap().qp_rate_bps(a.qpn).unwrap();
+    assert!(
+        back > low * 2,
+        "rate after the pressure {back}, under it {low}"
+    );
+}
