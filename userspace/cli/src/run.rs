@@ -1,4 +1,4 @@
-//! `xroce run [--iface IF]... [--backend afxdp|udp] [--cc none|dcqcn|timely]
+//! `xroce run [--iface IF]... [--backend afxdp|udp] [--cc none|dcqcn|timely|swift]
 //! -- PROGRAM [ARGS...]`: runs an unmodified libibverbs program over xroce.
 //!
 //! It finds xroce's drop-in `libibverbs.so.1` (crate `xroce-ibverbs`), puts

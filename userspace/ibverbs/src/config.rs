@@ -5,7 +5,8 @@
 //!   Ethernet address and an IPv4 address, except loopback.
 //! - `XROCE_BACKEND`: `afxdp` or `udp`. Unset: AF_XDP on an interface
 //!   where xroce's XDP program is attached, UDP elsewhere.
-//! - `XROCE_CC`: congestion control, `none` (default), `dcqcn` or `timely`.
+//! - `XROCE_CC`: congestion control, `none` (default), `dcqcn`, `timely` or
+//!   `swift` (parameters: `XROCE_DCQCN`, `XROCE_SWIFT`, see `xroce::cc`).
 //! - `XROCE_VERBS_DEBUG`: say on stderr why a verb failed.
 
 use std::sync::OnceLock;
@@ -40,7 +41,7 @@ pub(crate) fn cc() -> Result<xroce::cc::CcKind, String> {
         Err(_) => Ok(xroce::cc::CcKind::None),
         Ok(v) => v
             .parse()
-            .map_err(|_| format!("XROCE_CC={v}: use none, dcqcn or timely")),
+            .map_err(|_| format!("XROCE_CC={v}: use none, dcqcn, timely or swift")),
     }
 }
 

@@ -7,29 +7,37 @@
 //!
 //! - [`dcqcn`]: DCQCN (Zhu et al., SIGCOMM 2015), ECN/CNP driven.
 //! - [`timely`]: TIMELY (Mittal et al., SIGCOMM 2015), RTT-gradient driven.
+//! - [`swift`]: Swift (Kumar et al., SIGCOMM 2020), delay-target driven
+//!   (a window turned into a rate; `$XROCE_SWIFT`).
 //! - [`NoCc`]: line rate always.
 //! - [`pacer`]: the token bucket that turns a rate into send times; each
 //!   engine QP paces its data with one, and the closed-loop tests run it.
 //! - [`units`]: the rates, sizes and durations of a DCQCN spec
 //!   (`$XROCE_DCQCN`), which the CLI's flags take too.
 //!
-//! [`build`] makes a controller from a [`CcKind`] ("none", "dcqcn", "timely").
+//! [`build`] makes a controller from a [`CcKind`] ("none", "dcqcn", "timely",
+//! "swift").
 
 pub mod dcqcn;
 pub mod pacer;
+pub mod swift;
 pub mod timely;
 pub mod units;
 
+#[cfg(test)]
+mod delay_sim_tests;
 #[cfg(test)]
 mod sim_tests;
 
 pub use dcqcn::{Dcqcn, DcqcnConfig};
 pub use pacer::Pacer;
+pub use swift::{Swift, SwiftConfig};
 pub use timely::{Timely, TimelyConfig};
 
 /// A pluggable rate controller for one QP (DCQCN reacts per flow).
 pub trait CongestionControl: Send {
-    /// Short name shown in stats and experiment output ("dcqcn", "timely", "none").
+    /// Short name shown in stats and experiment output ("dcqcn", "timely",
+    /// "swift", "none").
     fn name(&self) -> &'static str;
     /// Bytes put on the wire at `now_ns` (payload + headers).
     fn on_send(&mut self, now_ns: u64, bytes: usize);
@@ -84,10 +92,12 @@ pub enum CcKind {
     Dcqcn,
     /// [`Timely`].
     Timely,
+    /// [`Swift`].
+    Swift,
 }
 
 impl CcKind {
-    pub const ALL: [CcKind; 3] = [CcKind::None, CcKind::Dcqcn, CcKind::Timely];
+    pub const ALL: [CcKind; 4] = [CcKind::None, CcKind::Dcqcn, CcKind::Timely, CcKind::Swift];
 
     /// The name [`std::str::FromStr`] accepts and [`CongestionControl::name`] reports.
     pub const fn name(self) -> &'static str {
@@ -95,6 +105,7 @@ impl CcKind {
             CcKind::None => "none",
             CcKind::Dcqcn => "dcqcn",
             CcKind::Timely => "timely",
+            CcKind::Swift => "swift",
         }
     }
 }
@@ -107,7 +118,7 @@ impl std::fmt::Display for CcKind {
 
 /// A `--cc` value that names no controller.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown congestion control {0:?}; valid choices: none, dcqcn, timely")]
+#[error("unknown congestion control {0:?}; valid choices: none, dcqcn, timely, swift")]
 pub struct ParseCcKindError(pub String);
 
 impl std::str::FromStr for CcKind {
@@ -126,6 +137,7 @@ impl std::str::FromStr for CcKind {
 pub struct CcConfig {
     pub dcqcn: DcqcnConfig,
     pub timely: TimelyConfig,
+    pub swift: SwiftConfig,
 }
 
 /// Environment variable that overrides DCQCN's parameters for every flow a
@@ -134,22 +146,42 @@ pub struct CcConfig {
 /// senders; it reaches any tool without flags of its own for them.
 pub const DCQCN_ENV: &str = "XROCE_DCQCN";
 
+/// Environment variable that overrides Swift's parameters for every flow a
+/// process makes with [`build`]: a [`SwiftConfig::from_spec`] spec such as
+/// `software` or `paper,target=40us,hops=2`.
+pub const SWIFT_ENV: &str = "XROCE_SWIFT";
+
 /// A controller of `kind` for a flow on a link of `line_rate_bps`, with the
 /// default parameters ([`DcqcnConfig::default`] is the paper's set) or, for
-/// DCQCN, those `$XROCE_DCQCN` names ([`DCQCN_ENV`]). A spec that does not
-/// parse is reported on stderr once and the defaults are used.
+/// DCQCN and Swift, those `$XROCE_DCQCN` ([`DCQCN_ENV`]) or `$XROCE_SWIFT`
+/// ([`SWIFT_ENV`]) names. A spec that does not parse is reported on stderr
+/// once and the defaults are used.
 pub fn build(kind: CcKind, line_rate_bps: u64) -> Box<dyn CongestionControl> {
     let mut cfg = CcConfig::default();
-    if kind == CcKind::Dcqcn {
-        if let Ok(spec) = std::env::var(DCQCN_ENV) {
-            match DcqcnConfig::from_spec(&spec, line_rate_bps) {
-                Ok(dcqcn) => cfg.dcqcn = dcqcn,
-                Err(e) => {
-                    static WARNED: std::sync::Once = std::sync::Once::new();
-                    WARNED.call_once(|| eprintln!("xroce: ignoring ${DCQCN_ENV}: {e}"));
+    match kind {
+        CcKind::Dcqcn => {
+            if let Ok(spec) = std::env::var(DCQCN_ENV) {
+                match DcqcnConfig::from_spec(&spec, line_rate_bps) {
+                    Ok(dcqcn) => cfg.dcqcn = dcqcn,
+                    Err(e) => {
+                        static WARNED: std::sync::Once = std::sync::Once::new();
+                        WARNED.call_once(|| eprintln!("xroce: ignoring ${DCQCN_ENV}: {e}"));
+                    }
                 }
             }
         }
+        CcKind::Swift => {
+            if let Ok(spec) = std::env::var(SWIFT_ENV) {
+                match SwiftConfig::from_spec(&spec) {
+                    Ok(swift) => cfg.swift = swift,
+                    Err(e) => {
+                        static WARNED: std::sync::Once = std::sync::Once::new();
+                        WARNED.call_once(|| eprintln!("xroce: ignoring ${SWIFT_ENV}: {e}"));
+                    }
+                }
+            }
+        }
+        CcKind::None | CcKind::Timely => {}
     }
     build_with(kind, line_rate_bps, &cfg)
 }
@@ -160,6 +192,7 @@ pub fn build_with(kind: CcKind, line_rate_bps: u64, cfg: &CcConfig) -> Box<dyn C
         CcKind::None => Box::new(NoCc::new(line_rate_bps)),
         CcKind::Dcqcn => Box::new(Dcqcn::new(line_rate_bps, cfg.dcqcn.clone())),
         CcKind::Timely => Box::new(Timely::new(line_rate_bps, cfg.timely.clone())),
+        CcKind::Swift => Box::new(Swift::new(line_rate_bps, cfg.swift.clone())),
     }
 }
 
@@ -172,10 +205,11 @@ mod tests {
         assert_eq!("none".parse(), Ok(CcKind::None));
         assert_eq!("dcqcn".parse(), Ok(CcKind::Dcqcn));
         assert_eq!("TIMELY".parse(), Ok(CcKind::Timely));
+        assert_eq!("swift".parse(), Ok(CcKind::Swift));
         let e = "bbr".parse::<CcKind>().unwrap_err().to_string();
         assert_eq!(
             e,
-            "unknown congestion control \"bbr\"; valid choices: none, dcqcn, timely"
+            "unknown congestion control \"bbr\"; valid choices: none, dcqcn, timely, swift"
         );
         for k in CcKind::ALL {
             assert_eq!(k.to_string().parse(), Ok(k));
