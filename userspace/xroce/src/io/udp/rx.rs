@@ -1,10 +1,15 @@
-//! Receiving: one recvmmsg for a batch of datagrams, then each payload gets
-//! the Ethernet, IP and UDP headers it arrived with rebuilt in front of it
-//! in place, so the engine sees the frame (and ICRC) the sender sent.
+//! Receiving: one recvmmsg for a batch of datagrams. With UDP_GRO a
+//! datagram may hold several RoCEv2 packets the kernel coalesced (a UDP GSO
+//! message that crossed a veth whole, or packets GRO merged): the gso_size
+//! control message says where each ends, and each is handed on alone. Every
+//! packet gets the Ethernet, IP and UDP headers it arrived with rebuilt in
+//! front of it, in place, so the engine sees the frame (and ICRC) the sender
+//! sent. A packet after the first of a coalesced datagram takes its headers
+//! from the tail of the packet before it, which was handed on already.
 
 use std::{
     mem,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::AsRawFd,
 };
 
@@ -15,6 +20,28 @@ use xroce_wire::{
 
 use super::{kernel_ipv4, kernel_ipv6, sockaddr::addr_of, UdpBackend, CMSG_ROOM, RX_HEADROOM};
 
+/// What the control messages and the name say of one received datagram.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RxMeta {
+    pub src: SocketAddr,
+    pub dst: IpAddr,
+    pub tos: u8,
+    /// Bytes read.
+    pub len: usize,
+    /// Size of each coalesced packet (UDP_GRO); `None`: one packet.
+    pub gso_size: Option<usize>,
+}
+
+/// The packets of a datagram of `len` bytes coalesced at `gso_size`: every
+/// one `gso_size` long but the last, which may be shorter (what the kernel's
+/// GSO cut and GRO merged). Yields (offset, length).
+pub(super) fn split(len: usize, gso_size: Option<usize>) -> impl Iterator<Item = (usize, usize)> {
+    let size = gso_size.filter(|&s| s > 0).unwrap_or(len.max(1));
+    (0..len)
+        .step_by(size)
+        .map(move |at| (at, size.min(len - at)))
+}
+
 impl UdpBackend {
     /// Reads up to a batch from the IPv6 (`v6`) or the IPv4 socket.
     pub(super) fn recvmmsg(&mut self, v6: bool) -> std::io::Result<usize> {
@@ -22,14 +49,13 @@ impl UdpBackend {
             return Ok(0);
         };
         let fd = socket.fd.as_raw_fd();
-        let batch = self.cfg.batch;
+        let batch = self.rx_slots;
         for i in 0..batch {
             self.rx_iov[i] = libc::iovec {
                 iov_base: self.rx_buf[i * self.slot_len + RX_HEADROOM..]
                     .as_mut_ptr()
                     .cast(),
-                iov_len: self.cfg.max_frame_len
-                    - (eth::HEADER_LEN + ipv4::HEADER_LEN + udp::HEADER_LEN),
+                iov_len: self.slot_len - RX_HEADROOM,
             };
             let h = &mut self.rx_hdrs[i].msg_hdr;
             h.msg_name = (&mut self.rx_names[i] as *mut libc::sockaddr_storage).cast();
@@ -61,18 +87,19 @@ impl UdpBackend {
         Ok(n as usize)
     }
 
-    /// Rebuilds the frame of datagram `i`, read from the IPv6 (`v6`) or
-    /// the IPv4 socket, in its slot; returns its range.
-    pub(super) fn rebuild(&mut self, i: usize, v6: bool) -> Option<(usize, usize)> {
+    /// The addresses, TOS and GRO size of datagram `i`, read from the IPv6
+    /// (`v6`) or the IPv4 socket; `None` (counted) if it cannot be used.
+    pub(super) fn rx_meta(&mut self, i: usize, v6: bool) -> Option<RxMeta> {
         let hdr = &self.rx_hdrs[i].msg_hdr;
-        let payload_len = self.rx_hdrs[i].msg_len as usize;
+        let len = self.rx_hdrs[i].msg_len as usize;
         if hdr.msg_flags & libc::MSG_TRUNC != 0 {
             self.stats.rx_dropped += 1;
             return None;
         }
-        // Control messages: destination address, TOS, drop counter.
+        // Control messages: destination address, TOS, GRO size, drops.
         let mut dst: Option<IpAddr> = None;
         let mut tos = 0u8;
+        let mut gso_size = None;
         // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG
         // macros walk it within those bounds.
         unsafe {
@@ -92,6 +119,10 @@ impl UdpBackend {
                     (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
                         tos = std::ptr::read_unaligned(data as *const libc::c_int) as u8
                     }
+                    (libc::SOL_UDP, libc::UDP_GRO) => {
+                        let size = std::ptr::read_unaligned(data as *const libc::c_int);
+                        gso_size = usize::try_from(size).ok().filter(|&s| s > 0);
+                    }
                     (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
                         let v = std::ptr::read_unaligned(data as *const u32);
                         let last = &mut self.last_ovfl[v6 as usize];
@@ -106,44 +137,82 @@ impl UdpBackend {
                 c = libc::CMSG_NXTHDR(hdr, c);
             }
         }
-        let src = addr_of(&self.rx_names[i])?;
+        let src = addr_of(&self.rx_names[i]);
         // IP_PKTINFO / IPV6_PKTINFO are on: always there.
-        let Some(dst) = dst else {
+        let (Some(src), Some(dst)) = (src, dst) else {
             self.stats.rx_dropped += 1;
             return None;
         };
+        Some(RxMeta {
+            src,
+            dst,
+            tos,
+            len,
+            gso_size,
+        })
+    }
+
+    /// Rebuilds the frame of the packet of `payload_len` bytes at
+    /// `payload_at` in the receive buffer (from datagram `meta`) in front of
+    /// it; `prev_id`: the IPv4 id the packet before it in the same
+    /// coalesced datagram matched, so this one is tried with the next id
+    /// (how GSO numbers them) before 0 and before solving for it. Returns
+    /// the frame's range in the buffer and the id used.
+    pub(super) fn rebuild(
+        &mut self,
+        payload_at: usize,
+        payload_len: usize,
+        meta: &RxMeta,
+        prev_id: Option<u16>,
+    ) -> Option<(usize, usize, u16)> {
         if payload_len < bth::HEADER_LEN + ICRC_LEN {
             self.udp_stats.runts += 1;
             self.stats.rx_dropped += 1;
             return None;
         }
         let udp_len = udp::HEADER_LEN + payload_len;
-        let slot = &mut self.rx_buf[i * self.slot_len..(i + 1) * self.slot_len];
-        let udp_at = RX_HEADROOM - udp::HEADER_LEN;
-        let end = RX_HEADROOM + payload_len;
+        let udp_at = payload_at - udp::HEADER_LEN;
+        let end = payload_at + payload_len;
         UdpRepr {
-            src_port: src.port(),
+            src_port: meta.src.port(),
             dst_port: self.cfg.port,
             checksum: UdpChecksum::Zero,
         }
-        .emit(&mut slot[udp_at..], payload_len)
+        .emit(&mut self.rx_buf[udp_at..end], payload_len)
         .ok()?;
-        let found = u32::from_le_bytes(slot[end - ICRC_LEN..end].try_into().unwrap());
+        let found = u32::from_le_bytes(self.rx_buf[end - ICRC_LEN..end].try_into().unwrap());
         // The IP header goes right in front of the UDP header.
-        let (head, l4) = slot.split_at_mut(udp_at);
+        let (head, l4) = self.rx_buf.split_at_mut(udp_at);
         let l4 = &l4[..end - ICRC_LEN - udp_at];
-        let (ip_at, ethertype) = match (src.ip(), dst) {
+        let mut used_id = 0;
+        let (ip_at, ethertype) = match (meta.src.ip(), meta.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
                 let ip_at = udp_at - ipv4::HEADER_LEN;
-                // What xroce (and this backend) send: id 0 with DF.
-                let mut ip = kernel_ipv4(s, d, tos, udp_len);
-                ip.emit(&mut head[ip_at..]).ok()?;
-                if icrc::compute(&head[ip_at..], l4).ok() != Some(found) {
+                // Next in a GSO run, else what a datagram sent alone by
+                // xroce (and this backend) carries: id 0 with DF.
+                let guesses = [prev_id.map(|p| p.wrapping_add(1)), Some(0)];
+                let mut ip = kernel_ipv4(s, d, meta.tos, udp_len, 0);
+                let mut matched = false;
+                for (k, guess) in guesses.into_iter().enumerate() {
+                    let Some(id) = guess else { continue };
+                    if k > 0 && guesses[0] == Some(id) {
+                        continue;
+                    }
+                    ip.ident = id;
+                    ip.emit(&mut head[ip_at..]).ok()?;
+                    if icrc::compute(&head[ip_at..], l4).ok() == Some(found) {
+                        used_id = id;
+                        matched = true;
+                        break;
+                    }
+                }
+                if !matched {
                     match solve_ipv4_ident(&ip, l4, found) {
                         Some((ident, dont_frag)) => {
                             ip.ident = ident;
                             ip.dont_frag = dont_frag;
                             ip.emit(&mut head[ip_at..]).ok()?;
+                            used_id = ident;
                             self.udp_stats.ip_id_recovered += 1;
                         }
                         None => self.udp_stats.icrc_unmatched += 1,
@@ -153,7 +222,7 @@ impl UdpBackend {
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
                 let ip_at = udp_at - ipv6::HEADER_LEN;
-                kernel_ipv6(s, d, tos, udp_len)
+                kernel_ipv6(s, d, meta.tos, udp_len)
                     .emit(&mut head[ip_at..])
                     .ok()?;
                 if icrc::compute(&head[ip_at..], l4).ok() != Some(found) {
@@ -174,8 +243,27 @@ impl UdpBackend {
             vlan: None,
             ethertype,
         }
-        .emit(&mut slot[start..])
+        .emit(&mut self.rx_buf[start..])
         .ok()?;
-        Some((i * self.slot_len + start, i * self.slot_len + end))
+        Some((start, end, used_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn a_coalesced_datagram_splits_at_its_gso_size() {
+        let got: Vec<_> = split(10, Some(4)).collect();
+        assert_eq!(got, [(0, 4), (4, 4), (8, 2)]);
+        let got: Vec<_> = split(8, Some(4)).collect();
+        assert_eq!(got, [(0, 4), (4, 4)]);
+        // Not coalesced: one packet.
+        assert_eq!(split(7, None).collect::<Vec<_>>(), [(0, 7)]);
+        assert_eq!(split(7, Some(0)).collect::<Vec<_>>(), [(0, 7)]);
+        // Larger than the datagram: one packet.
+        assert_eq!(split(7, Some(100)).collect::<Vec<_>>(), [(0, 7)]);
+        assert_eq!(split(0, None).count(), 0);
     }
 }

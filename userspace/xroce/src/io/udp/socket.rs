@@ -10,9 +10,16 @@ use std::{
 use nix::sys::socket::{
     bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrStorage,
 };
-use xroce_wire::{bth, eth, ipv6, udp, ICRC_LEN};
+use xroce_wire::{bth, eth, ipv4, ipv6, udp, ICRC_LEN};
 
-use super::{setup_err, UdpBackend, UdpConfig, UdpSocket, UdpStats, CMSG_ROOM, RX_HEADROOM};
+use super::{
+    setup_err, tx::TxMeta, UdpBackend, UdpConfig, UdpSocket, UdpStats, CMSG_ROOM, RX_HEADROOM,
+};
+
+/// Largest UDP payload a coalesced datagram can have.
+const GRO_MAX_DATAGRAM: usize = 65535;
+/// Receive slots with GRO (each 64 KiB).
+const GRO_SLOTS: usize = 32;
 use crate::io::{sockopt as raw_sockopt, IoStats, Result};
 
 /// What a socket option failed with, named as the kernel names it.
@@ -43,6 +50,9 @@ fn open_socket(cfg: &UdpConfig, local: IpAddr, ifindex: Option<u32>) -> Result<U
     }
     let _ = setsockopt(&fd, sockopt::RxqOvfl, &1);
     let raw = fd.as_raw_fd();
+    // UDP_SEGMENT readable: the kernel has UDP GSO (4.18+).
+    let gso = cfg.gso && raw_sockopt::get_u32(raw, libc::SOL_UDP, libc::UDP_SEGMENT).is_ok();
+    let gro = cfg.gro && raw_sockopt::set_int(raw, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
     if v6 {
         setsockopt(&fd, sockopt::Ipv6V6Only, &true).map_err(option_err("IPV6_V6ONLY"))?;
         setsockopt(&fd, sockopt::Ipv6RecvPacketInfo, &true)
@@ -60,9 +70,14 @@ fn open_socket(cfg: &UdpConfig, local: IpAddr, ifindex: Option<u32>) -> Result<U
             libc::IP_PMTUDISC_DO,
         )
         .map_err(|e| setup_err("IP_MTU_DISCOVER", Some(e)))?;
-        // UDP checksum 0 over IPv4, as rxe sends (the ICRC protects the data).
-        raw_sockopt::set_int(raw, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
-            .map_err(|e| setup_err("SO_NO_CHECK", Some(e)))?;
+        // UDP checksum 0 over IPv4, as rxe sends (the ICRC protects the
+        // data); with GSO the kernel's checksum (udp_send_skb refuses
+        // UDP_SEGMENT on a SO_NO_CHECK socket), which the ICRC masks and
+        // rxe accepts. On a veth it is offloaded, never computed.
+        if !gso {
+            raw_sockopt::set_int(raw, libc::SOL_SOCKET, libc::SO_NO_CHECK, 1)
+                .map_err(|e| setup_err("SO_NO_CHECK", Some(e)))?;
+        }
     }
     if let Some(ifindex) = ifindex {
         raw_sockopt::set_int(
@@ -96,6 +111,8 @@ fn open_socket(cfg: &UdpConfig, local: IpAddr, ifindex: Option<u32>) -> Result<U
         fd,
         local,
         ifindex: ifindex.unwrap_or(0),
+        gso,
+        gro,
     })
 }
 
@@ -132,7 +149,19 @@ impl UdpBackend {
             (None, IpAddr::V4(_)) => None,
         };
         let fds = v4.iter().chain(&v6).map(|s| s.fd.as_raw_fd()).collect();
-        let slot_len = RX_HEADROOM + cfg.max_frame_len;
+        let gso = v4.iter().chain(&v6).all(|s| s.gso);
+        let gro = v4.iter().chain(&v6).any(|s| s.gro);
+        // A coalesced datagram can be 64 KiB: fewer, larger slots (the
+        // pages are touched only as far as datagrams reach).
+        let (slot_len, rx_slots) = if gro {
+            (RX_HEADROOM + GRO_MAX_DATAGRAM, batch.min(GRO_SLOTS))
+        } else {
+            (
+                RX_HEADROOM + cfg.max_frame_len
+                    - (eth::HEADER_LEN + ipv4::HEADER_LEN + udp::HEADER_LEN),
+                batch,
+            )
+        };
         let no_iovec = libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -146,11 +175,12 @@ impl UdpBackend {
             v6,
             fds,
             slot_len,
-            rx_buf: vec![0; slot_len * batch],
-            rx_iov: vec![no_iovec; batch],
-            rx_names: vec![no_name; batch],
-            rx_cmsg: vec![0; CMSG_ROOM * batch],
-            rx_hdrs: vec![no_hdr; batch],
+            rx_slots,
+            rx_buf: vec![0; slot_len * rx_slots],
+            rx_iov: vec![no_iovec; rx_slots],
+            rx_names: vec![no_name; rx_slots],
+            rx_cmsg: vec![0; CMSG_ROOM * rx_slots],
+            rx_hdrs: vec![no_hdr; rx_slots],
             rx_turn: 0,
             rx_v6_first: false,
             tx_buf: vec![0; cfg.max_frame_len * batch],
@@ -158,8 +188,10 @@ impl UdpBackend {
             tx_names: vec![no_name; batch],
             tx_cmsg: vec![0; CMSG_ROOM * batch],
             tx_hdrs: vec![no_hdr; batch],
-            tx_frame_len: vec![0; batch],
-            tx_v6: vec![false; batch],
+            tx_meta: vec![TxMeta::EMPTY; batch],
+            tx_runs: Vec::with_capacity(batch),
+            gso,
+            gro,
             cfg,
             stats: IoStats::default(),
             udp_stats: UdpStats::default(),

@@ -1,7 +1,12 @@
-//! Sending: each frame the engine wrote becomes one datagram (its UDP
-//! payload, to its destination IP, with its TOS as a control message), its
-//! ICRC recomputed over the headers the kernel will actually send, and a
-//! batch leaves in one sendmmsg.
+//! Sending: each frame the engine wrote becomes one RoCEv2 datagram (its
+//! UDP payload, to its destination IP, with its TOS as a control message).
+//! Consecutive frames to the same destination whose payloads have one size
+//! (the last may be shorter) leave as one UDP GSO message (a UDP_SEGMENT
+//! control message over one iovec per frame, no copy): the kernel cuts it
+//! back into exactly these datagrams, on the device or at the receiver.
+//! Each datagram's ICRC is computed over the headers the kernel will give
+//! it, IPv4 id included (see [`gso_ip_id`]); a batch of messages leaves in
+//! one sendmmsg.
 
 use std::{
     mem,
@@ -22,9 +27,128 @@ use xroce_common::qpn_block;
 
 use super::{kernel_ipv4, kernel_ipv6, sockaddr::sockaddr_of, wait_on, UdpBackend, CMSG_ROOM};
 
+/// Most datagrams one GSO message carries (the kernel's UDP_MAX_SEGMENTS
+/// is 64 on older kernels, 128 on newer ones).
+pub(super) const GSO_MAX_SEGMENTS: usize = 64;
+/// Most payload bytes one GSO message carries: an IPv4 datagram's total
+/// length (65535) less the IPv4 and UDP headers (ip_append_data refuses
+/// more with EMSGSIZE). IPv6 would allow 20 more; one limit keeps it simple.
+pub(super) const GSO_MAX_BYTES: usize = 65535 - ipv4::HEADER_LEN - udp::HEADER_LEN;
+
+/// The IPv4 id the kernel gives datagram `k` of a GSO message sent on an
+/// unconnected socket with IP_PMTUDISC_DO.
+///
+/// - `__ip_make_skb` (net/ipv4/ip_output.c) sets DF (pmtudisc DO) and
+///   `ignore_df = 0`, then calls `ip_select_ident(net, skb, sk)` once for
+///   the whole message; `ip_select_ident_segs` (include/net/ip.h) takes the
+///   per-socket counter only for a connected socket (`inet_daddr != 0`),
+///   and otherwise gives a DF packet without ignore_df id 0.
+/// - Segmentation, in software on the sending device (validate_xmit_skb →
+///   skb_gso_segment, e.g. towards a veth whose peer runs XDP) or at the
+///   receiving socket without UDP_GRO (udp_rcv_segment), goes through
+///   `inet_gso_segment` (net/ipv4/af_inet.c) → `udp4_ufo_fragment` →
+///   `__udp_gso_segment`: for SKB_GSO_UDP_L4 (neither SKB_GSO_UDP nor
+///   FIXEDID) every resulting segment gets `iph->id = htons(id++)` from the
+///   message's id. DF stays as it was.
+///
+/// So datagram `k` carries id `k` (mod 2^16) with DF; a datagram sent alone
+/// carries id 0. Hardware USO on a real NIC numbers the segments itself;
+/// [`super::UdpConfig::gso`] turns GSO off where that could differ.
+pub(super) fn gso_ip_id(k: usize) -> u16 {
+    k as u16
+}
+
+/// What `prepare` learnt of the frame in one TX slot.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TxMeta {
+    /// Engine frame length (for byte counters).
+    len: usize,
+    /// Goes out on the IPv6 socket.
+    v6: bool,
+    /// UDP header offset in the slot, and UDP length (header included).
+    udp_at: usize,
+    udp_len: usize,
+    tos: u8,
+    /// Source and destination of the IP header the kernel writes.
+    src: IpAddr,
+    dst: IpAddr,
+    /// Where the datagram goes (destination and port).
+    to: SocketAddr,
+    /// Send from `src` with IPV6_PKTINFO (interface-wide IPv6 socket).
+    pktinfo: bool,
+    ifindex: u32,
+}
+
+impl TxMeta {
+    pub(super) const EMPTY: TxMeta = TxMeta {
+        len: 0,
+        v6: false,
+        udp_at: 0,
+        udp_len: 0,
+        tos: 0,
+        src: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        dst: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        to: SocketAddr::V4(std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::UNSPECIFIED,
+            0,
+        )),
+        pktinfo: false,
+        ifindex: 0,
+    };
+
+    /// Payload (BTH .. ICRC) length: what the datagram carries.
+    fn payload_len(&self) -> usize {
+        self.udp_len - udp::HEADER_LEN
+    }
+
+    /// Whether `next` may follow `self` in one GSO message: same socket,
+    /// destination, TOS and source.
+    fn same_flow(&self, next: &TxMeta) -> bool {
+        self.v6 == next.v6
+            && self.to == next.to
+            && self.tos == next.tos
+            && self.pktinfo == next.pktinfo
+            && (!self.pktinfo || self.src == next.src)
+    }
+}
+
+/// Splits frames `0..n` (of payload sizes `payload_len`, in flows as
+/// `same_flow` says) into GSO messages: runs of one flow and one payload
+/// size, at most [`GSO_MAX_SEGMENTS`] datagrams and [`GSO_MAX_BYTES`] bytes
+/// each. Calls `out(start, count)` per message.
+///
+/// UDP GSO would also take a shorter last datagram; leaving it out keeps
+/// every message's datagrams alike (a WRITE's LAST of a whole MTU still
+/// joins its MIDDLEs) and a datagram of its own size that follows a run
+/// with id 0, as it was before GSO.
+pub(super) fn gso_runs(
+    n: usize,
+    payload_len: impl Fn(usize) -> usize,
+    same_flow: impl Fn(usize, usize) -> bool,
+    mut out: impl FnMut(usize, usize),
+) {
+    let mut start = 0;
+    while start < n {
+        let size = payload_len(start);
+        let mut end = start + 1;
+        while end < n
+            && end - start < GSO_MAX_SEGMENTS
+            && (end + 1 - start) * size <= GSO_MAX_BYTES
+            && payload_len(end) == size
+            && same_flow(start, end)
+        {
+            end += 1;
+        }
+        out(start, end - start);
+        start = end;
+    }
+}
+
 impl UdpBackend {
-    /// Turns the engine's frame in TX slot `i` (length `len`) into a
-    /// datagram: destination, payload range, fixed ICRC, TOS cmsg.
+    /// Checks the engine's frame in TX slot `i` (length `len`), notes where
+    /// it goes, and writes the UDP header the kernel will send. The ICRC
+    /// waits for [`build_messages`](Self::build_messages), which knows the
+    /// frame's place in its GSO message.
     pub(super) fn prepare(&mut self, i: usize, len: usize) -> Result<(), String> {
         let ml = self.cfg.max_frame_len;
         let frame = &mut self.tx_buf[i * ml..i * ml + len];
@@ -73,11 +197,13 @@ impl UdpBackend {
                     ))
                 }
             };
-        let v6 = dst.is_ipv6();
         // Sending from the frame's own source: the socket serves every
         // address of its interface.
         let pktinfo = socket.local.is_unspecified();
         let src = if pktinfo { frame_src } else { socket.local };
+        if src.is_ipv4() != dst.is_ipv4() {
+            return Err("address family mismatch".into());
+        }
         let datagram =
             UdpPacket::new_checked(&frame[udp_at..]).map_err(|_| "truncated UDP header")?;
         let dport = datagram.dst_port();
@@ -103,8 +229,8 @@ impl UdpBackend {
             }
             _ => dport,
         };
-        // What the kernel will send: our address and port, IPv4 id 0 with
-        // DF, UDP checksum 0 (masked by the ICRC anyway).
+        // What the kernel will send: our port; the checksum (0 here, the
+        // kernel's own on the wire) is masked by the ICRC.
         UdpRepr {
             src_port: self.cfg.bind_port(),
             dst_port: dport,
@@ -112,20 +238,6 @@ impl UdpBackend {
         }
         .emit(&mut frame[udp_at..], udp_len - udp::HEADER_LEN)
         .map_err(|e| format!("UDP header: {e}"))?;
-        let l4 = &frame[udp_at..udp_end - ICRC_LEN];
-        let mut kernel_ip = [0u8; ipv6::HEADER_LEN];
-        let ip_len = match (src, dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => kernel_ipv4(s, d, tos, udp_len).emit(&mut kernel_ip),
-            (IpAddr::V6(s), IpAddr::V6(d)) => kernel_ipv6(s, d, tos, udp_len).emit(&mut kernel_ip),
-            _ => return Err("address family mismatch".into()),
-        }
-        .map_err(|e| format!("IP header: {e}"))?;
-        let crc = icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?;
-        frame[udp_end - ICRC_LEN..udp_end].copy_from_slice(&crc.to_le_bytes());
-        self.tx_iov[i] = libc::iovec {
-            iov_base: frame[udp_at + udp::HEADER_LEN..].as_mut_ptr().cast(),
-            iov_len: udp_len - udp::HEADER_LEN,
-        };
         let to = match dst {
             // A link-local destination is on the socket's interface.
             IpAddr::V6(d) if d.is_unicast_link_local() => {
@@ -133,28 +245,106 @@ impl UdpBackend {
             }
             d => SocketAddr::new(d, to_port),
         };
-        let ifindex = socket.ifindex;
-        let namelen = sockaddr_of(to, &mut self.tx_names[i]);
-        // Control messages: the TOS / traffic class (DSCP + ECN), and for
-        // the interface-wide socket the IPv6 source.
-        let cm = &mut self.tx_cmsg[i * CMSG_ROOM..(i + 1) * CMSG_ROOM];
+        self.tx_meta[i] = TxMeta {
+            len,
+            v6: dst.is_ipv6(),
+            udp_at,
+            udp_len,
+            tos,
+            src,
+            dst,
+            to,
+            pktinfo,
+            ifindex: socket.ifindex,
+        };
+        Ok(())
+    }
+
+    /// Groups prepared frames `0..n` into messages (GSO where allowed),
+    /// computes every frame's ICRC with the IPv4 id the kernel will give
+    /// it, and fills the message headers; returns the number of messages.
+    pub(super) fn build_messages(&mut self, n: usize) -> Result<usize, String> {
+        let mut runs = std::mem::take(&mut self.tx_runs);
+        runs.clear();
+        if self.gso {
+            let meta = &self.tx_meta;
+            gso_runs(
+                n,
+                |k| meta[k].payload_len(),
+                |a, b| meta[a].same_flow(&meta[b]),
+                |s, c| runs.push((s, c)),
+            );
+        } else {
+            runs.extend((0..n).map(|k| (k, 1)));
+        }
+        let mut result = Ok(runs.len());
+        for (m, &(start, count)) in runs.iter().enumerate() {
+            for k in 0..count {
+                if let Err(e) = self.seal(start + k, gso_ip_id(k)) {
+                    result = Err(e);
+                }
+            }
+            self.fill_header(m, start, count);
+        }
+        self.tx_runs = runs;
+        result
+    }
+
+    /// Writes the ICRC of the frame in slot `i`, computed over the headers
+    /// the kernel sends with IPv4 id `ident` (DF set; IPv6 has no id), and
+    /// points its iovec at its payload.
+    fn seal(&mut self, i: usize, ident: u16) -> Result<(), String> {
+        let ml = self.cfg.max_frame_len;
+        let m = self.tx_meta[i];
+        let frame = &mut self.tx_buf[i * ml..i * ml + m.len];
+        let udp_end = m.udp_at + m.udp_len;
+        let mut kernel_ip = [0u8; ipv6::HEADER_LEN];
+        let ip_len = match (m.src, m.dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                kernel_ipv4(s, d, m.tos, m.udp_len, ident).emit(&mut kernel_ip)
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => {
+                kernel_ipv6(s, d, m.tos, m.udp_len).emit(&mut kernel_ip)
+            }
+            _ => return Err("address family mismatch".into()),
+        }
+        .map_err(|e| format!("IP header: {e}"))?;
+        let l4 = &frame[m.udp_at..udp_end - ICRC_LEN];
+        let crc = icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?;
+        frame[udp_end - ICRC_LEN..udp_end].copy_from_slice(&crc.to_le_bytes());
+        self.tx_iov[i] = libc::iovec {
+            iov_base: frame[m.udp_at + udp::HEADER_LEN..].as_mut_ptr().cast(),
+            iov_len: m.payload_len(),
+        };
+        Ok(())
+    }
+
+    /// Message header `m` for the `count` frames from slot `start`: their
+    /// iovecs, the first one's destination, the TOS / traffic class, the
+    /// IPv6 source for the interface-wide socket, and UDP_SEGMENT (the
+    /// first frame's payload size) when there is more than one.
+    fn fill_header(&mut self, m: usize, start: usize, count: usize) {
+        let meta = self.tx_meta[start];
+        let namelen = sockaddr_of(meta.to, &mut self.tx_names[start]);
+        let cm = &mut self.tx_cmsg[m * CMSG_ROOM..(m + 1) * CMSG_ROOM];
         cm.fill(0);
-        let h = &mut self.tx_hdrs[i].msg_hdr;
-        h.msg_name = (&mut self.tx_names[i] as *mut libc::sockaddr_storage).cast();
+        let h = &mut self.tx_hdrs[m].msg_hdr;
+        h.msg_name = (&mut self.tx_names[start] as *mut libc::sockaddr_storage).cast();
         h.msg_namelen = namelen;
-        h.msg_iov = &mut self.tx_iov[i];
-        h.msg_iovlen = 1;
+        h.msg_iov = &mut self.tx_iov[start];
+        h.msg_iovlen = count as _;
         h.msg_flags = 0;
         h.msg_control = cm.as_mut_ptr().cast();
         let int_len = mem::size_of::<libc::c_int>() as u32;
+        let u16_len = mem::size_of::<u16>() as u32;
         let pktinfo_len = mem::size_of::<libc::in6_pktinfo>() as u32;
         // SAFETY: CMSG_SPACE/LEN are pure; the buffer has CMSG_ROOM bytes,
-        // more than an int-sized and an in6_pktinfo control message need,
-        // and was zeroed above.
+        // more than an int-sized, an in6_pktinfo and a u16 control message
+        // need together, and was zeroed above.
         unsafe {
             h.msg_controllen = libc::CMSG_SPACE(int_len) as _;
-            let c = libc::CMSG_FIRSTHDR(h);
-            if v6 {
+            let mut c = libc::CMSG_FIRSTHDR(h);
+            if meta.v6 {
                 (*c).cmsg_level = libc::IPPROTO_IPV6;
                 (*c).cmsg_type = libc::IPV6_TCLASS;
             } else {
@@ -162,10 +352,13 @@ impl UdpBackend {
                 (*c).cmsg_type = libc::IP_TOS;
             }
             (*c).cmsg_len = libc::CMSG_LEN(int_len) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut libc::c_int, tos as libc::c_int);
-            if let (true, IpAddr::V6(from)) = (pktinfo, src) {
+            std::ptr::write_unaligned(
+                libc::CMSG_DATA(c) as *mut libc::c_int,
+                meta.tos as libc::c_int,
+            );
+            if let (true, IpAddr::V6(from)) = (meta.pktinfo, meta.src) {
                 h.msg_controllen += libc::CMSG_SPACE(pktinfo_len) as usize;
-                let c = libc::CMSG_NXTHDR(h, c);
+                c = libc::CMSG_NXTHDR(h, c);
                 (*c).cmsg_level = libc::IPPROTO_IPV6;
                 (*c).cmsg_type = libc::IPV6_PKTINFO;
                 (*c).cmsg_len = libc::CMSG_LEN(pktinfo_len) as _;
@@ -175,37 +368,64 @@ impl UdpBackend {
                         ipi6_addr: libc::in6_addr {
                             s6_addr: from.octets(),
                         },
-                        ipi6_ifindex: ifindex,
+                        ipi6_ifindex: meta.ifindex,
                     },
                 );
             }
+            if count > 1 {
+                h.msg_controllen += libc::CMSG_SPACE(u16_len) as usize;
+                c = libc::CMSG_NXTHDR(h, c);
+                (*c).cmsg_level = libc::SOL_UDP;
+                (*c).cmsg_type = libc::UDP_SEGMENT;
+                (*c).cmsg_len = libc::CMSG_LEN(u16_len) as _;
+                std::ptr::write_unaligned(
+                    libc::CMSG_DATA(c) as *mut u16,
+                    meta.payload_len() as u16,
+                );
+            }
         }
-        self.tx_hdrs[i].msg_len = 0;
-        self.tx_frame_len[i] = len;
-        self.tx_v6[i] = v6;
-        Ok(())
+        self.tx_hdrs[m].msg_len = 0;
     }
 
-    /// Sends prepared datagrams `0..n`, each run of one IP version in one
-    /// sendmmsg on its socket; returns how many are done.
+    /// Sends built messages `0..n`, each run of one IP version in one
+    /// sendmmsg on its socket; returns how many frames are done.
     pub(super) fn sendmmsg(&mut self, n: usize) -> std::io::Result<usize> {
         let mut start = 0;
+        let mut frames = 0;
         while start < n {
-            let v6 = self.tx_v6[start];
-            let end = (start + 1..n).find(|&k| self.tx_v6[k] != v6).unwrap_or(n);
+            let v6 = self.tx_meta[self.tx_runs[start].0].v6;
+            let end = (start + 1..n)
+                .find(|&k| self.tx_meta[self.tx_runs[k].0].v6 != v6)
+                .unwrap_or(n);
             let done = self.send_run(v6, start, end)?;
+            frames += self.tx_runs[start..done].iter().map(|r| r.1).sum::<usize>();
             if done < end {
                 // Stalled: the rest are lost like on a busy link.
-                self.stats.tx_errors += (n - end) as u64;
-                return Ok(done);
+                let lost: usize = self.tx_runs[end..n].iter().map(|r| r.1).sum();
+                self.stats.tx_errors += lost as u64;
+                return Ok(frames);
             }
             start = end;
         }
-        Ok(n)
+        Ok(frames)
     }
 
-    /// Sends prepared datagrams `start..end` on the IPv6 (`v6`) or IPv4
-    /// socket; returns the index reached (`end` unless the socket stayed
+    /// Counts message `m` as sent.
+    fn count_sent(&mut self, m: usize) {
+        let (start, count) = self.tx_runs[m];
+        for k in start..start + count {
+            self.stats.tx_frames += 1;
+            self.stats.tx_bytes += self.tx_meta[k].len as u64;
+        }
+        self.udp_stats.tx_messages += 1;
+        if count > 1 {
+            self.udp_stats.gso_messages += 1;
+            self.udp_stats.gso_segments += count as u64;
+        }
+    }
+
+    /// Sends messages `start..end` on the IPv6 (`v6`) or IPv4 socket;
+    /// returns the message index reached (`end` unless the socket stayed
     /// full).
     fn send_run(&mut self, v6: bool, start: usize, end: usize) -> std::io::Result<usize> {
         // prepare() only takes frames of a family that has a socket.
@@ -216,7 +436,7 @@ impl UdpBackend {
         let mut done = start;
         let mut stalls = 0;
         while done < end {
-            // SAFETY: headers done..end were prepared and point into self.
+            // SAFETY: headers done..end were built and point into self.
             let rc = unsafe {
                 libc::sendmmsg(
                     fd,
@@ -228,6 +448,7 @@ impl UdpBackend {
             self.stats.tx_kicks += 1;
             if rc < 0 {
                 let e = std::io::Error::last_os_error();
+                let frames = self.tx_runs[done].1;
                 match e.raw_os_error() {
                     Some(libc::EAGAIN | libc::ENOBUFS | libc::EINTR) if stalls < 100 => {
                         stalls += 1;
@@ -236,24 +457,100 @@ impl UdpBackend {
                     }
                     Some(libc::EAGAIN | libc::ENOBUFS) => {
                         // Still full: the rest are lost like on a busy link.
-                        self.stats.tx_errors += (end - done) as u64;
+                        let lost: usize = self.tx_runs[done..end].iter().map(|r| r.1).sum();
+                        self.stats.tx_errors += lost as u64;
                         break;
                     }
                     Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
                         // An ICMP error from an earlier datagram: skip one.
-                        self.stats.tx_errors += 1;
+                        self.stats.tx_errors += frames as u64;
+                        done += 1;
+                        continue;
+                    }
+                    Some(libc::EINVAL | libc::EIO | libc::EMSGSIZE | libc::EOPNOTSUPP)
+                        if frames > 1 =>
+                    {
+                        // The route refuses GSO (e.g. xfrm, or a kernel
+                        // limit): one datagram per message from now on;
+                        // these frames are lost (their ICRCs assumed GSO
+                        // ids) and the engine sends them again.
+                        self.gso = false;
+                        self.udp_stats.gso_refused += 1;
+                        self.stats.tx_errors += frames as u64;
                         done += 1;
                         continue;
                     }
                     _ => return Err(e),
                 }
             }
-            for k in done..done + rc as usize {
-                self.stats.tx_frames += 1;
-                self.stats.tx_bytes += self.tx_frame_len[k] as u64;
+            for m in done..done + rc as usize {
+                self.count_sent(m);
             }
             done += rc as usize;
         }
         Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(lens: &[usize], flows: &[u8]) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        gso_runs(
+            lens.len(),
+            |k| lens[k],
+            |a, b| flows[a] == flows[b],
+            |s, c| out.push((s, c)),
+        );
+        out
+    }
+
+    #[test]
+    fn a_write_stream_becomes_few_gso_messages() {
+        // WRITE_FIRST (RETH: 16 bytes more), 30 MIDDLEs and a LAST of a
+        // whole MTU, then an ACK to the same peer: the FIRST alone, the
+        // MIDDLEs and LAST in one message, the ACK alone.
+        let mut lens = vec![2048 + 12 + 16 + 4];
+        lens.extend([2048 + 12 + 4; 31]);
+        lens.push(12 + 4 + 4);
+        let flows = vec![0u8; lens.len()];
+        assert_eq!(runs(&lens, &flows), [(0, 1), (1, 31), (32, 1)]);
+        // A short LAST goes alone.
+        lens[31] = 100;
+        assert_eq!(runs(&lens, &flows), [(0, 1), (1, 30), (31, 1), (32, 1)]);
+    }
+
+    #[test]
+    fn limits_split_messages() {
+        // 64 KiB at 2 KiB: the byte limit (65507) cuts at 31 datagrams.
+        let lens = vec![2064; 40];
+        let flows = vec![0u8; 40];
+        let got = runs(&lens, &flows);
+        assert_eq!(got, [(0, 31), (31, 9)]);
+        assert!(got.iter().all(|&(_, c)| c * 2064 <= GSO_MAX_BYTES));
+        // Small datagrams: the segment limit.
+        let lens = vec![100; 150];
+        let flows = vec![0u8; 150];
+        assert_eq!(runs(&lens, &flows), [(0, 64), (64, 64), (128, 22)]);
+    }
+
+    #[test]
+    fn other_destinations_and_sizes_start_a_message() {
+        let lens = [500, 500, 500, 600, 600, 100, 100];
+        let flows = [0u8, 0, 1, 1, 1, 1, 1];
+        assert_eq!(runs(&lens, &flows), [(0, 2), (2, 1), (3, 2), (5, 2)]);
+        // Sizes that change every frame (as the AF_XDP interop test
+        // sends): one datagram per message, each with id 0.
+        let lens = [16, 20, 272, 1040, 1416, 16, 20];
+        assert_eq!(runs(&lens, &[0; 7]).len(), 7);
+        assert!(runs(&[], &[]).is_empty());
+    }
+
+    #[test]
+    fn segment_ids_count_from_zero() {
+        assert_eq!((0..4).map(gso_ip_id).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!(gso_ip_id(65536 + 5), 5);
     }
 }
