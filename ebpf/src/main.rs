@@ -9,6 +9,9 @@
 #![no_std]
 #![no_main]
 
+/// The delay bottleneck's TC program (`xroce::bottleneck`), in the same object.
+mod bottleneck;
+
 use aya_ebpf::{
     bindings::xdp_action,
     btf_maps,

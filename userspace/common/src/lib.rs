@@ -4,6 +4,7 @@
 //! userspace agree on layout without a serialisation step.
 #![no_std]
 
+pub mod bottleneck;
 pub mod congestion;
 pub mod ecn;
 pub mod fault;

@@ -11,6 +11,9 @@
 //! - [`capture`]: pcap and pcapng files read packet by packet.
 //! - [`connect`]: out-of-band connection setup (xroce, rdma-core formats).
 //! - [`xdp`]: loads, attaches, pins and reads the XDP program.
+//! - [`bottleneck`]: a port that really queues (tbf at the link rate, a TC
+//!   program marking and dropping on its departure clock).
+pub mod bottleneck;
 pub mod capture;
 pub mod cc;
 pub mod connect;

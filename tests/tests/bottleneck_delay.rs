@@ -1,0 +1,442 @@
+//! The delay bottleneck (xroce::bottleneck) on a bridge port, as the incast
+//! experiment uses it: a sender namespace and a receiver namespace meet at
+//! a bridge in a third; the TC program and tbf sit on the bridge's port
+//! toward the receiver. A burst of UDP datagrams far faster than the link
+//! must come out at the link's rate, each one late by the queue it found
+//! over the rate (queue / rate, predicted from the send times alone);
+//! ECN-capable RoCEv2-port datagrams are marked exactly when the queue they
+//! find is over the step threshold, Not-ECT ones dropped there instead;
+//! and once the bottleneck is dropped nothing of it stays on the port.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    os::fd::AsRawFd,
+    sync::mpsc,
+    time::Duration,
+};
+
+use xroce::bottleneck::{has_tbf, tcx_egress_programs, Bottleneck};
+use xroce_common::congestion::EcnConfig;
+use xroce_tests::{datagram::set_tos, in_netns, require_root, unique_tag, Netns};
+
+/// 100 Mbit/s: 1442-byte frames leave every 115 us, far slower than the
+/// sender can write them, and slow enough for a loaded 2-core machine to
+/// time each one within a few percent of the queue's delay.
+const RATE_BPS: u64 = 100_000_000;
+/// UDP payload: frames of 14 + 20 + 8 + 1400 bytes.
+const PAYLOAD: usize = 1400;
+const FRAME: u64 = 14 + 20 + 8 + PAYLOAD as u64;
+const PORT: u16 = 4791;
+
+/// Sender, bridge and receiver namespaces; everything goes with them.
+struct Lab {
+    // Dropped in this order: the bottleneck before its namespace.
+    sender: Netns,
+    receiver: Netns,
+    bridge: Netns,
+    /// The bridge's port toward the receiver: the bottleneck's.
+    port: String,
+    sender_addr: Ipv4Addr,
+    receiver_addr: Ipv4Addr,
+}
+
+impl Lab {
+    fn new() -> Self {
+        let tag = unique_tag();
+        let lab = Lab {
+            sender: Netns::new(format!("xbn{tag}s")),
+            receiver: Netns::new(format!("xbn{tag}r")),
+            bridge: Netns::new(format!("xbn{tag}b")),
+            port: format!("xbn{tag}rb"),
+            sender_addr: Ipv4Addr::new(10, 78, 0, 2),
+            receiver_addr: Ipv4Addr::new(10, 78, 0, 1),
+        };
+        let br = format!("xbn{tag}br");
+        lab.bridge
+            .exec(&["ip", "link", "add", &br, "type", "bridge"]);
+        lab.bridge.exec(&[
+            "ip",
+            "link",
+            "set",
+            &br,
+            "type",
+            "bridge",
+            "stp_state",
+            "0",
+            "forward_delay",
+            "0",
+        ]);
+        lab.bridge.exec(&["ip", "link", "set", &br, "up"]);
+        let hosts = [
+            (
+                &lab.sender,
+                format!("xbn{tag}s"),
+                format!("xbn{tag}sb"),
+                lab.sender_addr,
+            ),
+            (
+                &lab.receiver,
+                format!("xbn{tag}r"),
+                lab.port.clone(),
+                lab.receiver_addr,
+            ),
+        ];
+        let mut macs = Vec::new();
+        for (ns, iface, peer, addr) in &hosts {
+            xroce_netns::add_veth(
+                xroce_netns::VethEnd {
+                    netns: &ns.name,
+                    iface,
+                },
+                xroce_netns::VethEnd {
+                    netns: &lab.bridge.name,
+                    iface: peer,
+                },
+                1500,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            lab.bridge.exec(&["ip", "link", "set", peer, "master", &br]);
+            lab.bridge.exec(&["ip", "link", "set", peer, "up"]);
+            let cidr = format!("{addr}/24");
+            ns.exec(&["ip", "addr", "add", &cidr, "dev", iface]);
+            ns.exec(&["ip", "link", "set", iface, "up"]);
+            let out = ns.exec(&["ip", "-o", "link", "show", "dev", iface]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let mac = text
+                .split_whitespace()
+                .skip_while(|w| *w != "link/ether")
+                .nth(1)
+                .unwrap_or_else(|| panic!("no MAC in {text}"));
+            macs.push(mac.to_string());
+        }
+        // Static neighbours: no ARP waiting behind the queue.
+        for (i, (ns, iface, _, _)) in hosts.iter().enumerate() {
+            let (other, mac) = (hosts[1 - i].3.to_string(), &macs[1 - i]);
+            ns.exec(&[
+                "ip",
+                "neigh",
+                "replace",
+                &other,
+                "lladdr",
+                mac,
+                "dev",
+                iface,
+                "nud",
+                "permanent",
+            ]);
+        }
+        lab
+    }
+
+    /// Puts the bottleneck on the bridge's port toward the receiver.
+    fn bottleneck(&self, cfg: EcnConfig) -> Bottleneck {
+        let port = self.port.clone();
+        in_netns(&self.bridge.name, move || Bottleneck::attach(&port, cfg))
+            .unwrap_or_else(|e| panic!("attach the bottleneck: {e:#?}"))
+    }
+
+    /// Whether the port still has tbf or any TCX egress program.
+    fn port_clean(&self) -> (bool, usize) {
+        let port = self.port.clone();
+        in_netns(&self.bridge.name, move || {
+            (
+                !has_tbf(&port),
+                tcx_egress_programs(&port).expect("query TCX"),
+            )
+        })
+    }
+}
+
+/// One received datagram.
+#[derive(Clone, Copy, Debug)]
+struct Rx {
+    seq: u32,
+    /// CLOCK_REALTIME at the sender just before sendto.
+    sent_ns: u64,
+    /// The kernel's CLOCK_REALTIME receive timestamp.
+    rx_ns: u64,
+    tos: u8,
+}
+
+fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) {
+    // SAFETY: an int option on a live socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &value as *const i32 as *const libc::c_void,
+            std::mem::size_of::<i32>() as u32,
+        )
+    };
+    assert_eq!(
+        rc,
+        0,
+        "setsockopt {level}/{name}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+fn realtime_ns() -> u64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    d.as_nanos() as u64
+}
+
+/// Receives datagrams in `ns` until `n` arrived or 2 s pass without one;
+/// tells `ready` once it listens.
+fn receive(ns: &str, n: usize, ready: mpsc::Sender<()>) -> std::thread::JoinHandle<Vec<Rx>> {
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        in_netns(&ns, move || {
+            let udp = UdpSocket::bind(("0.0.0.0", PORT)).unwrap();
+            let fd = udp.as_raw_fd();
+            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 32 << 20);
+            setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
+            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+            udp.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            ready.send(()).unwrap();
+            let mut got = Vec::with_capacity(n);
+            let mut buf = vec![0u8; 2048];
+            let mut control = [0u64; 64];
+            while got.len() < n {
+                let mut iov = libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                };
+                // SAFETY: msghdr is plain data; zero is a valid start.
+                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                msg.msg_iov = &mut iov;
+                msg.msg_iovlen = 1;
+                msg.msg_control = control.as_mut_ptr().cast();
+                msg.msg_controllen = std::mem::size_of_val(&control);
+                // SAFETY: buffers outlive the call.
+                let len = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+                if len < 0 {
+                    break; // the timeout: nothing more is coming
+                }
+                if len as usize != PAYLOAD || &buf[..4] != b"XBN1" {
+                    continue;
+                }
+                let seq = u32::from_be_bytes(buf[4..8].try_into().unwrap());
+                let sent_ns = u64::from_be_bytes(buf[8..16].try_into().unwrap());
+                let (mut rx_ns, mut tos) = (0, 0xff);
+                // SAFETY: walking the control messages the kernel wrote.
+                unsafe {
+                    let mut c = libc::CMSG_FIRSTHDR(&msg);
+                    while !c.is_null() {
+                        let data = libc::CMSG_DATA(c);
+                        match ((*c).cmsg_level, (*c).cmsg_type) {
+                            (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
+                                let ts = std::ptr::read_unaligned(data as *const libc::timespec);
+                                rx_ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+                            }
+                            (libc::IPPROTO_IP, libc::IP_TOS) => tos = *data,
+                            _ => {}
+                        }
+                        c = libc::CMSG_NXTHDR(&msg, c);
+                    }
+                }
+                assert_ne!(rx_ns, 0, "no SO_TIMESTAMPNS on a datagram");
+                got.push(Rx {
+                    seq,
+                    sent_ns,
+                    rx_ns,
+                    tos,
+                });
+            }
+            got
+        })
+    })
+}
+
+/// Sends `n` datagrams back to back from `ns` to `dst` with TOS `tos`, each
+/// carrying its sequence number and its send time.
+fn burst(ns: &str, dst: SocketAddrV4, tos: i32, n: u32) {
+    in_netns(ns, move || {
+        let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+        setsockopt_int(
+            udp.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUFFORCE,
+            32 << 20,
+        );
+        set_tos(&udp, tos);
+        let mut p = vec![0u8; PAYLOAD];
+        p[..4].copy_from_slice(b"XBN1");
+        for seq in 0..n {
+            p[4..8].copy_from_slice(&seq.to_be_bytes());
+            p[8..16].copy_from_slice(&realtime_ns().to_be_bytes());
+            udp.send_to(&p, dst).unwrap();
+        }
+    })
+}
+
+/// Runs one burst through the lab and returns what arrived, by sequence.
+fn run_burst(lab: &Lab, tos: i32, n: u32) -> Vec<Rx> {
+    let (tx, rx) = mpsc::channel();
+    let receiver = receive(&lab.receiver.name, n as usize, tx);
+    rx.recv_timeout(Duration::from_secs(10))
+        .expect("the receiver did not start");
+    burst(
+        &lab.sender.name,
+        SocketAddrV4::new(lab.receiver_addr, PORT),
+        tos,
+        n,
+    );
+    let mut got = receiver.join().expect("receiver thread");
+    got.sort_by_key(|r| r.seq);
+    got
+}
+
+/// The FIFO link's departure recursion over the send times: for each
+/// datagram (in send order), the queue in bytes it finds and its predicted
+/// one-way delay (queue / rate plus its own transmission).
+fn predict(sent: &[(u32, u64)]) -> Vec<(u32, u64, f64)> {
+    let tx_ns = FRAME as f64 * 8e9 / RATE_BPS as f64;
+    let mut last_departure = 0f64;
+    sent.iter()
+        .map(|&(seq, t)| {
+            let t = t as f64;
+            let wait = (last_departure - t).max(0.0);
+            let queue = wait * RATE_BPS as f64 / 8e9;
+            last_departure = t + wait + tx_ns;
+            (seq, queue as u64, wait + tx_ns)
+        })
+        .collect()
+}
+
+#[test]
+fn burst_waits_queue_over_rate_and_leaves_at_the_link_rate() {
+    require_root();
+    let lab = Lab::new();
+    // Marking far above anything this burst queues: delays only.
+    let bottleneck = lab.bottleneck(EcnConfig::step(RATE_BPS, 1 << 30, 0));
+    const N: u32 = 300;
+    let got = run_burst(&lab, 0, N);
+    let state = bottleneck.sample().expect("read the queue").state;
+    assert_eq!(got.len(), N as usize, "every datagram arrives (no drops)");
+    assert!(state.enqueued_packets >= N as u64, "{state:?}");
+    assert_eq!((state.dropped_tail, state.marked), (0, 0), "{state:?}");
+
+    // Delay: measured one-way delay against queue / rate.
+    let sent: Vec<(u32, u64)> = got.iter().map(|r| (r.seq, r.sent_ns)).collect();
+    let predicted = predict(&sent);
+    let mut worst: f64 = 0.0;
+    let mut checked = 0;
+    for (r, (_, queue, want_ns)) in got.iter().zip(&predicted) {
+        let measured = (r.rx_ns - r.sent_ns) as f64;
+        // Datagrams behind at least 5 ms of queue: host noise of a few
+        // hundred us is then well inside the 10 %.
+        if *want_ns < 5e6 {
+            continue;
+        }
+        checked += 1;
+        let err = (measured - want_ns) / want_ns;
+        assert!(
+            err.abs() < 0.10,
+            "datagram {} found {queue} B queued: predicted {:.2} ms, measured {:.2} ms",
+            r.seq,
+            want_ns / 1e6,
+            measured / 1e6
+        );
+        worst = worst.max(err.abs());
+    }
+    let last = predicted.last().unwrap();
+    let last_measured = (got.last().unwrap().rx_ns - got.last().unwrap().sent_ns) as f64;
+    assert!(
+        checked > N as usize / 2,
+        "only {checked} datagrams queued 5 ms"
+    );
+    // The program's own largest sojourn matches too.
+    let peak = state.peak_delay_ns as f64;
+    assert!(
+        (peak - last.2).abs() / last.2 < 0.10,
+        "peak sojourn {peak} ns, predicted {:.0}",
+        last.2
+    );
+
+    // Departure rate: bytes between the first and the last arrival.
+    let span = (got.last().unwrap().rx_ns - got.first().unwrap().rx_ns) as f64;
+    let rate = (N as u64 - 1) as f64 * FRAME as f64 * 8e9 / span;
+    let rate_err = (rate - RATE_BPS as f64) / RATE_BPS as f64;
+    assert!(
+        rate_err.abs() < 0.10,
+        "departures at {:.2} Mbit/s, link {} Mbit/s",
+        rate / 1e6,
+        RATE_BPS / 1_000_000
+    );
+    eprintln!(
+        "bottleneck_delay: {checked} datagrams behind >= 5 ms of queue, worst delay error {:.2} %; \
+         last: queue {} B, predicted {:.2} ms, measured {:.2} ms; departures {:.3} Mbit/s ({:+.2} %)",
+        worst * 100.0,
+        last.1,
+        last.2 / 1e6,
+        last_measured / 1e6,
+        rate / 1e6,
+        rate_err * 100.0
+    );
+
+    drop(bottleneck);
+    assert_eq!(lab.port_clean(), (true, 0), "tbf or the TC program stayed");
+}
+
+#[test]
+fn marks_ect_and_drops_not_ect_at_the_threshold() {
+    require_root();
+    let lab = Lab::new();
+    const K: u64 = 100_000;
+    let bottleneck = lab.bottleneck(EcnConfig::step(RATE_BPS, K, 0));
+    const N: u32 = 200;
+    // ECT(0): every datagram arrives; CE exactly on those that found more
+    // than K queued (a margin of 3 frames for the time between the sender's
+    // clock read and the bottleneck's).
+    let got = run_burst(&lab, 2, N);
+    assert_eq!(got.len(), N as usize);
+    let sent: Vec<(u32, u64)> = got.iter().map(|r| (r.seq, r.sent_ns)).collect();
+    let predicted = predict(&sent);
+    let margin = 3 * FRAME;
+    let (mut marked, mut clear) = (0, 0);
+    for (r, (_, queue, _)) in got.iter().zip(&predicted) {
+        let ce = r.tos & 0b11 == 0b11;
+        if *queue + margin < K {
+            assert!(!ce, "datagram {} found {queue} B < K and was marked", r.seq);
+        } else if *queue > K + margin {
+            assert!(
+                ce,
+                "datagram {} found {queue} B > K and was not marked",
+                r.seq
+            );
+        }
+        if ce {
+            marked += 1;
+        } else {
+            assert_eq!(r.tos & 0b11, 0b10, "ECT(0) kept on unmarked datagrams");
+            clear += 1;
+        }
+    }
+    let state = bottleneck.sample().unwrap().state;
+    assert_eq!(state.marked, marked, "{state:?}");
+    assert!(marked > 50 && clear > 50, "marked {marked}, clear {clear}");
+
+    // Not-ECT: over K dropped instead; what arrives found at most K.
+    std::thread::sleep(Duration::from_millis(100)); // the queue drains
+    let got = run_burst(&lab, 0, N);
+    let state = bottleneck.sample().unwrap().state;
+    let passed = got.len() as u64;
+    assert_eq!(state.dropped_congestion, N as u64 - passed, "{state:?}");
+    assert!(passed < N as u64 && passed > K / FRAME, "{passed} arrived");
+    assert!(
+        got.iter().all(|r| r.tos & 0b11 == 0),
+        "Not-ECT never marked"
+    );
+    eprintln!(
+        "bottleneck_delay: step K {K} B: ECT(0) {marked} marked, {clear} not; \
+         Not-ECT {passed} of {N} passed, {} dropped",
+        state.dropped_congestion
+    );
+
+    drop(bottleneck);
+    assert_eq!(lab.port_clean(), (true, 0), "tbf or the TC program stayed");
+}
