@@ -293,6 +293,44 @@ impl Report<'_> {
             .collect()
     }
 
+    /// The sampled queue delay after the warm-up, and the largest sojourn.
+    fn queue_delay(&self) -> summary::QueueDelay {
+        let first = self
+            .samples
+            .iter()
+            .find(|s| s.arrived_bytes > 0)
+            .map_or(f64::MAX, |s| s.t_ms);
+        let mut us: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|s| s.t_ms >= first + WARMUP_MS && s.t_ms <= self.active_until_ms)
+            .map(|s| s.queue_delay_us)
+            .collect();
+        us.sort_by(f64::total_cmp);
+        let at = |p: f64| {
+            us.get(((us.len().max(1) - 1) as f64 * p).round() as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let f = &self.final_sample;
+        let peak_us = if self.args.bottleneck == "delay" {
+            f.peak_delay_us
+        } else {
+            f.peak_bytes as f64 * 8e6 / self.link_rate_bps.max(1) as f64
+        };
+        summary::QueueDelay {
+            peak_us,
+            mean_us: if us.is_empty() {
+                0.0
+            } else {
+                us.iter().sum::<f64>() / us.len() as f64
+            },
+            p50_us: at(0.5),
+            p99_us: at(0.99),
+            samples: us.len(),
+        }
+    }
+
     /// Peak, mean, median and 99th percentile of the sampled queue.
     fn queue_stats(&self, warmup_ms: f64) -> summary::QueueStats {
         let mut queue = self.active_queue(warmup_ms);
@@ -391,6 +429,8 @@ impl Report<'_> {
                 samples: self.samples.len(),
                 after_warmup: self.queue_stats(WARMUP_MS),
                 warmup_ms: WARMUP_MS,
+                bottleneck: self.args.bottleneck.clone(),
+                delay: self.queue_delay(),
             },
             marks: f.marks,
             cnps: self.flows.iter().map(FlowResult::cnps).sum(),

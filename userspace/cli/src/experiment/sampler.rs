@@ -1,5 +1,8 @@
-//! Samples the receiver's congestion point (the pinned virtual queue and
-//! XDP counters) once per bin, and the CNPs arriving at the senders (the
+//! Samples the bottleneck once per bin: the receiver's XDP congestion point
+//! (its virtual queue and counters) or, with `--bottleneck delay`, the
+//! delay bottleneck on the bridge's port (xroce::bottleneck: its departure
+//! clock and counters; the receiver's XDP program still counts RoCEv2
+//! frames and fault drops). And the CNPs arriving at the senders (the
 //! `op_cnp` counter of each sender interface's own XDP program: CNPs travel
 //! receiver -> sender, so the receiver's program never sees them).
 //!
@@ -9,6 +12,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use aya::maps::{Array, Map, MapData, PerCpuArray};
+use xroce::bottleneck::QueueReader;
 use xroce_common::{congestion::VirtualQueue, names, Counter};
 
 /// CLOCK_MONOTONIC in ns: the clock `bpf_ktime_get_ns` reads.
@@ -37,6 +41,15 @@ pub struct Sample {
     pub t_ms: f64,
     /// Virtual queue backlog now.
     pub queue_bytes: u64,
+    /// How long a packet arriving now waits before it starts to leave: the
+    /// backlog over the link rate (with `--bottleneck xdp` only what the
+    /// virtual queue stands for: packets there never wait).
+    pub queue_delay_us: f64,
+    /// Mean time in the queue (own transmission included) of the packets
+    /// admitted since the previous sample (0: none; delay bottleneck only).
+    pub sojourn_us: f64,
+    /// Largest sojourn of any packet since the start (delay bottleneck).
+    pub peak_delay_us: f64,
     /// Largest backlog since the experiment started.
     pub peak_bytes: u64,
     /// Bytes admitted into the queue.
@@ -50,12 +63,12 @@ pub struct Sample {
     pub roce_frames: u64,
 }
 
-pub const QUEUE_CSV_HEADER: &str = "t_ms,queue_bytes,peak_bytes,arrived_bytes,marks,cnps_seen,drop_tail,drop_congestion,drop_fault,roce_frames";
+pub const QUEUE_CSV_HEADER: &str = "t_ms,queue_bytes,peak_bytes,arrived_bytes,marks,cnps_seen,drop_tail,drop_congestion,drop_fault,roce_frames,queue_delay_us,sojourn_us";
 
 impl Sample {
     pub fn csv_row(&self) -> String {
         format!(
-            "{:.3},{},{},{},{},{},{},{},{},{}",
+            "{:.3},{},{},{},{},{},{},{},{},{},{:.3},{:.3}",
             self.t_ms,
             self.queue_bytes,
             self.peak_bytes,
@@ -65,7 +78,9 @@ impl Sample {
             self.drop_tail,
             self.drop_congestion,
             self.drop_fault,
-            self.roce_frames
+            self.roce_frames,
+            self.queue_delay_us,
+            self.sojourn_us
         )
     }
 }
@@ -73,6 +88,10 @@ impl Sample {
 pub struct Sampler {
     link_rate_bps: u64,
     queue: Array<MapData, VirtualQueue>,
+    /// The delay bottleneck, when it is the one.
+    delay: Option<QueueReader>,
+    /// Its (delay_sum_ns, packets) at the previous sample.
+    last_sojourn: (u64, u64),
     counters: PerCpuArray<MapData, u64>,
     /// Each sender interface's counters, once its program is pinned.
     /// (namespace, interface) of each sender.
@@ -97,10 +116,23 @@ fn sum(array: &PerCpuArray<MapData, u64>, counter: Counter) -> u64 {
 }
 
 impl Sampler {
+    /// A sampler of the receiver's XDP congestion point.
     pub fn new(
         receiver_iface: &(String, String),
         sender_ifaces: &[(String, String)],
         link_rate_bps: u64,
+        csv: &std::path::Path,
+    ) -> anyhow::Result<Self> {
+        Self::with_bottleneck(receiver_iface, sender_ifaces, link_rate_bps, None, csv)
+    }
+
+    /// A sampler of the delay bottleneck `delay` reads, if given, else of
+    /// the receiver's XDP congestion point.
+    pub fn with_bottleneck(
+        receiver_iface: &(String, String),
+        sender_ifaces: &[(String, String)],
+        link_rate_bps: u64,
+        delay: Option<QueueReader>,
         csv: &std::path::Path,
     ) -> anyhow::Result<Self> {
         let queue = Array::try_from(Map::Array(open_map(receiver_iface, names::ECN_QUEUE)?))
@@ -113,6 +145,8 @@ impl Sampler {
         let mut sampler = Self {
             link_rate_bps,
             queue,
+            delay,
+            last_sojourn: (0, 0),
             counters,
             sender_ifaces: sender_ifaces.to_vec(),
             sender_counters: sender_ifaces.iter().map(|_| None).collect(),
@@ -138,9 +172,13 @@ impl Sampler {
             .flatten()
             .map(|a| sum(a, Counter::OpCnp))
             .sum();
-        Sample {
+        let queue_bytes = q.backlog_at(monotonic_ns(), self.link_rate_bps);
+        let mut s = Sample {
             t_ms,
-            queue_bytes: q.backlog_at(monotonic_ns(), self.link_rate_bps),
+            queue_bytes,
+            queue_delay_us: queue_bytes as f64 * 8e6 / self.link_rate_bps.max(1) as f64,
+            sojourn_us: 0.0,
+            peak_delay_us: 0.0,
             peak_bytes: q.peak_bytes,
             arrived_bytes: q.enqueued_bytes,
             marks: sum(c, Counter::EcnMarked),
@@ -149,7 +187,28 @@ impl Sampler {
             drop_congestion: sum(c, Counter::DropCongestion),
             drop_fault: sum(c, Counter::DropFault),
             roce_frames: sum(c, Counter::Roce),
+        };
+        // A reading that fails leaves the XDP figures (all zero there).
+        if let Some(d) = self.delay.as_ref().and_then(|r| r.read().ok()) {
+            let st = d.state;
+            let (sum_before, packets_before) = self.last_sojourn;
+            let packets = st.enqueued_packets.saturating_sub(packets_before);
+            s.sojourn_us = if packets == 0 {
+                0.0
+            } else {
+                st.delay_sum_ns.saturating_sub(sum_before) as f64 / packets as f64 / 1e3
+            };
+            self.last_sojourn = (st.delay_sum_ns, st.enqueued_packets);
+            s.queue_bytes = d.backlog_bytes;
+            s.queue_delay_us = d.delay_ns as f64 / 1e3;
+            s.peak_delay_us = st.peak_delay_ns as f64 / 1e3;
+            s.peak_bytes = st.peak_bytes;
+            s.arrived_bytes = st.enqueued_bytes;
+            s.marks = st.marked;
+            s.drop_tail = st.dropped_tail;
+            s.drop_congestion = st.dropped_congestion;
         }
+        s
     }
 
     /// Takes one sample at `t_ms` and appends it to queue.csv.
@@ -159,6 +218,9 @@ impl Sampler {
         let s = Sample {
             t_ms,
             queue_bytes: now.queue_bytes,
+            queue_delay_us: now.queue_delay_us,
+            sojourn_us: now.sojourn_us,
+            peak_delay_us: now.peak_delay_us,
             // The queue was reset when the congestion point was programmed.
             peak_bytes: now.peak_bytes,
             arrived_bytes: now.arrived_bytes.saturating_sub(b.arrived_bytes),

@@ -114,6 +114,24 @@ pub struct Queue {
     /// Without the start, where every flow begins at line rate.
     pub after_warmup: QueueStats,
     pub warmup_ms: f64,
+    /// "xdp": the receiver's virtual queue (marks and drops; packets never
+    /// wait); "delay": the bridge port's queue, where packets wait.
+    pub bottleneck: String,
+    /// The queue's delay after the warm-up.
+    pub delay: QueueDelay,
+}
+
+/// How long packets wait in the queue, in microseconds: sampled waits
+/// (backlog over the rate) after the warm-up, and the largest sojourn of
+/// any packet (delay bottleneck; with xdp, the peak backlog over the rate).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct QueueDelay {
+    pub peak_us: f64,
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub samples: usize,
 }
 
 /// Sampled queue lengths while traffic ran.
