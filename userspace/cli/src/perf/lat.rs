@@ -29,6 +29,91 @@ const RULE: &str =
     "---------------------------------------------------------------------------------------";
 /// A message that does not come back in this time ends the run.
 const STALL: Duration = Duration::from_secs(5);
+/// An iteration (send, the peer's answer and the acknowledgement) longer
+/// than this is reported on stderr with what the engine did meanwhile, so
+/// a tail can be traced to its cause (issue 13: no stall above 10 ms).
+const SLOW: Duration = Duration::from_millis(10);
+
+/// With XROCE_LAT_SCHEDSTAT set: the time this process's threads (the
+/// application's and the I/O thread) spent runnable but waiting for a CPU
+/// (/proc/self/task/*/schedstat, second field), read before every
+/// iteration, so a slow one can be told apart: the host's scheduler or
+/// xroce. Off by default: the reads cost a few microseconds.
+struct RunQueueWait {
+    tasks: Vec<std::fs::File>,
+    at_start: u64,
+}
+
+impl RunQueueWait {
+    fn open() -> Option<Self> {
+        std::env::var_os("XROCE_LAT_SCHEDSTAT")?;
+        let tasks = std::fs::read_dir("/proc/self/task")
+            .ok()?
+            .filter_map(|e| std::fs::File::open(e.ok()?.path().join("schedstat")).ok())
+            .collect();
+        Some(Self { tasks, at_start: 0 })
+    }
+
+    fn total_ns(&self) -> u64 {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 96];
+        self.tasks
+            .iter()
+            .filter_map(|f| {
+                let n = f.read_at(&mut buf, 0).ok()?;
+                let text = std::str::from_utf8(&buf[..n]).ok()?;
+                text.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .sum()
+    }
+
+    fn start(&mut self) {
+        self.at_start = self.total_ns();
+    }
+
+    fn since_start(&self) -> u64 {
+        self.total_ns().saturating_sub(self.at_start)
+    }
+}
+
+/// Reports a slow iteration with the engine's recovery counters since the
+/// last one reported (`last`), which it then updates.
+fn report_slow(
+    side: &str,
+    i: u64,
+    took: Duration,
+    stack: &Stack,
+    last: &mut xroce::engine::EngineStats,
+    waited: Option<&RunQueueWait>,
+) {
+    let s = stack.device.stats();
+    let waited = waited.map_or(String::new(), |w| {
+        format!(
+            "; its threads waited {:.2} ms for a CPU",
+            w.since_start() as f64 / 1e6
+        )
+    });
+    eprintln!(
+        "lat {side}: iteration {i} took {:.2} ms{waited}; since the last slow one: {} \
+         retransmit timeouts, {} retransmitted, {} sequence NAKs in, {} duplicates in",
+        took.as_secs_f64() * 1e3,
+        s.retry_timeouts - last.retry_timeouts,
+        s.tx_retransmitted - last.tx_retransmitted,
+        s.rx_seq_naks - last.rx_seq_naks,
+        s.rx_duplicate - last.rx_duplicate,
+    );
+    *last = s;
+}
+
+/// The engine's recovery counters at the end of a run, on stderr.
+fn report_recovery(side: &str, stack: &Stack, slow: u64) {
+    let s = stack.device.stats();
+    eprintln!(
+        "lat {side}: {slow} iterations over {SLOW:?}; {} retransmit timeouts, {} retransmitted, \
+         {} retries, {} sequence NAKs in, {} duplicates in",
+        s.retry_timeouts, s.tx_retransmitted, s.retries_started, s.rx_seq_naks, s.rx_duplicate
+    );
+}
 
 pub fn run(args: &PerfArgs) -> anyhow::Result<()> {
     if args.op == Op::Atomic {
@@ -205,11 +290,27 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
     };
     // Pong every ping.
     let mut seen = Seen::default();
+    let mut last = stack.device.stats();
+    let mut waits = RunQueueWait::open();
+    let mut slow = 0;
+    let mut t0 = Instant::now();
     for i in 0..iters {
         seen.message(&conn, stack, op, i, hello.size)?;
         ping(&conn, &remote, op, i, hello.size)?;
         seen.sends(&conn, stack, op, i + 1)?;
+        // From the end of the last iteration: the client's part, the wire
+        // both ways and this side's acknowledgement wait.
+        let took = t0.elapsed();
+        if took > SLOW {
+            slow += 1;
+            report_slow("server", i, took, stack, &mut last, waits.as_ref());
+        }
+        if let Some(w) = &mut waits {
+            w.start();
+        }
+        t0 = Instant::now();
     }
+    report_recovery("server", stack, slow);
     peer.session.set_timeout(hello.run_timeout());
     let _done: Done = peer.recv("the end of the run")?;
     peer.session.set_timeout(super::OOB_TIMEOUT);
@@ -250,8 +351,14 @@ fn client(
     let mut samples = Vec::with_capacity(iters as usize);
     let mut verified = true;
     let mut seen = Seen::default();
+    let mut last = stack.device.stats();
+    let mut waits = RunQueueWait::open();
+    let mut slow = 0;
     let start = Instant::now();
     for i in 0..iters {
+        if let Some(w) = &mut waits {
+            w.start();
+        }
         let t0 = Instant::now();
         match op {
             Op::Read => {
@@ -276,8 +383,14 @@ fn client(
                 seen.sends(&conn, stack, op, i + 1)?;
             }
         }
+        let took = t0.elapsed();
+        if took > SLOW {
+            slow += 1;
+            report_slow("client", i, took, stack, &mut last, waits.as_ref());
+        }
     }
     let seconds = start.elapsed().as_secs_f64();
+    report_recovery("client", stack, slow);
     if op == Op::Read {
         // SAFETY: every READ into slot 1 has completed (`sends` waited for each).
         let got = unsafe { conn.mr.to_vec(conn.slot_offset(0, 1), size) }?;

@@ -75,20 +75,26 @@ impl QpCtx {
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
         self.req.started_retry = false;
+        // Progress ends a run of timeouts: the next waits the QP's timeout.
+        self.req.rto_backoff = 0;
         let acked = psn_diff(self.req.comp_psn, old).max(0) as usize;
         let mut rtt = None;
         if let Some((p, t)) = self.req.rtt_sample {
             if psn_lt(p, self.req.comp_psn) {
-                rtt = Some(now.saturating_sub(t));
+                let r = now.saturating_sub(t);
+                rtt = Some(r);
                 self.req.rtt_sample = None;
+                // Smoothed as TCP does (RFC 6298, alpha 1/8), for the probe.
+                self.req.srtt_ns = Some(self.req.srtt_ns.map_or(r, |s| s - s / 8 + r / 8));
             }
         }
         self.cc.on_ack(now, acked * self.mtu as usize, rtt);
-        self.req.rto_deadline = if self.psn_outstanding() {
-            self.rto_ns().map(|t| now + t)
+        if self.psn_outstanding() {
+            self.arm_rto(now);
         } else {
-            None
-        };
+            self.req.rto_deadline = None;
+            self.req.rto_after_probe = None;
+        }
         if psn_lt(self.req.psn, self.req.comp_psn) {
             let p = self.req.comp_psn;
             self.seek_req(p);
@@ -277,6 +283,7 @@ impl QpCtx {
                 }
                 self.req.rnr_until = Some(now + u64::from(xroce_wire::rnr_timer_us(timer)) * 1_000);
                 self.req.rto_deadline = None;
+                self.req.rto_after_probe = None;
                 // Stop sending now; the retry starts when the timer fires.
                 let cp = self.req.comp_psn;
                 self.seek_req(cp);

@@ -48,6 +48,13 @@ pub(crate) struct ReqState {
     pub started_retry: bool,
     pub retry_psn: u32,
     pub rtt_sample: Option<(u32, u64)>,
+    /// Retransmission timer (requester.rs): consecutive expiries without
+    /// progress (the timeout doubles with each, capped), the RTO deadline
+    /// that follows a tail-loss probe armed in `rto_deadline`, and the
+    /// smoothed round-trip time the probe waits a few of.
+    pub rto_backoff: u8,
+    pub rto_after_probe: Option<u64>,
+    pub srtt_ns: Option<u64>,
 }
 
 /// Responder output, sent in order.

@@ -8,10 +8,12 @@
 //!   every earlier READ/atomic to complete;
 //! - go-back-N: a retry restarts transmission at the completer's PSN; the
 //!   WQE and byte offset are recomputed from the PSN;
+//! - the retransmission timer: a tail-loss probe before the first timeout,
+//!   a timeout that doubles with consecutive expiries (capped);
 //! - pacing by the congestion controller's rate (token bucket) and its hooks.
 
 use xroce_wire::{
-    psn_add, psn_diff, psn_le, psn_lt, AtomicEthRepr, DethRepr, Opcode, RethRepr, Service,
+    psn_add, psn_diff, psn_le, psn_lt, psn_sub, AtomicEthRepr, DethRepr, Opcode, RethRepr, Service,
 };
 
 use super::codec;
@@ -19,6 +21,18 @@ use super::qp::QpCtx;
 use super::qp_attr::QpState;
 use super::work::{SendFlags, WrOpcode};
 use super::Env;
+
+/// Consecutive retransmission timeouts double the timeout at most this many
+/// times (8 x the QP's): with retry_cnt 7 a dead peer is reported after
+/// 1+2+4+8+8+8+8+8 = 47 timeouts instead of 8 (3.2 s at timeout 14).
+pub(crate) const RTO_BACKOFF_MAX: u8 = 3;
+/// The shortest wait for an acknowledgement before a tail-loss probe.
+pub(crate) const PROBE_MIN_NS: u64 = 2_000_000;
+/// ... and the probe waits this many smoothed round trips.
+const PROBE_RTTS: u64 = 4;
+/// A probe only where the timeout is at least this many probe times (the
+/// probe is for long timeouts; a short one recovers soon anyway).
+const PROBE_RTO_RATIO: u64 = 4;
 
 impl QpCtx {
     /// Point the requester at `p` (a PSN the completer has not yet seen
@@ -54,10 +68,80 @@ impl QpCtx {
         self.seek_req(p);
     }
 
+    /// The retransmission timeout now: the QP's local ACK timeout, doubled
+    /// by each consecutive expiry without progress up to
+    /// 2^[`RTO_BACKOFF_MAX`] times it. A peer that is slow or gone is not
+    /// hammered at the full rate; retry_cnt still counts expiries.
+    pub(crate) fn backed_off_rto_ns(&self) -> Option<u64> {
+        let shift = self.req.rto_backoff.min(RTO_BACKOFF_MAX);
+        self.rto_ns().map(|t| t.saturating_mul(1 << shift))
+    }
+
+    /// How long the tail-loss probe waits for an acknowledgement: a few
+    /// smoothed round trips, at least [`PROBE_MIN_NS`] (on a busy host
+    /// the peer's thread can be off its core for a millisecond or two).
+    fn probe_ns(&self) -> u64 {
+        self.req
+            .srtt_ns
+            .map_or(PROBE_MIN_NS, |s| s.saturating_mul(PROBE_RTTS))
+            .max(PROBE_MIN_NS)
+    }
+
+    /// (Re)arm the retransmission timer from `now`. Before any expiry, when
+    /// the timeout is long next to the probe time, the timer first fires
+    /// for a tail-loss probe and then, unchanged, at the full timeout.
+    pub(crate) fn arm_rto(&mut self, now: u64) {
+        let Some(rto) = self.backed_off_rto_ns() else {
+            self.req.rto_deadline = None;
+            self.req.rto_after_probe = None;
+            return;
+        };
+        let probe = self.probe_ns();
+        if self.req.rto_backoff == 0 && probe.saturating_mul(PROBE_RTO_RATIO) <= rto {
+            self.req.rto_deadline = Some(now + probe);
+            self.req.rto_after_probe = Some(now + rto);
+        } else {
+            self.req.rto_deadline = Some(now + rto);
+            self.req.rto_after_probe = None;
+        }
+    }
+
+    /// Tail-loss probe: nothing acknowledged for the probe time, so the last
+    /// packet sent may be lost with nothing after it to reveal the gap
+    /// (always so in a ping-pong), and waiting for the local ACK timeout
+    /// (67 ms at perftest's timeout 14) would stall the application. Send
+    /// that packet again: a repeated request is always legal (the responder
+    /// answers a duplicate with an ACK, a READ or atomic replay), and a
+    /// responder missing an earlier packet answers with a sequence NAK,
+    /// which starts go-back-N. Not an expiry: retry_cnt is untouched, and
+    /// the timeout still fires at its time if the probe is not answered.
+    fn send_tail_probe(&mut self) {
+        // During a go-back-N retry, or while an RNR NAK holds the
+        // requester, the probe has nothing to add.
+        if self.req.psn != self.req.max_psn || self.req.rnr_until.is_some() {
+            return;
+        }
+        let last = psn_sub(self.req.max_psn, 1);
+        self.seek_req(last);
+        // A probe is never an RTT sample (Karn), as any retransmission.
+        if self.req.rtt_sample.is_some_and(|(p, _)| p == last) {
+            self.req.rtt_sample = None;
+        }
+    }
+
     pub(crate) fn on_retransmit_timeout(&mut self, env: &mut Env<'_>, now: u64) {
         if !self.psn_outstanding() && self.sq.front().is_none_or(|w| !w.started) {
             self.req.rto_deadline = None;
+            self.req.rto_after_probe = None;
             return;
+        }
+        if let Some(at) = self.req.rto_after_probe.take() {
+            if at > now {
+                self.req.rto_deadline = Some(at);
+                self.send_tail_probe();
+                return;
+            }
+            // The probe's time passed unnoticed up to the timeout's own.
         }
         env.stats.retry_timeouts += 1;
         self.qstats.timeouts += 1;
@@ -69,7 +153,8 @@ impl QpCtx {
             self.req.retry_left -= 1;
         }
         self.start_retry(env);
-        self.req.rto_deadline = self.rto_ns().map(|t| now + t);
+        self.req.rto_backoff = self.req.rto_backoff.saturating_add(1).min(RTO_BACKOFF_MAX);
+        self.arm_rto(now);
     }
 
     /// Produce the next request packet, if the window, the READ/atomic
@@ -312,7 +397,7 @@ impl QpCtx {
                 self.uc_complete_sent(env);
             }
         } else if self.req.rto_deadline.is_none() {
-            self.req.rto_deadline = self.rto_ns().map(|t| now + t);
+            self.arm_rto(now);
         }
         env.stats.tx_data_packets += 1;
         self.qstats.tx_packets += 1;

@@ -1,0 +1,289 @@
+//! The retransmission timer over the simulated link (issue 13): repeated
+//! timeouts back off (the timeout doubles per consecutive expiry, capped,
+//! and starts again from the QP's own after progress) while retry_cnt keeps
+//! counting expiries; and a lost last packet (request or ACK) is recovered
+//! by a tail-loss probe a few milliseconds later instead of the full local
+//! ACK timeout, with every message delivered exactly once.
+
+use xroce::engine::timers;
+use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+use xroce::verbs::*;
+
+const MS: u64 = 1_000_000;
+
+fn drain(cq: &CompletionQueue) -> Vec<Wc> {
+    let mut out = Vec::new();
+    let mut buf = [Wc::default(); 32];
+    while let Ok(n) = cq.poll(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    out
+}
+
+/// Steps the simulation until `done` or `limit_ns` of simulated time,
+/// recording the simulated time at which A put frames on the link (every
+/// transmission and retransmission; the link counts them even when cut).
+fn run_recording(
+    sim: &mut Sim,
+    limit_ns: u64,
+    mut done: impl FnMut(&mut Sim) -> bool,
+) -> (bool, Vec<u64>) {
+    let deadline = sim.now + limit_ns;
+    let mut sends = Vec::new();
+    loop {
+        if done(sim) {
+            return (true, sends);
+        }
+        let (before, at) = (sim.link.stats.sent, sim.now);
+        if sim.now > deadline || !sim.step() {
+            return (done(sim), sends);
+        }
+        // step() first flushes what is ready at the old `now`.
+        for _ in before..sim.link.stats.sent {
+            sends.push(at);
+        }
+    }
+}
+
+fn send_wr(id: u64, a: &Endpoint, off: usize, len: usize) -> SendWr {
+    SendWr::new(id, WrOpcode::Send, vec![a.mr.sge(off, len)])
+}
+
+fn post_recvs(b: &Endpoint, n: u64, len: usize) {
+    for i in 0..n {
+        b.qp.post_recv(&RecvWr {
+            wr_id: 1000 + i,
+            sg_list: vec![b.mr.sge(i as usize * len, len)],
+        })
+        .unwrap();
+    }
+}
+
+#[test]
+fn consecutive_timeouts_double_and_retry_cnt_still_counts_expiries() {
+    let mut sim = Sim::pair(LinkConfig::default(), 21);
+    let p = PairParams {
+        timeout: 12, // 16.8 ms
+        retry_cnt: 3,
+        ..Default::default()
+    };
+    let (a, b) = connect_pair(&sim, &p);
+    let rto = timers::ack_timeout_ns(12).unwrap();
+    sim.link.cut = true;
+    a.qp.post_send(&send_wr(1, &a, 0, 8)).unwrap();
+    a.qp.post_send(&send_wr(2, &a, 8, 8)).unwrap();
+    let mut wcs = Vec::new();
+    let (ok, sends) = run_recording(&mut sim, 2000 * MS, |_| {
+        wcs.extend(drain(&a.cq));
+        wcs.len() >= 2
+    });
+    assert!(ok, "no completions; A sent at {sends:?}");
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(a.qp.state(), QpState::Err);
+    // retry_cnt 3: the fourth expiry reports the error.
+    assert_eq!(sim.a.stats().retry_timeouts, 4);
+    assert_eq!(a.qp.stats().unwrap().timeouts, 4);
+    // The first transmission of both SENDs, the tail-loss probe (the last
+    // packet), then one go-back-N retry of both per expiry.
+    let t0 = sends[0];
+    let rel: Vec<u64> = sends.iter().map(|t| t - t0).collect();
+    assert_eq!(
+        rel.len(),
+        2 + 1 + 3 * 2,
+        "A sent at {rel:?} (ns after the first)"
+    );
+    assert!(rel[2] < rto / 4, "the probe came at {} ns", rel[2]);
+    // The retries: after 1, 1+2 and 1+2+4 timeouts (the timeout doubled
+    // with each expiry); the error at 1+2+4+8.
+    let retries = [rel[3], rel[5], rel[7]];
+    assert_eq!(retries, [rto, 3 * rto, 7 * rto], "{rel:?}");
+    assert_eq!((rel[4], rel[6], rel[8]), (rel[3], rel[5], rel[7]));
+    let gaps: Vec<u64> = retries.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(gaps, [2 * rto, 4 * rto]);
+    assert_eq!(
+        sim.now - t0,
+        15 * rto,
+        "the error came at the fourth expiry"
+    );
+    // Nothing ever reached B.
+    assert!(drain(&b.cq).is_empty());
+}
+
+#[test]
+fn the_back_off_is_capped_at_eight_timeouts() {
+    let mut sim = Sim::pair(LinkConfig::default(), 22);
+    let p = PairParams {
+        timeout: 10, // 4.2 ms: no probe (the probe is for long timeouts)
+        retry_cnt: 6,
+        ..Default::default()
+    };
+    let (a, _b) = connect_pair(&sim, &p);
+    let rto = timers::ack_timeout_ns(10).unwrap();
+    sim.link.cut = true;
+    a.qp.post_send(&send_wr(1, &a, 0, 8)).unwrap();
+    let mut wcs = Vec::new();
+    let (ok, sends) = run_recording(&mut sim, 5000 * MS, |_| {
+        wcs.extend(drain(&a.cq));
+        !wcs.is_empty()
+    });
+    assert!(ok);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!(sim.a.stats().retry_timeouts, 7);
+    let gaps: Vec<u64> = sends.windows(2).map(|w| (w[1] - w[0]) / rto).collect();
+    assert_eq!(gaps, [1, 2, 4, 8, 8, 8], "gaps in timeouts: {gaps:?}");
+    assert_eq!(sim.now - sends[0], (1 + 2 + 4 + 8 + 8 + 8 + 8) * rto);
+}
+
+#[test]
+fn after_recovery_data_arrives_once_and_the_timeout_starts_over() {
+    let mut sim = Sim::pair(LinkConfig::default(), 23);
+    let p = PairParams {
+        timeout: 12,
+        retry_cnt: 7,
+        ..Default::default()
+    };
+    let (a, b) = connect_pair(&sim, &p);
+    let rto = timers::ack_timeout_ns(12).unwrap();
+    let msgs: Vec<Vec<u8>> = (0..3u8)
+        .map(|i| (0..3000).map(|k| (k as u8) ^ i.wrapping_mul(37)).collect())
+        .collect();
+    for (i, m) in msgs.iter().enumerate() {
+        // SAFETY: nothing has been posted that reads these bytes yet.
+        unsafe { a.mr.write(i * 4096, m) }.unwrap();
+    }
+    post_recvs(&b, 3, 4096);
+    // Down until the third expiry (after 1+2+4 timeouts), whose go-back-N
+    // retry then finds the link back.
+    sim.link.cut = true;
+    for i in 0..3u64 {
+        a.qp.post_send(&send_wr(i + 1, &a, i as usize * 4096, 3000))
+            .unwrap();
+    }
+    let t0 = sim.now;
+    let (_, down) = run_recording(&mut sim, 20 * rto, |s| s.a.stats().retry_timeouts >= 3);
+    assert_eq!(sim.now - t0, 7 * rto, "sent at {down:?}");
+    sim.link.cut = false;
+    let mut wa = Vec::new();
+    let mut wb = Vec::new();
+    let (ok, up) = run_recording(&mut sim, 100 * rto, |_| {
+        wa.extend(drain(&a.cq));
+        wb.extend(drain(&b.cq));
+        wa.len() >= 3 && wb.len() >= 3
+    });
+    assert!(ok, "A {wa:?} B {wb:?}");
+    assert_eq!(up.first().map(|t| t - t0), Some(7 * rto), "{up:?}");
+    assert_eq!(sim.a.stats().retry_timeouts, 3);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success), "{wa:?}");
+    assert_eq!(
+        wa.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "in order"
+    );
+    // Exactly once: three receives, each with its message, none extra.
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(),
+        [(1000, 3000), (1001, 3000), (1002, 3000)]
+    );
+    for (i, m) in msgs.iter().enumerate() {
+        // SAFETY: the receive that wrote these bytes has completed.
+        assert_eq!(&unsafe { b.mr.to_vec(i * 4096, 3000) }.unwrap(), m);
+    }
+    sim.run_until(sim.now + 10 * MS, |_| false);
+    assert!(drain(&b.cq).is_empty(), "a message arrived twice");
+    // Progress reset the back-off: a fresh loss waits one timeout (after a
+    // probe), not eight.
+    let before = sim.a.stats().retry_timeouts;
+    sim.link.cut = true;
+    a.qp.post_send(&send_wr(9, &a, 0, 8)).unwrap();
+    let (_, sends) = run_recording(&mut sim, 2 * rto, |s| s.a.stats().retry_timeouts > before);
+    let rel: Vec<u64> = sends.iter().map(|t| t - sends[0]).collect();
+    assert_eq!(sim.a.stats().retry_timeouts, before + 1);
+    assert_eq!(rel.len(), 2, "first transmission and probe: {rel:?}");
+    assert_eq!(sim.now - sends[0], rto, "{rel:?}");
+}
+
+/// One 8-byte SEND from A whose request (`lose_ack` false) or whose ACK
+/// (true) is lost; returns how long A waited for its completion.
+fn lose_one(lose_ack: bool) -> u64 {
+    let mut sim = Sim::pair(LinkConfig::default(), 24);
+    // perftest's and xroce lat's timeout: 67 ms.
+    let p = PairParams {
+        timeout: 14,
+        retry_cnt: 7,
+        ..Default::default()
+    };
+    let (a, b) = connect_pair(&sim, &p);
+    post_recvs(&b, 2, 64);
+    // SAFETY: nothing posted reads these bytes yet.
+    unsafe { a.mr.write(0, b"pingpong") }.unwrap();
+    // Warm-up round trip: an RTT sample for the probe timer.
+    a.qp.post_send(&send_wr(1, &a, 0, 8)).unwrap();
+    let mut wa = Vec::new();
+    let mut wb = Vec::new();
+    assert!(sim.run_until(sim.now + 10 * MS, |_| {
+        wa.extend(drain(&a.cq));
+        wb.extend(drain(&b.cq));
+        wa.len() == 1 && wb.len() == 1
+    }));
+    let t0 = sim.now;
+    a.qp.post_send(&send_wr(2, &a, 0, 8)).unwrap();
+    if lose_ack {
+        // Deliver the request, then lose what B answers.
+        assert!(sim.run_until(sim.now + 10 * MS, |_| {
+            wb.extend(drain(&b.cq));
+            wb.len() == 2
+        }));
+        sim.link.cut = true;
+        sim.step();
+    } else {
+        sim.link.cut = true;
+        sim.step();
+    }
+    sim.link.cut = false;
+    assert!(
+        sim.run_until(t0 + 200 * MS, |_| {
+            wa.extend(drain(&a.cq));
+            wb.extend(drain(&b.cq));
+            wa.len() == 2 && wb.len() == 2
+        }),
+        "A {wa:?} B {wb:?}"
+    );
+    let took = sim.now - t0;
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(),
+        [(1000, 8), (1001, 8)]
+    );
+    // SAFETY: the receive that wrote these bytes has completed.
+    assert_eq!(unsafe { b.mr.to_vec(64, 8) }.unwrap(), b"pingpong");
+    // Recovered by the probe: no timeout expired, one packet sent again.
+    assert_eq!(sim.a.stats().retry_timeouts, 0);
+    assert_eq!(sim.a.stats().tx_retransmitted, 1);
+    assert_eq!(sim.b.stats().rx_duplicate, u64::from(lose_ack));
+    sim.run_until(sim.now + 100 * MS, |_| false);
+    assert!(drain(&b.cq).is_empty(), "the probe was delivered twice");
+    took
+}
+
+#[test]
+fn a_lost_request_costs_a_probe_time_not_the_local_ack_timeout() {
+    let took = lose_one(false);
+    let rto = timers::ack_timeout_ns(14).unwrap();
+    assert!(took < 5 * MS && took < rto / 10, "took {took} ns");
+}
+
+#[test]
+fn a_lost_ack_costs_a_probe_time_not_the_local_ack_timeout() {
+    let took = lose_one(true);
+    let rto = timers::ack_timeout_ns(14).unwrap();
+    assert!(took < 5 * MS && took < rto / 10, "took {took} ns");
+}
