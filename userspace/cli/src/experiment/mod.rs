@@ -40,7 +40,6 @@ mod report;
 mod sampler;
 mod summary;
 mod topology;
-mod workload;
 
 use std::{
     path::{Path, PathBuf},
@@ -70,14 +69,6 @@ pub struct ExperimentArgs {
 pub enum ExperimentKind {
     /// N senders WRITE to one receiver through a virtual bottleneck
     Incast(IncastArgs),
-    /// Flows sized from a measured distribution at a Poisson load; FCT slowdown
-    Workload(workload::WorkloadArgs),
-    /// The same workload (same seed) under each of several controllers
-    Compare(workload::CompareArgs),
-    #[command(hide = true)]
-    WorkloadSender(workload::NodeArgs),
-    #[command(hide = true)]
-    WorkloadReceiver(workload::NodeArgs),
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -155,10 +146,6 @@ pub struct IncastArgs {
 pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
     match &args.kind {
         ExperimentKind::Incast(a) => incast(a),
-        ExperimentKind::Workload(a) => workload::workload(a),
-        ExperimentKind::Compare(a) => workload::compare(a),
-        ExperimentKind::WorkloadSender(a) => workload::sender(a),
-        ExperimentKind::WorkloadReceiver(a) => workload::receiver(a),
     }
 }
 
