@@ -28,6 +28,11 @@
 //!
 //! The virtual queue marks and drops but delays nothing (XDP cannot hold a
 //! frame), so RTT-driven TIMELY sees only host delays, not the bottleneck.
+//! `--bottleneck delay` puts a queue that really holds packets on the
+//! bridge's port toward the receiver instead (xroce::bottleneck: tbf at
+//! the link rate, a TC program marking on its clock), so RTT
+//! grows with the queue; queue.csv's `queue_delay_us` and `sojourn_us` then
+//! are waits packets really had.
 
 mod plot;
 mod procs;
@@ -90,6 +95,12 @@ pub struct IncastArgs {
     /// xroce's millisecond feedback loop
     #[arg(long, default_value = "software")]
     pub dcqcn: String,
+    /// The bottleneck: `xdp` (the receiver's XDP congestion point: marks
+    /// and drops, packets never wait) or `delay` (the bridge's port toward
+    /// the receiver holds packets at the link rate: RTT grows with the
+    /// queue; an unlimited --buffer means 64 MiB there)
+    #[arg(long, default_value = "xdp", value_parser = ["xdp", "delay"])]
+    pub bottleneck: String,
     /// Drain rate of the virtual bottleneck at the receiver, e.g. 1gbit
     #[arg(long, default_value = "1gbit", value_parser = crate::units::rate)]
     pub link_rate: Rate,
@@ -282,15 +293,38 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
     }
     let rx = &topo.receiver;
     // The program is found through its interface: ask from its namespace.
+    let delay = a.bottleneck == "delay";
     let (ecn, fault) = {
         let (a, iface) = (a.clone(), rx.iface.clone());
         in_netns(&rx.netns, move || -> anyhow::Result<_> {
             program_receiver(&a, &iface)?;
-            Ok((
-                xroce::xdp::ecn_config(&iface)?,
-                xroce::xdp::fault_config(&iface)?,
-            ))
+            let ecn = xroce::xdp::ecn_config(&iface)?;
+            if delay {
+                // The same settings move to the bridge's port.
+                xroce::xdp::set_ecn(&iface, Default::default())?;
+            }
+            Ok((ecn, xroce::xdp::fault_config(&iface)?))
         })??
+    };
+    // Dropped (tbf and the TC program removed) before the namespaces go.
+    let bottleneck = if delay {
+        let port = rx.peer.clone();
+        Some(
+            in_netns(&topo.bridge_netns, move || {
+                xroce::bottleneck::Bottleneck::attach(&port, ecn)
+            })?
+            .context("put the delay bottleneck on the bridge's port")?,
+        )
+        .inspect(|b| {
+            eprintln!(
+                "xroce: the bottleneck moves to the bridge's port {}: tbf at {} bit/s holds \
+                 the queue, marking as above there; the receiver's XDP congestion point is off",
+                b.iface(),
+                plan.link_rate_bps
+            )
+        })
+    } else {
+        None
     };
 
     // The receiver: one process, one AF_XDP socket, all the connections.
@@ -331,10 +365,11 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
         .iter()
         .map(|h| (h.netns.clone(), h.iface.clone()))
         .collect();
-    let mut sampler = Sampler::new(
+    let mut sampler = Sampler::with_bottleneck(
         &(rx.netns.clone(), rx.iface.clone()),
         &sender_ifaces,
         plan.link_rate_bps,
+        bottleneck.as_ref().map(|b| b.reader()).transpose()?,
         &out.join("queue.csv"),
     )?;
     let duration_arg = format_seconds(plan.duration_s);
