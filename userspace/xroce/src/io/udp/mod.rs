@@ -121,8 +121,10 @@ pub struct UdpConfig {
     /// GSO message (UDP_SEGMENT), the IPv4 ids of its segments predicted
     /// (see `tx::gso_ip_id`). Off: one datagram per message, and UDP
     /// checksum 0 (SO_NO_CHECK, which the kernel refuses with GSO).
+    /// Default on; `XROCE_UDP_GSO=0` in the environment turns it off.
     pub gso: bool,
     /// Let the kernel hand over coalesced datagrams (UDP_GRO), split here.
+    /// Default on; `XROCE_UDP_GRO=0` turns it off.
     pub gro: bool,
 }
 
@@ -138,10 +140,17 @@ impl UdpConfig {
             local_mac: [0; 6],
             peer_mac: [0; 6],
             socket_buffer: 4 << 20,
-            gso: true,
-            gro: true,
+            gso: env_on("XROCE_UDP_GSO"),
+            gro: env_on("XROCE_UDP_GRO"),
         }
     }
+}
+
+/// Whether the switch `name` is on: unset, or anything but `0`. The GSO
+/// and GRO defaults can be turned off from outside (a NIC whose hardware
+/// USO numbers IPv4 ids unlike the kernel's GSO; comparisons).
+fn env_on(name: &str) -> bool {
+    std::env::var_os(name).is_none_or(|v| v != "0")
 }
 
 impl UdpConfig {
@@ -760,5 +769,35 @@ mod tests {
             assert_eq!(&f[18..20], &[0, 0], "id 0 alone");
         }
         assert_eq!(b.udp_stats().ip_id_recovered, 0);
+    }
+
+    #[test]
+    fn ipv6_gso_runs_arrive_split_with_their_icrc() {
+        let lo: IpAddr = Ipv6Addr::LOCALHOST.into();
+        let mut cfg = UdpConfig::new(lo);
+        cfg.port = 46950 + (std::process::id() % 30) as u16;
+        let mut a = UdpBackend::open(cfg.clone()).expect("bind [::1]");
+        let mut cfg_b = cfg.clone();
+        cfg_b.port += 1;
+        let mut b = UdpBackend::open(cfg_b.clone()).expect("bind [::1] again");
+        let frames: Vec<Vec<u8>> = (0..10u32)
+            .map(|k| {
+                let payload = vec![k as u8; 700];
+                let mut f = send_only(lo, lo, 0x44, k, &payload);
+                f[54 + 2..54 + 4].copy_from_slice(&cfg_b.port.to_be_bytes());
+                f
+            })
+            .collect();
+        let refs: Vec<&[u8]> = frames.iter().map(|f| &f[..]).collect();
+        assert_eq!(a.send_batch(&refs).unwrap(), 10);
+        assert_eq!(a.udp_stats().gso_segments, 10);
+        let got = receive(&mut b, 10);
+        assert_eq!(got.len(), 10);
+        for (f, sent) in got.iter().zip(&frames) {
+            icrc::verify_frame(f).expect("ICRC over the rebuilt IPv6 headers");
+            assert_eq!(&f[62..f.len() - 4], &sent[62..sent.len() - 4]);
+        }
+        assert_eq!(b.udp_stats().gro_segments, 10);
+        assert_eq!(b.udp_stats().icrc_unmatched, 0);
     }
 }
