@@ -153,6 +153,11 @@ struct Rx {
     seq: u32,
     /// CLOCK_REALTIME at the sender just before sendto.
     sent_ns: u64,
+    /// Whether sendto returned within [`SURE_NS`] of `sent_ns`: if not
+    /// (the sender was preempted), when the datagram reached the bottleneck
+    /// is not known, so its own delay and mark are not checked (it still
+    /// counts in the queue others find).
+    sure: bool,
     /// The kernel's CLOCK_REALTIME receive timestamp.
     rx_ns: u64,
     tos: u8,
@@ -242,6 +247,7 @@ fn receive(ns: &str, n: usize, ready: mpsc::Sender<()>) -> std::thread::JoinHand
                 got.push(Rx {
                     seq,
                     sent_ns,
+                    sure: true,
                     rx_ns,
                     tos,
                 });
@@ -251,9 +257,14 @@ fn receive(ns: &str, n: usize, ready: mpsc::Sender<()>) -> std::thread::JoinHand
     })
 }
 
+/// Longest sendto for which a datagram's send time counts as its arrival
+/// at the bottleneck (sendto carries it through the bridge to the qdisc).
+const SURE_NS: u64 = 200_000;
+
 /// Sends `n` datagrams back to back from `ns` to `dst` with TOS `tos`, each
-/// carrying its sequence number and its send time.
-fn burst(ns: &str, dst: SocketAddrV4, tos: i32, n: u32) {
+/// carrying its sequence number and its send time; returns, by sequence,
+/// when each sendto returned.
+fn burst(ns: &str, dst: SocketAddrV4, tos: i32, n: u32) -> Vec<u64> {
     in_netns(ns, move || {
         let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
         setsockopt_int(
@@ -265,11 +276,14 @@ fn burst(ns: &str, dst: SocketAddrV4, tos: i32, n: u32) {
         set_tos(&udp, tos);
         let mut p = vec![0u8; PAYLOAD];
         p[..4].copy_from_slice(b"XBN1");
+        let mut returned = Vec::with_capacity(n as usize);
         for seq in 0..n {
             p[4..8].copy_from_slice(&seq.to_be_bytes());
             p[8..16].copy_from_slice(&realtime_ns().to_be_bytes());
             udp.send_to(&p, dst).unwrap();
+            returned.push(realtime_ns());
         }
+        returned
     })
 }
 
@@ -279,7 +293,7 @@ fn run_burst(lab: &Lab, tos: i32, n: u32) -> Vec<Rx> {
     let receiver = receive(&lab.receiver.name, n as usize, tx);
     rx.recv_timeout(Duration::from_secs(10))
         .expect("the receiver did not start");
-    burst(
+    let returned = burst(
         &lab.sender.name,
         SocketAddrV4::new(lab.receiver_addr, PORT),
         tos,
@@ -287,6 +301,16 @@ fn run_burst(lab: &Lab, tos: i32, n: u32) -> Vec<Rx> {
     );
     let mut got = receiver.join().expect("receiver thread");
     got.sort_by_key(|r| r.seq);
+    for r in &mut got {
+        r.sure = returned[r.seq as usize].saturating_sub(r.sent_ns) <= SURE_NS;
+    }
+    let sure = got.iter().filter(|r| r.sure).count();
+    assert!(
+        sure * 10 >= got.len() * 8,
+        "only {sure} of {} sendto calls returned within {SURE_NS} ns: the sender was \
+         preempted too often to time the queue",
+        got.len()
+    );
     got
 }
 
@@ -323,26 +347,37 @@ fn burst_waits_queue_over_rate_and_leaves_at_the_link_rate() {
     // Delay: measured one-way delay against queue / rate.
     let sent: Vec<(u32, u64)> = got.iter().map(|r| (r.seq, r.sent_ns)).collect();
     let predicted = predict(&sent);
-    let mut worst: f64 = 0.0;
-    let mut checked = 0;
+    let mut errors = Vec::new();
+    let mut off = Vec::new();
     for (r, (_, queue, want_ns)) in got.iter().zip(&predicted) {
         let measured = (r.rx_ns - r.sent_ns) as f64;
         // Datagrams behind at least 5 ms of queue: host noise of a few
         // hundred us is then well inside the 10 %.
-        if *want_ns < 5e6 {
+        if *want_ns < 5e6 || !r.sure {
             continue;
         }
-        checked += 1;
         let err = (measured - want_ns) / want_ns;
-        assert!(
-            err.abs() < 0.10,
-            "datagram {} found {queue} B queued: predicted {:.2} ms, measured {:.2} ms",
-            r.seq,
-            want_ns / 1e6,
-            measured / 1e6
-        );
-        worst = worst.max(err.abs());
+        if err.abs() >= 0.10 {
+            off.push(format!(
+                "datagram {} found {queue} B queued: predicted {:.2} ms, measured {:.2} ms",
+                r.seq,
+                want_ns / 1e6,
+                measured / 1e6
+            ));
+        }
+        errors.push(err.abs());
     }
+    let checked = errors.len();
+    errors.sort_by(f64::total_cmp);
+    // A softirq deferred under load may still hold a datagram back after
+    // its sendto returned: a few may miss, the bulk may not.
+    assert!(
+        off.len() * 50 <= checked,
+        "{} of {checked} datagrams off by 10 % or more: {off:#?}",
+        off.len()
+    );
+    let (median, worst) = (errors[checked / 2], errors[checked - 1]);
+    assert!(median < 0.05, "median delay error {:.1} %", median * 100.0);
     let last = predicted.last().unwrap();
     let last_measured = (got.last().unwrap().rx_ns - got.last().unwrap().sent_ns) as f64;
     assert!(
@@ -351,10 +386,15 @@ fn burst_waits_queue_over_rate_and_leaves_at_the_link_rate() {
     );
     // The program's own largest sojourn matches too.
     let peak = state.peak_delay_ns as f64;
+    let want_peak = got
+        .iter()
+        .zip(&predicted)
+        .filter(|(r, _)| r.sure)
+        .map(|(_, p)| p.2)
+        .fold(0.0, f64::max);
     assert!(
-        (peak - last.2).abs() / last.2 < 0.10,
-        "peak sojourn {peak} ns, predicted {:.0}",
-        last.2
+        (peak - want_peak).abs() / want_peak < 0.10,
+        "peak sojourn {peak} ns, predicted {want_peak:.0}"
     );
 
     // Departure rate: bytes between the first and the last arrival.
@@ -368,8 +408,10 @@ fn burst_waits_queue_over_rate_and_leaves_at_the_link_rate() {
         RATE_BPS / 1_000_000
     );
     eprintln!(
-        "bottleneck_delay: {checked} datagrams behind >= 5 ms of queue, worst delay error {:.2} %; \
+        "bottleneck_delay: {checked} datagrams behind >= 5 ms of queue, delay error median {:.2} %, \
+         worst {:.2} %; \
          last: queue {} B, predicted {:.2} ms, measured {:.2} ms; departures {:.3} Mbit/s ({:+.2} %)",
+        median * 100.0,
         worst * 100.0,
         last.1,
         last.2 / 1e6,
@@ -397,17 +439,19 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
     let sent: Vec<(u32, u64)> = got.iter().map(|r| (r.seq, r.sent_ns)).collect();
     let predicted = predict(&sent);
     let margin = 3 * FRAME;
-    let (mut marked, mut clear) = (0, 0);
+    let (mut marked, mut clear, mut missed) = (0, 0, Vec::new());
     for (r, (_, queue, _)) in got.iter().zip(&predicted) {
         let ce = r.tos & 0b11 == 0b11;
+        // Arriving later than sent only shortens the queue found: a mark
+        // below K is always wrong, a missing one above K only when the
+        // datagram's arrival is known (and then rare under load).
         if *queue + margin < K {
             assert!(!ce, "datagram {} found {queue} B < K and was marked", r.seq);
-        } else if *queue > K + margin {
-            assert!(
-                ce,
-                "datagram {} found {queue} B > K and was not marked",
+        } else if *queue > K + margin && !ce && r.sure {
+            missed.push(format!(
+                "datagram {} found {queue} B > K, not marked",
                 r.seq
-            );
+            ));
         }
         if ce {
             marked += 1;
@@ -416,6 +460,7 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
             clear += 1;
         }
     }
+    assert!(missed.len() * 50 <= got.len(), "{missed:#?}");
     let state = bottleneck.sample().unwrap().state;
     assert_eq!(state.marked, marked, "{state:?}");
     assert!(marked > 50 && clear > 50, "marked {marked}, clear {clear}");
