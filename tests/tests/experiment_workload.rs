@@ -4,7 +4,8 @@
 //! with its data verified at the receiver (flows.csv has each flow id once,
 //! arrived once, verified); the same seed gives the same flows (schedule.csv
 //! of the workload run and of each compare run are identical); compare
-//! writes one run per controller and draws one series per controller.
+//! writes one run per controller (here through the delay bottleneck) and
+//! draws one series per controller.
 //! The experiments make and remove their own namespaces; run under
 //! `flock /tmp/xroce-netns.lock` beside other namespace tests.
 
@@ -172,7 +173,8 @@ fn workload_completes_every_flow_once_and_compare_repeats_it_per_controller() {
 
     let cmp = temp("wl-compare");
     let mut c = args.clone();
-    c.extend(["--cc".to_string(), "dcqcn,none".to_string()]);
+    // Through the bottleneck that holds packets at the link rate.
+    c.extend(["--cc", "dcqcn,none", "--bottleneck", "delay"].map(String::from));
     run("compare", &c, &cmp);
     for cc in ["dcqcn", "none"] {
         let dir = cmp.join(cc);
@@ -190,6 +192,7 @@ fn workload_completes_every_flow_once_and_compare_repeats_it_per_controller() {
     assert_eq!(runs.len(), 2);
     for (r, cc) in runs.iter().zip(["dcqcn", "none"]) {
         assert_eq!(r["settings"]["cc"], cc);
+        assert_eq!(r["settings"]["bottleneck"], "delay");
         assert_eq!(r["verified"], FLOWS);
     }
     let csv = read(&cmp.join("compare.csv"));

@@ -74,6 +74,12 @@ pub struct Common {
     /// DCQCN parameters (a preset and key=value overrides, see `incast`)
     #[arg(long, default_value = "software")]
     pub dcqcn: String,
+    /// The bottleneck: `xdp` (each receiver's XDP congestion point: marks
+    /// and drops, packets never wait, so flows are not held to the link
+    /// rate) or `delay` (the bridge's port toward each receiver holds
+    /// packets at the link rate: FCTs and RTTs include the queue)
+    #[arg(long, default_value = "xdp", value_parser = ["xdp", "delay"])]
+    pub bottleneck: String,
     /// Drain rate of the bottleneck at each receiver
     #[arg(long, default_value = "1gbit", value_parser = crate::units::rate)]
     pub link_rate: Rate,
@@ -154,6 +160,9 @@ pub struct Summary {
     pub cnps: u64,
     pub drops: Drops,
     pub retransmits: u64,
+    /// Times a sender's QP waited for room in its engine's device-wide
+    /// in-flight budget before starting a message.
+    pub budget_waits: u64,
     pub errors: Vec<String>,
 }
 
@@ -177,6 +186,8 @@ pub struct Settings {
     pub pmax: f64,
     pub policy: String,
     pub buffer_bytes: Option<u64>,
+    /// "xdp" or "delay".
+    pub bottleneck: String,
     pub qps_per_pair: usize,
     pub arena_bytes: u64,
     pub mtu: u32,
@@ -429,6 +440,7 @@ fn settings(c: &Common, cc: CcKind, cdf: &Cdf) -> Settings {
         pmax: xroce_common::fixed::fixed_to_fraction(c.pmax.value),
         policy: c.policy.clone(),
         buffer_bytes: c.buffer.as_ref().map(|b| b.value),
+        bottleneck: c.bottleneck.clone(),
         qps_per_pair: c.qps,
         arena_bytes: c.arena.value,
         mtu: c.mtu,
@@ -504,6 +516,7 @@ fn run_one(
         .chain(topo.senders[c.senders..].iter().cloned())
         .collect();
     let result = run_in(
+        &topo.bridge_netns,
         c,
         cc,
         cdf,
@@ -520,6 +533,7 @@ fn run_one(
 
 #[allow(clippy::too_many_arguments)]
 fn run_in(
+    topo_bridge: &str,
     c: &Common,
     cc: CcKind,
     cdf: &Cdf,
@@ -534,13 +548,31 @@ fn run_in(
         attach(exe, host)?;
     }
     let line_rate = c.line_rate.as_ref().unwrap_or(&c.link_rate);
+    let delay = c.bottleneck == "delay";
+    // Dropped (tbf and the TC program removed) when this returns, before
+    // the namespaces go.
+    let mut bottlenecks = Vec::new();
     for rx in receivers {
         let (args, iface) = (ecn_args(c, &rx.iface), rx.iface.clone());
-        super::in_netns(&rx.netns, move || -> anyhow::Result<()> {
+        let ecn = super::in_netns(&rx.netns, move || -> anyhow::Result<_> {
             crate::congestion::ecn(&args)?;
             xroce::xdp::set_fault(&iface, xroce_common::fault::FaultConfig::default())?;
-            Ok(())
+            let ecn = xroce::xdp::ecn_config(&iface)?;
+            if delay {
+                // The same settings move to the bridge's port.
+                xroce::xdp::set_ecn(&iface, Default::default())?;
+            }
+            Ok(ecn)
         })??;
+        if delay {
+            let port = rx.peer.clone();
+            bottlenecks.push(
+                super::in_netns(topo_bridge, move || {
+                    xroce::bottleneck::Bottleneck::attach(&port, ecn)
+                })?
+                .context("put the delay bottleneck on the bridge's port")?,
+            );
+        }
     }
     let node_args = |cmd: &mut std::process::Command, host: &Host, index: usize| {
         cmd.args(["--iface", &host.iface, "--index", &index.to_string()])
@@ -596,12 +628,17 @@ fn run_in(
             };
             // CNPs at the senders are counted once, with receiver 0.
             let theirs: &[(String, String)] = if j == 0 { &sender_ifaces } else { &[] };
-            Sampler::new(
-                &(rx.netns.clone(), rx.iface.clone()),
-                theirs,
-                c.link_rate.value,
-                &csv,
-            )
+            let rx_iface = (rx.netns.clone(), rx.iface.clone());
+            match bottlenecks.get(j) {
+                Some(b) => Sampler::with_bottleneck(
+                    &rx_iface,
+                    theirs,
+                    c.link_rate.value,
+                    Some(b.reader()?),
+                    &csv,
+                ),
+                None => Sampler::new(&rx_iface, theirs, c.link_rate.value, &csv),
+            }
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut tx_procs = Vec::new();
@@ -813,6 +850,7 @@ fn run_in(
             fault: finals.iter().map(|s| s.drop_fault).sum(),
         },
         retransmits: got.senders.iter().flatten().map(|r| r.retransmits).sum(),
+        budget_waits: got.senders.iter().flatten().map(|r| r.budget_waits).sum(),
         errors,
     };
     std::fs::write(

@@ -138,6 +138,9 @@ pub struct SenderReport {
     pub base_rtt_ns: Vec<u64>,
     pub retransmits: u64,
     pub cnps: u64,
+    /// Times a QP with a new message waited for room in the engine's
+    /// device-wide in-flight budget.
+    pub budget_waits: u64,
     pub path_mtu: u32,
 }
 
@@ -499,12 +502,13 @@ fn serve(
             if let Err(e) = check {
                 errors.push(e);
             }
-            writeln!(
-                out.lock().expect("not poisoned"),
-                "{id},{},{len},{},{t_ns}",
-                hello.sender,
-                ok as u8
-            )?;
+            {
+                // Flushed per row: a receiver killed at a deadline still
+                // tells what arrived.
+                let mut out = out.lock().expect("not poisoned");
+                writeln!(out, "{id},{},{len},{},{t_ns}", hello.sender, ok as u8)?;
+                out.flush()?;
+            }
             // The ack frees the region at the sender: after the check.
             conn.send_inline(wr_id(Kind::Desc, 0, q, id), q, &[id as u64, ok as u64])?;
         }
@@ -772,6 +776,7 @@ pub fn sender(a: &NodeArgs) -> anyhow::Result<()> {
         base_rtt_ns,
         retransmits: after.tx_retransmitted - before.tx_retransmitted,
         cnps: after.rx_cnps - before.rx_cnps,
+        budget_waits: after.tx_budget_waits - before.tx_budget_waits,
         path_mtu: mtu.bytes(),
     };
     std::fs::write(
