@@ -258,6 +258,8 @@ fn run(
                 .handle_frame(frame, now_ns())
         })?;
         let mut engine = guard.unwrap_or_else(|| device.lock());
+        // A receive ring filling up reaches the senders as CE marks (CNPs).
+        engine.set_rx_pressure(io.rx_pressure());
         let now = now_ns();
         if engine.poll_timeout().is_some_and(|t| t <= now) {
             engine.handle_timeout(now);

@@ -169,6 +169,16 @@ pub trait PacketIo: Send {
     fn poll_fds(&self) -> Vec<i32> {
         self.poll_fd().into_iter().collect()
     }
+
+    /// Whether the receive side was over its pressure threshold at the
+    /// last `recv_batch` (the AF_XDP RX ring, the UDP socket queue): frames
+    /// arrive faster than they are taken. The runtime passes it to the
+    /// engine ([`crate::engine::Engine::set_rx_pressure`]), which then
+    /// treats arriving data as CE-marked so the senders slow down before
+    /// the ring overflows. Backends that cannot tell say `false`.
+    fn rx_pressure(&self) -> bool {
+        false
+    }
 }
 
 /// A boxed backend is a backend (for code generic over `impl PacketIo`).
@@ -203,6 +213,9 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     fn poll_fds(&self) -> Vec<i32> {
         (**self).poll_fds()
     }
+    fn rx_pressure(&self) -> bool {
+        (**self).rx_pressure()
+    }
 }
 
 /// Sends all of `frames`, waiting for room up to `timeout` in all; returns
@@ -222,6 +235,30 @@ pub fn send_all(io: &mut dyn PacketIo, frames: &[&[u8]], timeout: Duration) -> R
         io.wait_writable(left.min(Duration::from_millis(10)))?;
     }
     Ok(done)
+}
+
+/// Whether the receive queue of socket `fd` holds at least `1/fraction` of
+/// its receive buffer (SO_MEMINFO: the bytes queued against SO_RCVBUF), the
+/// pressure threshold of socket backends ([`PacketIo::rx_pressure`]).
+/// `false` if the kernel will not say.
+pub(crate) fn socket_rx_queue_over(fd: i32, fraction: u32) -> bool {
+    // SK_MEMINFO_RMEM_ALLOC, SK_MEMINFO_RCVBUF, then others we ignore.
+    let mut info = [0u32; 16];
+    let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+    // SAFETY: the kernel writes at most `len` bytes into `info`.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_MEMINFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    rc == 0
+        && len >= 8
+        && info[1] > 0
+        && u64::from(info[0]) * u64::from(fraction.max(1)) >= u64::from(info[1])
 }
 
 /// Milliseconds for poll(2), rounding a sub-millisecond wait up.

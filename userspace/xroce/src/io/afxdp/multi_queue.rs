@@ -157,6 +157,10 @@ impl PacketIo for XskMultiQueue {
         (self.sockets.len() == 1).then(|| self.sockets[0].raw_fd())
     }
 
+    fn rx_pressure(&self) -> bool {
+        self.sockets.iter().any(|s| s.rx_pressure)
+    }
+
     fn poll_fds(&self) -> Vec<i32> {
         self.sockets.iter().map(|s| s.raw_fd()).collect()
     }

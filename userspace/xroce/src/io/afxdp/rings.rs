@@ -86,6 +86,9 @@ impl XskSocket {
                 n = unsafe { self.rx.consume(&mut self.rx_batch) };
             }
         }
+        // What is still queued behind this batch: a ring filling faster
+        // than we read it (a loaded core, too many senders) is congested.
+        self.rx_pressure = n > 0 && self.rx.nb_avail_exact() >= self.pressure_frames;
         let mut frames = 0;
         for desc in &self.rx_batch[..n] {
             // SAFETY: the kernel handed this frame to us; nothing else reads it.
@@ -385,5 +388,9 @@ impl PacketIo for XskSocket {
 
     fn poll_fd(&self) -> Option<i32> {
         Some(self.raw_fd())
+    }
+
+    fn rx_pressure(&self) -> bool {
+        self.rx_pressure
     }
 }

@@ -50,6 +50,11 @@ pub struct XskSocket {
     pub(super) iface: String,
     pub(super) queue: u32,
     pub(super) io_stats: IoStats,
+    /// Frames left on the RX ring after a batch at or above which the
+    /// socket reports pressure (a quarter of the ring).
+    pub(super) pressure_frames: u32,
+    /// The last batch left at least `pressure_frames` behind it.
+    pub(super) rx_pressure: bool,
 }
 
 fn enable_busy_poll(fd: i32, bp: BusyPoll) -> BusyPollStatus {
@@ -220,6 +225,8 @@ impl XskSocket {
                 0
             }),
             rx_reasm_bad: false,
+            pressure_frames: (half / 4).max(1),
+            rx_pressure: false,
         })
     }
 

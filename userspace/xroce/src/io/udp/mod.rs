@@ -239,6 +239,9 @@ pub struct UdpBackend {
     udp_stats: UdpStats,
     /// SO_RXQ_OVFL of the IPv4 and the IPv6 socket last seen.
     last_ovfl: [u32; 2],
+    /// The last receive round filled its batch and a socket's queue held
+    /// a quarter of its buffer ([`PacketIo::rx_pressure`]).
+    rx_pressure: bool,
 }
 
 // SAFETY: the raw pointers inside the mmsghdr/iovec arrays point only into
@@ -419,7 +422,17 @@ impl PacketIo for UdpBackend {
         if read == 0 && !timeout.is_zero() && self.wait(libc::POLLIN, timeout)? {
             self.recv_round(&mut delivered, on_frame)?;
         }
+        // Asked only after a full batch (a syscall per socket).
+        self.rx_pressure = read >= self.rx_slots
+            && self
+                .fds
+                .iter()
+                .any(|&fd| super::socket_rx_queue_over(fd, 4));
         Ok(delivered)
+    }
+
+    fn rx_pressure(&self) -> bool {
+        self.rx_pressure
     }
 
     fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize> {

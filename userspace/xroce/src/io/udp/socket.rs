@@ -196,6 +196,7 @@ impl UdpBackend {
             stats: IoStats::default(),
             udp_stats: UdpStats::default(),
             last_ovfl: [0; 2],
+            rx_pressure: false,
         };
         me.cfg.batch = batch;
         Ok(me)
