@@ -314,19 +314,22 @@ fn run_burst(lab: &Lab, tos: i32, n: u32) -> Vec<Rx> {
     got
 }
 
-/// The FIFO link's departure recursion over the send times: for each
+/// The link's departure recursion over the send times (a token bucket of
+/// `burst` bytes, as tbf: the clock may lag real time by its transmission
+/// time; a datagram leaves once the clock has sent its last bit): for each
 /// datagram (in send order), the queue in bytes it finds and its predicted
-/// one-way delay (queue / rate plus its own transmission).
-fn predict(sent: &[(u32, u64)]) -> Vec<(u32, u64, f64)> {
+/// one-way delay (the queue over the rate, plus its own transmission
+/// beyond what the bucket still holds).
+fn predict(sent: &[(u32, u64)], burst: u64) -> Vec<(u32, u64, f64)> {
     let tx_ns = FRAME as f64 * 8e9 / RATE_BPS as f64;
-    let mut last_departure = 0f64;
+    let credit_ns = burst as f64 * 8e9 / RATE_BPS as f64;
+    let mut clock = 0f64;
     sent.iter()
         .map(|&(seq, t)| {
             let t = t as f64;
-            let wait = (last_departure - t).max(0.0);
-            let queue = wait * RATE_BPS as f64 / 8e9;
-            last_departure = t + wait + tx_ns;
-            (seq, queue as u64, wait + tx_ns)
+            let queue = (clock - t).max(0.0) * RATE_BPS as f64 / 8e9;
+            clock = clock.max(t - credit_ns) + tx_ns;
+            (seq, queue as u64, (clock - t).max(0.0))
         })
         .collect()
 }
@@ -346,7 +349,7 @@ fn burst_waits_queue_over_rate_and_leaves_at_the_link_rate() {
 
     // Delay: measured one-way delay against queue / rate.
     let sent: Vec<(u32, u64)> = got.iter().map(|r| (r.seq, r.sent_ns)).collect();
-    let predicted = predict(&sent);
+    let predicted = predict(&sent, bottleneck.burst_bytes());
     let mut errors = Vec::new();
     let mut off = Vec::new();
     for (r, (_, queue, want_ns)) in got.iter().zip(&predicted) {
@@ -437,7 +440,7 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
     let got = run_burst(&lab, 2, N);
     assert_eq!(got.len(), N as usize);
     let sent: Vec<(u32, u64)> = got.iter().map(|r| (r.seq, r.sent_ns)).collect();
-    let predicted = predict(&sent);
+    let predicted = predict(&sent, bottleneck.burst_bytes());
     let margin = 3 * FRAME;
     let (mut marked, mut clear, mut missed) = (0, 0, Vec::new());
     for (r, (_, queue, _)) in got.iter().zip(&predicted) {

@@ -40,19 +40,26 @@ const NS_PER_S: u64 = 1_000_000_000;
 /// Bits in a byte times ns in a second: `tx_ns = bytes * BIT_NS / rate_bps`.
 const BIT_NS_PER_BYTE: u64 = 8 * NS_PER_S;
 
-/// The link's state: value of a one-entry array map (88 bytes).
+/// The link's state: value of a one-entry array map (96 bytes).
 ///
 /// Layout: `lock u32 | _pad u32 | last_departure_ns | residue | peak_bytes |
 /// peak_delay_ns | enqueued_bytes | enqueued_packets | delay_sum_ns | marked
-/// | dropped_tail | dropped_congestion` (all u64 after the first two).
+/// | dropped_tail | dropped_congestion | burst_ns` (all u64 after the first
+/// two).
+///
+/// The link is a token bucket, as the qdisc that holds the packets (tbf):
+/// after an idle period up to `burst_ns` of transmission leaves at once.
+/// In clock terms, the clock may lag real time by `burst_ns` and a packet
+/// leaves when the clock has passed its last bit, or on arrival if it has
+/// already (GCRA). With `burst_ns` 0 this is a plain FIFO link.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DelayQueue {
     /// Held by the TC program around [`delay_point`].
     pub lock: bpf_spin_lock,
     pub _pad: u32,
-    /// CLOCK_MONOTONIC time at which the last admitted packet's last bit
-    /// leaves the link (its earliest departure time).
+    /// The clock: CLOCK_MONOTONIC time at which the link has sent the last
+    /// admitted packet's last bit (it left then, or on arrival if later).
     pub last_departure_ns: u64,
     /// Transmission time carried between packets in bit·ns (< the rate), so
     /// rounding each packet's time down does not speed the link up.
@@ -73,9 +80,12 @@ pub struct DelayQueue {
     pub dropped_tail: u64,
     /// Not-ECT packets dropped instead of marked.
     pub dropped_congestion: u64,
+    /// The bucket in transmission time: how far the clock may lag real
+    /// time (set by userspace with the queue; the program only reads it).
+    pub burst_ns: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<DelayQueue>() == 88);
+const _: () = assert!(core::mem::size_of::<DelayQueue>() == 96);
 
 // SAFETY: plain #[repr(C)] integers with explicit padding.
 #[cfg(feature = "user")]
@@ -182,19 +192,22 @@ pub fn delay_point(
             mark = true;
         }
     }
-    let start = if q.last_departure_ns > now_ns {
+    // A clock lagging more than the bucket has lost the credit beyond it.
+    let floor = now_ns.saturating_sub(q.burst_ns);
+    let start = if q.last_departure_ns > floor {
         q.last_departure_ns
     } else {
         // An idle link: the carried fraction belongs to the last busy period.
         q.residue = 0;
-        now_ns
+        floor
     };
     // frame_bytes is at most a 64 KiB GSO packet: the product fits easily.
     let bit_ns = frame_bytes * BIT_NS_PER_BYTE + q.residue;
     let tx_ns = bit_ns / rate;
     q.residue = bit_ns % rate;
-    let departure = start + tx_ns;
-    q.last_departure_ns = departure;
+    let finish = start + tx_ns;
+    q.last_departure_ns = finish;
+    let departure = if finish > now_ns { finish } else { now_ns };
     let sojourn = departure - now_ns;
     let queued = backlog + frame_bytes;
     if queued > q.peak_bytes {
@@ -273,6 +286,32 @@ mod tests {
         assert_eq!((q.marked, q.dropped_congestion, q.dropped_tail), (1, 1, 1));
         assert_eq!(q.enqueued_packets, 7);
         assert_eq!(q.enqueued_bytes, 11_000);
+    }
+
+    #[test]
+    fn a_bucket_lets_a_burst_through_then_the_rate_holds() {
+        // 8 Gbit/s (1 B/ns), a 3_000-byte bucket.
+        let cfg = EcnConfig::step(8 * GBIT, 1 << 30, 0);
+        let mut q = DelayQueue {
+            burst_ns: 3_000,
+            ..Default::default()
+        };
+        let t = 1_000_000;
+        // Three 1_000-byte packets leave on arrival, the fourth waits for
+        // its own 1_000 ns, the fifth 2_000 ns.
+        for want in [t, t, t, t + 1_000, t + 2_000] {
+            let d = delay_point(&mut q, &cfg, t, 1_000, None, 0);
+            assert_eq!(d.departure_ns, want);
+        }
+        // Queue found by the next: the clock is 2_000 ns ahead.
+        assert_eq!(q.backlog_at(t, 8 * GBIT), 2_000);
+        // Long idle: the credit is back to the bucket, no more.
+        let t2 = t + 1_000_000;
+        for want in [t2, t2, t2, t2 + 1_000] {
+            let d = delay_point(&mut q, &cfg, t2, 1_000, None, 0);
+            assert_eq!(d.departure_ns, want);
+        }
+        assert_eq!(q.peak_delay_ns, 2_000);
     }
 
     #[test]

@@ -12,9 +12,10 @@
 //! program would stamp: the kernels xroce runs on here are built without
 //! sch_fq (and without netem, etf); tbf (CONFIG_NET_SCH_TBF) is there. tbf
 //! is set so it agrees with the program's clock: its rate is the link
-//! rate, its bucket one frame and 530 bytes (after an idle period at most
-//! that leaves ahead of the clock: delays are exact to that over the
-//! rate), and its limit above the buffer, so only the program drops.
+//! rate, its bucket the clock's (a token bucket too: after an idle period
+//! a burst of [`DEFAULT_BURST_US`] at the rate leaves at once; tbf sends on
+//! a timer, and a smaller bucket loses rate to the timer's lateness), and
+//! its limit above the buffer, so only the program drops.
 //!
 //! [`Bottleneck`] removes both (the link, then tbf) when dropped, from any
 //! thread: it remembers the network namespace it was attached in. If the
@@ -92,13 +93,31 @@ fn tc(args: &[&str]) -> Result<(), BottleneckError> {
     Ok(())
 }
 
+/// Default bucket of tbf (and of the program's clock), in transmission
+/// time at the link rate: tbf only sends when its timer fires, and a
+/// bucket that holds less than the timer's lateness loses rate (measured
+/// on a loaded 2-core host: a one-frame bucket carried 0.33 of 1 Gbit/s).
+pub const DEFAULT_BURST_US: u64 = 200;
+
+/// `$XROCE_BOTTLENECK_BURST_US` overrides [`DEFAULT_BURST_US`].
+pub const BURST_ENV: &str = "XROCE_BOTTLENECK_BURST_US";
+
+fn burst_us() -> u64 {
+    std::env::var(BURST_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_BURST_US)
+}
+
 /// The tbf settings for a bottleneck configured as `cfg` on an interface
-/// of MTU `mtu`: `(burst, limit)` in bytes. The bucket holds one frame
-/// (with a VLAN tag) and 512 bytes for the kernel's rounding of the burst
-/// into time: tbf drops a packet longer than its bucket. The limit leaves
-/// the buffer to the program.
-pub fn tbf_parameters(cfg: &EcnConfig, mtu: u32) -> (u64, u64) {
-    let burst = mtu as u64 + 18 + 512;
+/// of MTU `mtu` with a bucket of `burst_us` at the link rate: `(burst,
+/// limit)` in bytes. The bucket holds at least one frame (with a VLAN tag)
+/// and 512 bytes for the kernel's rounding of the burst into time: tbf
+/// drops a packet longer than its bucket. The limit leaves the buffer to
+/// the program.
+pub fn tbf_parameters(cfg: &EcnConfig, mtu: u32, burst_us: u64) -> (u64, u64) {
+    let frame = mtu as u64 + 18 + 512;
+    let burst = (cfg.link_rate_bps / 8 / 1_000_000 * burst_us).max(frame);
     let limit = (effective_buffer(cfg) + 2 * burst).min(u32::MAX as u64);
     (burst, limit)
 }
@@ -164,6 +183,8 @@ pub struct Bottleneck {
     queue: Array<MapData, DelayQueue>,
     queue_id: u32,
     link_rate_bps: u64,
+    /// tbf's bucket (and the clock's), bytes.
+    burst_bytes: u64,
 }
 
 impl Bottleneck {
@@ -208,8 +229,9 @@ impl Bottleneck {
             queue,
             queue_id,
             link_rate_bps: cfg.link_rate_bps,
+            burst_bytes: 0,
         };
-        tbf("replace", iface, &cfg)?;
+        me.burst_bytes = tbf("replace", iface, &cfg)?;
         me.write_config(cfg)?;
         let program: &mut SchedClassifier = ebpf
             .program_mut(names::PROGRAM)
@@ -234,7 +256,14 @@ impl Bottleneck {
     fn write_config(&mut self, cfg: EcnConfig) -> Result<(), BottleneckError> {
         // The clock restarts: no departures from an older setting linger.
         self.queue
-            .set(0, DelayQueue::default(), 0)
+            .set(
+                0,
+                DelayQueue {
+                    burst_ns: self.burst_bytes * 8_000_000_000 / cfg.link_rate_bps.max(1),
+                    ..Default::default()
+                },
+                0,
+            )
             .map_err(bpf_err("reset the bottleneck's queue"))?;
         self.config
             .set(0, cfg, 0)
@@ -257,12 +286,18 @@ impl Bottleneck {
                 source,
             })?;
         let iface = self.iface.clone();
-        in_netns(ns, move || tbf("change", &iface, &cfg))??;
+        self.burst_bytes = in_netns(ns, move || tbf("change", &iface, &cfg))??;
         self.write_config(cfg)
     }
 
     pub fn iface(&self) -> &str {
         &self.iface
+    }
+
+    /// The bucket of tbf and of the program's clock, in bytes: up to this
+    /// much leaves at once after an idle period.
+    pub fn burst_bytes(&self) -> u64 {
+        self.burst_bytes
     }
 
     pub fn config(&self) -> Result<EcnConfig, BottleneckError> {
@@ -290,13 +325,14 @@ impl Bottleneck {
     }
 }
 
-/// `tc qdisc VERB dev IFACE root tbf ...` for a bottleneck set as `cfg`.
-fn tbf(verb: &str, iface: &str, cfg: &EcnConfig) -> Result<(), BottleneckError> {
+/// `tc qdisc VERB dev IFACE root tbf ...` for a bottleneck set as `cfg`;
+/// returns the bucket in bytes.
+fn tbf(verb: &str, iface: &str, cfg: &EcnConfig) -> Result<u64, BottleneckError> {
     let mtu = crate::device::interface_mtu(iface).map_err(|e| BottleneckError::Io {
         what: format!("read the MTU of {iface}"),
         source: std::io::Error::other(e.to_string()),
     })?;
-    let (burst, limit) = tbf_parameters(cfg, mtu);
+    let (burst, limit) = tbf_parameters(cfg, mtu, burst_us());
     tc(&[
         "qdisc",
         verb,
@@ -310,7 +346,8 @@ fn tbf(verb: &str, iface: &str, cfg: &EcnConfig) -> Result<(), BottleneckError> 
         &burst.to_string(),
         "limit",
         &limit.to_string(),
-    ])
+    ])?;
+    Ok(burst)
 }
 
 /// Runs `f` on a new thread inside the namespace `ns` refers to.
