@@ -209,9 +209,14 @@ fn after_recovery_data_arrives_once_and_the_timeout_starts_over() {
 }
 
 /// One 8-byte SEND from A whose request (`lose_ack` false) or whose ACK
-/// (true) is lost; returns how long A waited for its completion.
-fn lose_one(lose_ack: bool) -> u64 {
-    let mut sim = Sim::pair(LinkConfig::default(), 24);
+/// (true) is lost, on a link of one-way delay `delay_ns`; returns how long
+/// A waited for its completion.
+fn lose_one(lose_ack: bool, delay_ns: u64) -> u64 {
+    let link = LinkConfig {
+        delay_ns,
+        ..Default::default()
+    };
+    let mut sim = Sim::pair(link, 24);
     // perftest's and xroce lat's timeout: 67 ms.
     let p = PairParams {
         timeout: 14,
@@ -226,16 +231,18 @@ fn lose_one(lose_ack: bool) -> u64 {
     a.qp.post_send(&send_wr(1, &a, 0, 8)).unwrap();
     let mut wa = Vec::new();
     let mut wb = Vec::new();
-    assert!(sim.run_until(sim.now + 10 * MS, |_| {
+    assert!(sim.run_until(sim.now + 10 * MS + 4 * delay_ns, |_| {
         wa.extend(drain(&a.cq));
         wb.extend(drain(&b.cq));
         wa.len() == 1 && wb.len() == 1
     }));
+    // (On a slow link the warm-up itself was probed: count from here.)
+    let (rtx0, dup0) = (sim.a.stats().tx_retransmitted, sim.b.stats().rx_duplicate);
     let t0 = sim.now;
     a.qp.post_send(&send_wr(2, &a, 0, 8)).unwrap();
     if lose_ack {
         // Deliver the request, then lose what B answers.
-        assert!(sim.run_until(sim.now + 10 * MS, |_| {
+        assert!(sim.run_until(sim.now + 10 * MS + 2 * delay_ns, |_| {
             wb.extend(drain(&b.cq));
             wb.len() == 2
         }));
@@ -267,8 +274,8 @@ fn lose_one(lose_ack: bool) -> u64 {
     assert_eq!(unsafe { b.mr.to_vec(64, 8) }.unwrap(), b"pingpong");
     // Recovered by the probe: no timeout expired, one packet sent again.
     assert_eq!(sim.a.stats().retry_timeouts, 0);
-    assert_eq!(sim.a.stats().tx_retransmitted, 1);
-    assert_eq!(sim.b.stats().rx_duplicate, u64::from(lose_ack));
+    assert_eq!(sim.a.stats().tx_retransmitted - rtx0, 1);
+    assert_eq!(sim.b.stats().rx_duplicate - dup0, u64::from(lose_ack));
     sim.run_until(sim.now + 100 * MS, |_| false);
     assert!(drain(&b.cq).is_empty(), "the probe was delivered twice");
     took
@@ -276,14 +283,26 @@ fn lose_one(lose_ack: bool) -> u64 {
 
 #[test]
 fn a_lost_request_costs_a_probe_time_not_the_local_ack_timeout() {
-    let took = lose_one(false);
+    let took = lose_one(false, 0);
     let rto = timers::ack_timeout_ns(14).unwrap();
     assert!(took < 5 * MS && took < rto / 10, "took {took} ns");
 }
 
 #[test]
 fn a_lost_ack_costs_a_probe_time_not_the_local_ack_timeout() {
-    let took = lose_one(true);
+    let took = lose_one(true, 0);
     let rto = timers::ack_timeout_ns(14).unwrap();
     assert!(took < 5 * MS && took < rto / 10, "took {took} ns");
+}
+
+/// Round trips of 20 ms (as a host that keeps the peer off its cores
+/// makes them) would put four smoothed RTTs at 80 ms, past the timeout:
+/// the probe still comes after at most 8 ms.
+#[test]
+fn long_round_trips_do_not_push_the_probe_past_8_ms() {
+    let delay = 10 * MS;
+    let took = lose_one(false, delay);
+    let rto = timers::ack_timeout_ns(14).unwrap();
+    assert!(took <= 8 * MS + 2 * delay + MS, "took {took} ns");
+    assert!(took < rto, "took {took} ns");
 }

@@ -5,7 +5,8 @@
 //! Write ping-pong polls memory like ib_write_lat: each side writes the
 //! iteration number into the last 8 bytes of the other's buffer (all of
 //! it below 8 bytes, the number then truncated) and spins until its own
-//! buffer shows the number it expects.
+//! buffer shows the number it expects. Send ping-pong carries the number
+//! the same way and each side checks every message it receives.
 
 use std::time::{Duration, Instant};
 
@@ -227,7 +228,24 @@ impl Seen {
                     Ok(got == want)
                 })
             }
-            _ => self.until(conn, stack, op, &what, |s, _| Ok(s.recvs > i)),
+            _ => {
+                self.until(conn, stack, op, &what, |s, _| Ok(s.recvs > i))?;
+                // Its last bytes carry the peer's iteration number. The
+                // buffer is posted again already, but the next message
+                // comes only after our answer (and a duplicate is never
+                // placed): the bytes stay.
+                let w = counter_len(size);
+                let mut got = vec![0u8; w];
+                {
+                    let _engine = stack.device.lock();
+                    // SAFETY: the engine writes MR memory only with the device locked.
+                    unsafe { conn.mr.read(conn.slot_offset(0, 0) + size - w, &mut got) }?;
+                }
+                if got != counter(i + 1, size) {
+                    bail!("message {i} carried {got:?}, not its iteration number");
+                }
+                Ok(())
+            }
         }
     }
 
@@ -246,19 +264,18 @@ fn post_recv(conn: &Conn) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Sends message `i`: a SEND, or a WRITE whose last 8 bytes carry `i + 1`.
+/// Sends message `i`: a SEND or a WRITE whose last 8 bytes carry `i + 1`
+/// (the receiver checks them).
 fn ping(conn: &Conn, remote: &Remote, op: Op, i: u64, size: usize) -> anyhow::Result<()> {
     let src = conn.slot_offset(0, 1);
+    let w = counter_len(size);
+    // SAFETY: the last message from slot 1 completed (`sends` waits each); the peer writes slot 0.
+    unsafe { conn.mr.write(src + size - w, &counter(i + 1, size)) }?;
     let opcode = match op {
-        Op::Write => {
-            let w = counter_len(size);
-            // SAFETY: the last WRITE from slot 1 completed (`sends` waits each); the peer writes slot 0.
-            unsafe { conn.mr.write(src + size - w, &counter(i + 1, size)) }?;
-            WrOpcode::RdmaWrite {
-                remote_addr: remote.mr_addr + conn.slot_offset(0, 0) as u64,
-                rkey: remote.rkey,
-            }
-        }
+        Op::Write => WrOpcode::RdmaWrite {
+            remote_addr: remote.mr_addr + conn.slot_offset(0, 0) as u64,
+            rkey: remote.rkey,
+        },
         _ => WrOpcode::Send,
     };
     // Unsignaled would be cheaper, but a failed send must still surface.

@@ -28,10 +28,14 @@ use super::Env;
 pub(crate) const RTO_BACKOFF_MAX: u8 = 3;
 /// The shortest wait for an acknowledgement before a tail-loss probe.
 pub(crate) const PROBE_MIN_NS: u64 = 2_000_000;
-/// ... and the probe waits this many smoothed round trips.
+/// ... and this many smoothed round trips ...
 const PROBE_RTTS: u64 = 4;
-/// A probe only where the timeout is at least this many probe times (the
-/// probe is for long timeouts; a short one recovers soon anyway).
+/// ... but never longer than this: a host that keeps the peer off its
+/// cores for tens of milliseconds inflates the RTT samples, and the probe
+/// must still come within the 10 ms a stall may last (issue 13).
+const PROBE_MAX_NS: u64 = 8_000_000;
+/// The probe waits at most this fraction of the timeout (the probe is for
+/// long timeouts; a short one recovers soon anyway).
 const PROBE_RTO_RATIO: u64 = 4;
 
 impl QpCtx {
@@ -79,12 +83,17 @@ impl QpCtx {
 
     /// How long the tail-loss probe waits for an acknowledgement: a few
     /// smoothed round trips, at least [`PROBE_MIN_NS`] (on a busy host
-    /// the peer's thread can be off its core for a millisecond or two).
-    fn probe_ns(&self) -> u64 {
-        self.req
+    /// the peer's thread can be off its core for a millisecond or two), at
+    /// most [`PROBE_MAX_NS`] and a quarter of the timeout `rto`. None when
+    /// that leaves less than the minimum: the timeout itself is short.
+    fn probe_ns(&self, rto: u64) -> Option<u64> {
+        let p = self
+            .req
             .srtt_ns
             .map_or(PROBE_MIN_NS, |s| s.saturating_mul(PROBE_RTTS))
-            .max(PROBE_MIN_NS)
+            .clamp(PROBE_MIN_NS, PROBE_MAX_NS)
+            .min(rto / PROBE_RTO_RATIO);
+        (p >= PROBE_MIN_NS).then_some(p)
     }
 
     /// (Re)arm the retransmission timer from `now`. Before any expiry, when
@@ -96,8 +105,8 @@ impl QpCtx {
             self.req.rto_after_probe = None;
             return;
         };
-        let probe = self.probe_ns();
-        if self.req.rto_backoff == 0 && probe.saturating_mul(PROBE_RTO_RATIO) <= rto {
+        let probe = self.probe_ns(rto).filter(|_| self.req.rto_backoff == 0);
+        if let Some(probe) = probe {
             self.req.rto_deadline = Some(now + probe);
             self.req.rto_after_probe = Some(now + rto);
         } else {

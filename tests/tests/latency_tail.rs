@@ -1,0 +1,141 @@
+//! Issue 13, goal 5: the latency tail of a SEND ping-pong between two
+//! namespaces, on each backend, with a little loss injected (XDP fault
+//! injection at the server, 0.2 % of RoCEv2 frames: requests and ACKs).
+//!
+//! In a ping-pong every lost packet is the last one in flight, so nothing
+//! after it reveals the gap and no sequence NAK comes: before the
+//! tail-loss probe each loss waited for the local ACK timeout, 67 ms at
+//! timeout 14 (xroce lat's and perftest's). The bound, 60 ms per round
+//! trip (send, answer and acknowledgement), is under that timeout, so
+//! every injected loss breaks it without the probe (about 80 in a run),
+//! and it is six times the issue's 10 ms goal, so that a loaded 2-core
+//! host does not break it. A host this busy can still keep a process off
+//! its cores for that long now and then (lat prints each iteration over
+//! 10 ms with the engine's recovery counters; with XROCE_LAT_SCHEDSTAT set,
+//! also its threads' run-queue wait): two such round trips in 20,000 are
+//! allowed, far from the ~80 a missing probe makes.
+//!
+//! Every message carries its iteration number, checked by the receiver.
+//! XROCE_LATENCY_TAIL_BIN runs another `xroce` binary (to check that the
+//! test fails on a build without the probe).
+
+use std::{
+    path::PathBuf,
+    process::{Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use xroce_common::Counter;
+use xroce_report::LatReport;
+use xroce_tests::{perf::next_port, require_root, workspace_bin, AttachedXdp, VethPair};
+
+const ROUNDS: u64 = 20_000;
+const DROP: &str = "0.002";
+/// Round trips longer than this: the local ACK timeout (67 ms) is over it.
+const BOUND_MS: f64 = 60.0;
+/// Round trips over the bound allowed for a host that stalls the process.
+const ALLOWED_OVER: usize = 2;
+
+fn xroce_bin() -> PathBuf {
+    std::env::var_os("XROCE_LATENCY_TAIL_BIN").map_or_else(|| workspace_bin("xroce"), PathBuf::from)
+}
+
+/// The round trips the client reported as slow (> 10 ms), in ms.
+fn slow_round_trips(stderr: &str) -> Vec<f64> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("lat client: iteration "))
+        .filter_map(|l| l.split(" took ").nth(1)?.split(" ms").next()?.parse().ok())
+        .collect()
+}
+
+fn ping_pong(backend: &str) {
+    let pair = VethPair::new(1500);
+    let _xdp_a = AttachedXdp::new(&pair.a, &pair.if_a, "native");
+    let xdp_b = AttachedXdp::new(&pair.b, &pair.if_b, "native");
+    xdp_b.xroce(&[
+        "fault", "--iface", &pair.if_b, "--drop", DROP, "--seed", "13",
+    ]);
+    let port = next_port();
+    let mut server = xroce_netns::command(&pair.b.name, xroce_bin())
+        .args(["lat", "send", "--backend", backend, "-d", &pair.if_b])
+        .args(["--listen", &format!("{}:{port}", pair.addr_b)])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the lat server");
+    let started = Instant::now();
+    let client = xroce_netns::command(&pair.a.name, xroce_bin())
+        .args([
+            "lat",
+            "send",
+            "--backend",
+            backend,
+            "-d",
+            &pair.if_a,
+            "--json",
+        ])
+        .args(["--size", "8", "--iters", &ROUNDS.to_string()])
+        .args(["--connect", &format!("{}:{port}", pair.addr_b)])
+        .output()
+        .expect("run the lat client");
+    let took = started.elapsed();
+    // The server exits after its client; kill it (ours, by handle) if not.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = server.kill();
+    let server: Output = server.wait_with_output().expect("server output");
+    let cerr = String::from_utf8_lossy(&client.stderr);
+    let serr = String::from_utf8_lossy(&server.stderr);
+    assert!(
+        client.status.success(),
+        "{backend}: client failed: {cerr}\nserver: {serr}"
+    );
+    let line = String::from_utf8_lossy(&client.stdout);
+    let r: LatReport = serde_json::from_str(line.trim())
+        .unwrap_or_else(|e| panic!("{backend}: client JSON {line:?}: {e}"));
+    assert_eq!(r.backend, backend, "{r:?}");
+    assert_eq!(r.iters, ROUNDS, "{r:?}");
+    // Each side checked the iteration number in every message it got.
+    assert_eq!(r.verified, Some(true), "{r:?}");
+    let drops = pair
+        .in_b(xroce::xdp::read_counters)
+        .unwrap()
+        .get(Counter::DropFault);
+    let slow = slow_round_trips(&cerr);
+    let over: Vec<f64> = slow.iter().copied().filter(|&ms| ms > BOUND_MS).collect();
+    eprintln!(
+        "latency_tail {backend}: {ROUNDS} round trips in {took:?}, {drops} frames dropped, \
+         {} retransmitted; half round trip p99 {:.1} us, p99.9 {:.1} us, max {:.1} us; \
+         {} round trips over 10 ms, {} over {BOUND_MS} ms: {over:?}",
+        r.retransmits,
+        r.lat_us.p99,
+        r.lat_us.p999,
+        r.lat_us.max,
+        slow.len(),
+        over.len(),
+    );
+    // Enough loss to matter: each would be a 67 ms stall without the probe.
+    assert!(drops >= 20, "{backend}: only {drops} frames dropped");
+    assert!(r.retransmits > 0, "{r:?}");
+    assert!(
+        over.len() <= ALLOWED_OVER,
+        "{backend}: {} of {ROUNDS} round trips over {BOUND_MS} ms with {drops} frames \
+         dropped: {over:?}\nclient: {cerr}\nserver: {serr}",
+        over.len()
+    );
+}
+
+#[test]
+fn send_round_trips_stay_short_under_loss_afxdp() {
+    require_root();
+    ping_pong("afxdp");
+}
+
+#[test]
+fn send_round_trips_stay_short_under_loss_udp() {
+    require_root();
+    ping_pong("udp");
+}
