@@ -23,6 +23,7 @@ use xroce_report::{BenchReport, LatReport};
 
 mod ceiling;
 mod cpu;
+mod many_qps;
 
 use crate::{
     baseline, dropin,
@@ -60,6 +61,8 @@ struct Report {
     /// (issue 13, goal 7).
     cpu_xroce_write_1qp: cpu::CpuCost,
     cpu_tcp: cpu::CpuCost,
+    /// 1,024 QPs of 4 KiB WRITEs vs 1 QP, each backend (issue 13, goal 3).
+    many_qps: many_qps::ManyQps,
     ratios: Ratios,
 }
 
@@ -174,6 +177,7 @@ pub fn bench() -> Result<()> {
     )?)
     .context("icrc_bench output")?;
 
+    let many_qps = many_qps::many_qps(&ns)?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -195,6 +199,7 @@ pub fn bench() -> Result<()> {
         afxdp_ceiling: blast,
         cpu_xroce_write_1qp: cpu_w1,
         cpu_tcp,
+        many_qps,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,
         xroce_write_1qp: w1,
