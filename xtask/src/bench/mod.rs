@@ -23,6 +23,7 @@ use xroce_report::{BenchReport, LatReport};
 
 mod ceiling;
 mod cpu;
+mod latency_tail;
 mod many_qps;
 
 use crate::{
@@ -61,6 +62,9 @@ struct Report {
     /// (issue 13, goal 7).
     cpu_xroce_write_1qp: cpu::CpuCost,
     cpu_tcp: cpu::CpuCost,
+    /// 100,000 SENDs of 8 B per backend: max, p99, stalls over 10 ms, and
+    /// p99 vs sockperf's (issue 13, goal 5).
+    latency_tail: latency_tail::LatencyTail,
     /// 1,024 QPs of 4 KiB WRITEs vs 1 QP, each backend (issue 13, goal 3).
     many_qps: many_qps::ManyQps,
     ratios: Ratios,
@@ -88,6 +92,11 @@ pub fn bench() -> Result<()> {
     dropin::build_release()?;
     let ns = NsPair::new("bench", 1, MTU)?;
     step(&format!("veth pair {} <-> {}, MTU {MTU}", ns.if_a, ns.if_b));
+    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("latency_tail") {
+        let t = latency_tail::measure(&ns)?;
+        println!("{}", serde_json::to_string_pretty(&t)?);
+        return Ok(());
+    }
 
     step("xroce RDMA WRITE 64 KiB, 1 QP");
     let (w1, cpu_w1) = cpu::measure(|| {
@@ -159,6 +168,8 @@ pub fn bench() -> Result<()> {
     let dropin_lat_us = column(&dropin_lat, 4, "ib_send_lat's t_typical")?;
     step("iperf3 TCP, one stream");
     let (tcp_gbps, cpu_tcp) = cpu::measure(|| iperf3(&ns))?;
+    step("latency tail: 100,000 SENDs of 8 B per backend, sockperf p99");
+    let latency_tail = latency_tail::measure(&ns)?;
     step("sockperf UDP ping-pong, 64 B");
     let udp_p50 = sockperf(&ns)?;
     step("ICRC throughput vs CRC-32 peers");
@@ -199,6 +210,7 @@ pub fn bench() -> Result<()> {
         afxdp_ceiling: blast,
         cpu_xroce_write_1qp: cpu_w1,
         cpu_tcp,
+        latency_tail,
         many_qps,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,
