@@ -488,3 +488,72 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
     drop(bottleneck);
     assert_eq!(lab.port_clean(), (true, 0), "tbf or the TC program stayed");
 }
+
+/// `xroce experiment incast --bottleneck delay`: two senders without
+/// congestion control overload a 100 Mbit/s bridge port twice over; the
+/// queue there delays packets (their sojourn, as the program timed them,
+/// reaches milliseconds), and queue.csv and summary.json carry the delay
+/// consistent with the bytes queued. run_incast checks nothing is left.
+#[test]
+fn incast_through_the_delay_bottleneck_reports_its_delay() {
+    require_root();
+    let run = xroce_tests::experiment::run_incast(
+        "bndelay",
+        &[
+            "--senders",
+            "2",
+            "--link-rate",
+            "100mbit",
+            "--duration",
+            "1.5",
+            "--cc",
+            "none",
+            "--buffer",
+            "1MB",
+            "--bottleneck",
+            "delay",
+        ],
+    );
+    let s = &run.summary;
+    assert_eq!(s["queue"]["bottleneck"], "delay", "{}", run.brief());
+    let peak_us = run.num("/queue/delay/peak_us");
+    assert!(
+        peak_us > 2_000.0,
+        "peak sojourn {peak_us} us: {}",
+        run.brief()
+    );
+    // The sampled delay is the sampled queue over the rate.
+    let p99_us = run.num("/queue/delay/p99_us");
+    let p99_bytes = run.num("/queue/after_warmup/p99_bytes");
+    let want_us = p99_bytes * 8.0 / 100.0;
+    assert!(
+        (p99_us - want_us).abs() <= 0.1 * want_us + 50.0,
+        "p99 delay {p99_us} us for p99 queue {p99_bytes} B: {}",
+        run.brief()
+    );
+    let csv = std::fs::read_to_string(run.dir.join("queue.csv")).expect("queue.csv");
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("queue.csv has no {name}: {header:?}"))
+    };
+    let sojourn = col("sojourn_us");
+    let max_sojourn = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(sojourn).unwrap().parse::<f64>().unwrap())
+        .fold(0.0, f64::max);
+    assert!(
+        max_sojourn > 1_000.0,
+        "mean sojourn per bin at most {max_sojourn} us: {}",
+        run.brief()
+    );
+    eprintln!(
+        "bottleneck_delay: incast through the delay bottleneck: peak sojourn {peak_us:.0} us, \
+         p99 delay {p99_us:.0} us for p99 queue {p99_bytes} B, largest mean sojourn in a bin \
+         {max_sojourn:.0} us"
+    );
+    run.remove();
+}
