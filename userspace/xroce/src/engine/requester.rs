@@ -124,7 +124,7 @@ impl QpCtx {
     /// responder missing an earlier packet answers with a sequence NAK,
     /// which starts go-back-N. Not an expiry: retry_cnt is untouched, and
     /// the timeout still fires at its time if the probe is not answered.
-    fn send_tail_probe(&mut self) {
+    fn send_tail_probe(&mut self, env: &Env<'_>) {
         // During a go-back-N retry, or while an RNR NAK holds the
         // requester, the probe has nothing to add.
         if self.req.psn != self.req.max_psn || self.req.rnr_until.is_some() {
@@ -132,6 +132,9 @@ impl QpCtx {
         }
         let last = psn_sub(self.req.max_psn, 1);
         self.seek_req(last);
+        // The probe asks for an ACK even when that packet did not (a
+        // middle packet the pacer or the device budget left last).
+        self.req.noack = env.cfg.ack_every.saturating_sub(1);
         // A probe is never an RTT sample (Karn), as any retransmission.
         if self.req.rtt_sample.is_some_and(|(p, _)| p == last) {
             self.req.rtt_sample = None;
@@ -147,7 +150,7 @@ impl QpCtx {
         if let Some(at) = self.req.rto_after_probe.take() {
             if at > now {
                 self.req.rto_deadline = Some(at);
-                self.send_tail_probe();
+                self.send_tail_probe(env);
                 return;
             }
             // The probe's time passed unnoticed up to the timeout's own.
