@@ -17,10 +17,13 @@
 //! a timer, and a smaller bucket loses rate to the timer's lateness), and
 //! its limit above the buffer, so only the program drops.
 //!
-//! [`Bottleneck`] removes both (the link, then tbf) when dropped, from any
-//! thread: it remembers the network namespace it was attached in. If the
-//! process is killed, the link goes with its descriptor; tbf stays until
-//! its interface does (or `tc qdisc del dev IF root`).
+//! tbf replaces the interface's root qdisc (a veth's is none).
+//! [`Bottleneck`] removes both (the link, then tbf: the interface gets its
+//! default root back) when dropped, from any thread: it remembers the
+//! network namespace it was attached in. If the process is killed, the
+//! link goes with its descriptor; tbf stays until its interface does (or
+//! `tc qdisc del dev IF root`). Before kernel 6.6 (no TCX) the program
+//! hangs under a clsact qdisc, removed with it.
 
 use std::{
     fs::File,
@@ -185,6 +188,8 @@ pub struct Bottleneck {
     link_rate_bps: u64,
     /// tbf's bucket (and the clock's), bytes.
     burst_bytes: u64,
+    /// This bottleneck added a clsact qdisc (kernels before TCX).
+    clsact: bool,
 }
 
 impl Bottleneck {
@@ -230,6 +235,7 @@ impl Bottleneck {
             queue_id,
             link_rate_bps: cfg.link_rate_bps,
             burst_bytes: 0,
+            clsact: false,
         };
         me.burst_bytes = tbf("replace", iface, &cfg)?;
         me.write_config(cfg)?;
@@ -243,6 +249,20 @@ impl Bottleneck {
         program
             .load()
             .map_err(bpf_err("the kernel verifier rejected the TC program"))?;
+        // Before 6.6 aya attaches through netlink, under a clsact qdisc
+        // (TCX needs none).
+        let tcx = aya::util::KernelVersion::current()
+            .map(|v| v >= aya::util::KernelVersion::new(6, 6, 0))
+            .unwrap_or(true);
+        if !tcx {
+            match tc(&["qdisc", "add", "dev", iface, "clsact"]) {
+                Ok(()) => me.clsact = true,
+                // Someone else's: theirs to remove.
+                Err(BottleneckError::Tc { stderr, .. })
+                    if stderr.contains("xists") || stderr.contains("Exclusivity") => {}
+                Err(e) => return Err(e),
+            }
+        }
         // On failure `me` drops here and takes tbf away again.
         program
             .attach(iface, TcAttachType::Egress)
@@ -396,11 +416,23 @@ impl Drop for Bottleneck {
     fn drop(&mut self) {
         // The program first: it must not count packets tbf no longer holds.
         drop(self.ebpf.take());
+        // tbf never set (attach failed before): the root is not ours.
+        if self.burst_bytes == 0 && !self.clsact {
+            return;
+        }
+        let tbf_set = self.burst_bytes != 0;
         let Ok(ns) = self.netns.try_clone() else {
             return;
         };
         let iface = self.iface.clone();
+        let clsact = self.clsact;
         let removed = in_netns(ns, move || {
+            if clsact {
+                let _ = tc(&["qdisc", "del", "dev", &iface, "clsact"]);
+            }
+            if !tbf_set {
+                return Ok(());
+            }
             // Gone with its namespace is fine; anything else is reported.
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
