@@ -85,8 +85,9 @@ pub struct IncastArgs {
     /// Number of sender hosts (one flow each)
     #[arg(long, default_value_t = 4)]
     pub senders: usize,
-    /// Congestion control of every sender (timely reacts to RTT, which the
-    /// virtual queue does not lengthen: it sees host delays only)
+    /// Congestion control of every sender (timely and swift react to RTT,
+    /// which only `--bottleneck delay` lengthens: behind the XDP congestion
+    /// point they see host delays only)
     #[arg(long, default_value = "dcqcn", value_parser = crate::units::cc())]
     pub cc: CcKind,
     /// DCQCN parameters of the senders: a preset (software, paper, nvidia)
