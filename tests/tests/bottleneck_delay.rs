@@ -9,7 +9,7 @@
 //! and once the bottleneck is dropped nothing of it stays on the port.
 
 use std::{
-    net::{Ipv4Addr, SocketAddrV4, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     os::fd::AsRawFd,
     sync::mpsc,
     time::Duration,
@@ -27,6 +27,11 @@ const RATE_BPS: u64 = 100_000_000;
 const PAYLOAD: usize = 1400;
 const FRAME: u64 = 14 + 20 + 8 + PAYLOAD as u64;
 const PORT: u16 = 4791;
+/// IPv6 addresses of the sender and the receiver.
+const V6: [Ipv6Addr; 2] = [
+    Ipv6Addr::new(0xfd78, 0, 0, 0, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd78, 0, 0, 0, 0, 0, 0, 1),
+];
 
 /// Sender, bridge and receiver namespaces; everything goes with them.
 struct Lab {
@@ -109,9 +114,28 @@ impl Lab {
                 .unwrap_or_else(|| panic!("no MAC in {text}"));
             macs.push(mac.to_string());
         }
-        // Static neighbours: no ARP waiting behind the queue.
+        // IPv6 too (no duplicate detection to wait for).
+        for (i, (ns, iface, _, _)) in hosts.iter().enumerate() {
+            let cidr = format!("{}/64", V6[i]);
+            ns.exec(&["ip", "-6", "addr", "add", &cidr, "dev", iface, "nodad"]);
+        }
+        // Static neighbours: no ARP or NDP waiting behind the queue.
         for (i, (ns, iface, _, _)) in hosts.iter().enumerate() {
             let (other, mac) = (hosts[1 - i].3.to_string(), &macs[1 - i]);
+            let other6 = V6[1 - i].to_string();
+            ns.exec(&[
+                "ip",
+                "-6",
+                "neigh",
+                "replace",
+                &other6,
+                "lladdr",
+                mac,
+                "dev",
+                iface,
+                "nud",
+                "permanent",
+            ]);
             ns.exec(&[
                 "ip",
                 "neigh",
@@ -145,6 +169,20 @@ impl Lab {
             )
         })
     }
+}
+
+/// One test of this file at a time: parallel bursts share the CPUs' input
+/// queues (netdev_max_backlog), which then drop datagrams outside the
+/// bottleneck.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// At most this many datagrams of a burst may be lost outside the
+/// bottleneck (a busy host's input queues).
+fn lost_ok(n: u32) -> u64 {
+    n as u64 / 20
 }
 
 /// One received datagram.
@@ -191,15 +229,29 @@ fn realtime_ns() -> u64 {
 
 /// Receives datagrams in `ns` until `n` arrived or 2 s pass without one;
 /// tells `ready` once it listens.
-fn receive(ns: &str, n: usize, ready: mpsc::Sender<()>) -> std::thread::JoinHandle<Vec<Rx>> {
+fn receive(
+    ns: &str,
+    n: usize,
+    v6: bool,
+    ready: mpsc::Sender<()>,
+) -> std::thread::JoinHandle<Vec<Rx>> {
     let ns = ns.to_string();
     std::thread::spawn(move || {
         in_netns(&ns, move || {
-            let udp = UdpSocket::bind(("0.0.0.0", PORT)).unwrap();
+            let any: IpAddr = if v6 {
+                Ipv6Addr::UNSPECIFIED.into()
+            } else {
+                Ipv4Addr::UNSPECIFIED.into()
+            };
+            let udp = UdpSocket::bind((any, PORT)).unwrap();
             let fd = udp.as_raw_fd();
             setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 32 << 20);
             setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
-            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+            if v6 {
+                setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1);
+            } else {
+                setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+            }
             udp.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
             ready.send(()).unwrap();
             let mut got = Vec::with_capacity(n);
@@ -238,6 +290,9 @@ fn receive(ns: &str, n: usize, ready: mpsc::Sender<()>) -> std::thread::JoinHand
                                 rx_ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
                             }
                             (libc::IPPROTO_IP, libc::IP_TOS) => tos = *data,
+                            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                                tos = std::ptr::read_unaligned(data as *const i32) as u8
+                            }
                             _ => {}
                         }
                         c = libc::CMSG_NXTHDR(&msg, c);
@@ -264,16 +319,23 @@ const SURE_NS: u64 = 200_000;
 /// Sends `n` datagrams back to back from `ns` to `dst` with TOS `tos`, each
 /// carrying its sequence number and its send time; returns, by sequence,
 /// when each sendto returned.
-fn burst(ns: &str, dst: SocketAddrV4, tos: i32, n: u32) -> Vec<u64> {
+fn burst(ns: &str, dst: SocketAddr, tos: i32, n: u32) -> Vec<u64> {
     in_netns(ns, move || {
-        let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+        let udp = if dst.is_ipv6() {
+            let udp = UdpSocket::bind("[::]:0").unwrap();
+            setsockopt_int(udp.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_TCLASS, tos);
+            udp
+        } else {
+            let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
+            set_tos(&udp, tos);
+            udp
+        };
         setsockopt_int(
             udp.as_raw_fd(),
             libc::SOL_SOCKET,
             libc::SO_SNDBUFFORCE,
             32 << 20,
         );
-        set_tos(&udp, tos);
         let mut p = vec![0u8; PAYLOAD];
         p[..4].copy_from_slice(b"XBN1");
         let mut returned = Vec::with_capacity(n as usize);
@@ -289,16 +351,15 @@ fn burst(ns: &str, dst: SocketAddrV4, tos: i32, n: u32) -> Vec<u64> {
 
 /// Runs one burst through the lab and returns what arrived, by sequence.
 fn run_burst(lab: &Lab, tos: i32, n: u32) -> Vec<Rx> {
+    run_burst_to(lab, SocketAddr::new(lab.receiver_addr.into(), PORT), tos, n)
+}
+
+fn run_burst_to(lab: &Lab, dst: SocketAddr, tos: i32, n: u32) -> Vec<Rx> {
     let (tx, rx) = mpsc::channel();
-    let receiver = receive(&lab.receiver.name, n as usize, tx);
+    let receiver = receive(&lab.receiver.name, n as usize, dst.is_ipv6(), tx);
     rx.recv_timeout(Duration::from_secs(10))
         .expect("the receiver did not start");
-    let returned = burst(
-        &lab.sender.name,
-        SocketAddrV4::new(lab.receiver_addr, PORT),
-        tos,
-        n,
-    );
+    let returned = burst(&lab.sender.name, dst, tos, n);
     let mut got = receiver.join().expect("receiver thread");
     got.sort_by_key(|r| r.seq);
     for r in &mut got {
@@ -337,14 +398,20 @@ fn predict(sent: &[(u32, u64)], burst: u64) -> Vec<(u32, u64, f64)> {
 #[test]
 fn burst_waits_queue_over_rate_and_leaves_at_the_link_rate() {
     require_root();
+    let _one_at_a_time = serial();
     let lab = Lab::new();
     // Marking far above anything this burst queues: delays only.
     let bottleneck = lab.bottleneck(EcnConfig::step(RATE_BPS, 1 << 30, 0));
     const N: u32 = 300;
     let got = run_burst(&lab, 0, N);
     let state = bottleneck.sample().expect("read the queue").state;
-    assert_eq!(got.len(), N as usize, "every datagram arrives (no drops)");
-    assert!(state.enqueued_packets >= N as u64, "{state:?}");
+    // The bottleneck drops nothing here; the host may lose a few.
+    assert!(
+        got.len() as u64 + lost_ok(N) >= N as u64,
+        "{} of {N} arrived",
+        got.len()
+    );
+    assert!(state.enqueued_packets >= got.len() as u64, "{state:?}");
     assert_eq!((state.dropped_tail, state.marked), (0, 0), "{state:?}");
 
     // Delay: measured one-way delay against queue / rate.
@@ -431,6 +498,7 @@ fn burst_waits_queue_over_rate_and_leaves_at_the_link_rate() {
 #[test]
 fn marks_ect_and_drops_not_ect_at_the_threshold() {
     require_root();
+    let _one_at_a_time = serial();
     let lab = Lab::new();
     const K: u64 = 100_000;
     let bottleneck = lab.bottleneck(EcnConfig::step(RATE_BPS, K, 0));
@@ -439,7 +507,12 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
     // than K queued (a margin of 3 frames for the time between the sender's
     // clock read and the bottleneck's).
     let got = run_burst(&lab, 2, N);
-    assert_eq!(got.len(), N as usize);
+    assert!(
+        got.len() as u64 + lost_ok(N) >= N as u64,
+        "{} of {N} arrived",
+        got.len()
+    );
+    let lost = N as u64 - got.len() as u64;
     let sent: Vec<(u32, u64)> = got.iter().map(|r| (r.seq, r.sent_ns)).collect();
     let predicted = predict(&sent, bottleneck.burst_bytes());
     let margin = 3 * FRAME;
@@ -466,7 +539,10 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
     }
     assert!(missed.len() * 50 <= got.len(), "{missed:#?}");
     let state = bottleneck.sample().unwrap().state;
-    assert_eq!(state.marked, marked, "{state:?}");
+    assert!(
+        state.marked >= marked && state.marked <= marked + lost,
+        "{marked} arrived marked: {state:?}"
+    );
     assert!(marked > 50 && clear > 50, "marked {marked}, clear {clear}");
 
     // Not-ECT: over K dropped instead; what arrives found at most K.
@@ -474,7 +550,8 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
     let got = run_burst(&lab, 0, N);
     let state = bottleneck.sample().unwrap().state;
     let passed = got.len() as u64;
-    assert_eq!(state.dropped_congestion, N as u64 - passed, "{state:?}");
+    let lost = (N as u64 - passed).saturating_sub(state.dropped_congestion);
+    assert!(lost <= lost_ok(N), "{passed} arrived: {state:?}");
     assert!(passed < N as u64 && passed > K / FRAME, "{passed} arrived");
     assert!(
         got.iter().all(|r| r.tos & 0b11 == 0),
@@ -490,6 +567,62 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
     assert_eq!(lab.port_clean(), (true, 0), "tbf or the TC program stayed");
 }
 
+/// IPv6: the traffic class's ECN bits get CE (no header checksum to fix)
+/// on exactly the datagrams that found more than K queued.
+#[test]
+fn marks_ipv6_at_the_threshold() {
+    require_root();
+    let _one_at_a_time = serial();
+    let lab = Lab::new();
+    const K: u64 = 100_000;
+    const FRAME6: u64 = FRAME + 20;
+    let bottleneck = lab.bottleneck(EcnConfig::step(RATE_BPS, K, 0));
+    const N: u32 = 200;
+    let got = run_burst_to(&lab, SocketAddr::new(V6[1].into(), PORT), 2, N);
+    assert!(
+        got.len() as u64 + lost_ok(N) >= N as u64,
+        "{} of {N} arrived",
+        got.len()
+    );
+    let lost = N as u64 - got.len() as u64;
+    // The queue each found, from the send times (frames 20 bytes longer).
+    let credit_ns = bottleneck.burst_bytes() as f64 * 8e9 / RATE_BPS as f64;
+    let tx_ns = FRAME6 as f64 * 8e9 / RATE_BPS as f64;
+    let mut clock = 0f64;
+    let (mut marked, mut missed) = (0, 0);
+    for r in &got {
+        let t = r.sent_ns as f64;
+        let queue = ((clock - t).max(0.0) * RATE_BPS as f64 / 8e9) as u64;
+        clock = clock.max(t - credit_ns) + tx_ns;
+        let ce = r.tos & 0b11 == 0b11;
+        if queue + 3 * FRAME6 < K {
+            assert!(!ce, "datagram {} found {queue} B < K and was marked", r.seq);
+        } else if queue > K + 3 * FRAME6 && !ce && r.sure {
+            missed += 1;
+        }
+        if ce {
+            marked += 1;
+        } else {
+            assert_eq!(r.tos & 0b11, 0b10, "ECT(0) kept on unmarked datagrams");
+        }
+    }
+    assert!(missed * 50 <= got.len(), "{missed} not marked above K");
+    let state = bottleneck.sample().unwrap().state;
+    assert_eq!(
+        state.dropped_congestion + state.dropped_tail,
+        0,
+        "{state:?}"
+    );
+    assert!(
+        state.marked >= marked && state.marked <= marked + lost,
+        "{marked} arrived marked: {state:?}"
+    );
+    assert!(marked > 50, "only {marked} marked");
+    eprintln!("bottleneck_delay: IPv6, step K {K} B: {marked} of {N} marked");
+    drop(bottleneck);
+    assert_eq!(lab.port_clean(), (true, 0), "tbf or the TC program stayed");
+}
+
 /// `xroce experiment incast --bottleneck delay`: two senders without
 /// congestion control overload a 100 Mbit/s bridge port twice over; the
 /// queue there delays packets (their sojourn, as the program timed them,
@@ -498,6 +631,7 @@ fn marks_ect_and_drops_not_ect_at_the_threshold() {
 #[test]
 fn incast_through_the_delay_bottleneck_reports_its_delay() {
     require_root();
+    let _one_at_a_time = serial();
     let run = xroce_tests::experiment::run_incast(
         "bndelay",
         &[
