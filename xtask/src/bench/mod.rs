@@ -25,6 +25,7 @@ mod ceiling;
 mod cpu;
 mod latency_tail;
 mod many_qps;
+mod udp_gso;
 
 use crate::{
     baseline, dropin,
@@ -65,6 +66,9 @@ struct Report {
     /// 100,000 SENDs of 8 B per backend: max, p99, stalls over 10 ms, and
     /// p99 vs sockperf's (issue 13, goal 5).
     latency_tail: latency_tail::LatencyTail,
+    /// The UDP backend (GSO/GRO) and the best backend vs kernel TCP (issue
+    /// 13, goal 2).
+    udp_gso: udp_gso::UdpGso,
     /// 1,024 QPs of 4 KiB WRITEs vs 1 QP, each backend (issue 13, goal 3).
     many_qps: many_qps::ManyQps,
     ratios: Ratios,
@@ -168,6 +172,9 @@ pub fn bench() -> Result<()> {
     let dropin_lat_us = column(&dropin_lat, 4, "ib_send_lat's t_typical")?;
     step("iperf3 TCP, one stream");
     let (tcp_gbps, cpu_tcp) = cpu::measure(|| iperf3(&ns))?;
+    step("xroce RDMA WRITE 64 KiB, 1 QP, UDP backend (GSO/GRO) vs iperf3 TCP");
+    let udp_gso = udp_gso::measure(&ns, &w1)?;
+    eprintln!("{}", serde_json::to_string(&udp_gso)?);
     step("latency tail: 100,000 SENDs of 8 B per backend, sockperf p99");
     let latency_tail = latency_tail::measure(&ns)?;
     step("sockperf UDP ping-pong, 64 B");
@@ -212,6 +219,7 @@ pub fn bench() -> Result<()> {
         cpu_tcp,
         latency_tail,
         many_qps,
+        udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,
         xroce_write_1qp: w1,
