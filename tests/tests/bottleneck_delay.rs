@@ -623,6 +623,44 @@ fn marks_ipv6_at_the_threshold() {
     assert_eq!(lab.port_clean(), (true, 0), "tbf or the TC program stayed");
 }
 
+/// A full buffer drops (any packet, ECN or not), and only the program
+/// does: tbf's own drop counter stays at zero.
+#[test]
+fn tail_drops_at_the_buffer_and_only_there() {
+    require_root();
+    let _one_at_a_time = serial();
+    let lab = Lab::new();
+    const BUFFER: u64 = 60_000;
+    // Marking beyond the buffer: only the buffer acts.
+    let bottleneck = lab.bottleneck(EcnConfig::step(RATE_BPS, BUFFER, BUFFER));
+    const N: u32 = 200;
+    let got = run_burst(&lab, 2, N);
+    let state = bottleneck.sample().unwrap().state;
+    let passed = got.len() as u64;
+    assert!(state.dropped_tail > 0, "{state:?}");
+    let lost = (N as u64 - passed).saturating_sub(state.dropped_tail);
+    assert!(lost <= lost_ok(N), "{passed} arrived: {state:?}");
+    // What got in fits the buffer (plus what drained while the burst came).
+    assert!(state.peak_bytes <= BUFFER, "{state:?}");
+    assert!(got.iter().all(|r| r.tos & 0b11 == 0b10), "nothing marked");
+    let port = lab.port.clone();
+    let stats = in_netns(&lab.bridge.name, move || {
+        let out = std::process::Command::new("tc")
+            .args(["-s", "qdisc", "show", "dev", &port, "root"])
+            .output()
+            .expect("tc -s qdisc show");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    assert!(stats.contains("qdisc tbf"), "{stats}");
+    assert!(stats.contains("dropped 0,"), "tbf dropped packets: {stats}");
+    eprintln!(
+        "bottleneck_delay: buffer {BUFFER} B: {passed} of {N} passed, {} tail-dropped, peak {} B",
+        state.dropped_tail, state.peak_bytes
+    );
+    drop(bottleneck);
+    assert_eq!(lab.port_clean(), (true, 0), "tbf or the TC program stayed");
+}
+
 /// `xroce experiment incast --bottleneck delay`: two senders without
 /// congestion control overload a 100 Mbit/s bridge port twice over; the
 /// queue there delays packets (their sojourn, as the program timed them,
