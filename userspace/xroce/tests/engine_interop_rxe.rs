@@ -375,6 +375,7 @@ fn replay_write_bw_requester(file: &str) {
         ecn_capable: false,
         // Never the limit here: rxe decided when to send, we follow.
         max_inflight_pkts: 1 << 20,
+        max_device_inflight_pkts: 0,
         ..Default::default()
     });
     let pd = dev.alloc_pd();

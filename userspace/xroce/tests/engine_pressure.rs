@@ -147,6 +147,88 @@ fn device_inflight_is_bounded_and_shared_fairly_by_1024_qps() {
     }
 }
 
+/// A slow path (a 1 Gb/s link: 256 packets of 2 KB queue for 4.4 ms on it)
+/// shrinks the device's window until ACKs come within its target round
+/// trip (1 ms), so the queue it builds stays short, nothing waits long
+/// enough for a tail-loss probe or a timeout, and all data arrives once.
+#[test]
+fn a_slow_path_shrinks_the_device_window_to_its_target_delay() {
+    const QPS: usize = 64;
+    const PER_QP: usize = 16;
+    let link = LinkConfig {
+        delay_ns: 10_000,
+        rate_bps: 1_000_000_000,
+        ..Default::default()
+    };
+    let mut sim = sim_with(link, |_| {});
+    let (budget, target) = {
+        let a = sim.a.lock().unwrap();
+        (
+            a.config().max_device_inflight_pkts,
+            a.config().device_target_rtt_ns,
+        )
+    };
+    assert_eq!((budget, target), (256, 1_000_000), "the defaults");
+    let p = PairParams {
+        mtu: Mtu::Mtu2048,
+        mr_len: PER_QP * MSG,
+        timeout: 14,
+        retry_cnt: 0,
+        ..Default::default()
+    };
+    let eps: Vec<_> = (0..QPS).map(|_| connect_engines(&sim, &p)).collect();
+    {
+        let mut ga = sim.a.lock().unwrap();
+        for (q, (a, b)) in eps.iter().enumerate() {
+            // SAFETY: nothing is posted on this MR yet.
+            unsafe {
+                a.mr.write(0, &common::pattern(q as u64, PER_QP * MSG))
+                    .unwrap()
+            };
+            for s in 0..PER_QP {
+                let mut wr = write((q * PER_QP + s) as u64, a, b, s);
+                wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+                ga.post_send(a.qpn, &wr).unwrap();
+            }
+        }
+    }
+    let total = QPS * PER_QP;
+    let (mut done, mut wcs) = (0, Vec::new());
+    let (mut late_max, mut late_window) = (0u64, 0u32);
+    let t0 = sim.now;
+    let finished = sim.run_until(t0 + 10_000_000_000, |s| {
+        let a = s.a.lock().unwrap();
+        if s.now > t0 + 20_000_000 {
+            late_max = late_max.max(a.inflight_pkts());
+            late_window = late_window.max(a.device_window_pkts());
+        }
+        drop(a);
+        take(&s.a, &mut wcs);
+        for c in wcs.drain(..) {
+            assert_eq!(c.wc.status, WcStatus::Success, "{c:?}");
+            done += 1;
+        }
+        done == total
+    });
+    assert!(finished, "{done} of {total} WRITEs completed");
+    let sa = sim.a.lock().unwrap().stats();
+    assert!(sa.device_window_cuts > 0, "the window never shrank");
+    // ~1 ms of a 1 Gb/s link is ~60 packets of 2 KB (the window starts
+    // at 32 and grows while ACKs are timely).
+    assert!(late_window < 160, "window up to {late_window} of 256");
+    assert!(
+        late_max < 160,
+        "{late_max} packets in flight after the first 20 ms"
+    );
+    assert_eq!(sa.tx_retransmitted, 0, "probes or timeouts fired");
+    for (q, (_, b)) in eps.iter().enumerate() {
+        let mut got = vec![0; PER_QP * MSG];
+        // SAFETY: every WRITE to it has completed.
+        unsafe { b.mr.read(0, &mut got).unwrap() };
+        assert!(got == common::pattern(q as u64, PER_QP * MSG), "QP {q}");
+    }
+}
+
 /// The budget frees room when a QP leaves: one that goes to ERR with
 /// packets in flight (its peer vanished) gives them back, so the others
 /// carry on.

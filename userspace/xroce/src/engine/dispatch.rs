@@ -188,8 +188,10 @@ impl QpCtx {
         } else {
             w.len.div_ceil(self.mtu).max(1)
         };
-        let max = env.cfg.max_device_inflight_pkts;
-        if env.inflight_room >= need.min(max) {
+        // No more than the smallest window, so a big message still goes
+        // once everything else is acknowledged.
+        let max = super::DEVICE_WINDOW_MIN_PKTS.min(env.cfg.max_device_inflight_pkts);
+        if env.inflight_room >= need.min(max.max(1)) {
             return true;
         }
         self.budget_blocked = true;

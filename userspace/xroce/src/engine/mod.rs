@@ -156,6 +156,24 @@ impl QpnMap {
     }
 }
 
+/// The device's in-flight window never shrinks below this many packets.
+pub const DEVICE_WINDOW_MIN_PKTS: u32 = 16;
+
+/// Most packets of one message a QP sends in a row before the next ready
+/// QP's turn (see `Engine::poll_transmit`).
+const MESSAGE_QUANTUM_PKTS: u32 = 16;
+
+/// The device window a configuration starts with: the smallest (growing a
+/// packet per timely ACK, it reaches the largest within a few round trips
+/// on a fast path; starting there would queue it all on a slow one).
+fn cfg_window(cfg: &EngineConfig) -> u32 {
+    if cfg.device_target_rtt_ns == 0 {
+        cfg.max_device_inflight_pkts
+    } else {
+        DEVICE_WINDOW_MIN_PKTS.min(cfg.max_device_inflight_pkts)
+    }
+}
+
 /// Builds a congestion controller for each new QP.
 pub type CcFactory = Arc<dyn Fn() -> Box<dyn CongestionControl> + Send + Sync>;
 
@@ -183,6 +201,16 @@ pub struct EngineConfig {
     /// window of 128 would otherwise be 131,072 packets against a ring of
     /// a few thousand. QPs that find it used up queue for room (FIFO).
     pub max_device_inflight_pkts: u32,
+    /// Round trip the device's in-flight window aims at (0: the window
+    /// stays at `max_device_inflight_pkts`). A fixed number of packets in
+    /// flight makes the round trip that number over the peer's rate: a
+    /// slow peer (a loaded core, a debug build) would queue them for longer
+    /// than the tail-loss probe waits, and every message would be sent
+    /// twice. So the window shrinks while ACKs come later than this (once
+    /// per round trip, in proportion to the excess) and grows by a packet
+    /// per ACK that comes sooner, between [`DEVICE_WINDOW_MIN_PKTS`] and
+    /// `max_device_inflight_pkts`.
+    pub device_target_rtt_ns: u64,
     /// Set AckReq at least every this many packets of a long message.
     pub ack_every: u32,
     /// Mark data packets ECT(0).
@@ -205,6 +233,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("line_rate_bps", &self.line_rate_bps)
             .field("max_inflight_pkts", &self.max_inflight_pkts)
             .field("max_device_inflight_pkts", &self.max_device_inflight_pkts)
+            .field("device_target_rtt_ns", &self.device_target_rtt_ns)
             .field("ack_every", &self.ack_every)
             .field("cnp_interval_ns", &self.cnp_interval_ns)
             .field("qpn_block", &self.qpn_block)
@@ -221,10 +250,15 @@ impl Default for EngineConfig {
             line_rate_bps: 100_000_000_000,
             pacing_burst_bytes: 64 * 1024,
             max_inflight_pkts: 128, // rxe: RXE_MAX_UNACKED_PSNS
-            // A quarter of an AF_XDP RX ring of 2,048 frames (half of the
-            // default UMEM), about 1 MB at path MTU 2048: several times what
-            // one QP's window needs on a veth pair, far below overflow.
-            max_device_inflight_pkts: 512,
+            // Two QP windows: one QP still runs at its full window, and the
+            // peer's receive queue holds at most an eighth of an AF_XDP RX
+            // ring of 2,048 frames (about 512 KB at path MTU 2048), so it
+            // drains in a few ms even on a loaded host, well inside the
+            // tail-loss probe's and the timeout's waits.
+            max_device_inflight_pkts: 256,
+            // A quarter of the tail-loss probe's shortest wait (2 ms): a
+            // loaded host's scheduling hiccups come on top.
+            device_target_rtt_ns: 500_000,
             ack_every: 32,
             ecn_capable: true,
             cnp_interval_ns: 50_000,
@@ -300,6 +334,9 @@ counters! {
         /// Times a QP with new data waited for room in the device's
         /// in-flight budget ([`EngineConfig::max_device_inflight_pkts`]).
         pub tx_budget_waits: u64,
+        /// Times late ACKs shrank the device's in-flight window
+        /// ([`EngineConfig::device_target_rtt_ns`]).
+        pub device_window_cuts: u64,
         pub retry_timeouts: u64,
         pub retries_started: u64,
         pub rx_rnr_naks: u64,
@@ -385,6 +422,12 @@ pub struct Engine {
     scratch: Vec<u8>,
     events: VecDeque<AsyncEvent>,
     stats: EngineStats,
+    /// The slot that produced the last frame, and how many in a row.
+    last_tx: (usize, u32),
+    /// The device's in-flight window in packets (see
+    /// [`EngineConfig::device_target_rtt_ns`]), and when it last shrank.
+    window: f64,
+    window_cut_ns: u64,
     /// Unacknowledged PSNs of all QPs (the sum of their `counted_inflight`).
     inflight: u64,
     rx_pressure: bool,
@@ -406,6 +449,7 @@ pub struct QpCreate {
 
 impl Engine {
     pub fn new(cfg: EngineConfig, mrs: Arc<MrTable>) -> Self {
+        let window = f64::from(cfg_window(&cfg));
         Self {
             qpn_map: QpnMap::new(cfg.qpn_block),
             cfg,
@@ -420,6 +464,39 @@ impl Engine {
             stats: EngineStats::default(),
             inflight: 0,
             rx_pressure: false,
+            last_tx: (usize::MAX, 0),
+            window,
+            window_cut_ns: 0,
+        }
+    }
+
+    /// The device's in-flight window now, in packets (0: no limit).
+    pub fn device_window_pkts(&self) -> u32 {
+        if self.cfg.max_device_inflight_pkts == 0 {
+            0
+        } else {
+            self.window as u32
+        }
+    }
+
+    /// An ACK answered a packet sent `rtt` ago: the window shrinks if that
+    /// was late (at most once per round trip), else grows by a packet.
+    fn on_device_rtt(&mut self, rtt: u64, now: u64) {
+        let target = self.cfg.device_target_rtt_ns;
+        let max = f64::from(self.cfg.max_device_inflight_pkts);
+        if target == 0 || max == 0.0 {
+            return;
+        }
+        let min = f64::from(DEVICE_WINDOW_MIN_PKTS).min(max);
+        if rtt > target {
+            if now.saturating_sub(self.window_cut_ns) >= rtt {
+                let excess = (rtt - target) as f64 / rtt as f64;
+                self.window = (self.window * (1.0 - 0.5 * excess)).max(min);
+                self.window_cut_ns = now;
+                self.stats.device_window_cuts += 1;
+            }
+        } else {
+            self.window = (self.window + 1.0).min(max);
         }
     }
 
@@ -503,7 +580,7 @@ impl Engine {
     fn split(&mut self) -> (&mut Vec<Option<Box<QpCtx>>>, Env<'_>) {
         let inflight_room = match self.cfg.max_device_inflight_pkts {
             0 => u32::MAX,
-            max => u64::from(max).saturating_sub(self.inflight) as u32,
+            _ => (self.window as u64).saturating_sub(self.inflight) as u32,
         };
         (
             &mut self.qps,
@@ -730,8 +807,16 @@ impl Engine {
             env.stats.rx_unknown_qp += 1;
             return;
         };
+        let sample = qp.req.rtt_sample;
         qp.handle_packet(&mut env, &f, payload, now_ns);
         qp.after_event(&mut env);
+        // The completer took the QP's round-trip sample: the device's too.
+        let rtt = sample
+            .filter(|&(p, _)| qp.req.rtt_sample.is_none() && xroce_wire::psn_lt(p, qp.req.comp_psn))
+            .map(|(_, t)| now_ns.saturating_sub(t));
+        if let Some(rtt) = rtt {
+            self.on_device_rtt(rtt, now_ns);
+        }
         self.reschedule(idx);
     }
 
@@ -746,8 +831,7 @@ impl Engine {
         self.sched.wake_due(now_ns);
         let mut serve_waiters = true;
         loop {
-            let room = self.cfg.max_device_inflight_pkts == 0
-                || self.inflight < u64::from(self.cfg.max_device_inflight_pkts);
+            let room = self.cfg.max_device_inflight_pkts == 0 || self.inflight < self.window as u64;
             let (i, was_waiting) = match (room && serve_waiters)
                 .then(|| self.sched.pop_waiter())
                 .flatten()
@@ -779,7 +863,24 @@ impl Engine {
                 }
             }
             if let Some(len) = r {
-                self.sched.wake(i); // to the back: round-robin
+                // Round-robin by message: a QP halfway through one keeps
+                // its turn (up to a quantum), so the message's last packet,
+                // which asks for the ACK, is not a whole round behind its
+                // first; the rest go to the back.
+                let run = if self.last_tx.0 == i {
+                    self.last_tx.1 + 1
+                } else {
+                    1
+                };
+                self.last_tx = (i, run);
+                let mid_message = self.qps[i]
+                    .as_deref()
+                    .is_some_and(|q| q.reserved_end.is_some());
+                if mid_message && run < MESSAGE_QUANTUM_PKTS {
+                    self.sched.wake_front(i);
+                } else {
+                    self.sched.wake(i);
+                }
                 self.stats.tx_frames += 1;
                 self.stats.tx_bytes += len as u64;
                 return Some(len);

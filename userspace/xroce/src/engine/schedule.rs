@@ -80,6 +80,16 @@ impl Schedule {
         }
     }
 
+    /// As [`wake`](Self::wake), at the front: the slot goes next.
+    pub fn wake_front(&mut self, idx: usize) {
+        let s = self.slot(idx);
+        if !s.queued {
+            s.queued = true;
+            let gen = s.gen;
+            self.ready.push_front((idx, gen));
+        }
+    }
+
     /// Next slot to ask for a frame, taken off the list (`wake` puts it
     /// back at the end).
     pub fn pop_ready(&mut self) -> Option<usize> {
