@@ -169,6 +169,8 @@ pub struct UdpStats {
     /// Received frames no IPv4 id could make the ICRC match (corrupt).
     pub icrc_unmatched: u64,
     /// Datagrams the kernel dropped for a full socket buffer (SO_RXQ_OVFL).
+    /// With GRO one may have held several frames (the kernel counts
+    /// datagrams, not the packets coalesced in them).
     pub socket_drops: u64,
     /// Received datagrams too short for a BTH + ICRC.
     pub runts: u64,
