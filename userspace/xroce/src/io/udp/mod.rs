@@ -18,7 +18,7 @@
 //!   kernel), lengths from the payload;
 //!   TOS/TTL/checksums are masked by the ICRC anyway. The frame's ECN/DSCP
 //!   travels as an IP_TOS (IPV6_TCLASS) control message.
-//! - **UDP GSO** ([`UdpConfig::gso`], on by default): consecutive frames to
+//! - **UDP GSO** ([`UdpConfig::gso`], off by default, `XROCE_UDP_GSO=1`): consecutive frames to
 //!   one destination with one payload size (a WRITE's MIDDLEs and LAST)
 //!   leave as one message with a UDP_SEGMENT control message, one iovec
 //!   per frame (no copy), up to 64 datagrams / 64 KB: the kernel builds one
@@ -121,10 +121,17 @@ pub struct UdpConfig {
     /// GSO message (UDP_SEGMENT), the IPv4 ids of its segments predicted
     /// (see `tx::gso_ip_id`). Off: one datagram per message, and UDP
     /// checksum 0 (SO_NO_CHECK, which the kernel refuses with GSO).
-    /// Default on; `XROCE_UDP_GSO=0` in the environment turns it off.
+    ///
+    /// Off by default (`XROCE_UDP_GSO=1` in the environment turns it on):
+    /// on a veth the 64 KB packets stay whole, so a capture there (tcpdump
+    /// in either namespace) sees one packet holding many RoCEv2 packets,
+    /// and the kernel counts a dropped one as one drop; both need the
+    /// readers of captures and drop counts to know it. A NIC's hardware
+    /// USO may also number the ids its own way.
     pub gso: bool,
     /// Let the kernel hand over coalesced datagrams (UDP_GRO), split here.
-    /// Default on; `XROCE_UDP_GRO=0` turns it off.
+    /// Default on; `XROCE_UDP_GRO=0` turns it off. Harmless without GSO
+    /// senders: the kernel coalesces only where GRO runs.
     pub gro: bool,
 }
 
@@ -140,17 +147,10 @@ impl UdpConfig {
             local_mac: [0; 6],
             peer_mac: [0; 6],
             socket_buffer: 4 << 20,
-            gso: env_on("XROCE_UDP_GSO"),
-            gro: env_on("XROCE_UDP_GRO"),
+            gso: std::env::var_os("XROCE_UDP_GSO").is_some_and(|v| v == "1"),
+            gro: std::env::var_os("XROCE_UDP_GRO").is_none_or(|v| v != "0"),
         }
     }
-}
-
-/// Whether the switch `name` is on: unset, or anything but `0`. The GSO
-/// and GRO defaults can be turned off from outside (a NIC whose hardware
-/// USO numbers IPv4 ids unlike the kernel's GSO; comparisons).
-fn env_on(name: &str) -> bool {
-    std::env::var_os(name).is_none_or(|v| v != "0")
 }
 
 impl UdpConfig {
@@ -673,6 +673,7 @@ mod tests {
     fn lo_pair(base: u16, gro: bool) -> (UdpBackend, UdpBackend, u16) {
         let mut cfg = UdpConfig::new(Ipv4Addr::LOCALHOST.into());
         cfg.port = base + (std::process::id() % 40) as u16;
+        cfg.gso = true;
         let a = UdpBackend::open(cfg.clone()).expect("bind 127.0.0.1");
         let mut cfg_b = cfg.clone();
         cfg_b.local = Ipv4Addr::new(127, 0, 0, 2).into();
@@ -791,6 +792,7 @@ mod tests {
         let lo: IpAddr = Ipv6Addr::LOCALHOST.into();
         let mut cfg = UdpConfig::new(lo);
         cfg.port = 46950 + (std::process::id() % 30) as u16;
+        cfg.gso = true;
         let mut a = UdpBackend::open(cfg.clone()).expect("bind [::1]");
         let mut cfg_b = cfg.clone();
         cfg_b.port += 1;
