@@ -96,6 +96,11 @@ pub fn bench() -> Result<()> {
     dropin::build_release()?;
     let ns = NsPair::new("bench", 1, MTU)?;
     step(&format!("veth pair {} <-> {}, MTU {MTU}", ns.if_a, ns.if_b));
+    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("many_qps") {
+        let m = many_qps::many_qps(&ns)?;
+        println!("{}", serde_json::to_string_pretty(&m)?);
+        return Ok(());
+    }
     if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("latency_tail") {
         let t = latency_tail::measure(&ns)?;
         println!("{}", serde_json::to_string_pretty(&t)?);
