@@ -156,7 +156,7 @@ impl DcqcnConfig {
     /// Measured with `xroce experiment incast --senders 4 --cc dcqcn
     /// --link-rate 2gbit --duration 5` (release build, the two sets
     /// interleaved, 7 runs each): link use 0.919 mean (0.893-0.929), queue
-    /// p99 141-175 KB, Jain >= 0.997, against 0.899 (0.841-0.916), p99
+    /// p99 133-175 KB, Jain >= 0.996, against 0.899 (0.841-0.916), p99
     /// 161-179 KB for the old set. On a loaded machine both lose far more
     /// to senders short of CPU (rates below what the controller allows;
     /// 0.55-0.91 for the old set at load average 6-11) than to DCQCN. The cost: a flow left alone by the others climbs
