@@ -159,9 +159,11 @@ impl DcqcnConfig {
     /// p99 133-175 KB, Jain >= 0.996, against 0.899 (0.841-0.916), p99
     /// 161-179 KB for the old set. On a loaded machine both lose far more
     /// to senders short of CPU (rates below what the controller allows;
-    /// 0.55-0.91 for the old set at load average 6-11) than to DCQCN. The cost: a flow left alone by the others climbs
-    /// more slowly (0.34 of the link over its first 300 ms instead of 0.67;
-    /// 0.77 over the first second instead of 0.90). Hyper increase from a
+    /// 0.55-0.91 for the old set at load average 6-11) than to DCQCN.
+    ///
+    /// The cost: a flow left alone by the others climbs more slowly (0.34
+    /// of the link over its first 300 ms instead of 0.67; 0.77 over the
+    /// first second instead of 0.90). Hyper increase from a
     /// smaller byte counter would climb faster but broke fairness (Jain
     /// 0.45) at a 3 ms loop in the same model, so it stays off in practice.
     pub fn software(line_rate_bps: u64) -> Self {
