@@ -52,8 +52,8 @@ pub(super) const GSO_MAX_BYTES: usize = 65535 - ipv4::HEADER_LEN - udp::HEADER_L
 ///   message's id. DF stays as it was.
 ///
 /// So datagram `k` carries id `k` (mod 2^16) with DF; a datagram sent alone
-/// carries id 0. Hardware USO on a real NIC numbers the segments itself;
-/// [`super::UdpConfig::gso`] turns GSO off where that could differ.
+/// carries id 0. Hardware USO on a real NIC numbers the segments itself
+/// (GSO is off unless [`super::UdpConfig::gso`] asks for it).
 pub(super) fn gso_ip_id(k: usize) -> u16 {
     k as u16
 }
