@@ -168,7 +168,7 @@ fn a_slow_path_shrinks_the_device_window_to_its_target_delay() {
             a.config().device_target_rtt_ns,
         )
     };
-    assert_eq!((budget, target), (256, 1_000_000), "the defaults");
+    assert_eq!((budget, target), (256, 500_000), "the defaults");
     let p = PairParams {
         mtu: Mtu::Mtu2048,
         mr_len: PER_QP * MSG,
@@ -362,4 +362,110 @@ fn receiver_pressure_slows_the_sender_through_cnps() {
         back > low * 2,
         "rate after the pressure {back}, under it {low}"
     );
+}
+
+/// A big WRITE that has started holds no more of the device's budget than
+/// its turn gives it: small WRITEs posted on another QP after it started
+/// complete long before it does (they used to wait for its end, as a
+/// started message went on past the budget with its whole QP window), and
+/// the device never has more in flight than the budget plus the packets
+/// that ran up to an ACK request.
+#[test]
+fn a_big_write_does_not_hold_small_ones_on_other_qps_behind_it() {
+    const BUDGET: u32 = 64;
+    const BIG: usize = 8 << 20; // 4,096 packets at path MTU 2048
+    let link = LinkConfig {
+        delay_ns: 20_000,
+        rate_bps: 10_000_000_000,
+        ..Default::default()
+    };
+    let mut sim = sim_with(link, |c| c.max_device_inflight_pkts = BUDGET);
+    let p = PairParams {
+        mtu: Mtu::Mtu2048,
+        mr_len: BIG,
+        timeout: 14,
+        retry_cnt: 0,
+        ..Default::default()
+    };
+    let (a1, b1) = connect_engines(&sim, &p);
+    let (a2, b2) = connect_engines(&sim, &p);
+    let big_data = common::pattern(7, BIG);
+    // SAFETY: nothing is posted on this MR yet.
+    unsafe { a1.mr.write(0, &big_data).unwrap() };
+    let mut big = SendWr::new(
+        1,
+        WrOpcode::RdmaWrite {
+            remote_addr: b1.mr.addr(),
+            rkey: b1.mr.rkey(),
+        },
+        vec![a1.mr.sge(0, BIG)],
+    );
+    big.flags |= xroce::engine::work::SendFlags::SIGNALED;
+    sim.a.lock().unwrap().post_send(a1.qpn, &big).unwrap();
+    // Let the big WRITE get going (a few hundred packets).
+    let t0 = sim.now;
+    sim.run_until(t0 + 300_000, |_| false);
+    let small_data = common::pattern(9, 16 * MSG);
+    // SAFETY: nothing is posted on this part of the MR yet.
+    unsafe { a2.mr.write(0, &small_data).unwrap() };
+    {
+        let mut ga = sim.a.lock().unwrap();
+        for s in 0..16 {
+            let mut wr = write(100 + s as u64, &a2, &b2, s);
+            wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+            ga.post_send(a2.qpn, &wr).unwrap();
+        }
+    }
+    let mut wcs = Vec::new();
+    let (mut small_done_at, mut big_done_at) = (None, None);
+    let mut small = 0;
+    let mut max_inflight = 0;
+    let finished = sim.run_until(sim.now + 5_000_000_000, |s| {
+        max_inflight = max_inflight.max(s.a.lock().unwrap().inflight_pkts());
+        take(&s.a, &mut wcs);
+        for c in wcs.drain(..) {
+            assert_eq!(c.wc.status, WcStatus::Success, "{c:?}");
+            if c.wc.qp_num == a2.qpn {
+                small += 1;
+                if small == 16 {
+                    small_done_at = Some(s.now);
+                }
+            } else {
+                big_done_at = Some(s.now);
+            }
+        }
+        small_done_at.is_some() && big_done_at.is_some()
+    });
+    assert!(
+        finished,
+        "small {small} of 16, big done {big_done_at:?}, a: {:?}",
+        sim.a.lock().unwrap().stats()
+    );
+    let (small_at, big_at) = (small_done_at.unwrap(), big_done_at.unwrap());
+    eprintln!(
+        "small WRITEs done after {} us, the big one after {} us, {max_inflight} packets in flight at most",
+        (small_at - t0) / 1000,
+        (big_at - t0) / 1000
+    );
+    // 8 MiB at 10 Gb/s is ~6.7 ms; the 16 small ones need well under 1 ms
+    // of the link even sharing it.
+    assert!(
+        small_at - t0 < (big_at - t0) / 3,
+        "small WRITEs done at {} us, the big one at {} us",
+        (small_at - t0) / 1000,
+        (big_at - t0) / 1000
+    );
+    assert!(
+        max_inflight <= u64::from(BUDGET) + 32,
+        "{max_inflight} packets in flight, budget {BUDGET}"
+    );
+    let mut got = vec![0; BIG];
+    // SAFETY: the WRITE has completed.
+    unsafe { b1.mr.read(0, &mut got).unwrap() };
+    assert!(got == big_data, "the big WRITE's data differs");
+    let mut got = vec![0; 16 * MSG];
+    // SAFETY: the WRITEs have completed.
+    unsafe { b2.mr.read(0, &mut got).unwrap() };
+    assert!(got == small_data, "the small WRITEs' data differs");
+    assert_eq!(sim.a.lock().unwrap().stats().tx_retransmitted, 0);
 }

@@ -234,7 +234,12 @@ fn destroyed_qp_entries_never_touch_a_reused_slot() {
 /// first at once rather than a whole round of other QPs later).
 #[test]
 fn two_busy_qps_alternate() {
-    let sim = sim_with(|c| c.line_rate_bps = 1 << 50);
+    // The whole device budget from the start (no window growing from 16
+    // packets), so both QPs have room and only the turn order shows.
+    let sim = sim_with(|c| {
+        c.line_rate_bps = 1 << 50;
+        c.device_target_rtt_ns = 0;
+    });
     let p = PairParams {
         mtu: Mtu::Mtu1024,
         mr_len: 16 * 1024,

@@ -139,14 +139,23 @@ impl QpCtx {
         }
         if matches!(self.state, QpState::Rts | QpState::Sqd) && self.budget_allows(env) {
             let new_data = self.req.psn == self.req.max_psn;
+            let sent_psn = self.req.psn;
             if let Some(n) = self.req_poll(env, now, buf) {
-                if new_data && self.qp_type == QpType::Rc {
-                    // Mid-message: the rest of it keeps its room.
-                    self.reserved_end = self
-                        .sq
-                        .get(self.req.idx)
-                        .filter(|w| w.started)
-                        .map(|w| xroce_wire::psn_add(w.last_psn, 1));
+                let in_chunk = self
+                    .reserved_end
+                    .is_some_and(|r| xroce_wire::psn_lt(sent_psn, r));
+                if new_data && self.qp_type == QpType::Rc && !in_chunk {
+                    // Mid-message: the next chunk of it keeps its room.
+                    let chunk = reserve_chunk(env);
+                    self.reserved_end = self.sq.get(self.req.idx).filter(|w| w.started).map(|w| {
+                        let end = xroce_wire::psn_add(w.last_psn, 1);
+                        let cap = xroce_wire::psn_add(sent_psn, chunk);
+                        if xroce_wire::psn_lt(cap, end) {
+                            cap
+                        } else {
+                            end
+                        }
+                    });
                 }
                 self.prefer_req = false;
                 return Some(n);
@@ -160,12 +169,15 @@ impl QpCtx {
 
     /// Whether the device's in-flight budget has room for the requester's
     /// next packet. A retransmission always has (its PSNs are counted
-    /// already), and so has the rest of a started message (its room was
-    /// taken when it started); a new message needs room for all its PSNs
-    /// (a READ: its response packets), but no more than the whole budget,
-    /// so a big one still goes once everything else is acknowledged. Sets
-    /// `budget_blocked` when new data waits, so the engine queues the QP
-    /// for room.
+    /// already), and so has the rest of a chunk of a started message (its
+    /// room was taken when the chunk started). A message takes room a chunk
+    /// ([`reserve_chunk`] PSNs) at a time, so a chunk can always finish and
+    /// its last packet asks for the ACK that frees the room, while a big
+    /// message holds no more than a chunk beyond what is on the wire: it
+    /// used to take room for all its PSNs, and every other QP's messages
+    /// waited until it ended. A READ needs room for its response packets,
+    /// but no more than a chunk. Sets `budget_blocked` when new data waits,
+    /// so the engine queues the QP for room.
     fn budget_allows(&mut self, env: &Env<'_>) -> bool {
         if self.qp_type != QpType::Rc
             || self.req.psn != self.req.max_psn
@@ -180,18 +192,21 @@ impl QpCtx {
         if xroce_wire::psn_diff(self.req.psn, self.req.comp_psn) >= window {
             return true; // the QP's own window holds it; an ACK wakes it
         }
-        if w.started {
-            return true;
-        }
-        let need = if w.op.is_atomic() {
+        let need = if w.started {
+            if self
+                .reserved_end
+                .is_some_and(|r| xroce_wire::psn_lt(self.req.psn, r))
+            {
+                return true;
+            }
+            let end = xroce_wire::psn_add(w.last_psn, 1);
+            xroce_wire::psn_diff(end, self.req.psn).max(1) as u32
+        } else if w.op.is_atomic() {
             1
         } else {
             w.len.div_ceil(self.mtu).max(1)
         };
-        // No more than the smallest window, so a big message still goes
-        // once everything else is acknowledged.
-        let max = super::DEVICE_WINDOW_MIN_PKTS.min(env.cfg.max_device_inflight_pkts);
-        if env.inflight_room >= need.min(max.max(1)) {
+        if env.inflight_room >= need.min(reserve_chunk(env)) {
             return true;
         }
         self.budget_blocked = true;
@@ -242,4 +257,12 @@ impl QpCtx {
             self.on_retransmit_timeout(env, now);
         }
     }
+}
+
+/// PSNs a message takes room for at a time in the device's in-flight budget:
+/// the smallest the device window gets, so a chunk always fits in time.
+pub(crate) fn reserve_chunk(env: &Env<'_>) -> u32 {
+    super::DEVICE_WINDOW_MIN_PKTS
+        .min(env.cfg.max_device_inflight_pkts)
+        .max(1)
 }

@@ -374,7 +374,13 @@ impl QpCtx {
         t.atomic_eth = atomic;
         // IBTA 9.2.3: the solicited-event bit goes on the last packet only.
         t.bth.solicited = se && last_pkt;
-        t.bth.ack_req = !uc && (last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill);
+        // The last packet of the message's chunk of room in the device
+        // budget asks too: its ACK frees the room (see `budget_allows`).
+        let chunk_end = self
+            .reserved_end
+            .is_some_and(|r| psn_add(self.req.psn, consumed) == r);
+        t.bth.ack_req = !uc
+            && (last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill || chunk_end);
         let ack_req = t.bth.ack_req;
         if env.scratch.len() < payload_len {
             env.scratch.resize(payload_len, 0);
