@@ -80,6 +80,9 @@ fn replay(file: &str, mtu: Mtu) {
         mac: server_req.2.eth.src,
         ip: SERVER_IP,
         ecn_capable: false, // rxe does not mark ECT
+        // rxe asks for ACKs by packet count only, and its capture's clock
+        // (a slow VM) spaces packets further than xroce's time bound.
+        ack_req_interval_ns: 0,
         ..Default::default()
     };
     let dev = Device::new(cfg);
@@ -376,6 +379,8 @@ fn replay_write_bw_requester(file: &str) {
         // Never the limit here: rxe decided when to send, we follow.
         max_inflight_pkts: 1 << 20,
         max_device_inflight_pkts: 0,
+        // rxe asks for ACKs by packet count only (see rc_pingpong's replay).
+        ack_req_interval_ns: 0,
         ..Default::default()
     });
     let pd = dev.alloc_pd();

@@ -469,3 +469,58 @@ fn a_big_write_does_not_hold_small_ones_on_other_qps_behind_it() {
     assert!(got == small_data, "the small WRITEs' data differs");
     assert_eq!(sim.a.lock().unwrap().stats().tx_retransmitted, 0);
 }
+
+/// A flow its congestion control paces slowly (here 50 Mb/s: a 2 KB
+/// packet every 330 us) still gets its ACKs in time: a packet asks for one
+/// when the last request is 250 us old, so no tail-loss probe or timeout
+/// fires on a link that loses nothing (before, 32 packets went between ACK
+/// requests, 10 ms of sending at this rate, and a probe repeated a packet
+/// every few milliseconds: the incasts' "retransmits without drops").
+#[test]
+fn a_slowly_paced_flow_is_acknowledged_before_any_probe() {
+    const LEN: usize = 1 << 20; // 512 packets: ~170 ms at 50 Mb/s
+    let link = LinkConfig {
+        delay_ns: 20_000,
+        rate_bps: 10_000_000_000,
+        ..Default::default()
+    };
+    let mut sim = sim_with(link, |c| c.line_rate_bps = 50_000_000);
+    let p = PairParams {
+        mtu: Mtu::Mtu2048,
+        mr_len: LEN,
+        timeout: 14,
+        retry_cnt: 0,
+        ..Default::default()
+    };
+    let (a, b) = connect_engines(&sim, &p);
+    let data = common::pattern(3, LEN);
+    // SAFETY: nothing is posted on this MR yet.
+    unsafe { a.mr.write(0, &data).unwrap() };
+    let mut wr = SendWr::new(
+        1,
+        WrOpcode::RdmaWrite {
+            remote_addr: b.mr.addr(),
+            rkey: b.mr.rkey(),
+        },
+        vec![a.mr.sge(0, LEN)],
+    );
+    wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+    sim.a.lock().unwrap().post_send(a.qpn, &wr).unwrap();
+    let mut wcs = Vec::new();
+    let finished = sim.run_until(sim.now + 2_000_000_000, |s| {
+        take(&s.a, &mut wcs);
+        !wcs.is_empty()
+    });
+    assert!(finished, "the WRITE did not complete");
+    assert_eq!(wcs[0].wc.status, WcStatus::Success);
+    let sa = sim.a.lock().unwrap().stats();
+    assert_eq!(
+        (sa.tx_retransmitted, sa.retry_timeouts),
+        (0, 0),
+        "retransmitted on a lossless link: {sa:?}"
+    );
+    let mut got = vec![0; LEN];
+    // SAFETY: the WRITE has completed.
+    unsafe { b.mr.read(0, &mut got).unwrap() };
+    assert!(got == data, "the data differs");
+}

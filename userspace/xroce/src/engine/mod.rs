@@ -213,6 +213,13 @@ pub struct EngineConfig {
     pub device_target_rtt_ns: u64,
     /// Set AckReq at least every this many packets of a long message.
     pub ack_every: u32,
+    /// ... and on a packet when packets sent this long ago have not asked
+    /// for an ACK (0: only `ack_every`). A flow its congestion control
+    /// paces slowly would otherwise go `ack_every` packets, many
+    /// milliseconds, without an ACK, and the tail-loss probe would repeat
+    /// packets that were never lost. At full speed `ack_every` packets
+    /// take less, so it changes nothing there.
+    pub ack_req_interval_ns: u64,
     /// Mark data packets ECT(0).
     pub ecn_capable: bool,
     /// Minimum gap between two CNPs sent for one QP.
@@ -235,6 +242,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("max_device_inflight_pkts", &self.max_device_inflight_pkts)
             .field("device_target_rtt_ns", &self.device_target_rtt_ns)
             .field("ack_every", &self.ack_every)
+            .field("ack_req_interval_ns", &self.ack_req_interval_ns)
             .field("cnp_interval_ns", &self.cnp_interval_ns)
             .field("qpn_block", &self.qpn_block)
             .finish()
@@ -260,6 +268,8 @@ impl Default for EngineConfig {
             // loaded host's scheduling hiccups come on top.
             device_target_rtt_ns: 500_000,
             ack_every: 32,
+            // An eighth of the tail-loss probe's shortest wait (2 ms).
+            ack_req_interval_ns: 250_000,
             ecn_capable: true,
             cnp_interval_ns: 50_000,
             cc: None,

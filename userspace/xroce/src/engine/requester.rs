@@ -379,8 +379,15 @@ impl QpCtx {
         let chunk_end = self
             .reserved_end
             .is_some_and(|r| psn_add(self.req.psn, consumed) == r);
+        let ack_due = self.req.unrequested_since.is_some_and(|t| {
+            env.cfg.ack_req_interval_ns > 0 && now.saturating_sub(t) >= env.cfg.ack_req_interval_ns
+        });
         t.bth.ack_req = !uc
-            && (last_pkt || self.req.noack + 1 >= env.cfg.ack_every || window_fill || chunk_end);
+            && (last_pkt
+                || self.req.noack + 1 >= env.cfg.ack_every
+                || window_fill
+                || chunk_end
+                || ack_due);
         let ack_req = t.bth.ack_req;
         if env.scratch.len() < payload_len {
             env.scratch.resize(payload_len, 0);
@@ -405,6 +412,11 @@ impl QpCtx {
             self.req.offset += payload_len;
         }
         self.req.noack = if ack_req { 0 } else { self.req.noack + 1 };
+        self.req.unrequested_since = if ack_req {
+            None
+        } else {
+            self.req.unrequested_since.or(Some(now))
+        };
         if ack_req && self.req.rtt_sample.is_none() && !retransmission {
             self.req.rtt_sample = Some((sent_psn, now));
         }
