@@ -96,6 +96,12 @@ pub struct IncastArgs {
     /// xroce's millisecond feedback loop
     #[arg(long, default_value = "software")]
     pub dcqcn: String,
+    /// Swift parameters of the senders (--cc swift): a preset (software,
+    /// paper) and key=value overrides, e.g. "software,target=300us" (see
+    /// SwiftConfig::from_spec); "software" aims at a software host's
+    /// round trips, "paper" at the paper's NIC-timestamped 25 us
+    #[arg(long, default_value = "software")]
+    pub swift: String,
     /// The bottleneck: `xdp` (the receiver's XDP congestion point: marks
     /// and drops, packets never wait) or `delay` (the bridge's port toward
     /// the receiver holds packets at the link rate: RTT grows with the
@@ -179,6 +185,7 @@ fn check(a: &IncastArgs) -> anyhow::Result<Plan> {
     let line_rate = a.line_rate.clone().unwrap_or_else(|| a.link_rate.clone());
     let dcqcn = xroce::cc::DcqcnConfig::from_spec(&a.dcqcn, line_rate.value)
         .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
+    xroce::cc::SwiftConfig::from_spec(&a.swift).map_err(|e| anyhow::anyhow!("--swift: {e}"))?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
@@ -400,7 +407,8 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
         .args(["--bin-ms", &a.bin_ms.to_string(), "--json"])
         .arg("--trace")
         .arg(&trace)
-        .env(xroce::cc::DCQCN_ENV, &a.dcqcn);
+        .env(xroce::cc::DCQCN_ENV, &a.dcqcn)
+        .env(xroce::cc::SWIFT_ENV, &a.swift);
         senders.push(Proc::spawn(
             &format!("sender {i}"),
             cmd,

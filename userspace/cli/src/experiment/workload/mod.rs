@@ -74,6 +74,9 @@ pub struct Common {
     /// DCQCN parameters (a preset and key=value overrides, see `incast`)
     #[arg(long, default_value = "software")]
     pub dcqcn: String,
+    /// Swift parameters (a preset and key=value overrides, see `incast`)
+    #[arg(long, default_value = "software")]
+    pub swift: String,
     /// The bottleneck: `xdp` (each receiver's XDP congestion point: marks
     /// and drops, packets never wait, so flows are not held to the link
     /// rate) or `delay` (the bridge's port toward each receiver holds
@@ -178,6 +181,8 @@ pub struct Settings {
     pub cc: String,
     /// --dcqcn as given (used by --cc dcqcn only).
     pub dcqcn: String,
+    /// --swift as given (used by --cc swift only).
+    pub swift: String,
     pub link_rate: String,
     pub link_rate_bps: u64,
     pub line_rate: String,
@@ -409,6 +414,7 @@ fn prepare(c: &Common) -> anyhow::Result<(Cdf, Vec<Flow>)> {
     let line_rate = c.line_rate.as_ref().unwrap_or(&c.link_rate);
     xroce::cc::DcqcnConfig::from_spec(&c.dcqcn, line_rate.value)
         .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
+    xroce::cc::SwiftConfig::from_spec(&c.swift).map_err(|e| anyhow::anyhow!("--swift: {e}"))?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
@@ -432,6 +438,7 @@ fn settings(c: &Common, cc: CcKind, cdf: &Cdf) -> Settings {
         seed: c.seed,
         cc: cc.name().into(),
         dcqcn: c.dcqcn.clone(),
+        swift: c.swift.clone(),
         link_rate: c.link_rate.text().into(),
         link_rate_bps: c.link_rate.value,
         line_rate: c.line_rate.as_ref().unwrap_or(&c.link_rate).text().into(),
@@ -656,7 +663,8 @@ fn run_in(
             "--arena",
             &c.arena.value.to_string(),
         ])
-        .env(xroce::cc::DCQCN_ENV, &c.dcqcn);
+        .env(xroce::cc::DCQCN_ENV, &c.dcqcn)
+        .env(xroce::cc::SWIFT_ENV, &c.swift);
         node_args(&mut cmd, host, i);
         let log = dir.join(format!("sender{i}.log"));
         tx_procs.push((Proc::spawn(&format!("sender {i}"), cmd, &log)?, log));
