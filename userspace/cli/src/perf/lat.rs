@@ -238,8 +238,10 @@ impl Seen {
                 let mut got = vec![0u8; w];
                 {
                     let _engine = stack.device.lock();
+                    // (UD: the message lands after the 40-byte GRH.)
+                    let at = conn.slot_offset(0, 0) + conn.grh + size - w;
                     // SAFETY: the engine writes MR memory only with the device locked.
-                    unsafe { conn.mr.read(conn.slot_offset(0, 0) + size - w, &mut got) }?;
+                    unsafe { conn.mr.read(at, &mut got) }?;
                 }
                 if got != counter(i + 1, size) {
                     bail!("message {i} carried {got:?}, not its iteration number");
