@@ -163,8 +163,9 @@ fn udp_io(ns: &str, iface: &str, ip: Ipv4Addr) -> (UdpBackend, [u8; 6]) {
         let mac = device::interface_mac(&iface).unwrap();
         let mut cfg = UdpConfig::new(ip.into());
         cfg.local_mac = mac;
-        // Off by default (captures on a veth see the 64 KB packets whole).
+        // Both off by default (see UdpConfig::gso and gro).
         cfg.gso = true;
+        cfg.gro = true;
         let io = UdpBackend::open(cfg).unwrap_or_else(|e| panic!("UDP backend on {ip}: {e}"));
         assert!(io.gso_enabled(), "this kernel refuses UDP_SEGMENT");
         assert!(io.gro_enabled(), "this kernel refuses UDP_GRO");
