@@ -103,7 +103,25 @@ pub(super) fn attach(object: &'static [u8], ifindex: u32, mode: Mode) -> Result<
                 .raw_os_error()
                 .unwrap_or(libc::EINVAL));
         }
-        let prog = sys::xdp_program__from_bpf_obj(obj, ptr::null());
+        // The object also holds the delay bottleneck's TC program: libxdp
+        // takes the object's first program unless told a section, and
+        // libbpf loads every program of an object, so the XDP program is
+        // named here and every other one left unloaded.
+        let mut xdp_section = ptr::null();
+        let mut p = sys::bpf_object__next_program(obj, ptr::null_mut());
+        while !p.is_null() {
+            if sys::bpf_program__type(p) == sys::bpf_prog_type_BPF_PROG_TYPE_XDP {
+                xdp_section = sys::bpf_program__section_name(p);
+            } else {
+                sys::bpf_program__set_autoload(p, false);
+            }
+            p = sys::bpf_object__next_program(obj, p);
+        }
+        if xdp_section.is_null() {
+            sys::bpf_object__close(obj);
+            return Err(libc::ENOENT);
+        }
+        let prog = sys::xdp_program__from_bpf_obj(obj, xdp_section);
         let err = sys::libxdp_get_error(prog as *const c_void);
         if err != 0 {
             sys::bpf_object__close(obj);
