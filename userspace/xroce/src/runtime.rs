@@ -231,10 +231,17 @@ fn run(
         _ => Vec::new(),
     };
     let mut last_activity = Instant::now();
+    // The last round moved no frame.
+    let mut idle_round = true;
     while !stop.load(Ordering::Acquire) {
         let mut wait = if config.busy_poll || last_activity.elapsed() < config.spin_after_activity {
-            // Spinning: let the application threads have the core too.
-            std::thread::yield_now();
+            // Spinning: let the application threads have the core too, but
+            // only after a round that found nothing: a sched_yield(2)
+            // after every busy round costs a syscall and often a context
+            // switch per batch while frames stream.
+            if idle_round {
+                std::thread::yield_now();
+            }
             Duration::ZERO
         } else {
             idle_wait(device, config.max_wait)
@@ -252,10 +259,14 @@ fn run(
         }
         // Receive without the lock; take it once the first frame is here.
         let mut guard = None;
+        // One clock read per batch, not per frame: the frames of a batch
+        // waited on the ring together.
+        let mut arrived = None;
         let received = io.recv_batch(wait, &mut |frame| {
+            let t = *arrived.get_or_insert_with(now_ns);
             guard
                 .get_or_insert_with(|| device.lock())
-                .handle_frame(frame, now_ns())
+                .handle_frame(frame, t)
         })?;
         let mut engine = guard.unwrap_or_else(|| device.lock());
         // A receive ring filling up reaches the senders as CE marks (CNPs).
@@ -273,11 +284,22 @@ fn run(
         let own_mac = engine.config().mac;
         let own_block = engine.config().qpn_block;
         let mut looped = 0;
+        let mut engine = Some(engine);
         for _ in 0..4 {
             let mut engine_empty = false;
             sent += io.transmit(&mut |buf| loop {
-                let n = engine.poll_transmit(now, buf);
-                engine_empty |= n.is_none();
+                let e = engine.as_mut()?;
+                let n = e.poll_transmit(now, buf);
+                if n.is_none() {
+                    engine_empty = true;
+                    // Unlock before the backend hands the frames to the
+                    // kernel: on AF_XDP that kick runs the whole kernel TX
+                    // path (on a veth the peer's receive too), and an
+                    // application posting work should not wait for it.
+                    // Completions reach their CQs now, not after it.
+                    engine = None;
+                    return None;
+                }
                 // Loopback (as rxe): a frame to our own MAC is for a QP of
                 // this device; the link would never bring it back. One for
                 // another process's QPN block goes to the backend, which
@@ -287,7 +309,7 @@ fn run(
                         if buf.get(..6) == Some(&own_mac[..])
                             && dest_block(&buf[..len]) == Some(own_block) =>
                     {
-                        engine.handle_frame(&buf[..len], now);
+                        e.handle_frame(&buf[..len], now);
                         looped += 1;
                     }
                     n => return n,
@@ -298,7 +320,9 @@ fn run(
             }
             io.wait_writable(Duration::from_micros(50))?;
         }
-        if received + sent + looped > 0 {
+        drop(engine);
+        idle_round = received + sent + looped == 0;
+        if !idle_round {
             last_activity = Instant::now();
         }
     }
