@@ -308,12 +308,24 @@ impl XskSocket {
     /// then reclaims completed frames.
     fn complete_tx(&mut self) -> std::io::Result<()> {
         self.reclaim();
-        if self.tx_free.len() < self.tx_total && (!self.need_wakeup || self.tx.needs_wakeup()) {
+        if self.tx_waiting() && (!self.need_wakeup || self.tx.needs_wakeup()) {
             self.io_stats.tx_kicks += 1;
             kick(self.raw_fd(), false)?;
             self.reclaim();
         }
         Ok(())
+    }
+
+    /// Whether frames wait on the TX ring for the kernel to take them.
+    /// Frames it took but has not completed need no kick: in copy mode on a
+    /// veth they complete when the peer's NAPI frees their skbs, and a
+    /// kick meanwhile is a wasted sendto(2) per round of the I/O loop.
+    fn tx_waiting(&mut self) -> bool {
+        if self.tx_free.len() >= self.tx_total {
+            return false;
+        }
+        // The TX ring is as large as the TX half of the UMEM.
+        (self.tx.nb_free_exact() as usize) < self.tx_total
     }
 
     /// Moves completed TX frames back to the free list.
