@@ -25,6 +25,7 @@ mod ceiling;
 mod cpu;
 mod latency_tail;
 mod many_qps;
+mod multicore;
 mod udp_gso;
 
 use crate::{
@@ -71,6 +72,8 @@ struct Report {
     udp_gso: udp_gso::UdpGso,
     /// 1,024 QPs of 4 KiB WRITEs vs 1 QP, each backend (issue 13, goal 3).
     many_qps: many_qps::ManyQps,
+    /// 4 QPs on 2 engine shards/threads vs 1, engine only (issue 13, goal 6).
+    multicore: multicore::Multicore,
     ratios: Ratios,
 }
 
@@ -99,6 +102,10 @@ pub fn bench() -> Result<()> {
     if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("many_qps") {
         let m = many_qps::many_qps(&ns)?;
         println!("{}", serde_json::to_string_pretty(&m)?);
+        return Ok(());
+    }
+    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("multicore") {
+        println!("{}", serde_json::to_string_pretty(&multicore::measure()?)?);
         return Ok(());
     }
     if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("latency_tail") {
@@ -201,6 +208,8 @@ pub fn bench() -> Result<()> {
     .context("icrc_bench output")?;
 
     let many_qps = many_qps::many_qps(&ns)?;
+    step("engine only: 4 QPs on 2 shards/threads vs 1");
+    let multicore = multicore::measure()?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -224,6 +233,7 @@ pub fn bench() -> Result<()> {
         cpu_tcp,
         latency_tail,
         many_qps,
+        multicore,
         udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,

@@ -1,0 +1,204 @@
+//! Engine-only multi-core scaling (issue 13, goal 6): 4 RC QPs streaming
+//! 4 KiB RDMA WRITEs (MTU 4096) on one engine shard driven by one thread,
+//! against the same 4 QPs split over 2 engine shards, each driven by a
+//! thread of its own. A shard is a pair of engines (both ends of its QPs)
+//! handing frames to each other directly, as in `engine_bench`: no I/O, no
+//! loss. Runs alternate (1, 2, 1, 2, ...) so that a load change on the host
+//! hits both; the figure is the ratio of the medians, in messages per second.
+//!
+//! `cargo run --release -p xroce --example multicore_bench [-- seconds rounds]`
+//! prints one JSON object on stdout.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use xroce::engine::completion::{Completion, WcStatus};
+use xroce::engine::memory::MrTable;
+use xroce::engine::qp_attr::Mtu;
+use xroce::engine::sim::{connect_engines, sim_configs, LinkConfig, PairParams, Sim, SimLink};
+use xroce::engine::work::{SendWr, WrOpcode};
+use xroce::engine::Engine;
+
+const QPS: usize = 4;
+const MSG: usize = 4096;
+/// WRITEs each QP keeps outstanding.
+const DEPTH: u64 = 8;
+
+/// One shard's result: messages completed and frames moved.
+struct ShardRun {
+    messages: u64,
+    frames: u64,
+}
+
+/// Drives one shard with `qps` QP pairs until `stop`; checks every
+/// completion and, at the end, that each QP's last WRITE landed intact.
+fn shard(qps: usize, start: &Barrier, stop: &AtomicBool) -> ShardRun {
+    let (ca, cb) = sim_configs();
+    let engine = |cfg| Mutex::new(Engine::new(cfg, Arc::new(MrTable::default())));
+    let sim = Sim::new(
+        engine(ca),
+        engine(cb),
+        SimLink::new(LinkConfig::default(), 0),
+    );
+    let p = PairParams {
+        mtu: Mtu::Mtu4096,
+        mr_len: MSG,
+        max_wr: 64,
+        cq_depth: 1024,
+        ..Default::default()
+    };
+    let pairs: Vec<_> = (0..qps).map(|_| connect_engines(&sim, &p)).collect();
+    for (q, (a, _)) in pairs.iter().enumerate() {
+        let pattern: Vec<u8> = (0..MSG).map(|i| (i * 7 + q * 31) as u8).collect();
+        // SAFETY: nothing is posted yet; this thread alone drives the engines.
+        unsafe { a.mr.write(0, &pattern) }.unwrap();
+    }
+    let mut posted = vec![0u64; qps];
+    let mut done = vec![0u64; qps];
+    let mut completions: Vec<Completion> = Vec::with_capacity(256);
+    let mut buf = vec![0u8; 9000];
+    let mut frames = 0u64;
+    start.wait();
+    let t0 = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        let now = t0.elapsed().as_nanos() as u64 + 1_000_000;
+        let mut ga = sim.a.lock().unwrap();
+        let mut gb = sim.b.lock().unwrap();
+        for (q, (a, b)) in pairs.iter().enumerate() {
+            while posted[q] - done[q] < DEPTH {
+                let wr = SendWr::new(
+                    (q as u64) << 32 | posted[q],
+                    WrOpcode::RdmaWrite {
+                        remote_addr: b.mr.addr(),
+                        rkey: b.mr.rkey(),
+                    },
+                    vec![a.mr.sge(0, MSG)],
+                );
+                ga.post_send(a.qpn, &wr).unwrap();
+                posted[q] += 1;
+            }
+        }
+        for _ in 0..256 {
+            let mut moved = false;
+            if let Some(n) = ga.poll_transmit(now, &mut buf) {
+                gb.handle_frame(&buf[..n], now);
+                frames += 1;
+                moved = true;
+            }
+            if let Some(n) = gb.poll_transmit(now, &mut buf) {
+                ga.handle_frame(&buf[..n], now);
+                frames += 1;
+                moved = true;
+            }
+            if !moved {
+                break;
+            }
+        }
+        for g in [&mut ga, &mut gb] {
+            if g.poll_timeout().is_some_and(|t| t <= now) {
+                g.handle_timeout(now);
+            }
+        }
+        ga.take_completions(&mut completions);
+        for c in &completions {
+            assert_eq!(c.wc.status, WcStatus::Success, "a WRITE failed");
+            done[(c.wc.wr_id >> 32) as usize] += 1;
+        }
+        completions.clear();
+        gb.take_completions(&mut completions);
+        completions.clear();
+    }
+    for (q, (_, b)) in pairs.iter().enumerate() {
+        assert!(done[q] > 0, "QP {q} completed no WRITE");
+        let mut got = vec![0u8; MSG];
+        // SAFETY: the engines are no longer driven, so nothing writes the
+        // region (WRITEs still in flight never land).
+        unsafe { b.mr.read(0, &mut got) }.unwrap();
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, &v)| v == (i * 7 + q * 31) as u8),
+            "QP {q}: the data written differs from the data sent"
+        );
+    }
+    ShardRun {
+        messages: done.iter().sum(),
+        frames,
+    }
+}
+
+/// One run of `QPS` QPs over `threads` shards for `secs`: messages/s and
+/// frames/s, all shards together.
+fn run(threads: usize, secs: f64) -> (f64, f64) {
+    let start = Arc::new(Barrier::new(threads + 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let handles: Vec<_> = (0..threads)
+        .map(|s| {
+            // Spread the QPs as evenly as the shards allow.
+            let qps = QPS / threads + usize::from(s < QPS % threads);
+            let (start, stop) = (start.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name(format!("shard-{s}"))
+                .spawn(move || shard(qps, &start, &stop))
+                .expect("spawn a shard thread")
+        })
+        .collect();
+    start.wait();
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    let runs: Vec<ShardRun> = handles
+        .into_iter()
+        .map(|h| h.join().expect("a shard thread panicked"))
+        .collect();
+    let el = t0.elapsed().as_secs_f64();
+    let messages: u64 = runs.iter().map(|r| r.messages).sum();
+    let frames: u64 = runs.iter().map(|r| r.frames).sum();
+    (messages as f64 / el, frames as f64 / el)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let secs: f64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(1.0);
+    let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let (mut one, mut two, mut one_fps, mut two_fps) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds.max(1) {
+        let (m, f) = run(1, secs);
+        one.push(m);
+        one_fps.push(f);
+        let (m, f) = run(2, secs);
+        two.push(m);
+        two_fps.push(f);
+    }
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (m1, m2) = (median(&mut one.clone()), median(&mut two.clone()));
+    println!(
+        "{{\"bench\":\"multicore_engine\",\"qps\":{QPS},\"message_bytes\":{MSG},\"cores\":{cores},\
+\"seconds_per_run\":{secs},\"rounds\":{rounds},\
+\"one_thread_msgs_per_s\":{m1:.0},\"two_threads_msgs_per_s\":{m2:.0},\
+\"one_thread_frames_per_s\":{:.0},\"two_threads_frames_per_s\":{:.0},\
+\"one_thread_runs\":[{}],\"two_threads_runs\":[{}],\"two_vs_one\":{:.3}}}",
+        median(&mut one_fps),
+        median(&mut two_fps),
+        list(&one),
+        list(&two),
+        m2 / m1
+    );
+}
