@@ -50,6 +50,12 @@ pub const fn udp_port(block: u32) -> u16 {
 /// owns the interface's AF_XDP sockets (0 until one says otherwise).
 pub const CONFIG_XSK_BLOCK: u32 = 1;
 
+/// Slot of the `XROCE_CONFIG` array holding how many consecutive blocks,
+/// from [`CONFIG_XSK_BLOCK`]'s on, go to the AF_XDP sockets: one device
+/// whose QPs are spread over several I/O threads, one block per thread
+/// (`xroce::runtime::shards`). 0 (the default) means 1.
+pub const CONFIG_XSK_BLOCKS: u32 = 2;
+
 /// A UDP checksum after one 16-bit word of what it covers changed from
 /// `old` to `new` (RFC 1624, eqn. 3: `~(~check + ~old + new)`). A result of
 /// 0 is sent as 0xffff: over UDP 0 would mean "no checksum".

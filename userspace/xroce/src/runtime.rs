@@ -17,6 +17,8 @@
 //! every post_send and QP modify, so a WR posted while the thread sleeps
 //! goes out at once instead of after the wait.
 
+pub mod shards;
+
 use std::{
     os::fd::{AsFd, BorrowedFd},
     sync::{

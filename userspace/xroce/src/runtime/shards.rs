@@ -1,0 +1,583 @@
+//! One device over several I/O threads (opt-in; the default is one
+//! [`Runtime`]): shard `i` is a verbs [`Device`] of its own, whose engine
+//! holds QPN block `base + i`, driven by a runtime thread of its own with a
+//! backend of its own (for AF_XDP: the sockets of the RX queues `q` with
+//! `q % shards == i`, sending on the first of them). An application spreads
+//! its QPs by creating them on the shards in turn; a QP's number says its
+//! shard ([`shard_of_qpn`]).
+//!
+//! Where frames land: the XDP program redirects a frame for any of the
+//! device's blocks to the AF_XDP socket of the queue it arrived on
+//! ([`steer_blocks`] tells it the range). On a veth the receiving queue is
+//! the queue the sender transmitted on, so a frame can reach the socket of
+//! a shard that does not own its QP; that shard hands it over, copied, to
+//! the owner's inbox, whose eventfd wakes the owner's thread. Between two
+//! xroce peers whose QPs are paired shard by shard (each side creates its
+//! QPs on the shards in the same order) nothing is handed over. Frames
+//! between two shards of this device (own MAC) go through the inboxes too.
+//!
+//! Nothing here changes the frames on the wire.
+
+use std::{
+    collections::VecDeque,
+    os::fd::{AsFd, AsRawFd},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    time::Duration,
+};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use xroce_common::qpn_block;
+
+use super::{dest_block, Runtime, RuntimeConfig};
+use crate::{
+    io::{
+        afxdp::{rx_queue_count, XskConfig, XskMultiQueue},
+        IoError, IoStats, PacketIo,
+    },
+    verbs::Device,
+};
+
+/// Frames one inbox holds at most; more are dropped (and retransmitted by
+/// the transport), so a stalled shard cannot grow its siblings' memory.
+const INBOX_LIMIT: usize = 4096;
+
+/// The shard of QP `qpn` on a device whose shards hold blocks
+/// `base_block .. base_block + shards`; `None` if it is not this device's.
+pub fn shard_of_qpn(qpn: u32, base_block: u32, shards: usize) -> Option<usize> {
+    let i = qpn_block::of_qpn(qpn).wrapping_sub(base_block) as usize;
+    (i < shards).then_some(i)
+}
+
+/// Counters of the handoffs between shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandoffStats {
+    /// Frames one shard received (or sent to its own MAC) for another.
+    pub handed: u64,
+    /// Of those, dropped because the owner's inbox was full.
+    pub dropped: u64,
+}
+
+struct Inbox {
+    frames: Mutex<VecDeque<Vec<u8>>>,
+    /// Readable while frames wait (written when the queue turns non-empty).
+    bell: EventFd,
+}
+
+/// The inboxes of every shard of one device.
+struct Hub {
+    inboxes: Vec<Inbox>,
+    base_block: u32,
+    handed: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl Hub {
+    fn new(shards: usize, base_block: u32) -> Result<Self, IoError> {
+        let inboxes = (0..shards)
+            .map(|_| {
+                Ok(Inbox {
+                    frames: Mutex::new(VecDeque::new()),
+                    bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                        .map_err(std::io::Error::from)?,
+                })
+            })
+            .collect::<Result<_, IoError>>()?;
+        Ok(Self {
+            inboxes,
+            base_block,
+            handed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// The shard a frame's destination QP belongs to, if one of ours.
+    fn shard_of(&self, frame: &[u8]) -> Option<usize> {
+        let block = dest_block(frame)?;
+        let i = block.wrapping_sub(self.base_block) as usize;
+        (i < self.inboxes.len()).then_some(i)
+    }
+
+    /// Queues a copy of `frame` for shard `to` and wakes it.
+    fn hand(&self, to: usize, frame: &[u8]) {
+        self.handed.fetch_add(1, Ordering::Relaxed);
+        let inbox = &self.inboxes[to];
+        let was_empty = {
+            let mut q = inbox.frames.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() >= INBOX_LIMIT {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            q.push_back(frame.to_vec());
+            q.len() == 1
+        };
+        if was_empty {
+            // EAGAIN: the counter is full, so it is rung already.
+            let _ = inbox.bell.write(1);
+        }
+    }
+
+    /// Feeds what waits in shard `me`'s inbox to `on_frame`.
+    fn drain(&self, me: usize, on_frame: &mut dyn FnMut(&[u8])) -> usize {
+        let inbox = &self.inboxes[me];
+        // Reset the bell before taking the frames: a frame queued after
+        // the take rings it again, so none waits unnoticed.
+        let _ = inbox.bell.read();
+        let frames: VecDeque<Vec<u8>> =
+            std::mem::take(&mut *inbox.frames.lock().unwrap_or_else(|e| e.into_inner()));
+        for f in &frames {
+            on_frame(f);
+        }
+        frames.len()
+    }
+
+    fn stats(&self) -> HandoffStats {
+        HandoffStats {
+            handed: self.handed.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One shard's backend: its own sockets, plus the frames its siblings
+/// hand it; frames for the siblings' QPs go to them.
+struct ShardIo {
+    inner: Box<dyn PacketIo>,
+    me: usize,
+    hub: Arc<Hub>,
+    own_mac: [u8; 6],
+}
+
+impl PacketIo for ShardIo {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn max_frame_len(&self) -> usize {
+        self.inner.max_frame_len()
+    }
+
+    fn recv_batch(
+        &mut self,
+        timeout: Duration,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, IoError> {
+        let (hub, me) = (&*self.hub, self.me);
+        let mut n = hub.drain(me, on_frame);
+        let wait = if n > 0 { Duration::ZERO } else { timeout };
+        n += self
+            .inner
+            .recv_batch(wait, &mut |f| match hub.shard_of(f) {
+                Some(to) if to != me => hub.hand(to, f),
+                _ => on_frame(f),
+            })?;
+        Ok(n)
+    }
+
+    fn transmit(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Result<usize, IoError> {
+        let (hub, me, mac) = (&*self.hub, self.me, self.own_mac);
+        self.inner.transmit(&mut |buf| loop {
+            let len = fill(buf)?;
+            if len == 0 || buf.get(..6) != Some(&mac[..]) {
+                return Some(len);
+            }
+            // To our own MAC: a QP of a sibling shard (the runtime keeps
+            // those of its own shard); another process's otherwise.
+            match hub.shard_of(&buf[..len]) {
+                Some(to) if to != me => hub.hand(to, &buf[..len]),
+                _ => return Some(len),
+            }
+        })
+    }
+
+    fn oversize_hint(&self) -> &'static str {
+        self.inner.oversize_hint()
+    }
+
+    fn wait_writable(&mut self, timeout: Duration) -> Result<bool, IoError> {
+        self.inner.wait_writable(timeout)
+    }
+
+    fn stats(&mut self) -> IoStats {
+        self.inner.stats()
+    }
+
+    fn poll_fds(&self) -> Vec<i32> {
+        let mut fds = self.inner.poll_fds();
+        if fds.is_empty() {
+            // The runtime then waits in recv_batch (bounded by its
+            // max_wait), which an inbox cannot interrupt.
+            return fds;
+        }
+        fds.push(self.hub.inboxes[self.me].bell.as_fd().as_raw_fd());
+        fds
+    }
+
+    fn rx_pressure(&self) -> bool {
+        self.inner.rx_pressure()
+    }
+}
+
+/// The I/O threads of one sharded device, one per shard. Stops them on
+/// drop (or [`stop`](Self::stop)).
+pub struct ShardedRuntime {
+    runtimes: Vec<Runtime>,
+    hub: Arc<Hub>,
+}
+
+impl ShardedRuntime {
+    /// Starts one runtime per `(device, backend)` shard; shard `i`'s engine
+    /// must hold QPN block `base_block + i` (see [`shard_configs`]) and
+    /// `own_mac` is the interface's MAC. The backends need poll
+    /// descriptors ([`PacketIo::poll_fds`]): a handed-over frame wakes its
+    /// thread through one.
+    pub fn start(
+        shards: Vec<(Device, Box<dyn PacketIo>)>,
+        base_block: u32,
+        own_mac: [u8; 6],
+        config: RuntimeConfig,
+    ) -> Result<Self, IoError> {
+        if shards.is_empty() {
+            return Err(IoError::Setup {
+                what: "a sharded runtime needs at least one shard".into(),
+                source: None,
+            });
+        }
+        let hub = Arc::new(Hub::new(shards.len(), base_block)?);
+        let runtimes = shards
+            .into_iter()
+            .enumerate()
+            .map(|(me, (device, inner))| {
+                let io = ShardIo {
+                    inner,
+                    me,
+                    hub: hub.clone(),
+                    own_mac,
+                };
+                Runtime::start(device, Box::new(io), config)
+            })
+            .collect();
+        Ok(Self { runtimes, hub })
+    }
+
+    pub fn shards(&self) -> usize {
+        self.runtimes.len()
+    }
+
+    /// True while every shard's thread runs.
+    pub fn is_running(&self) -> bool {
+        self.runtimes.iter().all(Runtime::is_running)
+    }
+
+    pub fn handoff_stats(&self) -> HandoffStats {
+        self.hub.stats()
+    }
+
+    /// Stops every thread; each shard's final backend counters, or the
+    /// first I/O error that stopped one.
+    pub fn stop(self) -> Result<Vec<IoStats>, IoError> {
+        self.runtimes.into_iter().map(Runtime::stop).collect()
+    }
+}
+
+/// Engine configurations for `shards` shards: `base` with QPN block
+/// `base_block + i` for shard `i`.
+pub fn shard_configs(
+    base: &crate::engine::EngineConfig,
+    base_block: u32,
+    shards: usize,
+) -> Vec<crate::engine::EngineConfig> {
+    (0..shards)
+        .map(|i| crate::engine::EngineConfig {
+            qpn_block: base_block + i as u32,
+            ..base.clone()
+        })
+        .collect()
+}
+
+/// AF_XDP backends for `shards` shards of `iface`: shard `i` gets the
+/// sockets of the RX queues `q` with `q % shards == i` and sends on the
+/// first of them. Fails if the interface has fewer queues than shards.
+pub fn open_afxdp_shards(
+    iface: &str,
+    shards: usize,
+    config: XskConfig,
+) -> Result<Vec<Box<dyn PacketIo>>, IoError> {
+    let queues = rx_queue_count(iface) as usize;
+    if shards == 0 || queues < shards {
+        return Err(IoError::Setup {
+            what: format!(
+                "{iface} has {queues} RX queue(s), fewer than the {shards} I/O threads asked for \
+                 (a veth takes `numrxqueues`/`numtxqueues` when created; a NIC `ethtool -L`)"
+            ),
+            source: None,
+        });
+    }
+    (0..shards)
+        .map(|i| {
+            let mine = (0..queues as u32).filter(|q| *q as usize % shards == i);
+            XskMultiQueue::open_queues(iface, mine, config)
+                .map(|io| Box::new(io) as Box<dyn PacketIo>)
+                .map_err(|e| IoError::Xsk(Box::new(e)))
+        })
+        .collect()
+}
+
+/// Tells `iface`'s XDP program that blocks `base_block .. base_block +
+/// shards` all belong to the AF_XDP sockets (1 shard: what one process
+/// alone sets).
+pub fn steer_blocks(
+    iface: &str,
+    base_block: u32,
+    shards: usize,
+) -> Result<(), crate::xdp::XdpError> {
+    crate::xdp::set_xsk_block(iface, base_block)?;
+    let map = crate::xdp::open_map(iface, xroce_common::names::CONFIG)?;
+    let mut config = aya::maps::Array::<aya::maps::MapData, u32>::try_from(aya::maps::Map::Array(
+        map,
+    ))
+    .map_err(|e| crate::xdp::XdpError::Bpf {
+        what: "config map".into(),
+        source: Box::new(e),
+    })?;
+    config
+        .set(qpn_block::CONFIG_XSK_BLOCKS, shards as u32, 0)
+        .map_err(|e| crate::xdp::XdpError::Bpf {
+            what: "write XDP config".into(),
+            source: Box::new(e),
+        })
+}
+
+/// Sums over the CPUs of the XDP program's per-RX-queue counters on
+/// `iface` (what `xroce stats --interval` shows), indexed by queue.
+pub fn rx_queue_counters(
+    iface: &str,
+) -> Result<Vec<xroce_common::RxQueueCounters>, crate::xdp::XdpError> {
+    use xroce_common::{RxQueueCounters, MAX_QUEUES};
+    let map = crate::xdp::open_map(iface, xroce_common::names::RXQ_COUNTERS)?;
+    let bpf = |e: aya::maps::MapError| crate::xdp::XdpError::Bpf {
+        what: "per-queue counters".into(),
+        source: Box::new(e),
+    };
+    let array = aya::maps::PerCpuArray::<aya::maps::MapData, RxQueueCounters>::try_from(
+        aya::maps::Map::PerCpuArray(map),
+    )
+    .map_err(bpf)?;
+    (0..MAX_QUEUES)
+        .map(|q| {
+            let per_cpu = array.get(&q, 0).map_err(bpf)?;
+            Ok(per_cpu
+                .iter()
+                .fold(RxQueueCounters::default(), |a, c| RxQueueCounters {
+                    frames: a.frames + c.frames,
+                    bytes: a.bytes + c.bytes,
+                    redirected: a.redirected + c.redirected,
+                    passed: a.passed + c.passed,
+                }))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::engine::EngineConfig;
+    use crate::io::channel::ChannelIo;
+    use crate::verbs::{
+        AccessFlags, AddressVector, CompletionQueue, MemoryRegion, Mtu, QpAttr, QpInitAttr,
+        QueuePair, RemoteQp, SendWr, Wc, WcStatus, WrOpcode,
+    };
+
+    const MSG: usize = 16 * 1024;
+    const MSGS: usize = 24;
+
+    #[test]
+    fn qpns_map_to_their_block_s_shard() {
+        assert_eq!(shard_of_qpn(0x11, 0, 2), Some(0));
+        assert_eq!(shard_of_qpn(0x01_0011, 0, 2), Some(1));
+        assert_eq!(shard_of_qpn(0x02_0011, 0, 2), None);
+        assert_eq!(shard_of_qpn(0x11, 1, 2), None);
+        assert_eq!(shard_of_qpn(0x03_0012, 2, 2), Some(1));
+    }
+
+    #[test]
+    fn configs_hold_consecutive_blocks() {
+        let c = shard_configs(&EngineConfig::default(), 3, 2);
+        assert_eq!(c.iter().map(|c| c.qpn_block).collect::<Vec<_>>(), [3, 4]);
+    }
+
+    /// One side of a connection: its QP, CQ and MR (the source data for
+    /// a sender, zeroes for a receiver).
+    struct End {
+        qp: QueuePair,
+        cq: CompletionQueue,
+        mr: MemoryRegion,
+        cfg: EngineConfig,
+    }
+
+    fn end(dev: &Device, cfg: &EngineConfig, data: &[u8]) -> End {
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq(256).unwrap();
+        let qp = dev.create_qp(&pd, &QpInitAttr::rc(&cq)).unwrap();
+        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let mr = pd.reg_mr_with(data, all).unwrap();
+        End {
+            qp,
+            cq,
+            mr,
+            cfg: cfg.clone(),
+        }
+    }
+
+    fn connect(a: &End, b: &End) {
+        let attr = QpAttr {
+            qp_access_flags: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE,
+            path_mtu: Mtu::Mtu4096,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            ..Default::default()
+        };
+        for (x, y) in [(a, b), (b, a)] {
+            x.qp.connect(
+                &attr,
+                &RemoteQp {
+                    qpn: y.qp.qp_num(),
+                    psn: 0,
+                    av: AddressVector {
+                        dest_mac: y.cfg.mac,
+                        dest_ip: y.cfg.ip.into(),
+                        ..Default::default()
+                    },
+                },
+            )
+            .unwrap();
+        }
+    }
+
+    fn pattern(p: usize) -> Vec<u8> {
+        (0..MSG * MSGS)
+            .map(|i| (i * 13 + p * 101 + i / 4093) as u8)
+            .collect()
+    }
+
+    /// MSGS WRITEs on every (sender, receiver) pair at once; every
+    /// completion and every byte checked.
+    fn write_all(pairs: &[(End, End)]) {
+        let mut posted = vec![0usize; pairs.len()];
+        let mut done = vec![0usize; pairs.len()];
+        let mut wc = vec![Wc::default(); 64];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while done.iter().any(|&d| d < MSGS) {
+            let mut idle = true;
+            for (p, (a, b)) in pairs.iter().enumerate() {
+                while posted[p] < MSGS && posted[p] - done[p] < 8 {
+                    let off = posted[p] * MSG;
+                    let wr = SendWr::new(
+                        posted[p] as u64,
+                        WrOpcode::RdmaWrite {
+                            remote_addr: b.mr.addr() + off as u64,
+                            rkey: b.mr.rkey(),
+                        },
+                        vec![a.mr.sge(off, MSG)],
+                    );
+                    a.qp.post_send(&wr).unwrap();
+                    posted[p] += 1;
+                }
+                let n = a.cq.poll(&mut wc).unwrap();
+                for c in &wc[..n] {
+                    assert_eq!(c.status, WcStatus::Success, "pair {p}: {c:?}");
+                }
+                done[p] += n;
+                idle &= n == 0;
+            }
+            if idle {
+                assert!(
+                    Instant::now() < deadline,
+                    "WRITEs done: {done:?} of {MSGS} each"
+                );
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        for (p, (_, b)) in pairs.iter().enumerate() {
+            // SAFETY: every WRITE into it has completed.
+            let got = unsafe { b.mr.to_vec(0, MSG * MSGS) }.unwrap();
+            assert!(got == pattern(p), "pair {p}: the data differs");
+        }
+    }
+
+    fn host(last: u8, base_block: u32) -> (EngineConfig, Vec<Device>) {
+        let cfg = EngineConfig {
+            mac: [2, 0, 0, 0, 0, last],
+            ip: std::net::Ipv4Addr::new(10, 0, 0, last),
+            ..Default::default()
+        };
+        let devs = shard_configs(&cfg, base_block, 2)
+            .into_iter()
+            .map(Device::new)
+            .collect();
+        (cfg, devs)
+    }
+
+    /// Two hosts of 2 shards each, joined by two links (like two queues of
+    /// a veth: shard i of one side to shard i of the other). QPs paired
+    /// shard by shard, QPs paired across shards (every frame arrives at
+    /// the wrong shard and is handed over), and QPs between the two shards
+    /// of one host (own MAC) all move their data intact.
+    #[test]
+    fn shards_hand_over_frames_for_each_other_s_qps() {
+        let (cfg_a, dev_a) = host(1, 0);
+        let (cfg_b, dev_b) = host(2, 4);
+        let (a0, b0) = ChannelIo::pair(256, 9216);
+        let (a1, b1) = ChannelIo::pair(256, 9216);
+        let rt = RuntimeConfig {
+            max_wait: Duration::from_micros(200),
+            ..RuntimeConfig::default()
+        };
+        let shards = |devs: &[Device], ios: [ChannelIo; 2]| -> Vec<(Device, Box<dyn PacketIo>)> {
+            devs.iter()
+                .cloned()
+                .zip(ios.map(|io| Box::new(io) as Box<dyn PacketIo>))
+                .collect()
+        };
+        let run_a = ShardedRuntime::start(shards(&dev_a, [a0, a1]), 0, cfg_a.mac, rt).unwrap();
+        let run_b = ShardedRuntime::start(shards(&dev_b, [b0, b1]), 4, cfg_b.mac, rt).unwrap();
+        let zero = vec![0u8; MSG * MSGS];
+        let mut pairs = Vec::new();
+        for (p, (da, db, ca, cb)) in [
+            (&dev_a[0], &dev_b[0], &cfg_a, &cfg_b),
+            (&dev_a[1], &dev_b[1], &cfg_a, &cfg_b),
+            (&dev_a[0], &dev_b[1], &cfg_a, &cfg_b),
+            (&dev_b[0], &dev_a[1], &cfg_b, &cfg_a),
+            (&dev_a[0], &dev_a[1], &cfg_a, &cfg_a),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let (x, y) = (end(da, ca, &pattern(p)), end(db, cb, &zero));
+            connect(&x, &y);
+            pairs.push((x, y));
+        }
+        assert_eq!(shard_of_qpn(pairs[2].1.qp.qp_num(), 4, 2), Some(1));
+        write_all(&pairs);
+        let (ha, hb) = (run_a.handoff_stats(), run_b.handoff_stats());
+        assert!(run_a.is_running() && run_b.is_running());
+        run_a.stop().unwrap();
+        // Its links closed with a's ends.
+        let b = run_b.stop();
+        assert!(matches!(b, Ok(_) | Err(IoError::Closed)), "{b:?}");
+        // Pair 2's data reaches b's shard 0 and goes to shard 1, its ACKs
+        // come back the same way on a; pair 4 never leaves a.
+        assert!(hb.handed >= (MSGS * MSG / 4096) as u64, "{hb:?}");
+        assert!(ha.handed >= (MSGS * MSG / 4096) as u64, "{ha:?}");
+        assert_eq!(ha.dropped + hb.dropped, 0, "{ha:?} {hb:?}");
+    }
+}
