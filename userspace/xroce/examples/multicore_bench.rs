@@ -5,6 +5,10 @@
 //! handing frames to each other directly, as in `engine_bench`: no I/O, no
 //! loss. Runs alternate (1, 2, 1, 2, ...) so that a load change on the host
 //! hits both; the figure is the ratio of the medians, in messages per second.
+//! On a host whose other work takes CPU from the shards that ratio says
+//! little, so each shard also measures the CPU time its thread got: the
+//! messages per CPU-second of 2 shards against 1 (1.0: splitting the QPs
+//! costs nothing per message) say what 2 free cores would give.
 //!
 //! `cargo run --release -p xroce --example multicore_bench [-- seconds rounds]`
 //! prints one JSON object on stdout.
@@ -29,6 +33,19 @@ const DEPTH: u64 = 8;
 struct ShardRun {
     messages: u64,
     frames: u64,
+    /// CPU time the thread got while it ran.
+    cpu_secs: f64,
+}
+
+/// CPU time of the calling thread, seconds.
+fn thread_cpu() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 /// Drives one shard with `qps` QP pairs until `stop`; checks every
@@ -61,6 +78,7 @@ fn shard(qps: usize, start: &Barrier, stop: &AtomicBool) -> ShardRun {
     let mut frames = 0u64;
     start.wait();
     let t0 = Instant::now();
+    let cpu0 = thread_cpu();
     while !stop.load(Ordering::Relaxed) {
         let now = t0.elapsed().as_nanos() as u64 + 1_000_000;
         let mut ga = sim.a.lock().unwrap();
@@ -109,6 +127,7 @@ fn shard(qps: usize, start: &Barrier, stop: &AtomicBool) -> ShardRun {
         gb.take_completions(&mut completions);
         completions.clear();
     }
+    let cpu_secs = thread_cpu() - cpu0;
     for (q, (_, b)) in pairs.iter().enumerate() {
         assert!(done[q] > 0, "QP {q} completed no WRITE");
         let mut got = vec![0u8; MSG];
@@ -125,12 +144,13 @@ fn shard(qps: usize, start: &Barrier, stop: &AtomicBool) -> ShardRun {
     ShardRun {
         messages: done.iter().sum(),
         frames,
+        cpu_secs,
     }
 }
 
-/// One run of `QPS` QPs over `threads` shards for `secs`: messages/s and
-/// frames/s, all shards together.
-fn run(threads: usize, secs: f64) -> (f64, f64) {
+/// One run of `QPS` QPs over `threads` shards for `secs`: messages/s,
+/// frames/s and messages per CPU-second, all shards together.
+fn run(threads: usize, secs: f64) -> (f64, f64, f64) {
     let start = Arc::new(Barrier::new(threads + 1));
     let stop = Arc::new(AtomicBool::new(false));
     let handles: Vec<_> = (0..threads)
@@ -155,7 +175,12 @@ fn run(threads: usize, secs: f64) -> (f64, f64) {
     let el = t0.elapsed().as_secs_f64();
     let messages: u64 = runs.iter().map(|r| r.messages).sum();
     let frames: u64 = runs.iter().map(|r| r.frames).sum();
-    (messages as f64 / el, frames as f64 / el)
+    let cpu: f64 = runs.iter().map(|r| r.cpu_secs).sum();
+    (
+        messages as f64 / el,
+        frames as f64 / el,
+        messages as f64 / cpu,
+    )
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -174,13 +199,16 @@ fn main() {
     let rounds: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(5);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let (mut one, mut two, mut one_fps, mut two_fps) = (vec![], vec![], vec![], vec![]);
+    let (mut one_cpu, mut two_cpu) = (vec![], vec![]);
     for _ in 0..rounds.max(1) {
-        let (m, f) = run(1, secs);
+        let (m, f, c) = run(1, secs);
         one.push(m);
         one_fps.push(f);
-        let (m, f) = run(2, secs);
+        one_cpu.push(c);
+        let (m, f, c) = run(2, secs);
         two.push(m);
         two_fps.push(f);
+        two_cpu.push(c);
     }
     let list = |v: &[f64]| {
         v.iter()
@@ -189,16 +217,25 @@ fn main() {
             .join(",")
     };
     let (m1, m2) = (median(&mut one.clone()), median(&mut two.clone()));
+    let (c1, c2) = (median(&mut one_cpu), median(&mut two_cpu));
+    // The host's load while it ran (1-minute average, /proc/loadavg).
+    let load: f64 = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(-1.0);
     println!(
         "{{\"bench\":\"multicore_engine\",\"qps\":{QPS},\"message_bytes\":{MSG},\"cores\":{cores},\
 \"seconds_per_run\":{secs},\"rounds\":{rounds},\
 \"one_thread_msgs_per_s\":{m1:.0},\"two_threads_msgs_per_s\":{m2:.0},\
 \"one_thread_frames_per_s\":{:.0},\"two_threads_frames_per_s\":{:.0},\
-\"one_thread_runs\":[{}],\"two_threads_runs\":[{}],\"two_vs_one\":{:.3}}}",
+\"one_thread_runs\":[{}],\"two_threads_runs\":[{}],\"two_vs_one\":{:.3},\
+\"one_thread_msgs_per_cpu_s\":{c1:.0},\"two_threads_msgs_per_cpu_s\":{c2:.0},\
+\"cpu_efficiency_two_vs_one\":{:.3},\"load_average_1m\":{load:.2}}}",
         median(&mut one_fps),
         median(&mut two_fps),
         list(&one),
         list(&two),
-        m2 / m1
+        m2 / m1,
+        c2 / c1
     );
 }

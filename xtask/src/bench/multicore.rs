@@ -36,6 +36,16 @@ pub struct Multicore {
     pub two_threads_runs: Vec<f64>,
     /// two_threads_msgs_per_s / one_thread_msgs_per_s (goal: >= 1.6).
     pub two_vs_one: f64,
+    /// Messages per CPU-second the shard threads got (medians).
+    pub one_thread_msgs_per_cpu_s: f64,
+    pub two_threads_msgs_per_cpu_s: f64,
+    /// two_threads_msgs_per_cpu_s / one_thread_msgs_per_cpu_s: 1.0 when
+    /// splitting the QPs costs nothing per message, so that two_vs_one
+    /// reaches 2 x this on two cores nothing else uses (other load on the
+    /// host lowers two_vs_one, not this).
+    pub cpu_efficiency_two_vs_one: f64,
+    /// The host's 1-minute load average during the runs.
+    pub load_average_1m: f64,
 }
 
 /// Builds and runs the example (release).
@@ -58,8 +68,14 @@ pub fn measure() -> Result<Multicore> {
     )?;
     let m: Multicore = serde_json::from_str(out.trim()).context("multicore_bench's JSON output")?;
     eprintln!(
-        "4 QPs, engine only: 2 threads {:.0} msg/s vs 1 thread {:.0} msg/s: {:.2}x ({} cores)",
-        m.two_threads_msgs_per_s, m.one_thread_msgs_per_s, m.two_vs_one, m.cores
+        "4 QPs, engine only: 2 threads {:.0} msg/s vs 1 thread {:.0} msg/s: {:.2}x ({} cores, \
+         load {:.1}); per CPU-second {:.2}x",
+        m.two_threads_msgs_per_s,
+        m.one_thread_msgs_per_s,
+        m.two_vs_one,
+        m.cores,
+        m.load_average_1m,
+        m.cpu_efficiency_two_vs_one
     );
     Ok(m)
 }
