@@ -92,6 +92,7 @@ pub mod mad;
 pub mod opcode;
 pub mod psn;
 pub mod rdma_cm;
+pub mod sack;
 pub mod transport;
 pub mod udp;
 

@@ -138,7 +138,9 @@ impl TransportRepr {
             return Err(Error::BadPad(pad as u8));
         }
         let payload = &body[..body.len() - pad];
-        if !op.has_payload() && !body.is_empty() {
+        // An ACK may carry xroce's SACK block (an extension only peers that
+        // agreed on selective repeat send; see `sack`), nothing else.
+        if !op.has_payload() && !body.is_empty() && !sack_on_ack(op, payload) {
             return Err(Error::UnexpectedPayload(op as u8));
         }
         Ok((r, payload))
@@ -151,7 +153,7 @@ impl TransportRepr {
         if self.headers_present() != op.headers() {
             return Err(Error::HeaderMismatch(op as u8));
         }
-        if !op.has_payload() && !payload.is_empty() {
+        if !op.has_payload() && !payload.is_empty() && !sack_on_ack(op, payload) {
             return Err(Error::UnexpectedPayload(op as u8));
         }
         let total = self.buffer_len(payload.len());
@@ -198,4 +200,9 @@ impl TransportRepr {
         debug_assert_eq!(off, total);
         Ok(off)
     }
+}
+
+/// `body` is a SACK block on an RC ACKNOWLEDGE.
+fn sack_on_ack(op: Opcode, body: &[u8]) -> bool {
+    op == Opcode::RC_ACKNOWLEDGE && crate::sack::is_sack_block(body)
 }

@@ -156,7 +156,7 @@ impl QpCtx {
             return;
         }
         match opcode {
-            Opcode::RC_ACKNOWLEDGE => self.on_ack(env, t, now),
+            Opcode::RC_ACKNOWLEDGE => self.on_ack(env, t, payload, now),
             Opcode::RC_ATOMIC_ACKNOWLEDGE => {
                 self.ack_up_to(env, p, now);
                 if self.req.comp_psn != p {
@@ -182,6 +182,14 @@ impl QpCtx {
                 self.on_progress(env, old, now);
             }
             _ => self.on_read_response(env, t, payload, now),
+        }
+        // Selective repeat: a READ/atomic answered at last lets the
+        // cumulative ACK already received complete what follows it (the
+        // peer will not acknowledge those PSNs again).
+        if let Some(cum) = self.sr.as_ref().map(|s| s.req.cum) {
+            if psn_lt(self.req.comp_psn, cum) && !self.go_error {
+                self.ack_up_to(env, cum, now);
+            }
         }
         self.complete_local_errors(env);
     }
@@ -237,7 +245,7 @@ impl QpCtx {
         self.on_progress(env, old, now);
     }
 
-    fn on_ack(&mut self, env: &mut Env<'_>, t: &TransportRepr, now: u64) {
+    fn on_ack(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8], now: u64) {
         let p = t.bth.psn;
         let Some(aeth) = t.aeth else {
             env.stats.rx_bad_response += 1;
@@ -251,6 +259,9 @@ impl QpCtx {
                     return;
                 }
                 self.ack_up_to(env, psn_add(p, 1), now);
+                if self.sr.is_some() {
+                    self.sr_on_ack(psn_add(p, 1), payload);
+                }
                 // An ACK covering a READ/atomic whose response we have not
                 // seen means the response was lost: retry it.
                 if let Some(w) = self.sq.front() {

@@ -137,6 +137,14 @@ impl QpCtx {
                 return Some(n);
             }
         }
+        if matches!(self.state, QpState::Rts | QpState::Sqd) {
+            // Selective repeat: holes go before new data, outside the
+            // device budget (their PSNs are counted already).
+            if let Some(n) = self.sr_retransmit(env, now, buf) {
+                self.prefer_req = false;
+                return Some(n);
+            }
+        }
         if matches!(self.state, QpState::Rts | QpState::Sqd) && self.budget_allows(env) {
             let new_data = self.req.psn == self.req.max_psn;
             let sent_psn = self.req.psn;
@@ -225,7 +233,8 @@ impl QpCtx {
         };
         m(self.req.rto_deadline);
         m(self.req.rnr_until);
-        let req_ready = self.req.idx < self.sq.len() && self.req.rnr_until.is_none();
+        let req_ready = (self.req.idx < self.sq.len() || self.sr_retx_pending())
+            && self.req.rnr_until.is_none();
         let read_ready = matches!(self.resp.out.front(), Some(RespItem::Read { .. }));
         if req_ready || read_ready {
             // Rate 0 holds the data until the controller changes its rate,

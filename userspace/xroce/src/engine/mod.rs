@@ -62,6 +62,12 @@
 //! and READ responses by the controller's rate; P_Key and peer-address
 //! checks; async events COMM_EST / SQ_DRAINED / QP_FATAL.
 //!
+//! Selective repeat between two xroce engines (`selective.rs`, after IRN):
+//! per RC QP, off by default, turned on by both sides after they agreed at
+//! connection setup ([`Engine::set_selective_repeat`]); WRITE packets then
+//! carry a RETH each and are placed out of order, ACKs carry a SACK block
+//! and only holes are retransmitted. Every other peer gets go-back-N.
+//!
 //! Not yet: end-to-end credits (ACKs carry "invalid credits" 0x1f like
 //! rxe's and incoming credits are ignored); SEND_WITH_INV does not
 //! invalidate anything (no memory windows / fast-reg MRs); alternate paths
@@ -81,6 +87,7 @@ pub mod qp_attr;
 mod requester;
 mod responder;
 mod schedule;
+pub mod selective;
 pub mod sim;
 pub mod srq;
 pub mod timers;
@@ -355,6 +362,13 @@ counters! {
         pub read_reexecuted: u64,
         pub cq_overflows: u64,
         pub async_events_dropped: u64,
+        /// Selective repeat: WRITE packets placed ahead of the expected
+        /// PSN, packets ahead of it dropped (in-order-only kinds, failed
+        /// checks), ACKs that carried a SACK, holes retransmitted.
+        pub sr_placed_out_of_order: u64,
+        pub sr_dropped_out_of_order: u64,
+        pub tx_sacks: u64,
+        pub sr_holes_retransmitted: u64,
     }
 }
 
@@ -766,6 +780,40 @@ impl Engine {
                 | QpAttrMask::RNR_RETRY
                 | QpAttrMask::MAX_QP_RD_ATOMIC,
         )
+    }
+
+    /// Turn selective repeat (see [`selective`]) on or off for RC QP `qpn`.
+    /// Only for a QP whose peer is an xroce engine that turns it on too
+    /// (agreed at connection setup): WRITEs then carry a RETH in every
+    /// packet and ACKs a SACK block, which no other RoCE peer understands.
+    /// Off by default; only while the QP is idle (nothing posted, sent,
+    /// unacknowledged or received half-way).
+    pub fn set_selective_repeat(&mut self, qpn: u32, on: bool) -> Result<()> {
+        self.with_qp(qpn, |qp, _| {
+            if qp.qp_type != QpType::Rc {
+                return Err(VerbsError::InvalidAttribute(
+                    "selective_repeat",
+                    "RC QPs only".into(),
+                ));
+            }
+            let idle = qp.sq.is_empty()
+                && !qp.psn_outstanding()
+                && qp.resp.out.is_empty()
+                && qp.resp.in_msg == qp::InMsg::None;
+            if !idle {
+                return Err(VerbsError::InvalidAttribute(
+                    "selective_repeat",
+                    "the QP is not idle".into(),
+                ));
+            }
+            qp.sr = on.then(|| Box::new(selective::SrState::new(qp.req.comp_psn, qp.resp.epsn)));
+            Ok(())
+        })
+    }
+
+    /// Whether QP `qpn` uses selective repeat.
+    pub fn selective_repeat(&mut self, qpn: u32) -> Result<bool> {
+        self.with_qp(qpn, |qp, _| Ok(qp.sr.is_some()))
     }
 
     /// `ibv_query_qp`: current attributes (qp_state is the live state).

@@ -157,6 +157,9 @@ pub(crate) struct QpCtx {
     /// the ACK that frees the room; QPs holding room for half-sent
     /// messages without one would wait for each other until their RTOs).
     pub reserved_end: Option<u32>,
+    /// Selective repeat state (`selective.rs`), on a QP whose peer agreed
+    /// to it at connection setup; None: go-back-N.
+    pub sr: Option<Box<super::selective::SrState>>,
 }
 
 impl QpCtx {
@@ -206,6 +209,7 @@ impl QpCtx {
             counted_inflight: 0,
             budget_blocked: false,
             reserved_end: None,
+            sr: None,
         }
     }
 

@@ -28,6 +28,8 @@ use super::Env;
 pub(crate) const RTO_BACKOFF_MAX: u8 = 3;
 /// The shortest wait for an acknowledgement before a tail-loss probe.
 pub(crate) const PROBE_MIN_NS: u64 = 2_000_000;
+/// The shortest wait before a tail-loss probe on a selective-repeat QP.
+pub(crate) const SR_PROBE_MIN_NS: u64 = 100_000;
 /// ... and this many smoothed round trips ...
 const PROBE_RTTS: u64 = 4;
 /// ... but never longer than this: a host that keeps the peer off its
@@ -87,6 +89,17 @@ impl QpCtx {
     /// most [`PROBE_MAX_NS`] and a quarter of the timeout `rto`. None when
     /// that leaves less than the minimum: the timeout itself is short.
     fn probe_ns(&self, rto: u64) -> Option<u64> {
+        if self.sr.is_some() {
+            // Selective repeat: a needless probe costs one packet, not a
+            // window, so it comes sooner (IRN's low timeout).
+            let p = self
+                .req
+                .srtt_ns
+                .map_or(SR_PROBE_MIN_NS, |s| s.saturating_mul(PROBE_RTTS))
+                .clamp(SR_PROBE_MIN_NS, PROBE_MAX_NS)
+                .min(rto / 2);
+            return (p >= SR_PROBE_MIN_NS).then_some(p);
+        }
         let p = self
             .req
             .srtt_ns
@@ -130,6 +143,12 @@ impl QpCtx {
         if self.req.psn != self.req.max_psn || self.req.rnr_until.is_some() {
             return;
         }
+        if self.sr_has_holes() {
+            // Selective repeat with known holes: the oldest one is what
+            // holds everything up (its retransmission may be lost too).
+            self.sr_probe_oldest();
+            return;
+        }
         let last = psn_sub(self.req.max_psn, 1);
         self.seek_req(last);
         // The probe asks for an ACK even when that packet did not (a
@@ -164,7 +183,14 @@ impl QpCtx {
         if self.req.retry_left != 7 {
             self.req.retry_left -= 1;
         }
-        self.start_retry(env);
+        if self.sr.is_some() && self.req.psn == self.req.max_psn {
+            // Selective repeat: what is neither acknowledged nor SACKed.
+            env.stats.retries_started += 1;
+            self.req.rtt_sample = None;
+            self.sr_on_timeout();
+        } else {
+            self.start_retry(env);
+        }
         self.req.rto_backoff = self.req.rto_backoff.saturating_add(1).min(RTO_BACKOFF_MAX);
         self.arm_rto(now);
     }
@@ -219,6 +245,7 @@ impl QpCtx {
             }
         }
         let w = &self.sq[idx];
+        let sr = self.sr.is_some();
         let k = psn_diff(self.req.psn, w.first_psn) as u32;
         let offset = self.req.offset;
         let se = w.flags.contains(SendFlags::SOLICITED);
@@ -297,6 +324,39 @@ impl QpCtx {
                             Opcode::RC_SEND_FIRST,
                             Opcode::RC_SEND_MIDDLE,
                             Opcode::RC_SEND_LAST_WITH_INVALIDATE,
+                        )
+                    }
+                    WrOpcode::RdmaWrite { remote_addr, rkey } if sr => {
+                        // Selective repeat: a RETH in every packet (its own
+                        // address, the message's length), see selective.rs.
+                        reth = Some(RethRepr {
+                            va: remote_addr + offset as u64,
+                            rkey,
+                            dma_len: w.len,
+                        });
+                        (
+                            Opcode::RC_RDMA_WRITE_ONLY,
+                            Opcode::RC_RDMA_WRITE_FIRST,
+                            Opcode::RC_RDMA_WRITE_FIRST,
+                            Opcode::RC_RDMA_WRITE_ONLY,
+                        )
+                    }
+                    WrOpcode::RdmaWriteWithImm {
+                        remote_addr,
+                        rkey,
+                        imm: i,
+                    } if sr => {
+                        reth = Some(RethRepr {
+                            va: remote_addr + offset as u64,
+                            rkey,
+                            dma_len: w.len,
+                        });
+                        imm = last_pkt.then_some(i);
+                        (
+                            Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                            Opcode::RC_RDMA_WRITE_FIRST,
+                            Opcode::RC_RDMA_WRITE_FIRST,
+                            Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
                         )
                     }
                     WrOpcode::RdmaWrite { remote_addr, rkey } => {

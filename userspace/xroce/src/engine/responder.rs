@@ -26,7 +26,7 @@ use super::Env;
 const MAX_OUT: usize = 64;
 
 impl QpCtx {
-    fn queue_ack(&mut self, psn: u32) {
+    pub(super) fn queue_ack(&mut self, psn: u32) {
         let msn = self.resp.msn;
         if let Some(RespItem::Ack {
             psn: p,
@@ -81,7 +81,7 @@ impl QpCtx {
 
     /// RNR NAK for the packet at the expected PSN (sent for every retry of
     /// it; the requester backs off by the encoded timer).
-    fn rnr_nak(&mut self, env: &mut Env<'_>, p: u32) {
+    pub(super) fn rnr_nak(&mut self, env: &mut Env<'_>, p: u32) {
         let timer = self.attr.min_rnr_timer & 0x1f;
         self.queue_nak(env, p, Syndrome::RnrNak { timer }, false);
     }
@@ -94,7 +94,7 @@ impl QpCtx {
         }
     }
 
-    fn have_recv_wqe(&self) -> bool {
+    pub(super) fn have_recv_wqe(&self) -> bool {
         match &self.srq {
             Some(srq) => !srq.is_empty(),
             None => !self.rq.is_empty(),
@@ -103,7 +103,7 @@ impl QpCtx {
 
     /// Class C error on a request: NAK it, complete a consumed receive WQE
     /// with `recv_status`, and let the QP go to ERR once the NAK is out.
-    fn class_c(
+    pub(super) fn class_c(
         &mut self,
         env: &mut Env<'_>,
         p: u32,
@@ -136,6 +136,10 @@ impl QpCtx {
             return;
         }
         let d = psn_diff(t.bth.psn, self.resp.epsn);
+        if d > 0 && self.sr.is_some() {
+            self.sr_out_of_order(env, t, payload);
+            return;
+        }
         if d > 0 {
             env.stats.rx_out_of_sequence += 1;
             if !self.resp.nak_sent {
@@ -150,7 +154,12 @@ impl QpCtx {
             self.resp_duplicate(env, t);
             return;
         }
-        self.resp_in_order(env, t, payload);
+        if self.sr_takes(t) {
+            self.sr_in_order(env, t, payload);
+        } else {
+            self.resp_in_order(env, t, payload);
+        }
+        self.sr_absorb();
     }
 
     fn resp_duplicate(&mut self, env: &mut Env<'_>, t: &TransportRepr) {
@@ -626,6 +635,7 @@ impl QpCtx {
                 return None;
             }
         }
+        let alone = self.resp.out.len() == 1;
         let item = self.resp.out.front_mut()?;
         match item {
             RespItem::Ack {
@@ -634,6 +644,11 @@ impl QpCtx {
                 msn,
                 fatal,
             } => {
+                if self.sr.is_some() && *syndrome == Syndrome::ACK && alone {
+                    // Nothing queued behind it: acknowledge all there is.
+                    *psn = psn_sub(self.resp.epsn, 1);
+                    *msn = self.resp.msn;
+                }
                 let mut f = codec::packet(&self.tmpl, Opcode::RC_ACKNOWLEDGE, *psn);
                 f.transport.aeth = Some(AethRepr {
                     syndrome: *syndrome,
@@ -641,10 +656,20 @@ impl QpCtx {
                 });
                 let fatal = *fatal;
                 let syn = *syndrome;
-                let n = xroce_wire::emit_frame(&f, &[], buf).ok()?;
+                // SR QPs: a positive ACK of the latest PSN carries a SACK.
+                let mut sack = [0u8; xroce_wire::sack::MAX_LEN];
+                let sack_len = if syn == Syndrome::ACK {
+                    self.sr_sack_block(f.transport.bth.psn, &mut sack)
+                } else {
+                    0
+                };
+                let n = xroce_wire::emit_frame(&f, &sack[..sack_len], buf).ok()?;
                 self.resp.out.pop_front();
                 if syn == Syndrome::ACK {
                     env.stats.tx_acks += 1;
+                }
+                if sack_len > 0 {
+                    env.stats.tx_sacks += 1;
                 }
                 if fatal {
                     self.go_error = true;

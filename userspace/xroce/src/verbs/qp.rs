@@ -65,6 +65,12 @@ impl QueuePair {
         }
         r
     }
+    /// Selective repeat towards an xroce peer that agreed to it at
+    /// connection setup ([`crate::engine::Engine::set_selective_repeat`]):
+    /// an RC QP, connected, before anything is posted.
+    pub fn set_selective_repeat(&self, on: bool) -> Result<()> {
+        self.dev.lock().set_selective_repeat(self.qpn, on)
+    }
     /// This QP's counters.
     pub fn stats(&self) -> Option<crate::engine::QpStats> {
         self.dev.lock().qp_stats(self.qpn)

@@ -1,0 +1,544 @@
+//! Selective repeat between two xroce peers (after IRN, SIGCOMM'18).
+//!
+//! # Design
+//!
+//! - **Enabling.** Per RC QP, off by default: [`super::Engine::set_selective_repeat`]
+//!   while the QP is idle (before traffic). Both sides must turn it on; they
+//!   agree out of band at connection setup (the CLI perf tools' exchange,
+//!   where each side announces the capability and SR is used only if both
+//!   did). Nothing on the wire changes for a QP that did not agree: rxe and
+//!   every other peer get go-back-N exactly as before.
+//! - **WRITE packets carry a RETH each**, so the responder can place any of
+//!   them at once. Opcodes stay standard ones that carry a RETH: every
+//!   packet but the last is a WRITE FIRST, the last a WRITE ONLY (or ONLY
+//!   with immediate); each RETH holds that packet's own address, the rkey
+//!   and the message's total length (for the immediate's byte_len).
+//! - **Responder.** A placeable packet (a WRITE packet of the above form,
+//!   without immediate) ahead of the expected PSN is checked (rkey, bounds,
+//!   access) and placed at once, and its PSN is marked in a bitmap
+//!   ([`PsnRing`], [`RING_PSNS`] PSNs ahead of the expected one); a marked
+//!   PSN is never placed again (exactly-once placement; duplicates are
+//!   counted and re-acknowledged). The expected PSN, the MSN and every
+//!   completion advance only over the contiguous prefix: after each in-order
+//!   packet the responder absorbs the marked PSNs that follow. Everything
+//!   else ahead of the expected PSN (SEND, READ and atomic requests, the
+//!   last packet of a WRITE with immediate, packets failing a check, PSNs
+//!   beyond the bitmap) is dropped unmarked, as if lost: those run in order
+//!   only, which keeps receive-WQE consumption, RNR NAKs, READ/atomic
+//!   execution order and error NAKs exactly as in go-back-N. No sequence
+//!   NAK is sent: an arrival that opens or moves past a gap (or asks for an
+//!   ACK) is answered by an ACK carrying a SACK.
+//! - **ACK.** The BTH PSN is the cumulative acknowledgement as always; an
+//!   xroce-only SACK block (`xroce_wire::sack`) in the ACK's payload marks
+//!   the PSNs received beyond it. Only SR QPs send or read it.
+//! - **Requester.** SACKed PSNs are remembered ([`SrReq::sacked`]); every
+//!   PSN below the highest SACKed that is neither acknowledged nor SACKed is
+//!   a hole, queued once for retransmission of that one packet (a READ's
+//!   response PSNs are not holes: only its request PSN is). A retransmission
+//!   counts as lost again when a packet sent after it is SACKed while it is
+//!   not (then it is sent again). The tail-loss probe, when holes are
+//!   known, resends the oldest unacknowledged packet instead of the last
+//!   one; the timeout queues every unacknowledged, unSACKed PSN. READ
+//!   responses that arrive out of order, RNR NAKs and sequence NAKs keep
+//!   their go-back-N recovery.
+
+use std::collections::VecDeque;
+
+use xroce_wire::sack::{Sack, MAX_BITMAP_BYTES};
+use xroce_wire::{psn_add, psn_diff, psn_lt, psn_sub, NakCode, Opcode, Syndrome, TransportRepr};
+
+use super::completion::{WcFlags, WcOpcode, WcStatus};
+use super::memory::AccessFlags;
+use super::qp::{InMsg, QpCtx};
+use super::Env;
+
+/// PSNs a [`PsnRing`] tracks from its base (the SACK block's reach).
+pub const RING_PSNS: u32 = (MAX_BITMAP_BYTES * 8) as u32;
+const RING_WORDS: usize = RING_PSNS as usize / 64;
+
+/// A set of PSNs in [base, base + RING_PSNS), a bit per PSN indexed by the
+/// PSN modulo the ring size (a power of two dividing 2^24, so the index is
+/// the same across the PSN wrap).
+pub(crate) struct PsnRing {
+    base: u32,
+    bits: [u64; RING_WORDS],
+    /// Marked PSNs.
+    count: u32,
+}
+
+impl PsnRing {
+    fn new(base: u32) -> Self {
+        Self {
+            base,
+            bits: [0; RING_WORDS],
+            count: 0,
+        }
+    }
+
+    fn slot(p: u32) -> (usize, u64) {
+        let i = (p % RING_PSNS) as usize;
+        (i / 64, 1 << (i % 64))
+    }
+
+    fn in_range(&self, p: u32) -> bool {
+        let d = psn_diff(p, self.base);
+        (0..RING_PSNS as i32).contains(&d)
+    }
+
+    pub(crate) fn contains(&self, p: u32) -> bool {
+        let (w, b) = Self::slot(p);
+        self.in_range(p) && self.bits[w] & b != 0
+    }
+
+    /// Mark `p`; false if already marked or out of range.
+    pub(crate) fn insert(&mut self, p: u32) -> bool {
+        if !self.in_range(p) {
+            return false;
+        }
+        let (w, b) = Self::slot(p);
+        if self.bits[w] & b != 0 {
+            return false;
+        }
+        self.bits[w] |= b;
+        self.count += 1;
+        true
+    }
+
+    fn remove(&mut self, p: u32) {
+        let (w, b) = Self::slot(p);
+        if self.in_range(p) && self.bits[w] & b != 0 {
+            self.bits[w] &= !b;
+            self.count -= 1;
+        }
+    }
+
+    /// Move the base to `nb`, forgetting what falls below it; a base that
+    /// jumped backwards or out of reach (a reset QP) empties the ring.
+    pub(crate) fn advance_to(&mut self, nb: u32) {
+        let d = psn_diff(nb, self.base);
+        if d < 0 || d >= RING_PSNS as i32 {
+            *self = Self::new(nb);
+            return;
+        }
+        while self.base != nb {
+            if self.count == 0 {
+                self.base = nb;
+                break;
+            }
+            let p = self.base;
+            self.remove(p);
+            self.base = psn_add(p, 1);
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// One past the highest marked PSN (the base when empty).
+    fn end(&self) -> u32 {
+        if self.count == 0 {
+            return self.base;
+        }
+        let mut p = psn_add(self.base, RING_PSNS - 1);
+        while !self.contains(p) {
+            p = psn_sub(p, 1);
+        }
+        psn_add(p, 1)
+    }
+}
+
+/// Requester side.
+pub(crate) struct SrReq {
+    /// PSNs at or after the completer's the responder reported received.
+    pub sacked: PsnRing,
+    /// One past the highest SACKed PSN.
+    high: u32,
+    /// One past the highest cumulatively acknowledged PSN: ahead of the
+    /// completer's while it waits for a READ's or atomic's response.
+    pub cum: u32,
+    /// Holes below here have been queued already.
+    scanned: u32,
+    /// Holes to retransmit, oldest first.
+    retx: VecDeque<u32>,
+    /// Retransmitted holes not yet acknowledged: (PSN, the first new PSN
+    /// sent after it). A SACK beyond that second PSN means it was lost again.
+    sent: VecDeque<(u32, u32)>,
+}
+
+/// Responder side.
+pub(crate) struct SrResp {
+    /// PSNs beyond the expected one that were placed.
+    got: PsnRing,
+    /// Of those, the last packets of messages (each advances the MSN).
+    ends: PsnRing,
+    /// One past the highest PSN placed ahead of the expected one.
+    high: u32,
+}
+
+pub(crate) struct SrState {
+    pub req: SrReq,
+    pub resp: SrResp,
+}
+
+impl SrState {
+    pub(crate) fn new(comp_psn: u32, epsn: u32) -> Self {
+        Self {
+            req: SrReq {
+                sacked: PsnRing::new(comp_psn),
+                high: comp_psn,
+                cum: comp_psn,
+                scanned: comp_psn,
+                retx: VecDeque::new(),
+                sent: VecDeque::new(),
+            },
+            resp: SrResp {
+                got: PsnRing::new(epsn),
+                ends: PsnRing::new(epsn),
+                high: epsn,
+            },
+        }
+    }
+}
+
+/// The WRITE opcodes an SR requester sends (each with a RETH).
+fn sr_write(o: Opcode) -> bool {
+    matches!(
+        o,
+        Opcode::RC_RDMA_WRITE_FIRST
+            | Opcode::RC_RDMA_WRITE_ONLY
+            | Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE
+    )
+}
+
+impl QpCtx {
+    // ------------------------------------------------------------ responder
+
+    /// SR responder entry for a packet ahead of the expected PSN.
+    pub(crate) fn sr_out_of_order(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
+        let p = t.bth.psn;
+        env.stats.rx_out_of_sequence += 1;
+        let Some(sr) = self.sr.as_mut() else { return };
+        sr.resp.got.advance_to(self.resp.epsn);
+        sr.resp.ends.advance_to(self.resp.epsn);
+        if sr.resp.got.contains(p) {
+            env.stats.rx_duplicate += 1;
+            self.queue_ack(psn_sub(self.resp.epsn, 1));
+            return;
+        }
+        // Opens or moves past a gap: the requester learns of it now.
+        let tell = t.bth.ack_req || p != sr.resp.high || psn_lt(sr.resp.high, self.resp.epsn);
+        let o = t.bth.opcode;
+        let placeable = matches!(o, Opcode::RC_RDMA_WRITE_FIRST | Opcode::RC_RDMA_WRITE_ONLY)
+            && sr.resp.got.in_range(p);
+        if placeable && self.sr_place(env, t, payload).is_ok() {
+            let sr = self.sr.as_mut().expect("checked");
+            sr.resp.got.insert(p);
+            if o == Opcode::RC_RDMA_WRITE_ONLY {
+                sr.resp.ends.insert(p);
+            }
+            if psn_lt(sr.resp.high, psn_add(p, 1)) {
+                sr.resp.high = psn_add(p, 1);
+            }
+            env.stats.sr_placed_out_of_order += 1;
+        } else {
+            env.stats.sr_dropped_out_of_order += 1;
+        }
+        if tell {
+            self.queue_ack(psn_sub(self.resp.epsn, 1));
+        }
+    }
+
+    /// Check and place one SR WRITE packet (its RETH gives its address).
+    fn sr_place(
+        &mut self,
+        env: &mut Env<'_>,
+        t: &TransportRepr,
+        payload: &[u8],
+    ) -> Result<(), NakCode> {
+        let Some(r) = t.reth else {
+            return Err(NakCode::InvalidRequest);
+        };
+        if !self
+            .attr
+            .qp_access_flags
+            .contains(AccessFlags::REMOTE_WRITE)
+        {
+            return Err(NakCode::InvalidRequest);
+        }
+        let mtu = self.mtu as usize;
+        let len_ok = if t.bth.opcode == Opcode::RC_RDMA_WRITE_FIRST {
+            payload.len() == mtu
+        } else {
+            payload.len() <= mtu && payload.len() as u64 <= u64::from(r.dma_len)
+        };
+        if !len_ok {
+            return Err(NakCode::InvalidRequest);
+        }
+        let Some(mr) = env.mrs.by_rkey(r.rkey) else {
+            return Err(NakCode::RemoteAccessError);
+        };
+        let Ok(off) = mr.check(
+            self.pd,
+            r.va,
+            payload.len() as u64,
+            AccessFlags::REMOTE_WRITE,
+        ) else {
+            return Err(NakCode::RemoteAccessError);
+        };
+        if !mr.is_valid() {
+            return Err(NakCode::RemoteAccessError);
+        }
+        mr.write_at(off, payload);
+        Ok(())
+    }
+
+    /// Whether the SR responder takes this in-order packet itself.
+    pub(crate) fn sr_takes(&self, t: &TransportRepr) -> bool {
+        self.sr.is_some() && sr_write(t.bth.opcode)
+    }
+
+    /// SR responder: an in-order WRITE packet.
+    pub(crate) fn sr_in_order(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
+        let p = t.bth.psn;
+        let o = t.bth.opcode;
+        if self.resp.in_msg != InMsg::None {
+            // A WRITE inside a multi-packet SEND: the opcode sequence broke.
+            self.class_c(
+                env,
+                p,
+                Syndrome::Nak(NakCode::InvalidRequest),
+                Some(WcStatus::RemInvReqErr),
+            );
+            return;
+        }
+        let with_imm = o == Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+        if with_imm && !self.have_recv_wqe() {
+            self.rnr_nak(env, p);
+            return;
+        }
+        if let Err(code) = self.sr_place(env, t, payload) {
+            self.class_c(env, p, Syndrome::Nak(code), None);
+            return;
+        }
+        self.resp.epsn = psn_add(p, 1);
+        self.resp.nak_sent = false;
+        if o != Opcode::RC_RDMA_WRITE_FIRST {
+            self.resp.msn = psn_add(self.resp.msn, 1);
+        }
+        if with_imm {
+            if let Some(r) = self.take_recv_wqe(env) {
+                let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
+                wc.opcode = WcOpcode::RecvRdmaWithImm;
+                if t.bth.solicited {
+                    wc.flags |= WcFlags::SOLICITED;
+                }
+                wc.byte_len = t.reth.map_or(0, |r| r.dma_len);
+                wc.imm_data = t.imm_data.unwrap_or(0);
+                wc.flags |= WcFlags::WITH_IMM;
+                self.complete(env, false, wc);
+            }
+        }
+        if t.bth.ack_req {
+            self.queue_ack(p);
+        }
+    }
+
+    /// After an in-order packet: move the expected PSN (and the MSN) over
+    /// the PSNs already placed after it; acknowledge if it moved.
+    pub(crate) fn sr_absorb(&mut self) {
+        let Some(sr) = self.sr.as_mut() else { return };
+        let mut e = self.resp.epsn;
+        sr.resp.got.advance_to(e);
+        sr.resp.ends.advance_to(e);
+        if sr.resp.got.is_empty() {
+            return;
+        }
+        let start = e;
+        while sr.resp.got.contains(e) {
+            if sr.resp.ends.contains(e) {
+                self.resp.msn = psn_add(self.resp.msn, 1);
+            }
+            e = psn_add(e, 1);
+        }
+        sr.resp.got.advance_to(e);
+        sr.resp.ends.advance_to(e);
+        if e != start {
+            self.resp.epsn = e;
+            self.resp.nak_sent = false;
+            // The hole closed: the requester's window may move on.
+            self.queue_ack(psn_sub(e, 1));
+        }
+    }
+
+    /// The SACK block for an ACK of `psn` about to leave, into `out`; 0 if
+    /// none (not an SR QP, nothing beyond, or `psn` is not the latest
+    /// cumulative acknowledgement).
+    pub(crate) fn sr_sack_block(&self, psn: u32, out: &mut [u8]) -> usize {
+        let Some(sr) = self.sr.as_ref() else { return 0 };
+        if psn != psn_sub(self.resp.epsn, 1) || sr.resp.got.is_empty() {
+            return 0;
+        }
+        let base = self.resp.epsn;
+        let end = sr.resp.got.end();
+        let n = psn_diff(end, base).max(0) as usize;
+        let mut bitmap = [0u8; MAX_BITMAP_BYTES];
+        let bytes = n.div_ceil(8).min(MAX_BITMAP_BYTES);
+        for i in 0..n.min(MAX_BITMAP_BYTES * 8) {
+            if sr.resp.got.contains(psn_add(base, i as u32)) {
+                bitmap[i / 8] |= 1 << (i % 8);
+            }
+        }
+        Sack::emit(base, &bitmap[..bytes], out).unwrap_or(0)
+    }
+
+    // ------------------------------------------------------------ requester
+
+    /// An ACK of everything before `cum` (already applied to the
+    /// completer) with `payload` arrived on an SR QP: record what it SACKs
+    /// and queue the holes.
+    pub(crate) fn sr_on_ack(&mut self, cum: u32, payload: &[u8]) {
+        let comp = self.req.comp_psn;
+        let max = self.req.max_psn;
+        let Some(sr) = self.sr.as_mut() else { return };
+        let r = &mut sr.req;
+        r.sacked.advance_to(comp);
+        if psn_lt(r.cum, cum) || psn_lt(r.cum, comp) {
+            r.cum = if psn_lt(cum, comp) { comp } else { cum };
+        }
+        let comp = r.cum;
+        if let Ok(s) = Sack::parse(payload) {
+            for p in s.iter() {
+                if psn_lt(p, max) && r.sacked.insert(p) && psn_lt(r.high, psn_add(p, 1)) {
+                    r.high = psn_add(p, 1);
+                }
+            }
+        }
+        if psn_lt(r.high, comp) {
+            r.high = comp;
+        }
+        if psn_lt(r.scanned, comp) {
+            r.scanned = comp;
+        }
+        // Retransmissions a later packet overtook are lost again.
+        let high = r.high;
+        let mut again = Vec::new();
+        r.sent.retain(|&(q, after)| {
+            if psn_lt(q, comp) || r.sacked.contains(q) {
+                return false;
+            }
+            if psn_lt(after, high) {
+                again.push(q);
+                return false;
+            }
+            true
+        });
+        r.retx.extend(again);
+        let mut q = r.scanned;
+        while psn_lt(q, r.high) {
+            if !r.sacked.contains(q) {
+                r.retx.push_back(q);
+            }
+            q = psn_add(q, 1);
+        }
+        r.scanned = r.high;
+    }
+
+    /// Whether SR holes wait for retransmission.
+    pub(crate) fn sr_retx_pending(&self) -> bool {
+        self.sr.as_ref().is_some_and(|s| !s.req.retx.is_empty())
+    }
+
+    /// Known holes exist (something beyond the completer PSN was SACKed).
+    pub(crate) fn sr_has_holes(&self) -> bool {
+        self.sr.as_ref().is_some_and(|s| !s.req.sacked.is_empty())
+    }
+
+    /// Queue the oldest unacknowledged PSN (the SR tail-loss probe).
+    pub(crate) fn sr_probe_oldest(&mut self) {
+        let comp = self.req.comp_psn;
+        if let Some(sr) = self.sr.as_mut() {
+            sr.req.retx.push_front(comp);
+        }
+    }
+
+    /// Timeout on an SR QP: every unacknowledged, unSACKed PSN again.
+    pub(crate) fn sr_on_timeout(&mut self) {
+        let (comp, max) = (self.req.comp_psn, self.req.max_psn);
+        let Some(sr) = self.sr.as_mut() else { return };
+        let r = &mut sr.req;
+        r.sacked.advance_to(comp);
+        r.retx.clear();
+        r.sent.clear();
+        // The oldest unfinished request (a READ waiting for the rest of
+        // its response resumes there), then what the peer did not ACK.
+        r.retx.push_back(comp);
+        let mut q = if psn_lt(comp, r.cum) {
+            r.cum
+        } else {
+            psn_add(comp, 1)
+        };
+        while psn_lt(q, max) {
+            if !r.sacked.contains(q) {
+                r.retx.push_back(q);
+            }
+            q = psn_add(q, 1);
+        }
+        r.scanned = max;
+        if psn_lt(r.high, max) {
+            r.high = max;
+        }
+    }
+
+    /// Send the next queued hole, if any (one packet, asking for an ACK).
+    pub(crate) fn sr_retransmit(
+        &mut self,
+        env: &mut Env<'_>,
+        now: u64,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if self.req.rnr_until.is_some() || !self.sr_retx_pending() {
+            return None;
+        }
+        loop {
+            let sr = self.sr.as_mut()?;
+            let q = *sr.req.retx.front()?;
+            let comp = self.req.comp_psn;
+            let stale = psn_lt(q, comp)
+                || !psn_lt(q, self.req.max_psn)
+                || sr.req.sacked.contains(q)
+                || (psn_lt(q, sr.req.cum) && q != comp);
+            // Only a request's first PSN is sent again (a READ's other
+            // PSNs are its responses'; one partly answered resumes at the
+            // completer's PSN), and only of a started WQE.
+            let wqe_ok = !stale
+                && self.sq.iter().any(|w| {
+                    w.started
+                        && !psn_lt(q, w.first_psn)
+                        && !psn_lt(w.last_psn, q)
+                        && (!w.op.is_read_or_atomic() || q == w.first_psn || q == comp)
+                });
+            if !wqe_ok {
+                self.sr.as_mut()?.req.retx.pop_front();
+                continue;
+            }
+            if !self.pacer_open(now) {
+                return None;
+            }
+            self.sr.as_mut()?.req.retx.pop_front();
+            let saved = (self.req.psn, self.req.idx, self.req.offset, self.req.noack);
+            self.seek_req(q);
+            self.req.noack = env.cfg.ack_every.saturating_sub(1);
+            let r = self.req_poll(env, now, buf);
+            (self.req.psn, self.req.idx, self.req.offset, self.req.noack) = saved;
+            if r.is_some() {
+                let after = self.req.max_psn;
+                if let Some(sr) = self.sr.as_mut() {
+                    sr.req.sent.push_back((q, after));
+                }
+                env.stats.sr_holes_retransmitted += 1;
+            }
+            return r;
+        }
+    }
+}
