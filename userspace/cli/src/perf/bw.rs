@@ -70,6 +70,7 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
         stack,
         mut peer,
         hello,
+        ..
     } = side;
     let bidi = hello.bidirectional;
     // What the client READs, and with -b what we send.

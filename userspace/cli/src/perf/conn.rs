@@ -79,6 +79,10 @@ pub struct Hello {
     /// Another run (the next size of -a) follows on a new connection.
     #[serde(default)]
     pub more: bool,
+    /// The client offers selective repeat (--selective-repeat); absent
+    /// from older peers, which never get it.
+    #[serde(default)]
+    pub selective_repeat: bool,
 }
 
 impl Hello {
@@ -98,6 +102,17 @@ impl Hello {
 pub struct Greeting {
     pub magic: String,
     pub backend: String,
+    /// The server offers selective repeat (--selective-repeat).
+    #[serde(default)]
+    pub selective_repeat: bool,
+}
+
+/// Whether a connection runs selective repeat: RC, and both sides offered
+/// it (each side computes the same from the hello and the greeting).
+pub fn selective_repeat_agreed(hello: &Hello, greeting_offers: bool) -> bool {
+    hello.selective_repeat
+        && greeting_offers
+        && Transport::from_name(&hello.transport).is_ok_and(|t| t == Transport::Rc)
 }
 
 /// Client -> server when the run is over.
@@ -225,6 +240,8 @@ pub struct Conn {
     pub inline: usize,
     /// The path MTU the QPs run (the smaller of both sides'), once connected.
     pub mtu: Mtu,
+    /// Both sides agreed on selective repeat ([`selective_repeat_agreed`]).
+    pub selective_repeat: bool,
 }
 
 /// Slots per QP for a run (both sides compute it from the hello).
@@ -296,6 +313,7 @@ impl Conn {
             grh,
             inline: hello.inline as usize,
             mtu: stack.path_mtu,
+            selective_repeat: false,
         })
     }
 
@@ -396,6 +414,12 @@ impl Conn {
                 });
             } else {
                 connect_qp(qp, psn, self.mtu, 16, r.qpn, r.psn, peer_mac, dest_ip)?;
+                if self.selective_repeat {
+                    // Connected and idle; the peer does the same before
+                    // the sync that lets either side post.
+                    qp.set_selective_repeat(true)
+                        .with_context(|| format!("selective repeat on QP {:#x}", qp.qp_num()))?;
+                }
             }
         }
         Ok(Remote {
@@ -558,10 +582,15 @@ pub fn client_setup_until_ready<'a>(
         bidirectional: args.bidirectional,
         inline: args.inline_size.unwrap_or(0),
         more: run.more,
+        selective_repeat: args.selective_repeat,
     };
     let greeting: Greeting = peer.swap(&hello, "greetings")?;
     check_magic(&greeting.magic)?;
     let mut conn = Conn::create(stack, &hello)?;
+    conn.selective_repeat = selective_repeat_agreed(&hello, greeting.selective_repeat);
+    if args.selective_repeat && !conn.selective_repeat {
+        eprintln!("xroce: the server did not offer selective repeat: go-back-N");
+    }
     if conn.transport == Transport::Ud && size > stack.path_mtu.bytes() as usize {
         bail!(
             "-c UD: a message is at most one path MTU ({} bytes); use --size {} or less",
@@ -590,6 +619,8 @@ pub struct ServerSide<'a> {
     pub stack: &'a Stack,
     pub peer: Peer,
     pub hello: Hello,
+    /// Both sides agreed on selective repeat.
+    pub selective_repeat: bool,
 }
 
 /// Accepts `peers` clients on `args.listen`, each served by `serve` on a
@@ -615,6 +646,7 @@ pub fn serve_clients(
     let greeting = Greeting {
         magic: MAGIC.into(),
         backend: stack.backend.into(),
+        selective_repeat: args.selective_repeat,
     };
     std::thread::scope(|s| {
         let mut handles = Vec::new();
@@ -633,7 +665,15 @@ pub fn serve_clients(
             }
             let stack = &stack;
             let serve = &serve;
-            handles.push(s.spawn(move || serve(ServerSide { stack, peer, hello })));
+            let selective_repeat = selective_repeat_agreed(&hello, greeting.selective_repeat);
+            handles.push(s.spawn(move || {
+                serve(ServerSide {
+                    stack,
+                    peer,
+                    hello,
+                    selective_repeat,
+                })
+            }));
         }
         for h in handles {
             h.join()
@@ -647,6 +687,7 @@ pub fn serve_clients(
 /// and the client's memory.
 pub fn server_connect(side: &mut ServerSide<'_>) -> anyhow::Result<(Conn, Remote)> {
     let mut conn = Conn::create(side.stack, &side.hello)?;
+    conn.selective_repeat = side.selective_repeat;
     let addr = side.peer.addr;
     let infos = side
         .peer
@@ -655,4 +696,52 @@ pub fn server_connect(side: &mut ServerSide<'_>) -> anyhow::Result<(Conn, Remote
         .with_context(|| format!("exchanging QPs with {addr}"))?;
     let remote = conn.connect(&infos, addr.ip(), side.stack)?;
     Ok((conn, remote))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(transport: &str, sr: bool) -> Hello {
+        Hello {
+            magic: MAGIC.into(),
+            op: "write".into(),
+            mode: "bw".into(),
+            size: 65536,
+            qps: 1,
+            depth: 128,
+            iters: Some(10),
+            seconds: None,
+            transport: transport.into(),
+            bidirectional: false,
+            inline: 0,
+            more: false,
+            selective_repeat: sr,
+        }
+    }
+
+    #[test]
+    fn selective_repeat_only_when_both_offer_it_on_rc() {
+        assert!(selective_repeat_agreed(&hello("RC", true), true));
+        assert!(!selective_repeat_agreed(&hello("RC", true), false));
+        assert!(!selective_repeat_agreed(&hello("RC", false), true));
+        assert!(!selective_repeat_agreed(&hello("UC", true), true));
+        assert!(!selective_repeat_agreed(&hello("UD", true), true));
+    }
+
+    #[test]
+    fn a_peer_without_the_field_never_gets_it() {
+        // What an xroce perf tool from before selective repeat sends.
+        let mut old = serde_json::to_value(hello("RC", true)).unwrap();
+        old.as_object_mut().unwrap().remove("selective_repeat");
+        let h: Hello = serde_json::from_value(old).unwrap();
+        assert!(!selective_repeat_agreed(&h, true));
+        let g: Greeting =
+            serde_json::from_str(r#"{"magic":"xroce-perf/3","backend":"afxdp"}"#).unwrap();
+        assert!(!g.selective_repeat);
+        assert!(!selective_repeat_agreed(
+            &hello("RC", true),
+            g.selective_repeat
+        ));
+    }
 }

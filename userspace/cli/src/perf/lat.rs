@@ -291,6 +291,7 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
         stack,
         mut peer,
         hello,
+        ..
     } = side;
     if op == Op::Read {
         // SAFETY: before sync(1) the client posts no READ, and this side posts nothing.

@@ -139,6 +139,11 @@ pub struct PerfArgs {
     /// Spin on the packet rings instead of sleeping (lowest latency)
     #[arg(long)]
     pub busy_poll: bool,
+    /// Selective repeat (out-of-order WRITE placement, SACKs) instead of
+    /// go-back-N, for RC between two xroce perf tools: used only when both
+    /// sides pass it (a peer without it runs go-back-N)
+    #[arg(long)]
+    pub selective_repeat: bool,
     /// print one JSON object on stdout
     #[arg(long)]
     pub json: bool,

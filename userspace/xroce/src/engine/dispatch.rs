@@ -70,7 +70,9 @@ impl QpCtx {
         let ce = f.ip.ecn() == 3;
         // A receive ring under pressure marks what fills it: data (WRITE
         // and SEND payload, READ responses), not ACKs or CNPs.
-        let pressure = env.rx_pressure && !ce && !payload.is_empty();
+        // (An ACK's payload is a selective-repeat SACK block, not data.)
+        let pressure =
+            env.rx_pressure && !ce && !payload.is_empty() && opcode != Opcode::RC_ACKNOWLEDGE;
         if pressure {
             env.stats.rx_pressure_marked += 1;
         }

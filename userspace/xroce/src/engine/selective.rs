@@ -36,11 +36,16 @@
 //!   a hole, queued once for retransmission of that one packet (a READ's
 //!   response PSNs are not holes: only its request PSN is). A retransmission
 //!   counts as lost again when a packet sent after it is SACKed while it is
-//!   not (then it is sent again). The tail-loss probe, when holes are
-//!   known, resends the oldest unacknowledged packet instead of the last
-//!   one; the timeout queues every unacknowledged, unSACKed PSN. READ
-//!   responses that arrive out of order, RNR NAKs and sequence NAKs keep
-//!   their go-back-N recovery.
+//!   not (then it is sent again). The tail-loss probe comes after 4
+//!   smoothed RTTs (at least 100 us: a needless probe costs one packet, not
+//!   a window) and, when holes are known, resends the oldest unacknowledged
+//!   packet instead of the last one; the timeout queues every
+//!   unacknowledged, unSACKed PSN. Retransmitted holes go before new data
+//!   and outside the device's in-flight budget (their PSNs count already).
+//! - **READ responses** are not placed out of order at the requester: one
+//!   arriving ahead of the expected PSN, RNR NAKs and sequence NAKs keep
+//!   their go-back-N recovery; a READ/atomic answered late lets the
+//!   cumulative ACK already received complete the WRITEs behind it.
 
 use std::collections::VecDeque;
 
@@ -161,9 +166,27 @@ pub(crate) struct SrReq {
     scanned: u32,
     /// Holes to retransmit, oldest first.
     retx: VecDeque<u32>,
+    /// A probe: this PSN goes once more even if SACKed (a timeout or
+    /// tail-loss probe must draw an ACK: the one that would have moved the
+    /// cumulative PSN may be lost).
+    force: Option<u32>,
     /// Retransmitted holes not yet acknowledged: (PSN, the first new PSN
     /// sent after it). A SACK beyond that second PSN means it was lost again.
     sent: VecDeque<(u32, u32)>,
+}
+
+impl SrReq {
+    /// Keep the marks within [comp, max] (a QP reset and connected again
+    /// starts a new PSN space).
+    fn clamp(&mut self, comp: u32, max: u32) {
+        let inside = |p: u32| !psn_lt(p, comp) && !psn_lt(max, p);
+        for p in [&mut self.high, &mut self.cum, &mut self.scanned] {
+            if !inside(*p) {
+                *p = comp;
+            }
+        }
+        self.sacked.advance_to(comp);
+    }
 }
 
 /// Responder side.
@@ -190,6 +213,7 @@ impl SrState {
                 cum: comp_psn,
                 scanned: comp_psn,
                 retx: VecDeque::new(),
+                force: None,
                 sent: VecDeque::new(),
             },
             resp: SrResp {
@@ -402,8 +426,8 @@ impl QpCtx {
         let max = self.req.max_psn;
         let Some(sr) = self.sr.as_mut() else { return };
         let r = &mut sr.req;
-        r.sacked.advance_to(comp);
-        if psn_lt(r.cum, cum) || psn_lt(r.cum, comp) {
+        r.clamp(comp, max);
+        if psn_lt(r.cum, cum) {
             r.cum = if psn_lt(cum, comp) { comp } else { cum };
         }
         let comp = r.cum;
@@ -446,7 +470,9 @@ impl QpCtx {
 
     /// Whether SR holes wait for retransmission.
     pub(crate) fn sr_retx_pending(&self) -> bool {
-        self.sr.as_ref().is_some_and(|s| !s.req.retx.is_empty())
+        self.sr
+            .as_ref()
+            .is_some_and(|s| !s.req.retx.is_empty() || s.req.force.is_some())
     }
 
     /// Known holes exist (something beyond the completer PSN was SACKed).
@@ -458,7 +484,7 @@ impl QpCtx {
     pub(crate) fn sr_probe_oldest(&mut self) {
         let comp = self.req.comp_psn;
         if let Some(sr) = self.sr.as_mut() {
-            sr.req.retx.push_front(comp);
+            sr.req.force = Some(comp);
         }
     }
 
@@ -467,12 +493,12 @@ impl QpCtx {
         let (comp, max) = (self.req.comp_psn, self.req.max_psn);
         let Some(sr) = self.sr.as_mut() else { return };
         let r = &mut sr.req;
-        r.sacked.advance_to(comp);
+        r.clamp(comp, max);
         r.retx.clear();
         r.sent.clear();
         // The oldest unfinished request (a READ waiting for the rest of
         // its response resumes there), then what the peer did not ACK.
-        r.retx.push_back(comp);
+        r.force = Some(comp);
         let mut q = if psn_lt(comp, r.cum) {
             r.cum
         } else {
@@ -502,11 +528,12 @@ impl QpCtx {
         }
         loop {
             let sr = self.sr.as_mut()?;
-            let q = *sr.req.retx.front()?;
+            let forced = sr.req.force;
+            let q = forced.or_else(|| sr.req.retx.front().copied())?;
             let comp = self.req.comp_psn;
             let stale = psn_lt(q, comp)
                 || !psn_lt(q, self.req.max_psn)
-                || sr.req.sacked.contains(q)
+                || (forced.is_none() && sr.req.sacked.contains(q))
                 || (psn_lt(q, sr.req.cum) && q != comp);
             // Only a request's first PSN is sent again (a READ's other
             // PSNs are its responses'; one partly answered resumes at the
@@ -518,14 +545,21 @@ impl QpCtx {
                         && !psn_lt(w.last_psn, q)
                         && (!w.op.is_read_or_atomic() || q == w.first_psn || q == comp)
                 });
+            let take = |sr: &mut SrState| {
+                if forced.is_some() {
+                    sr.req.force = None;
+                } else {
+                    sr.req.retx.pop_front();
+                }
+            };
             if !wqe_ok {
-                self.sr.as_mut()?.req.retx.pop_front();
+                take(self.sr.as_mut()?);
                 continue;
             }
             if !self.pacer_open(now) {
                 return None;
             }
-            self.sr.as_mut()?.req.retx.pop_front();
+            take(self.sr.as_mut()?);
             let saved = (self.req.psn, self.req.idx, self.req.offset, self.req.noack);
             self.seek_req(q);
             self.req.noack = env.cfg.ack_every.saturating_sub(1);
