@@ -42,7 +42,7 @@ fn setup(
         psn_a: (1 << 24) - 40, // across the PSN wrap
         psn_b: (1 << 24) - 3,
         mr_len: 2 * REGION,
-        timeout: 8,
+        timeout: 12, // 16.8 ms: the tail-loss probe (>= 500 us) comes first
         ..Default::default()
     };
     let (a, b) = connect_engines(&sim, &p);
@@ -394,7 +394,7 @@ fn sr_vs_go_back_n_retransmits_and_goodput() {
         delay_ns: 5_000,
         ..Default::default()
     };
-    let (msgs, size) = (128, 64 << 10);
+    let (msgs, size) = (256, 64 << 10);
     let mut line = Vec::new();
     let mut ratios = Vec::new();
     for sr in [false, true] {
@@ -436,7 +436,7 @@ fn sr_vs_go_back_n_retransmits_and_goodput() {
         gbn.0
     );
     assert!(
-        sr.0 >= 0.85,
+        sr.0 >= 0.9,
         "SR keeps {:.3} x lossless goodput at 1 % loss",
         sr.0
     );

@@ -255,7 +255,13 @@ impl QpCtx {
             Syndrome::Ack { .. } => {
                 // ACK: everything up to and including p is done.
                 if psn_lt(p, self.req.comp_psn) {
-                    env.stats.rx_duplicate += 1;
+                    if self.sr.is_some() && psn_add(p, 1) == self.req.comp_psn {
+                        // Selective repeat: the same cumulative PSN with
+                        // news of what arrived beyond the hole at it.
+                        self.sr_on_ack(psn_add(p, 1), payload);
+                    } else {
+                        env.stats.rx_duplicate += 1;
+                    }
                     return;
                 }
                 self.ack_up_to(env, psn_add(p, 1), now);

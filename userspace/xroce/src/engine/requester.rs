@@ -29,7 +29,7 @@ pub(crate) const RTO_BACKOFF_MAX: u8 = 3;
 /// The shortest wait for an acknowledgement before a tail-loss probe.
 pub(crate) const PROBE_MIN_NS: u64 = 2_000_000;
 /// The shortest wait before a tail-loss probe on a selective-repeat QP.
-pub(crate) const SR_PROBE_MIN_NS: u64 = 100_000;
+pub(crate) const SR_PROBE_MIN_NS: u64 = 500_000;
 /// ... and this many smoothed round trips ...
 const PROBE_RTTS: u64 = 4;
 /// ... but never longer than this: a host that keeps the peer off its
@@ -92,13 +92,13 @@ impl QpCtx {
         if self.sr.is_some() {
             // Selective repeat: a needless probe costs one packet, not a
             // window, so it comes sooner (IRN's low timeout).
+            // None when the timeout itself comes within twice that.
             let p = self
                 .req
                 .srtt_ns
                 .map_or(SR_PROBE_MIN_NS, |s| s.saturating_mul(PROBE_RTTS))
-                .clamp(SR_PROBE_MIN_NS, PROBE_MAX_NS)
-                .min(rto / 2);
-            return (p >= SR_PROBE_MIN_NS).then_some(p);
+                .clamp(SR_PROBE_MIN_NS, PROBE_MAX_NS);
+            return (p <= rto / 2).then_some(p);
         }
         let p = self
             .req
@@ -170,6 +170,16 @@ impl QpCtx {
             if at > now {
                 self.req.rto_deadline = Some(at);
                 self.send_tail_probe(env);
+                // Selective repeat: probe again while nothing moves (a
+                // probe costs one packet; the re-sent hole may be lost
+                // too), up to the timeout.
+                let again = self.sr.is_some().then(|| self.backed_off_rto_ns());
+                if let Some(p) = again.flatten().and_then(|rto| self.probe_ns(rto)) {
+                    if now + p < at {
+                        self.req.rto_deadline = Some(now + p);
+                        self.req.rto_after_probe = Some(at);
+                    }
+                }
                 return;
             }
             // The probe's time passed unnoticed up to the timeout's own.
