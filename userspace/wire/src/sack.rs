@@ -30,7 +30,11 @@ pub const MAX_LEN: usize = HEADER_LEN + MAX_BITMAP_BYTES;
 
 /// Whether `b` is a well-formed SACK block.
 pub fn is_sack_block(b: &[u8]) -> bool {
-    b.len() > HEADER_LEN && b.len() <= MAX_LEN && b.len().is_multiple_of(4) && b[..4] == MAGIC && b[4] == 0
+    b.len() > HEADER_LEN
+        && b.len() <= MAX_LEN
+        && b.len().is_multiple_of(4)
+        && b[..4] == MAGIC
+        && b[4] == 0
 }
 
 /// A parsed SACK block (borrowing its bitmap).

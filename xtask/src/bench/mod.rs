@@ -7,7 +7,8 @@
 //! process alone on a device now that devices are shared vs the xroce of
 //! the commit before sharing ([`baseline`]), xroce's WRITE against the raw
 //! AF_XDP ceiling of the same pair ([`ceiling`]), and the CPU seconds per GB
-//! of xroce and of kernel TCP ([`cpu`]).
+//! of xroce and of kernel TCP ([`cpu`]), and WRITE goodput under 0.1 % and
+//! 1 % loss, go-back-N against selective repeat ([`loss`]).
 //! Writes target/bench/report.json.
 
 use std::{
@@ -24,6 +25,7 @@ use xroce_report::{BenchReport, LatReport};
 mod ceiling;
 mod cpu;
 mod latency_tail;
+mod loss;
 mod many_qps;
 mod multicore;
 mod udp_gso;
@@ -74,6 +76,9 @@ struct Report {
     many_qps: many_qps::ManyQps,
     /// 4 QPs on 2 engine shards/threads vs 1, engine only (issue 13, goal 6).
     multicore: multicore::Multicore,
+    /// WRITE 64 KiB at 0 / 0.1 / 1 % loss, go-back-N vs selective repeat
+    /// (issue 13, goal 4).
+    loss: loss::Loss,
     ratios: Ratios,
 }
 
@@ -102,6 +107,10 @@ pub fn bench() -> Result<()> {
     if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("many_qps") {
         let m = many_qps::many_qps(&ns)?;
         println!("{}", serde_json::to_string_pretty(&m)?);
+        return Ok(());
+    }
+    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("loss") {
+        println!("{}", serde_json::to_string_pretty(&loss::measure(&ns)?)?);
         return Ok(());
     }
     if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("multicore") {
@@ -210,6 +219,8 @@ pub fn bench() -> Result<()> {
     let many_qps = many_qps::many_qps(&ns)?;
     step("engine only: 4 QPs on 2 shards/threads vs 1");
     let multicore = multicore::measure()?;
+    step("WRITE 64 KiB under 0 / 0.1 / 1 % loss: go-back-N vs selective repeat");
+    let loss = loss::measure(&ns)?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -234,6 +245,7 @@ pub fn bench() -> Result<()> {
         latency_tail,
         many_qps,
         multicore,
+        loss,
         udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,

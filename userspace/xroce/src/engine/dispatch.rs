@@ -198,7 +198,7 @@ impl QpCtx {
         let Some(w) = self.sq.get(self.req.idx) else {
             return true;
         };
-        let window = env.cfg.max_inflight_pkts.max(1) as i32;
+        let window = self.req_window(env) as i32;
         if xroce_wire::psn_diff(self.req.psn, self.req.comp_psn) >= window {
             return true; // the QP's own window holds it; an ACK wakes it
         }

@@ -218,7 +218,7 @@ impl QpCtx {
         }
         let idx = self.req.idx;
         let w = self.sq.get(idx)?;
-        let window = env.cfg.max_inflight_pkts.max(1);
+        let window = self.req_window(env);
         if psn_diff(self.req.psn, self.req.comp_psn) >= window as i32 {
             return None;
         }

@@ -468,6 +468,19 @@ impl QpCtx {
         r.scanned = r.high;
     }
 
+    /// PSNs the requester may have outstanding past the completer's: the
+    /// configured window, plus, with selective repeat, what was SACKed
+    /// beyond it (those packets left the network: IRN counts packets in
+    /// flight, so one hole does not stall the window), within half the
+    /// bitmap's reach.
+    pub(crate) fn req_window(&self, env: &Env<'_>) -> u32 {
+        let w = env.cfg.max_inflight_pkts.max(1);
+        match self.sr.as_ref() {
+            Some(sr) => (w + sr.req.sacked.count).min((RING_PSNS / 2).max(w)),
+            None => w,
+        }
+    }
+
     /// Whether SR holes wait for retransmission.
     pub(crate) fn sr_retx_pending(&self) -> bool {
         self.sr
