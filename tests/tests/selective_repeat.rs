@@ -2,7 +2,8 @@
 //! on both ends, 1 % of the requests dropped in XDP (`xroce fault`): both
 //! sides pass --selective-repeat and agree on it; data verified; far fewer
 //! retransmissions than go-back-N at the same drop seed; a peer that does
-//! not offer it gets go-back-N.
+//! not offer it gets go-back-N; READ, SEND and atomics verified on an SR
+//! connection too.
 
 use xroce_report::BenchReport;
 use xroce_tests::{perf::run_ok, require_root, AttachedXdp, VethPair};
@@ -52,6 +53,16 @@ fn selective_repeat_recovers_xdp_loss_with_few_retransmits() {
         one_sided.retransmits,
         sr.retransmits
     );
+    // The operations that stay in order under selective repeat still
+    // arrive verified on an SR connection under the same loss.
+    for (op, iters) in [("read", "300"), ("send", "300"), ("atomic", "2000")] {
+        let mut client = vec![op, "--iters", iters, "--selective-repeat"];
+        if op != "atomic" {
+            client.extend(["--size", "65536"]);
+        }
+        let r: BenchReport = run_ok(&pair, "bench", &[op, "--selective-repeat"], &client);
+        assert_eq!(r.verified, Some(true), "{op}: {r:?}");
+    }
     let c = pair.in_b(xroce::xdp::read_counters).unwrap();
     assert!(c.get(xroce_common::Counter::DropFault) > 0, "{c:?}");
 }
