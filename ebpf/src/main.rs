@@ -269,7 +269,8 @@ fn roce<const L3: usize, const L4: usize, const V6: bool>(ctx: &XdpContext, l3: 
 }
 
 /// Hands a RoCEv2 frame for QPN block `block` to the process holding it:
-/// the AF_XDP socket of this RX queue when the AF_XDP owner holds the block,
+/// the AF_XDP socket of this RX queue when the AF_XDP owner holds the block
+/// (one of its blocks, with several I/O threads),
 /// otherwise the kernel's UDP stack, on the block's own port.
 #[inline(always)]
 fn steer(ctx: &XdpContext, block: u32, dport_at: usize) -> u32 {
@@ -278,7 +279,15 @@ fn steer(ctx: &XdpContext, block: u32, dport_at: usize) -> u32 {
         .get(qpn_block::CONFIG_XSK_BLOCK)
         .copied()
         .unwrap_or(0);
-    if block == xsk_block && XSKS.get(queue).is_some() {
+    // Several I/O threads of one device hold consecutive blocks; a thread's
+    // sockets take what arrives on its queues, the others' frames included
+    // (it hands those over): the socket must be this queue's.
+    let xsk_blocks = CONFIG
+        .get(qpn_block::CONFIG_XSK_BLOCKS)
+        .copied()
+        .unwrap_or(0)
+        .max(1);
+    if block.wrapping_sub(xsk_block) < xsk_blocks && XSKS.get(queue).is_some() {
         // The socket can still go away between the lookup and here: then
         // the helper returns the low bits of flags, XDP_PASS.
         return match XSKS.redirect(queue, xdp_action::XDP_PASS as u64) {

@@ -329,6 +329,26 @@ pub fn open_afxdp_shards(
         .collect()
 }
 
+/// UDP backends for `shards` shards of `net`: shard `i` binds the port of
+/// QPN block `base_block + i` ([`qpn_block::udp_port`]; 4791 for block 0)
+/// and sends from it. Frames from other hosts reach a shard other than
+/// block 0's only through xroce's XDP program, which moves them to their
+/// block's port (with no AF_XDP socket holding the blocks); without it they
+/// all arrive on 4791 and shard 0 hands them over.
+pub fn open_udp_shards(
+    net: &crate::device::NetDevice,
+    shards: usize,
+    base_block: u32,
+    path_mtu: u32,
+) -> Result<Vec<Box<dyn PacketIo>>, crate::device::NetDeviceError> {
+    (0..shards)
+        .map(|i| {
+            net.open_udp(path_mtu, Some(base_block + i as u32))
+                .map(|io| Box::new(io) as Box<dyn PacketIo>)
+        })
+        .collect()
+}
+
 /// Tells `iface`'s XDP program that blocks `base_block .. base_block +
 /// shards` all belong to the AF_XDP sockets (1 shard: what one process
 /// alone sets).
