@@ -9,14 +9,10 @@
 use std::time::{Duration, Instant};
 
 use xroce::{
-    device::{NetDevice, NetDeviceConfig},
+    device::BackendKind,
     engine::EngineConfig,
-    io::{afxdp::XskConfig, PacketIo},
     runtime::{
-        shards::{
-            open_afxdp_shards, open_udp_shards, rx_queue_counters, shard_configs, shard_of_qpn,
-            steer_blocks, HandoffStats, ShardedRuntime,
-        },
+        shards::{rx_queue_counters, shard_of_qpn, HandoffStats, ShardedConfig, ShardedDevice},
         RuntimeConfig,
     },
     verbs::{
@@ -33,21 +29,20 @@ const MSG: usize = 64 * 1024;
 const MSGS: usize = 32;
 const PATH_MTU: Mtu = Mtu::Mtu2048;
 
-/// One end: the interface, its shards' devices and their runtime.
+/// One end: a sharded device in its namespace.
 struct Side {
-    net: Option<NetDevice>,
+    dev: Option<ShardedDevice>,
     devices: Vec<Device>,
     cfg: EngineConfig,
-    runtime: Option<ShardedRuntime>,
     ns: String,
     iface: String,
 }
 
 impl Side {
-    /// Attaches the XDP program (native) in namespace `ns`, steers blocks
-    /// 0..SHARDS to the AF_XDP sockets (or, `udp`, opens a UDP socket per
-    /// shard) and starts one thread per shard.
-    fn open(ns: &str, iface: &str, ip: std::net::Ipv4Addr, udp: bool) -> Side {
+    /// Opens `iface` in namespace `ns` with SHARDS I/O threads over AF_XDP
+    /// (the XDP program attached, blocks 0..SHARDS steered to the sockets,
+    /// one queue each) or, `udp`, a UDP socket per shard.
+    fn open(ns: &str, iface: &str, udp: bool) -> Side {
         let (ns_name, if_name) = (ns.to_string(), iface.to_string());
         in_netns(ns, move || {
             assert_eq!(
@@ -55,32 +50,28 @@ impl Side {
                 SHARDS as u32,
                 "{if_name}: RX queues"
             );
-            let net = NetDevice::open(&if_name, NetDeviceConfig::default()).expect("attach XDP");
-            let cfg = EngineConfig {
-                mac: net.mac(),
-                ip,
-                ..Default::default()
-            };
-            let ios = if udp {
-                open_udp_shards(&net, SHARDS, 0, PATH_MTU.bytes()).expect("UDP sockets")
-            } else {
-                steer_blocks(&if_name, 0, SHARDS).expect("steer the blocks");
-                open_afxdp_shards(&if_name, SHARDS, XskConfig::default())
-                    .expect("AF_XDP sockets, one shard per queue")
-            };
-            let devices: Vec<Device> = shard_configs(&cfg, 0, SHARDS)
-                .into_iter()
-                .map(Device::new)
-                .collect();
-            let shards: Vec<(Device, Box<dyn PacketIo>)> =
-                devices.iter().cloned().zip(ios).collect();
-            let runtime = ShardedRuntime::start(shards, 0, net.mac(), RuntimeConfig::default())
-                .expect("start the shards");
+            let dev = ShardedDevice::open(
+                &if_name,
+                ShardedConfig {
+                    shards: SHARDS,
+                    backend: if udp {
+                        BackendKind::Udp
+                    } else {
+                        BackendKind::AfXdp
+                    },
+                    engine: EngineConfig::default(),
+                    path_mtu: PATH_MTU.bytes(),
+                    runtime: RuntimeConfig::default(),
+                },
+            )
+            .unwrap_or_else(|e| panic!("{if_name}: {SHARDS} I/O threads: {e}"));
+            assert_eq!(dev.base_block, 0, "a fresh device: blocks from 0");
+            assert_eq!(dev.backend, if udp { "udp" } else { "afxdp" });
+            let cfg = dev.devices[0].lock().config().clone();
             Side {
-                net: Some(net),
-                devices,
+                devices: dev.devices.clone(),
+                dev: Some(dev),
                 cfg,
-                runtime: Some(runtime),
                 ns: ns_name,
                 iface: if_name,
             }
@@ -94,33 +85,28 @@ impl Side {
         })
     }
 
-    /// Stops the threads and detaches the program (from its namespace);
-    /// each shard's backend counters.
+    /// Stops the threads and leaves the device (detaching the program,
+    /// from its namespace); each shard's backend counters.
     fn close(mut self) -> (HandoffStats, Vec<xroce::io::IoStats>) {
-        let rt = self.runtime.take().expect("running");
-        let handed = rt.handoff_stats();
+        let dev = self.dev.take().expect("open");
+        let handed = dev.handoff_stats();
         assert!(
-            rt.is_running(),
+            dev.is_running(),
             "{}: a shard's I/O thread stopped",
             self.iface
         );
-        let io = rt.stop().expect("the shards' I/O");
-        let net = self.net.take();
-        in_netns(&self.ns, move || drop(net));
+        let io = in_netns(&self.ns, move || dev.stop()).expect("the shards' I/O");
         (handed, io)
     }
 }
 
 impl Drop for Side {
     fn drop(&mut self) {
-        if let Some(rt) = self.runtime.take() {
-            let _ = rt.stop();
-        }
-        let net = self.net.take();
+        let dev = self.dev.take();
         let ns = self.ns.clone();
         let _ = std::thread::spawn(move || {
             if xroce_netns::enter(&ns).is_ok() {
-                drop(net);
+                drop(dev);
             }
         })
         .join();
@@ -234,8 +220,9 @@ fn run(crossed: bool, udp: bool) -> (HandoffStats, HandoffStats, Vec<RxQueueCoun
     require_root();
     let pair = VethPair::with_queues(3500, SHARDS as u32);
     let _pins = PinGuard(vec![pair.if_a.clone(), pair.if_b.clone()]);
-    let a = Side::open(&pair.a.name, &pair.if_a, pair.addr_a, udp);
-    let b = Side::open(&pair.b.name, &pair.if_b, pair.addr_b, udp);
+    let a = Side::open(&pair.a.name, &pair.if_a, udp);
+    let b = Side::open(&pair.b.name, &pair.if_b, udp);
+    assert_eq!((a.cfg.ip, b.cfg.ip), (pair.addr_a, pair.addr_b));
     let zero = vec![0u8; MSG * MSGS];
     let pairs: Vec<(End, End)> = (0..QPS)
         .map(|q| {

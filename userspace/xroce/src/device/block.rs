@@ -116,6 +116,29 @@ impl QpnBlock {
         Err(BlockError::Full { ifindex })
     }
 
+    /// Takes the lowest run of `n` consecutive free blocks of device
+    /// `ifindex`: a device whose QPs are spread over `n` I/O threads
+    /// (`xroce::runtime::shards`), one block each.
+    pub fn claim_run(ifindex: u32, n: u32) -> Result<Vec<Self>, BlockError> {
+        let n = n.max(1);
+        'first: for first in 0..=qpn_block::COUNT.saturating_sub(n) {
+            let mut run = Vec::new();
+            for block in first..first + n {
+                match take(ifindex, Hold::Block(block))? {
+                    Some(hold) => run.push(Self {
+                        ifindex,
+                        block,
+                        hold: Some(hold),
+                    }),
+                    // Dropping `run` gives back what it took.
+                    None => continue 'first,
+                }
+            }
+            return Ok(run);
+        }
+        Err(BlockError::Full { ifindex })
+    }
+
     pub fn block(&self) -> u32 {
         self.block
     }
@@ -192,5 +215,22 @@ mod tests {
         assert!(b.others().is_empty());
         let c = QpnBlock::claim(ifindex).unwrap();
         assert_eq!(c.block(), 0, "a released block is taken again");
+    }
+
+    #[test]
+    fn a_run_of_blocks_skips_a_held_one() {
+        let ifindex = 0x7ff1_0000 + std::process::id() % 0x1000;
+        let first = QpnBlock::claim(ifindex).unwrap();
+        let second = QpnBlock::claim(ifindex).unwrap();
+        drop(first);
+        // Block 0 is free again but 1 is held: the run starts at 2.
+        let run = QpnBlock::claim_run(ifindex, 2).unwrap();
+        assert_eq!(run.iter().map(QpnBlock::block).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(
+            QpnBlock::claim(ifindex).unwrap().block(),
+            0,
+            "0 was given back"
+        );
+        drop(second);
     }
 }

@@ -404,6 +404,186 @@ pub fn rx_queue_counters(
         .collect()
 }
 
+/// How to open a [`ShardedDevice`].
+#[derive(Clone)]
+pub struct ShardedConfig {
+    /// I/O threads (shards), at least 1.
+    pub shards: usize,
+    pub backend: crate::device::BackendKind,
+    /// The engines' settings; the MAC, IP and IPv6 addresses come from the
+    /// interface, the QPN blocks from the claim.
+    pub engine: crate::engine::EngineConfig,
+    /// Largest RoCE path MTU the backends carry (bytes).
+    pub path_mtu: u32,
+    pub runtime: RuntimeConfig,
+}
+
+/// One interface opened for RDMA over several I/O threads: what a
+/// [`crate::stack::Stack`] does with one, for `shards` of them. It attaches
+/// xroce's XDP program if needed (both backends rely on its steering) and
+/// claims `shards` consecutive QPN blocks (and, for AF_XDP, the device's
+/// sockets). Frames other processes of this host send to our blocks are not
+/// received (no local socket as [`crate::io::shared::WireAndLocal`] has):
+/// a sharded device wants the interface to itself.
+pub struct ShardedDevice {
+    /// Shard `i`'s device: create QPs on them in turn to spread them.
+    pub devices: Vec<Device>,
+    /// QPN block of shard 0 (shard `i` holds `base_block + i`).
+    pub base_block: u32,
+    pub backend: &'static str,
+    // Drop order: the threads stop before the holds and the interface go.
+    runtime: Option<ShardedRuntime>,
+    afxdp: Option<crate::device::AfXdpHold>,
+    blocks: Vec<crate::device::QpnBlock>,
+    net: crate::device::NetDevice,
+}
+
+impl ShardedDevice {
+    pub fn open(iface: &str, cfg: ShardedConfig) -> Result<Self, crate::device::NetDeviceError> {
+        use crate::device::{
+            Attachment, BackendKind, NetDevice, NetDeviceConfig, NetDeviceError, QpnBlock,
+        };
+        let setup = |what: String| NetDeviceError::Io(IoError::Setup { what, source: None });
+        if cfg.shards == 0 {
+            return Err(setup(
+                "a sharded device needs at least one I/O thread".into(),
+            ));
+        }
+        let ifindex = crate::xdp::if_index(iface)
+            .map_err(|_| NetDeviceError::NoSuchInterface(iface.into()))?;
+        let blocks = QpnBlock::claim_run(ifindex, cfg.shards as u32)?;
+        let base_block = blocks[0].block();
+        let net = NetDevice::open(iface, NetDeviceConfig::default())?;
+        if let Attachment::Ours { .. } = net.attachment() {
+            // The last process of the device detaches it (see Stack).
+            crate::xdp::mark_process_attached(iface)?;
+        }
+        let ip = *net
+            .ipv4()
+            .first()
+            .ok_or_else(|| NetDeviceError::NoAddress(iface.into()))?;
+        let engine = crate::engine::EngineConfig {
+            mac: net.mac(),
+            ip,
+            ipv6: net.ipv6().to_vec(),
+            ..cfg.engine.clone()
+        };
+        let (ios, afxdp) = match cfg.backend {
+            BackendKind::AfXdp => {
+                let hold = blocks[0]
+                    .claim_afxdp()
+                    .map_err(|e| {
+                        NetDeviceError::Io(IoError::Setup {
+                            what: "claim the device's AF_XDP sockets".into(),
+                            source: Some(e),
+                        })
+                    })?
+                    .ok_or_else(|| {
+                        setup(format!("another process owns {iface}'s AF_XDP sockets"))
+                    })?;
+                steer_blocks(iface, base_block, cfg.shards)?;
+                let mut xsk = XskConfig::default();
+                // As NetDevice::open_io sizes it: the largest frame of the path MTU.
+                let frame = cfg.path_mtu as usize
+                    + 14
+                    + 4
+                    + 20
+                    + crate::device::ROCE_HEADER_ALLOWANCE as usize;
+                if frame > xsk.chunk_capacity() {
+                    xsk.multi_buffer = true;
+                    xsk.multi_buffer_max_frame = xsk.multi_buffer_max_frame.max(frame);
+                }
+                (open_afxdp_shards(iface, cfg.shards, xsk)?, Some(hold))
+            }
+            BackendKind::Udp => (
+                open_udp_shards(&net, cfg.shards, base_block, cfg.path_mtu)?,
+                None,
+            ),
+        };
+        let backend = ios[0].name();
+        let devices: Vec<Device> = shard_configs(&engine, base_block, cfg.shards)
+            .into_iter()
+            .map(Device::new)
+            .collect();
+        let runtime = ShardedRuntime::start(
+            devices.iter().cloned().zip(ios).collect(),
+            base_block,
+            net.mac(),
+            cfg.runtime,
+        )?;
+        Ok(Self {
+            devices,
+            base_block,
+            backend,
+            runtime: Some(runtime),
+            afxdp,
+            blocks,
+            net,
+        })
+    }
+
+    /// The interface.
+    pub fn net(&self) -> &crate::device::NetDevice {
+        &self.net
+    }
+
+    /// The shard of QP `qpn` (one of ours), see [`shard_of_qpn`].
+    pub fn shard_of(&self, qpn: u32) -> Option<usize> {
+        shard_of_qpn(qpn, self.base_block, self.devices.len())
+    }
+
+    /// True while every shard's thread runs.
+    pub fn is_running(&self) -> bool {
+        self.runtime
+            .as_ref()
+            .is_some_and(ShardedRuntime::is_running)
+    }
+
+    pub fn handoff_stats(&self) -> HandoffStats {
+        self.runtime
+            .as_ref()
+            .map(ShardedRuntime::handoff_stats)
+            .unwrap_or_default()
+    }
+
+    /// Stops the threads (each shard's final backend counters, or the
+    /// first I/O error) and leaves the device.
+    pub fn stop(mut self) -> Result<Vec<IoStats>, IoError> {
+        self.leave()
+    }
+
+    fn leave(&mut self) -> Result<Vec<IoStats>, IoError> {
+        let Some(rt) = self.runtime.take() else {
+            return Ok(Vec::new());
+        };
+        let stats = rt.stop();
+        if self.afxdp.take().is_some() {
+            // Back to one block for whoever owns the sockets next.
+            let _ = steer_blocks(self.net.name(), self.base_block, 1);
+        }
+        for b in &mut self.blocks {
+            b.release();
+        }
+        let process_attached = match self.net.attachment() {
+            crate::device::Attachment::Ours { .. } => true,
+            crate::device::Attachment::Existing => crate::xdp::is_process_attached(self.net.name()),
+            crate::device::Attachment::None => false,
+        };
+        if process_attached {
+            // Our blocks are given back, so `others` sees only other processes.
+            self.net
+                .set_detach_on_drop(self.blocks[0].others().is_empty());
+        }
+        stats
+    }
+}
+
+impl Drop for ShardedDevice {
+    fn drop(&mut self) {
+        let _ = self.leave();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
