@@ -512,3 +512,55 @@ fn sr_seed_sweep() {
         mixed(link, seed, true, 120);
     }
 }
+
+/// A WRITE with immediate and no receive posted: its last packet is RNR
+/// NAKed (the ones before it are placed meanwhile), then, once a receive
+/// is posted, one completion with the whole length, data intact.
+#[test]
+fn sr_write_with_imm_waits_for_a_receive() {
+    let mut link = LinkConfig::lossy(0.02);
+    link.reorder = 0.1;
+    let (mut sim, a, b) = setup(link, 61, true, Mtu::Mtu1024);
+    let len = 20_000;
+    let wr = SendWr::new(
+        9,
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr: b.mr.addr() + REGION as u64,
+            rkey: b.mr.rkey(),
+            imm: 0xfeed,
+        },
+        vec![a.mr.sge(100, len)],
+    );
+    lk(&sim.a).post_send(a.qpn, &wr).unwrap();
+    let until = sim.now + SEC / 20;
+    sim.run_until(until, |_| false);
+    assert!(lk(&sim.b).stats().tx_naks_rnr > 0, "no RNR NAK");
+    let mut early = Vec::new();
+    lk(&sim.a).take_completions(&mut early);
+    assert_eq!(early, [], "completed without a receive");
+    lk(&sim.b)
+        .post_recv(
+            b.qpn,
+            &RecvWr {
+                wr_id: 77,
+                sg_list: vec![],
+            },
+        )
+        .unwrap();
+    let (ca, cb) = run(&mut sim, 1, 1);
+    assert_eq!((ca[0].wc.wr_id, ca[0].wc.status), (9, WcStatus::Success));
+    let w = cb[0].wc;
+    assert_eq!(
+        (w.wr_id, w.status, w.opcode, w.byte_len, w.imm_data),
+        (
+            77,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            len as u32,
+            0xfeed
+        )
+    );
+    // SAFETY: the WRITE has completed.
+    let got = unsafe { b.mr.to_vec(REGION, len) }.unwrap();
+    assert!(got == pattern(61 ^ 1, 100 + len)[100..], "data");
+}
