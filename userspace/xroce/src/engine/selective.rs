@@ -37,11 +37,14 @@
 //!   response PSNs are not holes: only its request PSN is). A retransmission
 //!   counts as lost again when a packet sent after it is SACKed while it is
 //!   not (then it is sent again). The tail-loss probe comes after 4
-//!   smoothed RTTs (at least 100 us: a needless probe costs one packet, not
-//!   a window) and, when holes are known, resends the oldest unacknowledged
-//!   packet instead of the last one; the timeout queues every
-//!   unacknowledged, unSACKed PSN. Retransmitted holes go before new data
-//!   and outside the device's in-flight budget (their PSNs count already).
+//!   smoothed RTTs (at least 500 us, earlier than go-back-N's 2 ms: a
+//!   needless probe costs one packet, not a window), repeats while nothing
+//!   moves, and, when holes are known, resends the oldest unacknowledged
+//!   packet (even if SACKed: it draws the ACK that may have been lost)
+//!   instead of the last one; the timeout queues every unacknowledged,
+//!   unSACKed PSN. Retransmitted holes go before new data and outside the
+//!   device's in-flight budget (their PSNs count already); SACKed PSNs do
+//!   not count against the QP's window (IRN counts packets in flight).
 //! - **READ responses** are not placed out of order at the requester: one
 //!   arriving ahead of the expected PSN, RNR NAKs and sequence NAKs keep
 //!   their go-back-N recovery; a READ/atomic answered late lets the
