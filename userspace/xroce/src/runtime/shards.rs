@@ -63,6 +63,8 @@ pub struct HandoffStats {
 
 struct Inbox {
     frames: Mutex<VecDeque<Vec<u8>>>,
+    /// Buffers of frames the owner has taken, for the next handoffs.
+    spare: Mutex<Vec<Vec<u8>>>,
     /// Readable while frames wait (written when the queue turns non-empty).
     bell: EventFd,
 }
@@ -81,6 +83,7 @@ impl Hub {
             .map(|_| {
                 Ok(Inbox {
                     frames: Mutex::new(VecDeque::new()),
+                    spare: Mutex::new(Vec::new()),
                     bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
                         .map_err(std::io::Error::from)?,
                 })
@@ -111,7 +114,15 @@ impl Hub {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            q.push_back(frame.to_vec());
+            let mut buf = inbox
+                .spare
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+                .unwrap_or_default();
+            buf.clear();
+            buf.extend_from_slice(frame);
+            q.push_back(buf);
             q.len() == 1
         };
         if was_empty {
@@ -120,18 +131,34 @@ impl Hub {
         }
     }
 
-    /// Feeds what waits in shard `me`'s inbox to `on_frame`.
-    fn drain(&self, me: usize, on_frame: &mut dyn FnMut(&[u8])) -> usize {
+    /// Feeds what waits in shard `me`'s inbox to `on_frame`; `taken` is
+    /// the caller's scratch queue (kept empty between calls).
+    fn drain(
+        &self,
+        me: usize,
+        taken: &mut VecDeque<Vec<u8>>,
+        on_frame: &mut dyn FnMut(&[u8]),
+    ) -> usize {
         let inbox = &self.inboxes[me];
         // Reset the bell before taking the frames: a frame queued after
         // the take rings it again, so none waits unnoticed.
         let _ = inbox.bell.read();
-        let frames: VecDeque<Vec<u8>> =
-            std::mem::take(&mut *inbox.frames.lock().unwrap_or_else(|e| e.into_inner()));
-        for f in &frames {
+        std::mem::swap(
+            taken,
+            &mut *inbox.frames.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        let n = taken.len();
+        if n == 0 {
+            return 0;
+        }
+        for f in taken.iter() {
             on_frame(f);
         }
-        frames.len()
+        let mut spare = inbox.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let room = INBOX_LIMIT.saturating_sub(spare.len());
+        spare.extend(taken.drain(..).take(room));
+        taken.clear();
+        n
     }
 
     fn stats(&self) -> HandoffStats {
@@ -149,6 +176,8 @@ struct ShardIo {
     me: usize,
     hub: Arc<Hub>,
     own_mac: [u8; 6],
+    /// Frames taken from the inbox in one round (its allocation reused).
+    taken: VecDeque<Vec<u8>>,
 }
 
 impl PacketIo for ShardIo {
@@ -166,7 +195,7 @@ impl PacketIo for ShardIo {
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, IoError> {
         let (hub, me) = (&*self.hub, self.me);
-        let mut n = hub.drain(me, on_frame);
+        let mut n = hub.drain(me, &mut self.taken, on_frame);
         let wait = if n > 0 { Duration::ZERO } else { timeout };
         n += self
             .inner
@@ -259,6 +288,7 @@ impl ShardedRuntime {
                     me,
                     hub: hub.clone(),
                     own_mac,
+                    taken: VecDeque::new(),
                 };
                 Runtime::start(device, Box::new(io), config)
             })
