@@ -69,11 +69,13 @@ pub struct ExperimentArgs {
 #[derive(clap::Subcommand, Debug)]
 pub enum ExperimentKind {
     /// N senders WRITE to one receiver through a virtual bottleneck
-    Incast(IncastArgs),
+    // Boxed: the flags make the variants large (clippy's large_enum_variant
+    // on the CLI's command enum).
+    Incast(Box<IncastArgs>),
     /// Flows sized from a measured distribution at a Poisson load; FCT slowdown
-    Workload(workload::WorkloadArgs),
+    Workload(Box<workload::WorkloadArgs>),
     /// The same workload (same seed) under each of several controllers
-    Compare(workload::CompareArgs),
+    Compare(Box<workload::CompareArgs>),
     #[command(hide = true)]
     WorkloadSender(workload::NodeArgs),
     #[command(hide = true)]
@@ -102,6 +104,13 @@ pub struct IncastArgs {
     /// round trips, "paper" at the paper's NIC-timestamped 25 us
     #[arg(long, default_value = "software")]
     pub swift: String,
+    /// TIMELY parameters of the senders (--cc timely): a preset (software,
+    /// paper) and key=value overrides, e.g. "software,t_low=300us" (see
+    /// TimelyConfig::from_spec); "software" aims at a software host's
+    /// round trips, "paper" at the paper's NIC-timestamped ones (Tlow
+    /// 50 us, Thigh 500 us)
+    #[arg(long, default_value = "software")]
+    pub timely: String,
     /// The bottleneck: `xdp` (the receiver's XDP congestion point: marks
     /// and drops, packets never wait) or `delay` (the bridge's port toward
     /// the receiver holds packets at the link rate: RTT grows with the
@@ -186,6 +195,7 @@ fn check(a: &IncastArgs) -> anyhow::Result<Plan> {
     let dcqcn = xroce::cc::DcqcnConfig::from_spec(&a.dcqcn, line_rate.value)
         .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
     xroce::cc::SwiftConfig::from_spec(&a.swift).map_err(|e| anyhow::anyhow!("--swift: {e}"))?;
+    xroce::cc::TimelyConfig::from_spec(&a.timely).map_err(|e| anyhow::anyhow!("--timely: {e}"))?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
@@ -408,7 +418,8 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
         .arg("--trace")
         .arg(&trace)
         .env(xroce::cc::DCQCN_ENV, &a.dcqcn)
-        .env(xroce::cc::SWIFT_ENV, &a.swift);
+        .env(xroce::cc::SWIFT_ENV, &a.swift)
+        .env(xroce::cc::TIMELY_ENV, &a.timely);
         senders.push(Proc::spawn(
             &format!("sender {i}"),
             cmd,

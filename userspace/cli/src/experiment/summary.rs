@@ -49,6 +49,13 @@ pub struct Settings {
     pub line_rate: String,
     /// The senders' DCQCN parameters (null unless --cc dcqcn).
     pub dcqcn: Option<Dcqcn>,
+    /// --timely as given (null unless --cc timely).
+    pub timely: Option<String>,
+    /// --swift as given (null unless --cc swift).
+    pub swift: Option<String>,
+    /// The queueing delay TIMELY or Swift aims for over the base RTT, us
+    /// (null for the others, or where the spec makes it no single number).
+    pub delay_target_us: Option<f64>,
     pub duration_s: f64,
     /// --size as given, e.g. "64KiB".
     pub size: String,

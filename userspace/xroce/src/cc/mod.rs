@@ -54,6 +54,57 @@ pub trait CongestionControl: Send {
     fn rate_bps(&self) -> u64;
 }
 
+/// The delay signal a delay-based controller reads from a software path's
+/// RTT samples: the smallest of the last `window` samples, and the
+/// smallest sample ever seen (the path's base RTT).
+///
+/// On a NIC the RTT is timestamped on the wire; here it is taken by the
+/// engine threads at both ends, so each sample also carries how long they
+/// waited for a core (2 ms and more on a loaded host) and ACK batching.
+/// That host delay only ever adds, while a standing queue delays every
+/// packet, so the minimum over a few samples keeps the queue and drops
+/// the host's spikes; one sample alone would read a scheduling hiccup as
+/// congestion. The price: a queue that grows is seen `window` samples
+/// late (a few round trips), and a sample shorter than the queue allows
+/// hides it for `window` samples. In the congestion lab (a veth path, a
+/// tbf bottleneck) about a tenth of the samples were 5-15 us while the
+/// queue stood at 2 ms, and with a window of 4-8 the senders held the
+/// queue there: the `software` presets take each sample (window 1). The
+/// simulation with spikes only (`delay_sim_tests`) shows what it is for.
+#[derive(Debug, Clone)]
+pub struct RttFilter {
+    window: usize,
+    recent: std::collections::VecDeque<u64>,
+    base: Option<u64>,
+}
+
+impl RttFilter {
+    /// Keeps the last `window` samples (0 and 1: each sample as it comes).
+    pub fn new(window: u32) -> Self {
+        let window = window.max(1) as usize;
+        RttFilter {
+            window,
+            recent: std::collections::VecDeque::with_capacity(window),
+            base: None,
+        }
+    }
+
+    /// Adds a sample; returns the filtered RTT.
+    pub fn push(&mut self, rtt_ns: u64) -> u64 {
+        if self.recent.len() == self.window {
+            self.recent.pop_front();
+        }
+        self.recent.push_back(rtt_ns);
+        self.base = Some(self.base.map_or(rtt_ns, |b| b.min(rtt_ns)));
+        self.recent.iter().copied().min().unwrap_or(rtt_ns)
+    }
+
+    /// The smallest sample so far.
+    pub fn base_ns(&self) -> Option<u64> {
+        self.base
+    }
+}
+
 /// No congestion control: always send at the line rate given.
 #[derive(Debug, Clone)]
 pub struct NoCc {
@@ -151,10 +202,15 @@ pub const DCQCN_ENV: &str = "XROCE_DCQCN";
 /// `software` or `paper,target=40us,hops=2`.
 pub const SWIFT_ENV: &str = "XROCE_SWIFT";
 
+/// Environment variable that overrides TIMELY's parameters for every flow a
+/// process makes with [`build`]: a [`TimelyConfig::from_spec`] spec such as
+/// `software` or `paper,t_low=100us`.
+pub const TIMELY_ENV: &str = "XROCE_TIMELY";
+
 /// A controller of `kind` for a flow on a link of `line_rate_bps`, with the
-/// default parameters ([`DcqcnConfig::default`] is the paper's set) or, for
-/// DCQCN and Swift, those `$XROCE_DCQCN` ([`DCQCN_ENV`]) or `$XROCE_SWIFT`
-/// ([`SWIFT_ENV`]) names. A spec that does not parse is reported on stderr
+/// default parameters ([`DcqcnConfig::default`] is the paper's set) or
+/// those `$XROCE_DCQCN` ([`DCQCN_ENV`]), `$XROCE_TIMELY` ([`TIMELY_ENV`])
+/// or `$XROCE_SWIFT` ([`SWIFT_ENV`]) names. A spec that does not parse is reported on stderr
 /// once and the defaults are used.
 pub fn build(kind: CcKind, line_rate_bps: u64) -> Box<dyn CongestionControl> {
     let mut cfg = CcConfig::default();
@@ -181,7 +237,18 @@ pub fn build(kind: CcKind, line_rate_bps: u64) -> Box<dyn CongestionControl> {
                 }
             }
         }
-        CcKind::None | CcKind::Timely => {}
+        CcKind::Timely => {
+            if let Ok(spec) = std::env::var(TIMELY_ENV) {
+                match TimelyConfig::from_spec(&spec) {
+                    Ok(timely) => cfg.timely = timely,
+                    Err(e) => {
+                        static WARNED: std::sync::Once = std::sync::Once::new();
+                        WARNED.call_once(|| eprintln!("xroce: ignoring ${TIMELY_ENV}: {e}"));
+                    }
+                }
+            }
+        }
+        CcKind::None => {}
     }
     build_with(kind, line_rate_bps, &cfg)
 }

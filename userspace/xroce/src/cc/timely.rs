@@ -51,6 +51,14 @@ pub struct TimelyConfig {
     pub segment_bytes: u64,
     /// Lowest rate, bit/s (not in the paper; 10 Mbit/s here).
     pub min_rate_bps: u64,
+    /// The RTT of an event is the smallest of this many latest samples
+    /// ([`super::RttFilter`]); 1: each sample (the paper, with NIC
+    /// timestamps).
+    pub rtt_filter: u32,
+    /// Tlow and Thigh are queueing delays on top of the smallest RTT the
+    /// flow has seen rather than absolute RTTs (see
+    /// [`super::swift::SwiftConfig::over_base`]). false in the paper.
+    pub over_base: bool,
 }
 
 impl Default for TimelyConfig {
@@ -66,7 +74,136 @@ impl Default for TimelyConfig {
             hai_multiplier: 5,
             segment_bytes: 0,
             min_rate_bps: 10_000_000,
+            rtt_filter: 1,
+            over_base: false,
         }
+    }
+}
+
+impl TimelyConfig {
+    /// The paper's parameters ([`Default`]).
+    pub fn paper() -> Self {
+        Self::default()
+    }
+
+    /// The paper's rules re-timed for xroce's software path, from the
+    /// congestion lab's measurements (see [`super::SwiftConfig::software`]
+    /// for the path: base RTT 5-10 us on a veth, host delays of tens of
+    /// microseconds at p90 and up to a millisecond at p99):
+    ///
+    /// - Tlow 200 us and Thigh 500 us over the smallest RTT seen
+    ///   (`over_base`): the paper's 50 us Tlow is under the host delay of
+    ///   most samples, so TIMELY never saw an RTT below it, and its fixed
+    ///   thresholds would mean a different queue on every host. 200 us is
+    ///   Swift's target here; TIMELY holds the RTT between Tlow and Thigh.
+    /// - Gradient normalised by 500 us instead of the 20 us propagation
+    ///   RTT: a sample's host jitter of 50 us over 20 us read as a gradient
+    ///   of 2.5, a cut to the floor (measured: TIMELY with the paper's
+    ///   set used 0.70 of a 200 Mbit/s link with no queue); over 500 us a
+    ///   rise of that size cuts 8 %. Normalised by 200 us it still used
+    ///   only 0.87 of the link, queue median 0; by 500 us 0.95 (as much as
+    ///   without congestion control), queue median about 400 us.
+    /// - Each sample counts (`rtt_filter` 1; see [`super::RttFilter`]),
+    ///   delta, beta, alpha and HAI as in the paper.
+    pub fn software() -> Self {
+        TimelyConfig {
+            t_low_ns: 200_000,
+            t_high_ns: 500_000,
+            min_rtt_ns: 500_000,
+            over_base: true,
+            ..Self::paper()
+        }
+    }
+
+    /// The queueing delay TIMELY aims at, ns, with Tlow over the base RTT:
+    /// it raises the rate below Tlow and cuts it on a rise above it, so on
+    /// a clean path it holds the RTT at Tlow (see `delay_sim_tests`); with
+    /// a software path's jitter it rides between Tlow and Thigh.
+    pub fn queue_target_ns(&self) -> Option<u64> {
+        self.over_base.then_some(self.t_low_ns)
+    }
+
+    /// Parameters from a spec: a preset (`paper` or `software`), then any
+    /// `key=value` overrides, comma-separated, e.g. `software,t_low=400us`.
+    /// Keys: `alpha`, `beta`, `delta`, `t_low`, `t_high`, `min_rtt`,
+    /// `hai_threshold`, `hai_multiplier`, `segment`, `min_rate`. Durations
+    /// take a unit (`50us`), rates `mbit`/`gbit`, sizes `B`/`KB`/`KiB`.
+    pub fn from_spec(spec: &str) -> Result<Self, String> {
+        use super::units::{parse_duration_ns, parse_rate_bps, parse_size_bytes};
+        let mut parts = spec.split(',').map(str::trim).filter(|p| !p.is_empty());
+        let mut cfg = match parts.next() {
+            Some("paper") | None => Self::paper(),
+            Some("software") => Self::software(),
+            Some(other) if other.contains('=') => {
+                return Err(format!(
+                    "TIMELY spec {spec:?} must start with a preset: paper or software"
+                ))
+            }
+            Some(other) => {
+                return Err(format!(
+                    "unknown TIMELY preset {other:?}; use paper or software"
+                ))
+            }
+        };
+        for part in parts {
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| format!("TIMELY override {part:?} is not key=value"))?;
+            let (key, value) = (key.trim(), value.trim());
+            let number = || {
+                value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite() && *v >= 0.0)
+                    .ok_or_else(|| format!("TIMELY {key}={value:?}: not a number >= 0"))
+            };
+            let whole = || {
+                value
+                    .parse::<u32>()
+                    .map_err(|_| format!("TIMELY {key}={value:?}: not a whole number"))
+            };
+            let e = |err: super::units::UnitError| format!("TIMELY {key}: {err}");
+            match key {
+                "alpha" => cfg.ewma_alpha = number()?,
+                "beta" => cfg.beta = number()?,
+                "delta" => cfg.delta_bps = parse_rate_bps(value).map_err(e)?,
+                "t_low" => cfg.t_low_ns = parse_duration_ns(value).map_err(e)?,
+                "t_high" => cfg.t_high_ns = parse_duration_ns(value).map_err(e)?,
+                "min_rtt" => cfg.min_rtt_ns = parse_duration_ns(value).map_err(e)?,
+                "hai_threshold" => cfg.hai_threshold = whole()?,
+                "hai_multiplier" => cfg.hai_multiplier = whole()?,
+                "segment" => cfg.segment_bytes = parse_size_bytes(value).map_err(e)?,
+                "min_rate" => cfg.min_rate_bps = parse_rate_bps(value).map_err(e)?,
+                "filter" => {
+                    cfg.rtt_filter = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=64).contains(n))
+                        .ok_or_else(|| format!("TIMELY filter={value:?}: not 1..=64 samples"))?
+                }
+                "over_base" => {
+                    cfg.over_base = value
+                        .parse()
+                        .map_err(|_| format!("TIMELY over_base={value:?}: not true or false"))?
+                }
+                other => {
+                    return Err(format!(
+                        "unknown TIMELY parameter {other:?}; use alpha, beta, delta, t_low, \
+                         t_high, min_rtt, hai_threshold, hai_multiplier, segment, min_rate, \
+                         filter or over_base"
+                    ))
+                }
+            }
+        }
+        if !(cfg.ewma_alpha > 0.0 && cfg.ewma_alpha <= 1.0) || cfg.beta > 1.0 {
+            return Err(format!(
+                "TIMELY alpha must be within (0, 1] and beta within 0..=1 (spec {spec:?})"
+            ));
+        }
+        if cfg.t_low_ns >= cfg.t_high_ns {
+            return Err(format!("TIMELY needs t_low < t_high (spec {spec:?})"));
+        }
+        Ok(cfg)
     }
 }
 
@@ -94,7 +231,7 @@ pub struct Timely {
     prev_rtt_ns: Option<u64>,
     /// EWMA of RTT differences, ns.
     rtt_diff_ns: f64,
-    min_rtt_seen_ns: Option<u64>,
+    filter: super::RttFilter,
     /// Completions in a row with a non-positive gradient.
     negative_run: u32,
     acked_since: u64,
@@ -104,13 +241,14 @@ pub struct Timely {
 impl Timely {
     /// A flow starting at `line_rate_bps`, which is also its maximum.
     pub fn new(line_rate_bps: u64, cfg: TimelyConfig) -> Self {
+        let filter = super::RttFilter::new(cfg.rtt_filter);
         Timely {
             cfg,
             line_rate: line_rate_bps,
             rate: line_rate_bps as f64,
             prev_rtt_ns: None,
             rtt_diff_ns: 0.0,
-            min_rtt_seen_ns: None,
+            filter,
             negative_run: 0,
             acked_since: 0,
             last_action: None,
@@ -132,7 +270,7 @@ impl Timely {
         let min_rtt = if self.cfg.min_rtt_ns != 0 {
             self.cfg.min_rtt_ns
         } else {
-            self.min_rtt_seen_ns.unwrap_or(1)
+            self.filter.base_ns().unwrap_or(1)
         };
         self.rtt_diff_ns / min_rtt.max(1) as f64
     }
@@ -144,7 +282,12 @@ impl Timely {
 
     /// One completion event with RTT `rtt_ns`.
     pub fn on_rtt_sample(&mut self, rtt_ns: u64) {
-        self.min_rtt_seen_ns = Some(self.min_rtt_seen_ns.map_or(rtt_ns, |m| m.min(rtt_ns)));
+        let rtt_ns = self.filter.push(rtt_ns);
+        let base = match (self.cfg.over_base, self.filter.base_ns()) {
+            (true, Some(b)) => b,
+            _ => 0,
+        };
+        let (t_low, t_high) = (base + self.cfg.t_low_ns, base + self.cfg.t_high_ns);
         if let Some(prev) = self.prev_rtt_ns {
             let new_diff = rtt_ns as f64 - prev as f64;
             let a = self.cfg.ewma_alpha;
@@ -153,11 +296,11 @@ impl Timely {
         let first = self.prev_rtt_ns.is_none();
         self.prev_rtt_ns = Some(rtt_ns);
         let delta = self.cfg.delta_bps as f64;
-        let action = if rtt_ns < self.cfg.t_low_ns {
+        let action = if rtt_ns < t_low {
             self.rate += delta;
             TimelyAction::BelowTlow
-        } else if rtt_ns > self.cfg.t_high_ns {
-            let factor = 1.0 - self.cfg.beta * (1.0 - self.cfg.t_high_ns as f64 / rtt_ns as f64);
+        } else if rtt_ns > t_high {
+            let factor = 1.0 - self.cfg.beta * (1.0 - t_high as f64 / rtt_ns as f64);
             self.rate *= factor;
             self.negative_run = 0;
             TimelyAction::AboveThigh
@@ -299,6 +442,74 @@ mod tests {
         assert_eq!(t.last_action(), Some(TimelyAction::Decrease));
         t.on_ack(0, 0, Some(rtt + 2_000));
         assert_eq!(t.last_action(), Some(TimelyAction::Increase));
+    }
+
+    #[test]
+    fn specs_pick_presets_and_override_fields() {
+        assert_eq!(TimelyConfig::from_spec(""), Ok(TimelyConfig::paper()));
+        assert_eq!(
+            TimelyConfig::from_spec("paper"),
+            Ok(TimelyConfig::default())
+        );
+        assert_eq!(
+            TimelyConfig::from_spec("software"),
+            Ok(TimelyConfig::software())
+        );
+        let o = TimelyConfig::from_spec(
+            "paper, alpha=0.5,beta=0.4,delta=5mbit,t_low=30us,t_high=1ms,min_rtt=0us,\
+             hai_threshold=3,hai_multiplier=2,segment=16KiB,min_rate=1mbit,filter=4,\
+             over_base=true",
+        )
+        .unwrap();
+        assert_eq!((o.ewma_alpha, o.beta, o.delta_bps), (0.5, 0.4, 5_000_000));
+        assert_eq!(
+            (o.t_low_ns, o.t_high_ns, o.min_rtt_ns),
+            (30_000, 1_000_000, 0)
+        );
+        assert_eq!((o.hai_threshold, o.hai_multiplier), (3, 2));
+        assert_eq!((o.segment_bytes, o.min_rate_bps), (16 * 1024, 1_000_000));
+        assert_eq!((o.rtt_filter, o.over_base), (4, true));
+        assert_eq!(o.queue_target_ns(), Some(30_000));
+        assert_eq!(TimelyConfig::paper().queue_target_ns(), None);
+        for bad in [
+            "fast",
+            "t_low=1us",
+            "paper,t_low",
+            "paper,t_low=5",
+            "paper,bogus=1",
+            "paper,alpha=0",
+            "paper,t_low=1ms,t_high=500us",
+            "paper,filter=0",
+            "paper,over_base=yes",
+        ] {
+            assert!(TimelyConfig::from_spec(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn min_filter_and_base_move_the_thresholds() {
+        let cfg = TimelyConfig {
+            rtt_filter: 3,
+            over_base: true,
+            t_low_ns: 50_000,
+            t_high_ns: 500_000,
+            ..per_sample()
+        };
+        let mut t = Timely::new(10 * G, cfg);
+        t.rate = 5e9;
+        // Base 10 us: Tlow is 60 us. A spike among lower samples is not
+        // seen (the smallest of the last three counts).
+        t.on_ack(0, 0, Some(10_000));
+        assert_eq!(t.last_action(), Some(TimelyAction::BelowTlow));
+        t.on_ack(0, 0, Some(900_000));
+        assert_eq!(t.last_action(), Some(TimelyAction::BelowTlow));
+        t.on_ack(0, 0, Some(55_000));
+        assert_eq!(t.last_action(), Some(TimelyAction::BelowTlow));
+        // Three samples over 510 us (Thigh over the base): a cut.
+        for _ in 0..3 {
+            t.on_ack(0, 0, Some(1_020_000));
+        }
+        assert_eq!(t.last_action(), Some(TimelyAction::AboveThigh));
     }
 
     #[test]

@@ -77,6 +77,9 @@ pub struct Common {
     /// Swift parameters (a preset and key=value overrides, see `incast`)
     #[arg(long, default_value = "software")]
     pub swift: String,
+    /// TIMELY parameters (a preset and key=value overrides, see `incast`)
+    #[arg(long, default_value = "software")]
+    pub timely: String,
     /// The bottleneck: `xdp` (each receiver's XDP congestion point: marks
     /// and drops, packets never wait, so flows are not held to the link
     /// rate) or `delay` (the bridge's port toward each receiver holds
@@ -183,6 +186,8 @@ pub struct Settings {
     pub dcqcn: String,
     /// --swift as given (used by --cc swift only).
     pub swift: String,
+    /// --timely as given (used by --cc timely only).
+    pub timely: String,
     pub link_rate: String,
     pub link_rate_bps: u64,
     pub line_rate: String,
@@ -415,6 +420,7 @@ fn prepare(c: &Common) -> anyhow::Result<(Cdf, Vec<Flow>)> {
     xroce::cc::DcqcnConfig::from_spec(&c.dcqcn, line_rate.value)
         .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
     xroce::cc::SwiftConfig::from_spec(&c.swift).map_err(|e| anyhow::anyhow!("--swift: {e}"))?;
+    xroce::cc::TimelyConfig::from_spec(&c.timely).map_err(|e| anyhow::anyhow!("--timely: {e}"))?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
@@ -439,6 +445,7 @@ fn settings(c: &Common, cc: CcKind, cdf: &Cdf) -> Settings {
         cc: cc.name().into(),
         dcqcn: c.dcqcn.clone(),
         swift: c.swift.clone(),
+        timely: c.timely.clone(),
         link_rate: c.link_rate.text().into(),
         link_rate_bps: c.link_rate.value,
         line_rate: c.line_rate.as_ref().unwrap_or(&c.link_rate).text().into(),
@@ -664,7 +671,8 @@ fn run_in(
             &c.arena.value.to_string(),
         ])
         .env(xroce::cc::DCQCN_ENV, &c.dcqcn)
-        .env(xroce::cc::SWIFT_ENV, &c.swift);
+        .env(xroce::cc::SWIFT_ENV, &c.swift)
+        .env(xroce::cc::TIMELY_ENV, &c.timely);
         node_args(&mut cmd, host, i);
         let log = dir.join(format!("sender{i}.log"));
         tx_procs.push((Proc::spawn(&format!("sender {i}"), cmd, &log)?, log));
