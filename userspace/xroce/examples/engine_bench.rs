@@ -12,9 +12,12 @@
 //! `cargo run --release -p xroce --example engine_bench [-- seconds]`
 //! prints one JSON object on stdout.
 
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use std::sync::{Arc, Mutex};
+#[path = "common/write_pump.rs"]
+mod write_pump;
+use write_pump::WritePump;
 
 use xroce::engine::completion::{Completion, WcStatus};
 use xroce::engine::memory::MrTable;
@@ -149,84 +152,14 @@ fn engine(op: &str, mtu: Mtu, msg: usize, secs: f64) -> (f64, f64) {
 /// ns per frame (both directions) with `n` connected RC QP pairs of which
 /// the first `k` keep 8 4-KiB WRITEs outstanding each.
 fn many_qps(n: usize, k: usize, secs: f64) -> f64 {
-    const MSG: usize = 4096;
-    const DEPTH: u64 = 8;
-    let (ca, cb) = xroce::engine::sim::sim_configs();
-    let engine = |cfg| Mutex::new(Engine::new(cfg, Arc::new(MrTable::default())));
-    let sim = Sim::new(
-        engine(ca),
-        engine(cb),
-        SimLink::new(LinkConfig::default(), 0),
-    );
-    let p = PairParams {
-        mtu: Mtu::Mtu4096,
-        mr_len: MSG,
-        max_wr: 64,
-        cq_depth: 1024,
-        ..Default::default()
-    };
-    let pairs: Vec<_> = (0..n).map(|_| connect_engines(&sim, &p)).collect();
-    let mut posted = vec![0u64; k];
-    let mut done = vec![0u64; k];
-    let mut completions: Vec<Completion> = Vec::with_capacity(256);
-    let mut buf = vec![0u8; 9000];
-    let mut frames = 0u64;
+    let mut pump = WritePump::new(n, k);
     let t0 = Instant::now();
-    loop {
-        let now = t0.elapsed().as_nanos() as u64 + 1_000_000;
-        let mut ga = sim.a.lock().unwrap();
-        let mut gb = sim.b.lock().unwrap();
-        for (q, (a, b)) in pairs.iter().take(k).enumerate() {
-            while posted[q] - done[q] < DEPTH {
-                let wr = SendWr::new(
-                    (q as u64) << 32 | posted[q],
-                    WrOpcode::RdmaWrite {
-                        remote_addr: b.mr.addr(),
-                        rkey: b.mr.rkey(),
-                    },
-                    vec![a.mr.sge(0, MSG)],
-                );
-                ga.post_send(a.qpn, &wr).unwrap();
-                posted[q] += 1;
-            }
-        }
-        for _ in 0..256 {
-            let mut moved = false;
-            if let Some(n) = ga.poll_transmit(now, &mut buf) {
-                gb.handle_frame(&buf[..n], now);
-                frames += 1;
-                moved = true;
-            }
-            if let Some(n) = gb.poll_transmit(now, &mut buf) {
-                ga.handle_frame(&buf[..n], now);
-                frames += 1;
-                moved = true;
-            }
-            if !moved {
-                break;
-            }
-        }
-        for g in [&mut ga, &mut gb] {
-            if g.poll_timeout().is_some_and(|t| t <= now) {
-                g.handle_timeout(now);
-            }
-        }
-        ga.take_completions(&mut completions);
-        for c in &completions {
-            assert_eq!(c.wc.status, WcStatus::Success);
-            done[(c.wc.wr_id >> 32) as usize] += 1;
-        }
-        completions.clear();
-        gb.take_completions(&mut completions);
-        completions.clear();
-        drop((ga, gb));
-        if t0.elapsed().as_secs_f64() >= secs {
-            break;
-        }
+    while t0.elapsed().as_secs_f64() < secs {
+        pump.round(t0.elapsed().as_nanos() as u64 + 1_000_000);
     }
     let el = t0.elapsed().as_secs_f64();
-    assert!(done.iter().all(|&d| d > 0), "a busy QP moved no data");
-    el * 1e9 / frames as f64
+    pump.verify();
+    el * 1e9 / pump.frames as f64
 }
 
 fn main() {

@@ -14,20 +14,14 @@
 //! prints one JSON object on stdout.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use xroce::engine::completion::{Completion, WcStatus};
-use xroce::engine::memory::MrTable;
-use xroce::engine::qp_attr::Mtu;
-use xroce::engine::sim::{connect_engines, sim_configs, LinkConfig, PairParams, Sim, SimLink};
-use xroce::engine::work::{SendWr, WrOpcode};
-use xroce::engine::Engine;
+#[path = "common/write_pump.rs"]
+mod write_pump;
+use write_pump::{WritePump, MSG};
 
 const QPS: usize = 4;
-const MSG: usize = 4096;
-/// WRITEs each QP keeps outstanding.
-const DEPTH: u64 = 8;
 
 /// One shard's result: messages completed and frames moved.
 struct ShardRun {
@@ -51,99 +45,18 @@ fn thread_cpu() -> f64 {
 /// Drives one shard with `qps` QP pairs until `stop`; checks every
 /// completion and, at the end, that each QP's last WRITE landed intact.
 fn shard(qps: usize, start: &Barrier, stop: &AtomicBool) -> ShardRun {
-    let (ca, cb) = sim_configs();
-    let engine = |cfg| Mutex::new(Engine::new(cfg, Arc::new(MrTable::default())));
-    let sim = Sim::new(
-        engine(ca),
-        engine(cb),
-        SimLink::new(LinkConfig::default(), 0),
-    );
-    let p = PairParams {
-        mtu: Mtu::Mtu4096,
-        mr_len: MSG,
-        max_wr: 64,
-        cq_depth: 1024,
-        ..Default::default()
-    };
-    let pairs: Vec<_> = (0..qps).map(|_| connect_engines(&sim, &p)).collect();
-    for (q, (a, _)) in pairs.iter().enumerate() {
-        let pattern: Vec<u8> = (0..MSG).map(|i| (i * 7 + q * 31) as u8).collect();
-        // SAFETY: nothing is posted yet; this thread alone drives the engines.
-        unsafe { a.mr.write(0, &pattern) }.unwrap();
-    }
-    let mut posted = vec![0u64; qps];
-    let mut done = vec![0u64; qps];
-    let mut completions: Vec<Completion> = Vec::with_capacity(256);
-    let mut buf = vec![0u8; 9000];
-    let mut frames = 0u64;
+    let mut pump = WritePump::new(qps, qps);
     start.wait();
     let t0 = Instant::now();
     let cpu0 = thread_cpu();
     while !stop.load(Ordering::Relaxed) {
-        let now = t0.elapsed().as_nanos() as u64 + 1_000_000;
-        let mut ga = sim.a.lock().unwrap();
-        let mut gb = sim.b.lock().unwrap();
-        for (q, (a, b)) in pairs.iter().enumerate() {
-            while posted[q] - done[q] < DEPTH {
-                let wr = SendWr::new(
-                    (q as u64) << 32 | posted[q],
-                    WrOpcode::RdmaWrite {
-                        remote_addr: b.mr.addr(),
-                        rkey: b.mr.rkey(),
-                    },
-                    vec![a.mr.sge(0, MSG)],
-                );
-                ga.post_send(a.qpn, &wr).unwrap();
-                posted[q] += 1;
-            }
-        }
-        for _ in 0..256 {
-            let mut moved = false;
-            if let Some(n) = ga.poll_transmit(now, &mut buf) {
-                gb.handle_frame(&buf[..n], now);
-                frames += 1;
-                moved = true;
-            }
-            if let Some(n) = gb.poll_transmit(now, &mut buf) {
-                ga.handle_frame(&buf[..n], now);
-                frames += 1;
-                moved = true;
-            }
-            if !moved {
-                break;
-            }
-        }
-        for g in [&mut ga, &mut gb] {
-            if g.poll_timeout().is_some_and(|t| t <= now) {
-                g.handle_timeout(now);
-            }
-        }
-        ga.take_completions(&mut completions);
-        for c in &completions {
-            assert_eq!(c.wc.status, WcStatus::Success, "a WRITE failed");
-            done[(c.wc.wr_id >> 32) as usize] += 1;
-        }
-        completions.clear();
-        gb.take_completions(&mut completions);
-        completions.clear();
+        pump.round(t0.elapsed().as_nanos() as u64 + 1_000_000);
     }
     let cpu_secs = thread_cpu() - cpu0;
-    for (q, (_, b)) in pairs.iter().enumerate() {
-        assert!(done[q] > 0, "QP {q} completed no WRITE");
-        let mut got = vec![0u8; MSG];
-        // SAFETY: the engines are no longer driven, so nothing writes the
-        // region (WRITEs still in flight never land).
-        unsafe { b.mr.read(0, &mut got) }.unwrap();
-        assert!(
-            got.iter()
-                .enumerate()
-                .all(|(i, &v)| v == (i * 7 + q * 31) as u8),
-            "QP {q}: the data written differs from the data sent"
-        );
-    }
+    pump.verify();
     ShardRun {
-        messages: done.iter().sum(),
-        frames,
+        messages: pump.done.iter().sum(),
+        frames: pump.frames,
         cpu_secs,
     }
 }
