@@ -221,3 +221,27 @@ fn workload_completes_every_flow_once_and_compare_repeats_it_per_controller() {
     }
     let _ = std::fs::remove_file(&cdf);
 }
+
+/// `--op read`: each sender SENDs a flow's descriptor and its receiver READs
+/// the data from the sender's memory (through the delay bottleneck, as READ
+/// responses go the same way as WRITEs), then checks it: every flow still
+/// arrives exactly once, verified, and the same seed gives the same flows.
+#[test]
+fn workload_by_read_completes_every_flow_once_with_data_verified() {
+    require_root();
+    let cdf = temp("wl-read-cdf.txt");
+    std::fs::write(&cdf, CDF).unwrap();
+    let mut a = common(&cdf);
+    // Its own port: the other test's runs may still be closing theirs.
+    let port = a.iter().position(|s| s == "--port").unwrap() + 1;
+    a[port] = "18640".into();
+    a.extend(["--cc", "dcqcn", "--op", "read", "--bottleneck", "delay"].map(String::from));
+    let dir = temp("wl-read");
+    run("workload", &a, &dir);
+    check_run(&dir);
+    let summary: Value = serde_json::from_str(&read(&dir.join("summary.json"))).unwrap();
+    assert_eq!(summary["settings"]["op"], "read", "{summary}");
+    assert_eq!(read(&dir.join("schedule.csv")).lines().count(), FLOWS + 1);
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(&cdf);
+}

@@ -109,6 +109,13 @@ pub struct Common {
     /// QPs per sender-receiver pair (one flow per QP at a time)
     #[arg(long, default_value_t = 16)]
     pub qps: usize,
+    /// How a flow's data moves: `write` (the sender WRITEs it, then SENDs
+    /// its descriptor) or `read` (the sender SENDs the descriptor and the
+    /// receiver READs the data; READ responses are paced by the sender's
+    /// congestion control, but are not ACKed, so RTT-driven TIMELY and
+    /// Swift get no samples from them: DCQCN and none only)
+    #[arg(long, default_value = "write", value_parser = ["write", "read"])]
+    pub op: String,
     /// Bytes of flows in flight per sender-receiver pair (raised to the largest flow)
     #[arg(long, default_value = "64MiB", value_parser = crate::units::size)]
     pub arena: Size,
@@ -188,6 +195,8 @@ pub struct Settings {
     pub swift: String,
     /// --timely as given (used by --cc timely only).
     pub timely: String,
+    /// "write" or "read".
+    pub op: String,
     pub link_rate: String,
     pub link_rate_bps: u64,
     pub line_rate: String,
@@ -446,6 +455,7 @@ fn settings(c: &Common, cc: CcKind, cdf: &Cdf) -> Settings {
         dcqcn: c.dcqcn.clone(),
         swift: c.swift.clone(),
         timely: c.timely.clone(),
+        op: c.op.clone(),
         link_rate: c.link_rate.text().into(),
         link_rate_bps: c.link_rate.value,
         line_rate: c.line_rate.as_ref().unwrap_or(&c.link_rate).text().into(),
@@ -595,6 +605,7 @@ fn run_in(
             .arg("--out")
             .arg(dir)
             .args(["--seed", &c.seed.to_string(), "--cc", cc.name()])
+            .args(["--op", &c.op])
             .args(["--rate-bps", &line_rate.value.to_string()]);
     };
     let mut rx_procs = Vec::new();

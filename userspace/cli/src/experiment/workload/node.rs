@@ -8,7 +8,11 @@
 //!   every receiver, then starts each of its flows at its scheduled time as
 //!   one RDMA WRITE of the flow's size on an RC QP of its own (a pool of
 //!   QPs per receiver, one flow per QP at a time), followed on the same QP
-//!   by a SEND of the flow's descriptor (id, where, how long).
+//!   by a SEND of the flow's descriptor (id, where, how long). With
+//!   `--op read` only the descriptor: the receiver READs the data from the
+//!   same place in the sender's arena into its own, checks it once the
+//!   READ completed and then acknowledges (the sender's QP and region stay
+//!   taken until that ack).
 //!
 //! Memory: per sender-receiver pair, an arena of `--arena` bytes (at least
 //! the pair's largest flow) on both sides; a flow takes a region of it from
@@ -101,6 +105,9 @@ pub struct NodeArgs {
     /// Sender: bytes of flows in flight per receiver (at least the largest flow)
     #[arg(long, default_value_t = 64 << 20)]
     pub arena: u64,
+    /// write or read (see `workload --op`)
+    #[arg(long, default_value = "write", value_parser = ["write", "read"])]
+    pub op: String,
 }
 
 /// Sender -> receiver: who we are and what to make.
@@ -461,6 +468,9 @@ fn serve(
     conn.post_all_recvs(0)?;
     peer.sync(1)?;
 
+    let read = a.op == "read";
+    // --op read: the flows whose READ is on its way: (offset, length).
+    let mut reading: HashMap<u32, (u64, u64)> = HashMap::new();
     let mut seen: HashMap<u32, u32> = HashMap::new();
     let mut errors = Vec::new();
     let mut wcs = [Wc::default(); 64];
@@ -468,14 +478,46 @@ fn serve(
     while seen.len() < expected.len() {
         let n = cq.poll(&mut wcs)?;
         for wc in &wcs[..n] {
-            let (kind, _, q, slot) = split(wc.wr_id);
-            check_wc(wc, if kind == Kind::Recv { "receive" } else { "ack" })?;
-            if kind != Kind::Recv || wc.opcode != WcOpcode::Recv {
+            let (kind, _, q, value) = split(wc.wr_id);
+            // A receiver's READs carry Kind::Write (it posts no WRITE).
+            let what = match kind {
+                Kind::Recv => "receive",
+                Kind::Write => "flow READ",
+                _ => "ack",
+            };
+            check_wc(wc, what)?;
+            let (id, off, len) = if kind == Kind::Write && wc.opcode == WcOpcode::RdmaRead {
+                let id = value;
+                let Some((off, len)) = reading.remove(&id) else {
+                    bail!("a READ completed for flow {id}, which was not being read");
+                };
+                (id, off, len)
+            } else if kind == Kind::Recv && wc.opcode == WcOpcode::Recv {
+                let d = conn.recv_words(q, value as usize, 3)?;
+                conn.post_recv(0, q, value as usize)?;
+                let (id, off, len) = (d[0] as u32, d[1], d[2]);
+                let fits = expected.get(&id).is_some_and(|f| f.size == len)
+                    && off + len <= conn.arena.len() as u64;
+                if read && fits && !seen.contains_key(&id) && !reading.contains_key(&id) {
+                    // The data is still at the sender: READ it into the
+                    // same place here, then check it (below, on completion).
+                    conn.qps[q]
+                        .post_send(&SendWr::new(
+                            wr_id(Kind::Write, 0, q, id),
+                            WrOpcode::RdmaRead {
+                                remote_addr: theirs[0].mr_addr + off,
+                                rkey: theirs[0].rkey,
+                            },
+                            vec![conn.arena.sge(off as usize, len as usize)],
+                        ))
+                        .with_context(|| format!("post flow {id}'s READ"))?;
+                    reading.insert(id, (off, len));
+                    continue;
+                }
+                (id, off, len)
+            } else {
                 continue;
-            }
-            let d = conn.recv_words(q, slot as usize, 3)?;
-            conn.post_recv(0, q, slot as usize)?;
-            let (id, off, len) = (d[0] as u32, d[1], d[2]);
+            };
             let t_ns = monotonic_ns();
             let check = match expected.get(&id) {
                 None => Err(format!("flow {id} is not one of this sender's to us")),
@@ -687,7 +729,7 @@ pub fn sender(a: &NodeArgs) -> anyhow::Result<()> {
             if !p.idle.is_empty() {
                 if let Some(off) = p.arena.alloc(f.size) {
                     let q = p.idle.pop().expect("not empty");
-                    post_flow(p, f, q, off, a.seed)?;
+                    post_flow(p, f, q, off, a.seed, a.op == "read")?;
                     state[fi].post_ns = Some(monotonic_ns().saturating_sub(t0));
                     state[fi].region = Some((q, off));
                     pending.remove(k);
@@ -721,6 +763,12 @@ pub fn sender(a: &NodeArgs) -> anyhow::Result<()> {
                         bail!("flow {id} acknowledged twice");
                     };
                     p.arena.release(off, mine[fi].size);
+                    if a.op == "read" {
+                        // The receiver has read it: the QP and the region
+                        // are free, and the flow's data is where it goes.
+                        s.done_ns = Some(monotonic_ns().saturating_sub(t0));
+                        p.idle.push(q);
+                    }
                     let f = mine[fi];
                     writeln!(
                         csv,
@@ -789,9 +837,9 @@ pub fn sender(a: &NodeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Fills the flow's region with its data, then posts its WRITE and its
-/// descriptor on QP `q`.
-fn post_flow(p: &Pair, f: Flow, q: usize, off: u64, seed: u64) -> anyhow::Result<()> {
+/// Fills the flow's region with its data, then posts its WRITE (unless the
+/// receiver READs it) and its descriptor on QP `q`.
+fn post_flow(p: &Pair, f: Flow, q: usize, off: u64, seed: u64, read: bool) -> anyhow::Result<()> {
     let key = flows::data_key(seed, f.id);
     let mut buf = vec![0u8; (f.size as usize).min(1 << 20)];
     let mut done = 0u64;
@@ -802,16 +850,18 @@ fn post_flow(p: &Pair, f: Flow, q: usize, off: u64, seed: u64) -> anyhow::Result
         unsafe { p.conn.arena.write((off + done) as usize, &buf[..n]) }?;
         done += n as u64;
     }
-    p.conn.qps[q]
-        .post_send(&SendWr::new(
-            wr_id(Kind::Write, p.index, q, f.id),
-            WrOpcode::RdmaWrite {
-                remote_addr: p.remote_addr + off,
-                rkey: p.rkey,
-            },
-            vec![p.conn.arena.sge(off as usize, f.size as usize)],
-        ))
-        .with_context(|| format!("post flow {}'s WRITE", f.id))?;
+    if !read {
+        p.conn.qps[q]
+            .post_send(&SendWr::new(
+                wr_id(Kind::Write, p.index, q, f.id),
+                WrOpcode::RdmaWrite {
+                    remote_addr: p.remote_addr + off,
+                    rkey: p.rkey,
+                },
+                vec![p.conn.arena.sge(off as usize, f.size as usize)],
+            ))
+            .with_context(|| format!("post flow {}'s WRITE", f.id))?;
+    }
     p.conn
         .send_inline(
             wr_id(Kind::Desc, p.index, q, f.id),
