@@ -191,60 +191,38 @@ impl DcqcnConfig {
     /// `min_rate`, `max_rate`, `reduce_period`. Durations take a unit
     /// (`55us`, `2ms`), rates `mbit`/`gbit`, sizes `B`/`KB`/`MB`.
     pub fn from_spec(spec: &str, line_rate_bps: u64) -> Result<Self, String> {
-        use super::units::{parse_duration_ns, parse_rate_bps, parse_size_bytes};
-        let mut parts = spec.split(',').map(str::trim).filter(|p| !p.is_empty());
-        let mut cfg = match parts.next() {
-            Some("paper") | None => Self::paper(),
-            Some("nvidia") => Self::nvidia(),
-            Some("software") => Self::software(line_rate_bps),
-            Some(other) if other.contains('=') => {
-                return Err(format!(
-                    "DCQCN spec {spec:?} must start with a preset: paper, nvidia or software"
-                ))
-            }
-            Some(other) => {
-                return Err(format!(
-                    "unknown DCQCN preset {other:?}; use paper, nvidia or software"
-                ))
-            }
-        };
-        for part in parts {
-            let (key, value) = part
-                .split_once('=')
-                .ok_or_else(|| format!("DCQCN override {part:?} is not key=value"))?;
-            let (key, value) = (key.trim(), value.trim());
-            let number = || {
-                value
-                    .parse::<f64>()
-                    .map_err(|_| format!("DCQCN {key}={value:?}: not a number"))
-            };
-            let e = |err: super::units::UnitError| format!("DCQCN {key}: {err}");
-            match key {
-                "g" => cfg.g = number()?,
-                "alpha" => cfg.initial_alpha = number()?,
-                "alpha_timer" => cfg.alpha_timer_ns = parse_duration_ns(value).map_err(e)?,
-                "timer" => cfg.rate_increase_timer_ns = parse_duration_ns(value).map_err(e)?,
-                "byte_counter" => cfg.byte_counter_bytes = parse_size_bytes(value).map_err(e)?,
-                "f" => {
-                    cfg.fast_recovery_stages = value
-                        .parse()
-                        .map_err(|_| format!("DCQCN f={value:?}: not a whole number"))?
+        let software = || Self::software(line_rate_bps);
+        let cfg = super::spec::parse(
+            "DCQCN",
+            spec,
+            &[
+                ("paper", &Self::paper),
+                ("nvidia", &Self::nvidia),
+                ("software", &software),
+            ],
+            |cfg, o| {
+                match o.key {
+                    "g" => cfg.g = o.number()?,
+                    "alpha" => cfg.initial_alpha = o.number()?,
+                    "alpha_timer" => cfg.alpha_timer_ns = o.duration_ns()?,
+                    "timer" => cfg.rate_increase_timer_ns = o.duration_ns()?,
+                    "byte_counter" => cfg.byte_counter_bytes = o.size_bytes()?,
+                    "f" => cfg.fast_recovery_stages = o.whole()?,
+                    "rai" => cfg.rai_bps = o.rate_bps()?,
+                    "rhai" => cfg.rhai_bps = o.rate_bps()?,
+                    "min_rate" => cfg.min_rate_bps = o.rate_bps()?,
+                    "max_rate" => cfg.max_rate_bps = o.rate_bps()?,
+                    "reduce_period" => cfg.rate_reduce_period_ns = o.duration_ns()?,
+                    _ => {
+                        return Err(o.unknown(
+                            "g, alpha, alpha_timer, timer, byte_counter, f, rai, rhai, \
+                             min_rate, max_rate or reduce_period",
+                        ))
+                    }
                 }
-                "rai" => cfg.rai_bps = parse_rate_bps(value).map_err(e)?,
-                "rhai" => cfg.rhai_bps = parse_rate_bps(value).map_err(e)?,
-                "min_rate" => cfg.min_rate_bps = parse_rate_bps(value).map_err(e)?,
-                "max_rate" => cfg.max_rate_bps = parse_rate_bps(value).map_err(e)?,
-                "reduce_period" => {
-                    cfg.rate_reduce_period_ns = parse_duration_ns(value).map_err(e)?
-                }
-                other => {
-                    return Err(format!(
-                        "unknown DCQCN parameter {other:?}; use g, alpha, alpha_timer, timer, \
-                         byte_counter, f, rai, rhai, min_rate, max_rate or reduce_period"
-                    ))
-                }
-            }
-        }
+                Ok(())
+            },
+        )?;
         if !(0.0..=1.0).contains(&cfg.g) || !(0.0..=1.0).contains(&cfg.initial_alpha) {
             return Err(format!(
                 "DCQCN g and alpha must be within 0..=1 (spec {spec:?})"

@@ -20,6 +20,7 @@
 
 pub mod dcqcn;
 pub mod pacer;
+mod spec;
 pub mod swift;
 pub mod timely;
 pub mod units;

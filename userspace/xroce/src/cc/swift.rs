@@ -181,73 +181,36 @@ impl SwiftConfig {
     /// `min_rate`. Durations take a unit (`25us`), rates `mbit`/`gbit`,
     /// sizes `B`/`KB`/`KiB`.
     pub fn from_spec(spec: &str) -> Result<Self, String> {
-        use super::units::{parse_duration_ns, parse_rate_bps, parse_size_bytes};
-        let mut parts = spec.split(',').map(str::trim).filter(|p| !p.is_empty());
-        let mut cfg = match parts.next() {
-            Some("paper") | None => Self::paper(),
-            Some("software") => Self::software(),
-            Some(other) if other.contains('=') => {
-                return Err(format!(
-                    "Swift spec {spec:?} must start with a preset: paper or software"
-                ))
-            }
-            Some(other) => {
-                return Err(format!(
-                    "unknown Swift preset {other:?}; use paper or software"
-                ))
-            }
-        };
-        for part in parts {
-            let (key, value) = part
-                .split_once('=')
-                .ok_or_else(|| format!("Swift override {part:?} is not key=value"))?;
-            let (key, value) = (key.trim(), value.trim());
-            let number = || {
-                value
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|v| v.is_finite() && *v >= 0.0)
-                    .ok_or_else(|| format!("Swift {key}={value:?}: not a number >= 0"))
-            };
-            let e = |err: super::units::UnitError| format!("Swift {key}: {err}");
-            match key {
-                "target" => cfg.base_target_ns = parse_duration_ns(value).map_err(e)?,
-                "hops" => {
-                    cfg.hops = value
-                        .parse()
-                        .map_err(|_| format!("Swift hops={value:?}: not a whole number"))?
+        let cfg = super::spec::parse(
+            "Swift",
+            spec,
+            &[("paper", &Self::paper), ("software", &Self::software)],
+            |cfg, o| {
+                match o.key {
+                    "target" => cfg.base_target_ns = o.duration_ns()?,
+                    "hops" => cfg.hops = o.whole()?,
+                    "per_hop" => cfg.per_hop_ns = o.duration_ns()?,
+                    "fs_range" => cfg.fs_range_ns = o.duration_ns()?,
+                    "fs_min_cwnd" => cfg.fs_min_cwnd = o.number()?,
+                    "fs_max_cwnd" => cfg.fs_max_cwnd = o.number()?,
+                    "ai" => cfg.ai = o.number()?,
+                    "beta" => cfg.beta = o.number()?,
+                    "max_mdf" => cfg.max_mdf = o.number()?,
+                    "packet" => cfg.packet_bytes = o.size_bytes()?,
+                    "min_cwnd" => cfg.min_cwnd = o.number()?,
+                    "min_rate" => cfg.min_rate_bps = o.rate_bps()?,
+                    "filter" => cfg.rtt_filter = o.samples()?,
+                    "over_base" => cfg.over_base = o.flag()?,
+                    _ => {
+                        return Err(o.unknown(
+                            "target, hops, per_hop, fs_range, fs_min_cwnd, fs_max_cwnd, ai, \
+                             beta, max_mdf, packet, min_cwnd, min_rate, filter or over_base",
+                        ))
+                    }
                 }
-                "per_hop" => cfg.per_hop_ns = parse_duration_ns(value).map_err(e)?,
-                "fs_range" => cfg.fs_range_ns = parse_duration_ns(value).map_err(e)?,
-                "fs_min_cwnd" => cfg.fs_min_cwnd = number()?,
-                "fs_max_cwnd" => cfg.fs_max_cwnd = number()?,
-                "ai" => cfg.ai = number()?,
-                "beta" => cfg.beta = number()?,
-                "max_mdf" => cfg.max_mdf = number()?,
-                "packet" => cfg.packet_bytes = parse_size_bytes(value).map_err(e)?,
-                "min_cwnd" => cfg.min_cwnd = number()?,
-                "min_rate" => cfg.min_rate_bps = parse_rate_bps(value).map_err(e)?,
-                "filter" => {
-                    cfg.rtt_filter = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=64).contains(n))
-                        .ok_or_else(|| format!("Swift filter={value:?}: not 1..=64 samples"))?
-                }
-                "over_base" => {
-                    cfg.over_base = value
-                        .parse()
-                        .map_err(|_| format!("Swift over_base={value:?}: not true or false"))?
-                }
-                other => {
-                    return Err(format!(
-                        "unknown Swift parameter {other:?}; use target, hops, per_hop, \
-                         fs_range, fs_min_cwnd, fs_max_cwnd, ai, beta, max_mdf, packet, \
-                         min_cwnd, min_rate, filter or over_base"
-                    ))
-                }
-            }
-        }
+                Ok(())
+            },
+        )?;
         if cfg.packet_bytes == 0 {
             return Err(format!(
                 "Swift packet must be above 0 bytes (spec {spec:?})"

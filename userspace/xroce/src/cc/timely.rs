@@ -129,72 +129,34 @@ impl TimelyConfig {
     /// `hai_threshold`, `hai_multiplier`, `segment`, `min_rate`. Durations
     /// take a unit (`50us`), rates `mbit`/`gbit`, sizes `B`/`KB`/`KiB`.
     pub fn from_spec(spec: &str) -> Result<Self, String> {
-        use super::units::{parse_duration_ns, parse_rate_bps, parse_size_bytes};
-        let mut parts = spec.split(',').map(str::trim).filter(|p| !p.is_empty());
-        let mut cfg = match parts.next() {
-            Some("paper") | None => Self::paper(),
-            Some("software") => Self::software(),
-            Some(other) if other.contains('=') => {
-                return Err(format!(
-                    "TIMELY spec {spec:?} must start with a preset: paper or software"
-                ))
-            }
-            Some(other) => {
-                return Err(format!(
-                    "unknown TIMELY preset {other:?}; use paper or software"
-                ))
-            }
-        };
-        for part in parts {
-            let (key, value) = part
-                .split_once('=')
-                .ok_or_else(|| format!("TIMELY override {part:?} is not key=value"))?;
-            let (key, value) = (key.trim(), value.trim());
-            let number = || {
-                value
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|v| v.is_finite() && *v >= 0.0)
-                    .ok_or_else(|| format!("TIMELY {key}={value:?}: not a number >= 0"))
-            };
-            let whole = || {
-                value
-                    .parse::<u32>()
-                    .map_err(|_| format!("TIMELY {key}={value:?}: not a whole number"))
-            };
-            let e = |err: super::units::UnitError| format!("TIMELY {key}: {err}");
-            match key {
-                "alpha" => cfg.ewma_alpha = number()?,
-                "beta" => cfg.beta = number()?,
-                "delta" => cfg.delta_bps = parse_rate_bps(value).map_err(e)?,
-                "t_low" => cfg.t_low_ns = parse_duration_ns(value).map_err(e)?,
-                "t_high" => cfg.t_high_ns = parse_duration_ns(value).map_err(e)?,
-                "min_rtt" => cfg.min_rtt_ns = parse_duration_ns(value).map_err(e)?,
-                "hai_threshold" => cfg.hai_threshold = whole()?,
-                "hai_multiplier" => cfg.hai_multiplier = whole()?,
-                "segment" => cfg.segment_bytes = parse_size_bytes(value).map_err(e)?,
-                "min_rate" => cfg.min_rate_bps = parse_rate_bps(value).map_err(e)?,
-                "filter" => {
-                    cfg.rtt_filter = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=64).contains(n))
-                        .ok_or_else(|| format!("TIMELY filter={value:?}: not 1..=64 samples"))?
+        let cfg = super::spec::parse(
+            "TIMELY",
+            spec,
+            &[("paper", &Self::paper), ("software", &Self::software)],
+            |cfg, o| {
+                match o.key {
+                    "alpha" => cfg.ewma_alpha = o.number()?,
+                    "beta" => cfg.beta = o.number()?,
+                    "delta" => cfg.delta_bps = o.rate_bps()?,
+                    "t_low" => cfg.t_low_ns = o.duration_ns()?,
+                    "t_high" => cfg.t_high_ns = o.duration_ns()?,
+                    "min_rtt" => cfg.min_rtt_ns = o.duration_ns()?,
+                    "hai_threshold" => cfg.hai_threshold = o.whole()?,
+                    "hai_multiplier" => cfg.hai_multiplier = o.whole()?,
+                    "segment" => cfg.segment_bytes = o.size_bytes()?,
+                    "min_rate" => cfg.min_rate_bps = o.rate_bps()?,
+                    "filter" => cfg.rtt_filter = o.samples()?,
+                    "over_base" => cfg.over_base = o.flag()?,
+                    _ => {
+                        return Err(o.unknown(
+                            "alpha, beta, delta, t_low, t_high, min_rtt, hai_threshold, \
+                             hai_multiplier, segment, min_rate, filter or over_base",
+                        ))
+                    }
                 }
-                "over_base" => {
-                    cfg.over_base = value
-                        .parse()
-                        .map_err(|_| format!("TIMELY over_base={value:?}: not true or false"))?
-                }
-                other => {
-                    return Err(format!(
-                        "unknown TIMELY parameter {other:?}; use alpha, beta, delta, t_low, \
-                         t_high, min_rtt, hai_threshold, hai_multiplier, segment, min_rate, \
-                         filter or over_base"
-                    ))
-                }
-            }
-        }
+                Ok(())
+            },
+        )?;
         if !(cfg.ewma_alpha > 0.0 && cfg.ewma_alpha <= 1.0) || cfg.beta > 1.0 {
             return Err(format!(
                 "TIMELY alpha must be within (0, 1] and beta within 0..=1 (spec {spec:?})"
