@@ -876,11 +876,27 @@ impl Tcpdump {
     pub fn start(ns: &Netns, iface: &str, file: PathBuf, dir: &Path) -> Result<Self, String> {
         let mut cmd = ns.command("tcpdump");
         // --immediate-mode: every frame is handed over as it comes (without
-        // it, frames of the last unfilled ring block are lost at SIGINT);
-        // -B: room for a burst while tcpdump writes.
-        cmd.args(["-i", iface, "--immediate-mode", "-B", "16384", "-U", "-w"])
-            .arg(&file)
-            .args(["udp", "port", "4791"]);
+        // it, frames of the last unfilled ring block are lost at SIGINT).
+        // In that mode libpcap's ring has one fixed-size slot per frame,
+        // sized by the snap length or, on an interface that offloads
+        // segmentation as veth does, by up to 64 KiB: with the default
+        // snap length a 16 MiB ring held a few hundred frames, and an
+        // ib_read_bw burst on a loaded CI host overran it (133 of 1,700
+        // dropped). -s: the largest frame the tests send (jumbo MTU and
+        // headers); -B: 64 MiB, room for thousands of frames.
+        cmd.args([
+            "-i",
+            iface,
+            "--immediate-mode",
+            "-s",
+            "9216",
+            "-B",
+            "65536",
+            "-U",
+            "-w",
+        ])
+        .arg(&file)
+        .args(["udp", "port", "4791"]);
         let mut proc = Proc::spawn(cmd, format!("[in {}] tcpdump -i {iface}", ns.name), dir);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !proc.stderr_so_far().contains("listening on") {
