@@ -6,7 +6,7 @@
 //! - `XROCE_BACKEND`: `afxdp` or `udp`. Unset: AF_XDP on an interface
 //!   where xroce's XDP program is attached, UDP elsewhere.
 //! - `XROCE_CC`: congestion control, `none` (default), `dcqcn`, `timely` or
-//!   `swift` (parameters: `XROCE_DCQCN`, `XROCE_SWIFT`, see `xroce::cc`).
+//!   `swift` (parameters: `XROCE_DCQCN`, `XROCE_TIMELY`, `XROCE_SWIFT`, see `xroce::cc`).
 //! - `XROCE_VERBS_DEBUG`: say on stderr why a verb failed.
 
 use std::sync::OnceLock;
