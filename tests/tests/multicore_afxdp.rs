@@ -12,13 +12,14 @@ use xroce::{
     device::BackendKind,
     engine::EngineConfig,
     runtime::{
-        shards::{rx_queue_counters, shard_of_qpn, HandoffStats, ShardedConfig, ShardedDevice},
+        shards::{shard_of_qpn, HandoffStats, ShardedConfig, ShardedDevice},
         RuntimeConfig,
     },
     verbs::{
         AccessFlags, AddressVector, CompletionQueue, Device, MemoryRegion, Mtu, QpAttr, QpInitAttr,
         QueuePair, RemoteQp, SendWr, Wc, WcStatus, WrOpcode,
     },
+    xdp::rx_queue_counters,
 };
 use xroce_common::RxQueueCounters;
 use xroce_tests::{in_netns, require_root, roce::PinGuard, VethPair};

@@ -8,8 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use aya::maps::{MapData, PerCpuArray};
-use xroce_common::{names, RxQueueCounters, MAX_QUEUES};
+use xroce_common::RxQueueCounters;
 use xroce_report::{
     EcnSettings, EngineCounters, FaultSettings, RxQueueRates, StatsInterval, StatsReport,
 };
@@ -47,27 +46,10 @@ fn monotonic_ns() -> u64 {
 /// The per-RX-queue counters of `iface` summed over the CPUs, indexed by
 /// queue; empty if the attached program predates them.
 pub fn read_rx_queues(iface: &str) -> anyhow::Result<Vec<RxQueueCounters>> {
-    let map = match xroce::xdp::open_map(iface, names::RXQ_COUNTERS) {
-        Ok(map) => map,
-        Err(xroce::xdp::XdpError::NoMap(_)) => return Ok(Vec::new()),
-        Err(e) => return Err(e.into()),
-    };
-    let array =
-        PerCpuArray::<MapData, RxQueueCounters>::try_from(aya::maps::Map::PerCpuArray(map))?;
-    (0..MAX_QUEUES)
-        .map(|q| {
-            let per_cpu = array.get(&q, 0)?;
-            Ok(per_cpu
-                .iter()
-                .fold(RxQueueCounters::default(), |a, c| RxQueueCounters {
-                    frames: a.frames + c.frames,
-                    bytes: a.bytes + c.bytes,
-                    redirected: a.redirected + c.redirected,
-                    passed: a.passed + c.passed,
-                }))
-        })
-        .collect::<Result<_, aya::maps::MapError>>()
-        .map_err(|e| anyhow::anyhow!("read {}: {e}", names::RXQ_COUNTERS))
+    match xroce::xdp::rx_queue_counters(iface) {
+        Err(xroce::xdp::XdpError::NoMap(_)) => Ok(Vec::new()),
+        r => Ok(r?),
+    }
 }
 
 /// What one queue dropped: every frame is redirected, passed or dropped.

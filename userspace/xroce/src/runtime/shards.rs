@@ -404,36 +404,6 @@ pub fn steer_blocks(
         })
 }
 
-/// Sums over the CPUs of the XDP program's per-RX-queue counters on
-/// `iface` (what `xroce stats --interval` shows), indexed by queue.
-pub fn rx_queue_counters(
-    iface: &str,
-) -> Result<Vec<xroce_common::RxQueueCounters>, crate::xdp::XdpError> {
-    use xroce_common::{RxQueueCounters, MAX_QUEUES};
-    let map = crate::xdp::open_map(iface, xroce_common::names::RXQ_COUNTERS)?;
-    let bpf = |e: aya::maps::MapError| crate::xdp::XdpError::Bpf {
-        what: "per-queue counters".into(),
-        source: Box::new(e),
-    };
-    let array = aya::maps::PerCpuArray::<aya::maps::MapData, RxQueueCounters>::try_from(
-        aya::maps::Map::PerCpuArray(map),
-    )
-    .map_err(bpf)?;
-    (0..MAX_QUEUES)
-        .map(|q| {
-            let per_cpu = array.get(&q, 0).map_err(bpf)?;
-            Ok(per_cpu
-                .iter()
-                .fold(RxQueueCounters::default(), |a, c| RxQueueCounters {
-                    frames: a.frames + c.frames,
-                    bytes: a.bytes + c.bytes,
-                    redirected: a.redirected + c.redirected,
-                    passed: a.passed + c.passed,
-                }))
-        })
-        .collect()
-}
-
 /// How to open a [`ShardedDevice`].
 #[derive(Clone)]
 pub struct ShardedConfig {

@@ -386,6 +386,30 @@ pub fn open_map(iface: &str, map: &str) -> Result<MapData, XdpError> {
     find::map_of(&info, map)
 }
 
+/// The XDP program's per-RX-queue counters on `iface` (what `xroce stats
+/// --interval` shows), summed over the CPUs and indexed by queue.
+pub fn rx_queue_counters(iface: &str) -> Result<Vec<xroce_common::RxQueueCounters>, XdpError> {
+    use xroce_common::{RxQueueCounters, MAX_QUEUES};
+    let map = open_map(iface, names::RXQ_COUNTERS)?;
+    let array = aya::maps::PerCpuArray::<MapData, RxQueueCounters>::try_from(
+        aya::maps::Map::PerCpuArray(map),
+    )
+    .map_err(bpf_err("per-queue counters"))?;
+    (0..MAX_QUEUES)
+        .map(|q| {
+            let per_cpu = array.get(&q, 0).map_err(bpf_err("per-queue counters"))?;
+            Ok(per_cpu
+                .iter()
+                .fold(RxQueueCounters::default(), |a, c| RxQueueCounters {
+                    frames: a.frames + c.frames,
+                    bytes: a.bytes + c.bytes,
+                    redirected: a.redirected + c.redirected,
+                    passed: a.passed + c.passed,
+                }))
+        })
+        .collect()
+}
+
 /// Sums of the per-CPU XDP counters of one interface.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct XdpCounters {
