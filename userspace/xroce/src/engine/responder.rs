@@ -86,6 +86,26 @@ impl QpCtx {
         self.queue_nak(env, p, Syndrome::RnrNak { timer }, false);
     }
 
+    /// Completes receive WQE `wr_id` for the WRITE with immediate that `t`
+    /// ended, `byte_len` bytes written.
+    pub(super) fn complete_write_imm(
+        &mut self,
+        env: &mut Env<'_>,
+        wr_id: u64,
+        t: &TransportRepr,
+        byte_len: u32,
+    ) {
+        let mut wc = self.recv_wc(wr_id, WcStatus::Success);
+        wc.opcode = WcOpcode::RecvRdmaWithImm;
+        if t.bth.solicited {
+            wc.flags |= WcFlags::SOLICITED;
+        }
+        wc.byte_len = byte_len;
+        wc.imm_data = t.imm_data.unwrap_or(0);
+        wc.flags |= WcFlags::WITH_IMM;
+        self.complete(env, false, wc);
+    }
+
     /// The next receive WQE: the SRQ's if the QP has one, else its own.
     pub(super) fn take_recv_wqe(&mut self, env: &mut Env<'_>) -> Option<RecvWqe> {
         match &self.srq {
@@ -489,15 +509,7 @@ impl QpCtx {
             self.resp.msn = psn_add(self.resp.msn, 1);
             if with_imm {
                 if let Some(r) = self.take_recv_wqe(env) {
-                    let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
-                    wc.opcode = WcOpcode::RecvRdmaWithImm;
-                    if t.bth.solicited {
-                        wc.flags |= WcFlags::SOLICITED;
-                    }
-                    wc.byte_len = total;
-                    wc.imm_data = t.imm_data.unwrap_or(0);
-                    wc.flags |= WcFlags::WITH_IMM;
-                    self.complete(env, false, wc);
+                    self.complete_write_imm(env, r.wr_id, t, total);
                 }
             }
         } else {

@@ -55,7 +55,7 @@ use std::collections::VecDeque;
 use xroce_wire::sack::{Sack, MAX_BITMAP_BYTES};
 use xroce_wire::{psn_add, psn_diff, psn_lt, psn_sub, NakCode, Opcode, Syndrome, TransportRepr};
 
-use super::completion::{WcFlags, WcOpcode, WcStatus};
+use super::completion::WcStatus;
 use super::memory::AccessFlags;
 use super::qp::{InMsg, QpCtx};
 use super::Env;
@@ -355,15 +355,7 @@ impl QpCtx {
         }
         if with_imm {
             if let Some(r) = self.take_recv_wqe(env) {
-                let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
-                wc.opcode = WcOpcode::RecvRdmaWithImm;
-                if t.bth.solicited {
-                    wc.flags |= WcFlags::SOLICITED;
-                }
-                wc.byte_len = t.reth.map_or(0, |r| r.dma_len);
-                wc.imm_data = t.imm_data.unwrap_or(0);
-                wc.flags |= WcFlags::WITH_IMM;
-                self.complete(env, false, wc);
+                self.complete_write_imm(env, r.wr_id, t, t.reth.map_or(0, |r| r.dma_len));
             }
         }
         if t.bth.ack_req {

@@ -7,7 +7,7 @@
 
 use xroce_wire::{psn_add, psn_diff, TransportRepr};
 
-use super::completion::{WcFlags, WcOpcode, WcStatus};
+use super::completion::{WcFlags, WcStatus};
 use super::memory::AccessFlags;
 use super::qp::{InMsg, QpCtx, WriteCtx};
 use super::wqe::sgl_write;
@@ -174,15 +174,7 @@ impl QpCtx {
                 None => self.take_recv_wqe(env),
             };
             if let Some(r) = r {
-                let mut wc = self.recv_wc(r.wr_id, WcStatus::Success);
-                wc.opcode = WcOpcode::RecvRdmaWithImm;
-                if t.bth.solicited {
-                    wc.flags |= WcFlags::SOLICITED;
-                }
-                wc.byte_len = total;
-                wc.imm_data = t.imm_data.unwrap_or(0);
-                wc.flags |= WcFlags::WITH_IMM;
-                self.complete(env, false, wc);
+                self.complete_write_imm(env, r.wr_id, t, total);
             }
         }
     }
