@@ -430,6 +430,38 @@ fn rejected(b: Backend) {
             })
             .map_err(|e| format!("{e}\nthe other rping server:\n{}", server.describe()))
     });
+    c.case(
+        "ib_write_bw -R to port 9999: REJECTED (event 8), no crash",
+        || {
+            // perftest tears its ids down after the REJECTED event: the
+            // libraries must take that without a signal (exit 1, not 139).
+            let port = next_port().to_string();
+            let server = start(
+                &t,
+                t.server(),
+                "rping",
+                &args(&["-s", "-a", &addr, "-p", &port]),
+            );
+            std::thread::sleep(SETTLE * 2);
+            let client = start(
+                &t,
+                t.client(),
+                "ib_write_bw",
+                &args(&["-R", "-F", "-d", &t.client().device(), "-p", "9999", &addr]),
+            )
+            .finish(REJECTED_BOUND);
+            if let Some(sig) = client.status.and_then(|s| {
+                use std::os::unix::process::ExitStatusExt;
+                s.signal()
+            }) {
+                return Err(format!("killed by signal {sig}\n{}", client.describe()));
+            }
+            let server = server.finish(Duration::ZERO);
+            // perftest names the event by number: 8 is RDMA_CM_EVENT_REJECTED.
+            expect_failure(&client, REJECTED_BOUND, "Unexpected CM event bl blka 8")
+                .map_err(|e| format!("{e}\nthe rping server:\n{}", server.describe()))
+        },
+    );
     c.finish();
 }
 

@@ -10,6 +10,7 @@
 
 use std::{
     cell::UnsafeCell,
+    collections::BTreeSet,
     ffi::{c_int, c_void},
     sync::{Arc, Condvar, Mutex, MutexGuard},
 };
@@ -137,16 +138,25 @@ impl IdState {
     }
 }
 
+/// The addresses of the ids handed out and not destroyed. A program may
+/// pass an id it already destroyed or never made (perftest does on its
+/// REJECTED path): such a pointer is refused with EINVAL instead of being
+/// read, where rdma-core would read freed memory.
+static LIVE_IDS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
 impl CmId {
-    /// The id behind a pointer from the program.
+    /// The id behind a pointer from the program; EINVAL for NULL or for a
+    /// pointer that is not a live id of this library.
     ///
     /// # Safety
-    /// `id` is NULL or an id from rdma_create_id not yet destroyed.
+    /// A live id stays live while the returned reference is used (the
+    /// program does not destroy an id while another call on it runs, as
+    /// rdma-core requires).
     pub(crate) unsafe fn from_c<'a>(id: *mut rdma_cm_id) -> Result<&'a CmId, i32> {
-        if id.is_null() {
+        if id.is_null() || !LIVE_IDS.lock().unwrap().contains(&(id as usize)) {
             return Err(libc::EINVAL);
         }
-        // SAFETY: CmId starts with the rdma_cm_id handed out.
+        // SAFETY: a live id: CmId starts with the rdma_cm_id handed out.
         Ok(unsafe { &*(id as *const CmId) })
     }
 
@@ -263,6 +273,7 @@ pub(crate) fn create(
     let shared = id.shared.clone();
     let raw = Box::into_raw(id);
     shared.state.lock().unwrap().c_id = raw as usize;
+    LIVE_IDS.lock().unwrap().insert(raw as usize);
     Ok(raw as *mut rdma_cm_id)
 }
 
@@ -298,8 +309,13 @@ pub(crate) unsafe fn destroy(id: *mut rdma_cm_id) -> Result<(), i32> {
         ports::release(key);
     }
     drop(channel);
-    // SAFETY: the id was boxed by create() and is destroyed once; no
-    // resolution can touch it now (alive is false).
+    // A second destroy of the same pointer now gets EINVAL.
+    if !LIVE_IDS.lock().unwrap().remove(&(id as usize)) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the id was boxed by create() and was still live (removed
+    // from LIVE_IDS just now, so this runs once); no resolution can touch
+    // it now (alive is false).
     drop(unsafe { Box::from_raw(id as *mut CmId) });
     if sync_channel != 0 {
         // SAFETY: the id's own channel, made by create().
@@ -606,6 +622,37 @@ mod tests {
                 "a synchronous id has a channel of its own"
             );
             assert_eq!(rdma_destroy_id(id), 0);
+        }
+    }
+
+    #[test]
+    fn a_destroyed_or_unknown_id_is_einval_and_never_read() {
+        let mut id: *mut rdma_cm_id = std::ptr::null_mut();
+        // SAFETY: a NULL channel (synchronous id) and an out-pointer.
+        let rc = unsafe {
+            rdma_create_id(
+                std::ptr::null_mut(),
+                &mut id,
+                std::ptr::null_mut(),
+                RDMA_PS_TCP,
+            )
+        };
+        assert_eq!(rc, 0);
+        // SAFETY: the id just made, destroyed once; then the same pointer
+        // again and a pointer that was never an id (misaligned, as
+        // perftest's uninitialised one was): neither may be dereferenced.
+        unsafe {
+            assert_eq!(rdma_destroy_id(id), 0);
+            assert_eq!(
+                (rdma_destroy_id(id), crate::errno::errno()),
+                (-1, libc::EINVAL)
+            );
+            let bogus = 0x5555_5555_5555_5553usize as *mut rdma_cm_id;
+            assert_eq!(
+                (rdma_destroy_id(bogus), crate::errno::errno()),
+                (-1, libc::EINVAL)
+            );
+            assert!(CmId::from_c(bogus).is_err());
         }
     }
 }
