@@ -7,6 +7,14 @@
 //!   where xroce's XDP program is attached, UDP elsewhere.
 //! - `XROCE_CC`: congestion control, `none` (default), `dcqcn`, `timely` or
 //!   `swift` (parameters: `XROCE_DCQCN`, `XROCE_TIMELY`, `XROCE_SWIFT`, see `xroce::cc`).
+//! - `XROCE_IO_THREADS`: I/O threads (engines) a device spreads its QPs
+//!   over, 1 (default) to 64. With N > 1 each context's device runs N
+//!   engines, each with its own QPN block and I/O thread (on AF_XDP: the RX
+//!   queues q with q % N == i, sending on its own queue); a new QP goes to
+//!   the engine with the fewest QPs; PDs, MRs, CQs and SRQs serve QPs of
+//!   every engine. Needs xroce's XDP program (attached by the library, so
+//!   root), AF_XDP unless `XROCE_BACKEND=udp`, at least N RX queues, and
+//!   the interface's AF_XDP sockets to this process alone.
 //! - `XROCE_VERBS_DEBUG`: say on stderr why a verb failed.
 
 use std::sync::OnceLock;
@@ -42,6 +50,23 @@ pub(crate) fn cc() -> Result<xroce::cc::CcKind, String> {
         Ok(v) => v
             .parse()
             .map_err(|_| format!("XROCE_CC={v}: use none, dcqcn, timely or swift")),
+    }
+}
+
+/// Most I/O threads `XROCE_IO_THREADS` may ask for.
+const MAX_IO_THREADS: usize = 64;
+
+/// `XROCE_IO_THREADS`, 1 if unset or empty.
+pub(crate) fn io_threads() -> Result<usize, String> {
+    match std::env::var("XROCE_IO_THREADS") {
+        Err(_) => Ok(1),
+        Ok(v) if v.trim().is_empty() => Ok(1),
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if (1..=MAX_IO_THREADS).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "XROCE_IO_THREADS={v}: use a number of I/O threads from 1 to {MAX_IO_THREADS}"
+            )),
+        },
     }
 }
 

@@ -172,10 +172,11 @@ impl OpenDevice {
         let d = Arc::new(Self::start(iface)?);
         if config::debug() {
             eprintln!(
-                "xroce libibverbs: {} runs over the {} backend, active MTU {}",
+                "xroce libibverbs: {} runs over the {} backend, active MTU {}, {} I/O thread(s)",
                 device_name(iface),
                 d.backend,
-                d.active_mtu.bytes()
+                d.active_mtu.bytes(),
+                d.stack.io_threads()
             );
         }
         all.insert(iface.to_string(), Arc::downgrade(&d));
@@ -188,6 +189,7 @@ impl OpenDevice {
             backend,
             cc: config::cc()?,
             line_rate_bps: LINE_RATE_BPS,
+            io_threads: config::io_threads()?,
             ..StackConfig::new(iface)
         })
         .map_err(|e| error_chain(&e))?;
@@ -201,6 +203,9 @@ impl OpenDevice {
                 stack.qpn_block()
             );
         }
+        // With XROCE_IO_THREADS > 1 a spreading handle: QPs go to the
+        // least-loaded engine, PDs/MRs/CQs/SRQs serve all of them, and the
+        // async handler below is every engine's.
         let device = stack.device.clone();
         let event_owners: Arc<Mutex<HashMap<EventSource, EventOwner>>> = Arc::default();
         let owners = event_owners.clone();

@@ -3,6 +3,13 @@
 //! packet-I/O backend sized for the path MTU, the [`Runtime`] thread that
 //! joins them, and the counters exported for `xroce stats`. The CLI's
 //! tools and the drop-in libibverbs both open their devices here.
+//!
+//! With [`StackConfig::io_threads`] > 1 (opt-in: the CLI's `--io-threads`,
+//! the library's `XROCE_IO_THREADS`) the stack runs a
+//! [`ShardedDevice`]: one engine and I/O thread per shard, QPN block
+//! `base + i`, on AF_XDP the RX queues `q % N == i`. [`Stack::device`] is
+//! then a spreading handle ([`Device::spreading`]): new QPs go to the
+//! least-loaded shard, PDs, MRs and CQs serve every shard.
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -18,7 +25,10 @@ use crate::{
     engine::EngineConfig,
     io::wire::Gid,
     io::{shared::WireAndLocal, PacketIo},
-    runtime::{Runtime, RuntimeConfig},
+    runtime::{
+        shards::{ShardedConfig, ShardedDevice},
+        Runtime, RuntimeConfig,
+    },
     stats_export::StatsExporter,
     verbs::{Device, Mtu},
     xdp,
@@ -40,6 +50,12 @@ pub struct StackConfig {
     pub line_rate_bps: u64,
     /// Spin the I/O thread instead of sleeping when idle.
     pub busy_poll: bool,
+    /// I/O threads (engines, shards) to spread the QPs over; 1 (the
+    /// default): one engine and one thread, as always. More needs xroce's
+    /// XDP program (attached here, so root) and, on AF_XDP, as many RX
+    /// queues; the device then takes the interface's AF_XDP sockets to
+    /// itself.
+    pub io_threads: usize,
 }
 
 impl StackConfig {
@@ -52,6 +68,7 @@ impl StackConfig {
             cc: CcKind::None,
             line_rate_bps: 100_000_000_000,
             busy_poll: false,
+            io_threads: 1,
         }
     }
 }
@@ -87,6 +104,7 @@ pub enum StackError {
 /// One interface opened for RDMA. Dropping it stops the I/O thread and
 /// releases the interface (detaching the XDP program if it attached it).
 pub struct Stack {
+    /// With several I/O threads, a spreading handle over the shards.
     pub device: Device,
     /// The largest path MTU this side runs (connections may agree on less).
     pub path_mtu: Mtu,
@@ -95,14 +113,26 @@ pub struct Stack {
     // Drop order: the exporter and the runtime stop before the interface
     // is released.
     _stats: StatsExporter,
-    runtime: Runtime,
-    net: NetDevice,
-    afxdp: Option<AfXdpHold>,
-    block: QpnBlock,
+    io: StackIo,
+}
+
+/// What runs the engines.
+enum StackIo {
+    One {
+        runtime: Runtime,
+        net: NetDevice,
+        afxdp: Option<AfXdpHold>,
+        block: QpnBlock,
+    },
+    /// `io_threads` > 1; it leaves the device when dropped.
+    Sharded(ShardedDevice),
 }
 
 impl Stack {
     pub fn open(cfg: &StackConfig) -> Result<Stack, StackError> {
+        if cfg.io_threads > 1 {
+            return Self::open_sharded(cfg);
+        }
         let iface = cfg.iface.as_str();
         let ifindex =
             xdp::if_index(iface).map_err(|_| NetDeviceError::NoSuchInterface(iface.into()))?;
@@ -219,25 +249,117 @@ impl Stack {
             backend,
             ip,
             _stats: stats,
-            runtime,
-            net,
-            afxdp,
-            block,
+            io: StackIo::One {
+                runtime,
+                net,
+                afxdp,
+                block,
+            },
         })
     }
 
-    /// The QPN block this process holds on the device.
+    /// `io_threads` > 1: a [`ShardedDevice`] (AF_XDP unless UDP is asked
+    /// for), its shards one group behind a spreading handle.
+    fn open_sharded(cfg: &StackConfig) -> Result<Stack, StackError> {
+        let iface = cfg.iface.as_str();
+        let if_mtu = crate::device::interface_mtu(iface)?;
+        let fits =
+            crate::device::path_mtu_for(if_mtu).ok_or_else(|| NetDeviceError::MtuTooSmall {
+                iface: iface.into(),
+                mtu: if_mtu,
+                min: 256 + crate::device::ROCE_HEADER_ALLOWANCE,
+            })?;
+        let path_mtu = match cfg.path_mtu {
+            Some(m) if m.bytes() > fits => {
+                return Err(StackError::MtuTooLarge {
+                    iface: iface.into(),
+                    want: m.bytes(),
+                    if_mtu,
+                    fits,
+                })
+            }
+            Some(m) => m,
+            None => Mtu::from_bytes(fits).unwrap_or(Mtu::Mtu1024),
+        };
+        let (kind, rate) = (cfg.cc, cfg.line_rate_bps);
+        let backend = cfg.backend.unwrap_or(BackendKind::AfXdp);
+        let sharded = ShardedDevice::open(
+            iface,
+            ShardedConfig {
+                shards: cfg.io_threads,
+                backend,
+                engine: EngineConfig {
+                    // Kept if the interface has it (ShardedDevice checks).
+                    ip: cfg.local_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
+                    line_rate_bps: rate,
+                    cc: Some(Arc::new(move || cc::build(kind, rate))),
+                    ..EngineConfig::default()
+                },
+                path_mtu: path_mtu.bytes(),
+                runtime: RuntimeConfig {
+                    busy_poll: cfg.busy_poll,
+                    ..RuntimeConfig::default()
+                },
+            },
+        )
+        .map_err(|source| StackError::Backend {
+            backend,
+            iface: iface.into(),
+            source,
+        })?;
+        let ip = sharded.devices[0].lock().config().ip;
+        if let Some(want) = cfg.local_ip.filter(|w| *w != ip) {
+            return Err(StackError::NotOurAddress {
+                ip: want,
+                iface: iface.into(),
+            });
+        }
+        let device = sharded.spreading();
+        // Shard 0's counters (the exporter reads one engine).
+        let stats = StatsExporter::start(sharded.devices[0].clone(), iface);
+        Ok(Stack {
+            device,
+            path_mtu,
+            backend: sharded.backend,
+            ip,
+            _stats: stats,
+            io: StackIo::Sharded(sharded),
+        })
+    }
+
+    /// The QPN block this process holds on the device (with several I/O
+    /// threads, the first of its blocks).
     pub fn qpn_block(&self) -> u32 {
-        self.block.block()
+        match &self.io {
+            StackIo::One { block, .. } => block.block(),
+            StackIo::Sharded(s) => s.base_block,
+        }
+    }
+
+    /// I/O threads (shards) the device runs on.
+    pub fn io_threads(&self) -> usize {
+        match &self.io {
+            StackIo::One { .. } => 1,
+            StackIo::Sharded(s) => s.devices.len(),
+        }
+    }
+
+    /// The shards' devices in order (one without sharding): the engine a
+    /// QP lives in is `QueuePair::device`.
+    pub fn shards(&self) -> Vec<Device> {
+        self.device.members()
     }
 
     /// The interface.
     pub fn net(&self) -> &NetDevice {
-        &self.net
+        match &self.io {
+            StackIo::One { net, .. } => net,
+            StackIo::Sharded(s) => s.net(),
+        }
     }
 
     pub fn mac(&self) -> [u8; 6] {
-        self.net.mac()
+        self.net().mac()
     }
 
     /// Our RoCEv2 GID (IPv4-mapped).
@@ -249,14 +371,18 @@ impl Stack {
     /// address (loopback).
     pub fn neighbour(&self, peer: IpAddr, timeout: Duration) -> Result<[u8; 6], NetDeviceError> {
         if peer == IpAddr::V4(self.ip) {
-            return Ok(self.net.mac());
+            return Ok(self.net().mac());
         }
-        self.net.neighbour_mac(peer, timeout)
+        self.net().neighbour_mac(peer, timeout)
     }
 
-    /// Is the I/O thread still running (it stops on an I/O error)?
+    /// Is the I/O thread (every one of them) still running (it stops on
+    /// an I/O error)?
     pub fn is_running(&self) -> bool {
-        self.runtime.is_running()
+        match &self.io {
+            StackIo::One { runtime, .. } => runtime.is_running(),
+            StackIo::Sharded(s) => s.is_running(),
+        }
     }
 }
 
@@ -268,16 +394,26 @@ impl Drop for Stack {
         // given back), then look for others: of two processes leaving at
         // once, both may detach (the second finds nothing to detach), but
         // neither leaves the program behind for the other.
-        self.runtime.halt();
-        self.afxdp = None;
-        self.block.release();
-        let process_attached = match self.net.attachment() {
+        let StackIo::One {
+            runtime,
+            net,
+            afxdp,
+            block,
+        } = &mut self.io
+        else {
+            // ShardedDevice follows the same rule when it drops.
+            return;
+        };
+        runtime.halt();
+        *afxdp = None;
+        block.release();
+        let process_attached = match net.attachment() {
             Attachment::Ours { .. } => true,
-            Attachment::Existing => xdp::is_process_attached(self.net.name()),
+            Attachment::Existing => xdp::is_process_attached(net.name()),
             Attachment::None => false,
         };
         if process_attached {
-            self.net.set_detach_on_drop(self.block.others().is_empty());
+            net.set_detach_on_drop(block.others().is_empty());
         }
     }
 }

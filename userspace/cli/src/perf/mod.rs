@@ -139,6 +139,11 @@ pub struct PerfArgs {
     /// Spin on the packet rings instead of sleeping (lowest latency)
     #[arg(long)]
     pub busy_poll: bool,
+    /// I/O threads (engines) to spread the QPs over, each with its own QPN
+    /// block and, on AF_XDP, its own RX queues (q % N == i; the interface
+    /// needs N queues); the QPs go round-robin. Default 1
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub io_threads: u16,
     /// Selective repeat (out-of-order WRITE placement, SACKs) instead of
     /// go-back-N, for RC between two xroce perf tools: used only when both
     /// sides pass it (a peer without it runs go-back-N)

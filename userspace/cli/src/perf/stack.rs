@@ -59,10 +59,24 @@ impl Stack {
     /// address of GID `-x N`.
     pub fn open(args: &PerfArgs, local_ip: IpAddr) -> anyhow::Result<Stack> {
         let local_ip = super::flags::source_ip(args, local_ip)?;
-        Self::open_with(&StackOptions::from(args), local_ip)
+        Self::open_threads(
+            &StackOptions::from(args),
+            local_ip,
+            usize::from(args.io_threads),
+        )
     }
 
     pub fn open_with(opts: &StackOptions, local_ip: IpAddr) -> anyhow::Result<Stack> {
+        Self::open_threads(opts, local_ip, 1)
+    }
+
+    /// As [`Stack::open_with`] over `io_threads` I/O threads (`--io-threads`):
+    /// the stack's device then spreads the QPs created on it over them.
+    pub fn open_threads(
+        opts: &StackOptions,
+        local_ip: IpAddr,
+        io_threads: usize,
+    ) -> anyhow::Result<Stack> {
         let IpAddr::V4(ip) = local_ip else {
             bail!(
                 "{local_ip}: the engine speaks RoCEv2 over IPv4 only for now; use an IPv4 address"
@@ -83,6 +97,7 @@ impl Stack {
             cc: opts.cc,
             line_rate_bps: opts.line_rate_bps,
             busy_poll: opts.busy_poll,
+            io_threads,
         })
         .map_err(|e| match e {
             StackError::NotOurAddress { .. } => {

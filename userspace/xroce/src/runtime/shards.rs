@@ -419,7 +419,9 @@ pub struct ShardedConfig {
 }
 
 /// One interface opened for RDMA over several I/O threads: what a
-/// [`crate::stack::Stack`] does with one, for `shards` of them. It attaches
+/// [`crate::stack::Stack`] does with one, for `shards` of them (and what
+/// a `Stack` opened with `io_threads > 1` runs on). The shards' devices
+/// are one [`Device::group`]: PDs, MRs and CQs made on any serve all. It attaches
 /// xroce's XDP program if needed (both backends rely on its steering) and
 /// claims `shards` consecutive QPN blocks (and, for AF_XDP, the device's
 /// sockets). Frames other processes of this host send to our blocks are not
@@ -458,10 +460,14 @@ impl ShardedDevice {
             // The last process of the device detaches it (see Stack).
             crate::xdp::mark_process_attached(iface)?;
         }
-        let ip = *net
-            .ipv4()
-            .first()
-            .ok_or_else(|| NetDeviceError::NoAddress(iface.into()))?;
+        // The engine's address if the interface has it, else its first.
+        let ip = match net.ipv4().contains(&cfg.engine.ip) {
+            true => cfg.engine.ip,
+            false => *net
+                .ipv4()
+                .first()
+                .ok_or_else(|| NetDeviceError::NoAddress(iface.into()))?,
+        };
         let engine = crate::engine::EngineConfig {
             mac: net.mac(),
             ip,
@@ -501,10 +507,8 @@ impl ShardedDevice {
             ),
         };
         let backend = ios[0].name();
-        let devices: Vec<Device> = shard_configs(&engine, base_block, cfg.shards)
-            .into_iter()
-            .map(Device::new)
-            .collect();
+        // One group: MRs, PDs and CQs shared by the shards (verbs::device).
+        let devices = Device::group(shard_configs(&engine, base_block, cfg.shards));
         let runtime = ShardedRuntime::start(
             devices.iter().cloned().zip(ios).collect(),
             base_block,
@@ -525,6 +529,12 @@ impl ShardedDevice {
     /// The interface.
     pub fn net(&self) -> &crate::device::NetDevice {
         &self.net
+    }
+
+    /// A handle that spreads new QPs over the shards (the least-loaded
+    /// first); PDs, MRs and CQs made on it serve every shard.
+    pub fn spreading(&self) -> Device {
+        self.devices[0].spreading()
     }
 
     /// The shard of QP `qpn` (one of ours), see [`shard_of_qpn`].
@@ -779,5 +789,119 @@ mod tests {
         assert!(hb.handed >= (MSGS * MSG / 4096) as u64, "{hb:?}");
         assert!(ha.handed >= (MSGS * MSG / 4096) as u64, "{ha:?}");
         assert_eq!(ha.dropped + hb.dropped, 0, "{ha:?} {hb:?}");
+    }
+
+    /// Two hosts of 2 shards each, each host's shards one group: one PD,
+    /// one MR and one CQ per host made through the spreading handle, 4 QPs
+    /// spread over both shards (0, 1, 0, 1 on both hosts: paired shard by
+    /// shard). Every WRITE completes into the host's one CQ, from QPs of
+    /// both shards, and lands in the one MR at its QP's offset.
+    #[test]
+    fn a_group_shares_pds_mrs_and_cqs_across_its_shards() {
+        const QPS: usize = 4;
+        const PER_QP: usize = 6;
+        let cfg = |last: u8| EngineConfig {
+            mac: [2, 0, 0, 0, 0, last],
+            ip: std::net::Ipv4Addr::new(10, 0, 0, last),
+            ..Default::default()
+        };
+        let (cfg_a, cfg_b) = (cfg(1), cfg(2));
+        let dev_a = Device::group(shard_configs(&cfg_a, 0, 2));
+        let dev_b = Device::group(shard_configs(&cfg_b, 4, 2));
+        let (a0, b0) = ChannelIo::pair(256, 9216);
+        let (a1, b1) = ChannelIo::pair(256, 9216);
+        let rt = RuntimeConfig {
+            max_wait: Duration::from_micros(200),
+            ..RuntimeConfig::default()
+        };
+        let shards = |devs: &[Device], ios: [ChannelIo; 2]| -> Vec<(Device, Box<dyn PacketIo>)> {
+            devs.iter()
+                .cloned()
+                .zip(ios.map(|io| Box::new(io) as Box<dyn PacketIo>))
+                .collect()
+        };
+        let run_a = ShardedRuntime::start(shards(&dev_a, [a0, a1]), 0, cfg_a.mac, rt).unwrap();
+        let run_b = ShardedRuntime::start(shards(&dev_b, [b0, b1]), 4, cfg_b.mac, rt).unwrap();
+        let (sa, sb) = (dev_a[0].spreading(), dev_b[0].spreading());
+        let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        let (pd_a, pd_b) = (sa.alloc_pd(), sb.alloc_pd());
+        let (cq_a, cq_b) = (sa.create_cq(256).unwrap(), sb.create_cq(256).unwrap());
+        let len = QPS * PER_QP * MSG;
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 1021) as u8).collect();
+        let src = pd_a.reg_mr_with(&data, all).unwrap();
+        let dst = pd_b.reg_mr(len, all).unwrap();
+        let qps: Vec<(QueuePair, QueuePair)> = (0..QPS)
+            .map(|q| {
+                let x = sa.create_qp(&pd_a, &QpInitAttr::rc(&cq_a)).unwrap();
+                let y = sb.create_qp(&pd_b, &QpInitAttr::rc(&cq_b)).unwrap();
+                assert_eq!(shard_of_qpn(x.qp_num(), 0, 2), Some(q % 2), "a's QP {q}");
+                assert_eq!(shard_of_qpn(y.qp_num(), 4, 2), Some(q % 2), "b's QP {q}");
+                (x, y)
+            })
+            .collect();
+        assert_eq!(
+            dev_a.iter().map(Device::live_qps).collect::<Vec<_>>(),
+            [2, 2]
+        );
+        let attr = QpAttr {
+            qp_access_flags: all,
+            path_mtu: Mtu::Mtu4096,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            ..Default::default()
+        };
+        for (x, y) in &qps {
+            for (me, peer, peer_cfg) in [(x, y, &cfg_b), (y, x, &cfg_a)] {
+                let av = AddressVector {
+                    dest_mac: peer_cfg.mac,
+                    dest_ip: peer_cfg.ip.into(),
+                    ..Default::default()
+                };
+                let remote = RemoteQp {
+                    qpn: peer.qp_num(),
+                    psn: 0,
+                    av,
+                };
+                me.connect(&attr, &remote).unwrap();
+            }
+        }
+        for (q, (x, _)) in qps.iter().enumerate() {
+            for m in 0..PER_QP {
+                let off = (q * PER_QP + m) * MSG;
+                let op = WrOpcode::RdmaWrite {
+                    remote_addr: dst.addr() + off as u64,
+                    rkey: dst.rkey(),
+                };
+                let wr = SendWr::new(off as u64, op, vec![src.sge(off, MSG)]);
+                x.post_send(&wr).unwrap();
+            }
+        }
+        let mut per_qp = std::collections::HashMap::new();
+        let mut wc = vec![Wc::default(); 64];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while per_qp.values().sum::<usize>() < QPS * PER_QP {
+            assert!(Instant::now() < deadline, "completions: {per_qp:?}");
+            let n = cq_a.poll(&mut wc).unwrap();
+            for c in &wc[..n] {
+                assert_eq!(c.status, WcStatus::Success, "{c:?}");
+                *per_qp.entry(c.qp_num).or_insert(0usize) += 1;
+            }
+            if n == 0 {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        assert_eq!(per_qp.len(), QPS, "{per_qp:?}");
+        // SAFETY: every WRITE into it has completed.
+        let got = unsafe { dst.to_vec(0, len) }.unwrap();
+        assert!(got == data, "the data differs");
+        let stats = sa.stats();
+        let shard0 = dev_a[0].stats();
+        assert!(stats.tx_data_packets > shard0.tx_data_packets, "{stats:?}");
+        drop(qps);
+        assert_eq!(dev_a.iter().map(Device::live_qps).sum::<usize>(), 0);
+        run_a.stop().unwrap();
+        let b = run_b.stop();
+        assert!(matches!(b, Ok(_) | Err(IoError::Closed)), "{b:?}");
     }
 }

@@ -10,9 +10,36 @@
 //! the engine's completions into their CQs (in order), then delivers
 //! asynchronous events and writes the eventfds of CQs that got completions
 //! (the engine itself makes no syscalls).
+//!
+//! # Shards: one device over several engines
+//!
+//! [`Device::group`] makes the devices of one interface spread over
+//! several I/O threads ([`crate::runtime::shards`]): one engine each (its
+//! own QPN block), sharing what an application sees as device-wide:
+//! - **MRs**: one [`MrTable`] for the whole group, not a registration per
+//!   engine: an lkey/rkey names the same region on every shard, a
+//!   registration or deregistration is seen by all engines at once, and
+//!   there is no copy to keep consistent. The table is already read by the
+//!   engine and written by application threads concurrently (an RwLock
+//!   over a slab), so a second reader thread changes nothing in kind.
+//! - **PDs**: one counter, so a PD id means one PD on every shard.
+//! - **CQs**: a CQ made on any member is registered in every member's
+//!   engine under the same [`CqId`] (the group hands out the slots), so
+//!   QPs of different shards complete into it; each engine pushes into the
+//!   CQ under the CQ's own lock.
+//! - **SRQs** are objects of their own ([`crate::engine::srq::Srq`], own
+//!   lock) that any engine takes WQEs from.
+//!
+//! A QP lives in one engine (its shard's). [`Device::spreading`] gives a
+//! handle whose `create_qp` puts each new QP on the member with the fewest
+//! live QPs (ties: the lowest shard; QPs created one after another thus go
+//! round-robin, and two peers that create theirs in the same order are
+//! paired shard by shard); its other calls act on the first member, except
+//! [`Device::stats`] and [`Device::poll_async_event`] (all members) and
+//! [`Device::set_async_handler`] (every member).
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::cq::{CompletionQueue, CqInner};
@@ -47,15 +74,47 @@ struct Locked {
 pub(crate) struct DeviceShared {
     engine: Mutex<Locked>,
     pub(crate) mrs: Arc<MrTable>,
-    next_pd: AtomicU32,
+    /// Shared by the members of a group (one PD id space).
+    next_pd: Arc<AtomicU32>,
     doorbell: std::sync::RwLock<Option<DoorbellHook>>,
     on_async: std::sync::RwLock<Option<AsyncHandler>>,
+    /// QPs created on this engine and not yet destroyed.
+    pub(crate) live_qps: AtomicUsize,
+    group: Option<Arc<Group>>,
+}
+
+/// What the members of a [`Device::group`] share besides the MR table and
+/// the PD counter.
+#[derive(Default)]
+struct Group {
+    /// The members, in shard order (weak: each member holds the group).
+    members: std::sync::RwLock<Vec<Weak<DeviceShared>>>,
+    /// Which CQ holds each [`CqId`] in every member's engine. Taken before
+    /// any member's engine lock, never under one.
+    cq_slots: Mutex<Vec<Weak<CqInner>>>,
+}
+
+impl Group {
+    fn members(&self) -> Vec<Device> {
+        self.members
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|shared| Device {
+                shared,
+                spread: false,
+            })
+            .collect()
+    }
 }
 
 /// A software RDMA device. Cheap to clone (shared handle).
 #[derive(Clone)]
 pub struct Device {
     pub(crate) shared: Arc<DeviceShared>,
+    /// A [`Device::spreading`] handle: new QPs go to the least-loaded member.
+    spread: bool,
 }
 
 impl std::fmt::Debug for Device {
@@ -147,6 +206,14 @@ impl Locked {
         self.draining = batch;
     }
 
+    /// Registers `cq` as `CqId(i)` (a group's slot, the same in every member).
+    fn set_cq(&mut self, i: usize, cq: &Arc<CqInner>) {
+        if self.cqs.len() <= i {
+            self.cqs.resize_with(i + 1, Weak::new);
+        }
+        self.cqs[i] = Arc::downgrade(cq);
+    }
+
     fn add_cq(&mut self, cq: &Arc<CqInner>) -> CqId {
         let weak = Arc::downgrade(cq);
         let i = match self.cqs.iter().position(|w| w.strong_count() == 0) {
@@ -191,7 +258,15 @@ impl Device {
     }
 
     fn with_mrs(cfg: EngineConfig, mrs: MrTable) -> Self {
-        let mrs = Arc::new(mrs);
+        Self::build(cfg, Arc::new(mrs), Arc::new(AtomicU32::new(1)), None)
+    }
+
+    fn build(
+        cfg: EngineConfig,
+        mrs: Arc<MrTable>,
+        next_pd: Arc<AtomicU32>,
+        group: Option<Arc<Group>>,
+    ) -> Self {
         Self {
             shared: Arc::new(DeviceShared {
                 engine: Mutex::new(Locked {
@@ -200,11 +275,83 @@ impl Device {
                     draining: Vec::new(),
                 }),
                 mrs,
-                next_pd: AtomicU32::new(1),
+                next_pd,
                 doorbell: std::sync::RwLock::new(None),
                 on_async: std::sync::RwLock::new(None),
+                live_qps: AtomicUsize::new(0),
+                group,
             }),
+            spread: false,
         }
+    }
+
+    /// The devices of one interface spread over several engines, one per
+    /// configuration (each with a QPN block of its own): they share MRs,
+    /// PDs and CQs (see the module docs). Drive each with an I/O thread
+    /// of its own ([`crate::runtime::shards::ShardedRuntime`]).
+    pub fn group(cfgs: Vec<EngineConfig>) -> Vec<Device> {
+        let mrs = Arc::new(MrTable::default());
+        let next_pd = Arc::new(AtomicU32::new(1));
+        let group = Arc::new(Group::default());
+        let devs: Vec<Device> = cfgs
+            .into_iter()
+            .map(|cfg| Self::build(cfg, mrs.clone(), next_pd.clone(), Some(group.clone())))
+            .collect();
+        *group.members.write().unwrap_or_else(|e| e.into_inner()) =
+            devs.iter().map(|d| Arc::downgrade(&d.shared)).collect();
+        devs
+    }
+
+    /// A handle on this device whose [`create_qp`](Self::create_qp) puts
+    /// each QP on the member of its group with the fewest live QPs (on
+    /// this device itself outside a group). See the module docs.
+    pub fn spreading(&self) -> Device {
+        Device {
+            shared: self.shared.clone(),
+            spread: true,
+        }
+    }
+
+    /// The members of this device's group in shard order (just this
+    /// device outside a group).
+    pub fn members(&self) -> Vec<Device> {
+        match &self.shared.group {
+            Some(g) => g.members(),
+            None => vec![Device {
+                shared: self.shared.clone(),
+                spread: false,
+            }],
+        }
+    }
+
+    /// QPs created on this engine and not destroyed yet.
+    pub fn live_qps(&self) -> usize {
+        self.shared.live_qps.load(Ordering::Relaxed)
+    }
+
+    /// Are `self` and `other` the same device or members of one group?
+    fn same_group(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+            || matches!(
+                (&self.shared.group, &other.shared.group),
+                (Some(a), Some(b)) if Arc::ptr_eq(a, b)
+            )
+    }
+
+    /// Where a new QP goes: this device, or for a spreading handle the
+    /// member with the fewest live QPs (the lowest of equals).
+    fn qp_home(&self) -> Device {
+        let me = Device {
+            shared: self.shared.clone(),
+            spread: false,
+        };
+        if !self.spread || self.shared.group.is_none() {
+            return me;
+        }
+        self.members()
+            .into_iter()
+            .min_by_key(Device::live_qps)
+            .unwrap_or(me)
     }
 
     /// Install the doorbell hook: called (outside the engine lock) after every
@@ -221,12 +368,16 @@ impl Device {
 
     /// Deliver asynchronous events to `f` as they happen instead of
     /// queueing them for [`Device::poll_async_event`].
+    /// On a [`spreading`](Self::spreading) handle: every member's.
     pub fn set_async_handler(&self, f: Option<AsyncHandler>) {
-        *self
-            .shared
-            .on_async
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = f;
+        let members = if self.spread {
+            self.members()
+        } else {
+            vec![self.clone()]
+        };
+        for d in members {
+            *d.shared.on_async.write().unwrap_or_else(|e| e.into_inner()) = f.clone();
+        }
     }
 
     /// Lock the engine (batch I/O; see the module docs).
@@ -263,8 +414,28 @@ impl Device {
             return Err(VerbsError::InvalidArgument("CQ depth must be at least 1"));
         }
         let inner = Arc::new(CqInner::new(depth, with_eventfd)?);
-        let id = self.lock().g.add_cq(&inner);
-        Ok(CompletionQueue { inner, id })
+        let Some(group) = &self.shared.group else {
+            let id = self.lock().g.add_cq(&inner);
+            return Ok(CompletionQueue { inner, id });
+        };
+        // One slot for the whole group, registered in every member's
+        // engine: QPs of any shard complete into it.
+        let mut slots = group.cq_slots.lock().unwrap_or_else(|e| e.into_inner());
+        let i = match slots.iter().position(|w| w.strong_count() == 0) {
+            Some(i) => i,
+            None => {
+                slots.push(Weak::new());
+                slots.len() - 1
+            }
+        };
+        slots[i] = Arc::downgrade(&inner);
+        for d in group.members() {
+            d.lock().g.set_cq(i, &inner);
+        }
+        Ok(CompletionQueue {
+            inner,
+            id: CqId(i as u32),
+        })
     }
 
     /// `ibv_create_qp`.
@@ -276,8 +447,15 @@ impl Device {
     /// a connection manager sends and receives its MADs on. One per device
     /// ([`VerbsError::AlreadyExists`] while it lives), UD only
     /// ([`VerbsError::InvalidArgument`]).
+    ///
+    /// QP1 belongs to QPN block 0: on a spreading handle it is made on
+    /// this device (the first member), never spread.
     pub fn create_gsi_qp(&self, pd: &ProtectionDomain, init: &QpInitAttr) -> Result<QueuePair> {
-        self.add_qp(pd, init, Engine::create_gsi_qp)
+        let me = Device {
+            shared: self.shared.clone(),
+            spread: false,
+        };
+        me.add_qp(pd, init, Engine::create_gsi_qp)
     }
 
     fn add_qp(
@@ -286,7 +464,7 @@ impl Device {
         init: &QpInitAttr,
         create: fn(&mut Engine, QpCreate) -> Result<u32>,
     ) -> Result<QueuePair> {
-        if !Arc::ptr_eq(&pd.dev.shared, &self.shared) {
+        if !self.same_group(&pd.dev) {
             return Err(VerbsError::InvalidArgument("PD belongs to another device"));
         }
         if let Some(s) = &init.srq {
@@ -294,8 +472,9 @@ impl Device {
                 return Err(VerbsError::InvalidArgument("SRQ belongs to another PD"));
             }
         }
+        let home = self.qp_home();
         let qpn = {
-            let mut g = self.lock();
+            let mut g = home.lock();
             if !g.g.owns_cq(&init.send_cq) || !g.g.owns_cq(&init.recv_cq) {
                 return Err(VerbsError::InvalidArgument("CQ belongs to another device"));
             }
@@ -312,8 +491,9 @@ impl Device {
                 },
             )?
         };
+        home.shared.live_qps.fetch_add(1, Ordering::Relaxed);
         Ok(QueuePair {
-            dev: self.clone(),
+            dev: home,
             qpn,
             _cqs: [init.send_cq.clone(), init.recv_cq.clone()],
         })
@@ -335,12 +515,26 @@ impl Device {
     pub fn handle_timeout(&self, now_ns: u64) {
         self.lock().handle_timeout(now_ns)
     }
+    /// The engine's counters; on a [`spreading`](Self::spreading) handle
+    /// the sum over every member.
     pub fn stats(&self) -> EngineStats {
-        self.lock().stats()
+        if !self.spread {
+            return self.lock().stats();
+        }
+        self.members()
+            .iter()
+            .map(|d| d.lock().stats())
+            .fold(EngineStats::default(), |a, b| add_stats(&a, &b))
     }
-    /// `ibv_get_async_event` without blocking.
+    /// `ibv_get_async_event` without blocking (a spreading handle: from
+    /// any member).
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.lock().poll_async_event()
+        if !self.spread {
+            return self.lock().poll_async_event();
+        }
+        self.members()
+            .iter()
+            .find_map(|d| d.lock().poll_async_event())
     }
 
     pub(crate) fn ring(&self) {
@@ -353,5 +547,54 @@ impl Device {
         if let Some(d) = d {
             d();
         }
+    }
+}
+
+/// The sum of two engines' counters. Every field is named (no `..`): a
+/// counter added to [`EngineStats`] fails to compile here until summed.
+fn add_stats(a: &EngineStats, b: &EngineStats) -> EngineStats {
+    EngineStats {
+        rx_frames: a.rx_frames + b.rx_frames,
+        rx_bytes: a.rx_bytes + b.rx_bytes,
+        rx_malformed: a.rx_malformed + b.rx_malformed,
+        rx_bad_icrc: a.rx_bad_icrc + b.rx_bad_icrc,
+        rx_not_roce: a.rx_not_roce + b.rx_not_roce,
+        rx_unknown_qp: a.rx_unknown_qp + b.rx_unknown_qp,
+        rx_bad_state: a.rx_bad_state + b.rx_bad_state,
+        rx_unsupported: a.rx_unsupported + b.rx_unsupported,
+        rx_bad_header: a.rx_bad_header + b.rx_bad_header,
+        rx_duplicate: a.rx_duplicate + b.rx_duplicate,
+        rx_out_of_sequence: a.rx_out_of_sequence + b.rx_out_of_sequence,
+        rx_ghost_response: a.rx_ghost_response + b.rx_ghost_response,
+        rx_bad_response: a.rx_bad_response + b.rx_bad_response,
+        rx_dropped_other: a.rx_dropped_other + b.rx_dropped_other,
+        tx_frames: a.tx_frames + b.tx_frames,
+        tx_bytes: a.tx_bytes + b.tx_bytes,
+        tx_data_packets: a.tx_data_packets + b.tx_data_packets,
+        tx_retransmitted: a.tx_retransmitted + b.tx_retransmitted,
+        tx_acks: a.tx_acks + b.tx_acks,
+        tx_read_responses: a.tx_read_responses + b.tx_read_responses,
+        tx_atomic_acks: a.tx_atomic_acks + b.tx_atomic_acks,
+        tx_naks_seq: a.tx_naks_seq + b.tx_naks_seq,
+        tx_naks_rnr: a.tx_naks_rnr + b.tx_naks_rnr,
+        tx_naks_other: a.tx_naks_other + b.tx_naks_other,
+        tx_cnps: a.tx_cnps + b.tx_cnps,
+        rx_cnps: a.rx_cnps + b.rx_cnps,
+        rx_ce_marked: a.rx_ce_marked + b.rx_ce_marked,
+        rx_pressure_marked: a.rx_pressure_marked + b.rx_pressure_marked,
+        tx_budget_waits: a.tx_budget_waits + b.tx_budget_waits,
+        device_window_cuts: a.device_window_cuts + b.device_window_cuts,
+        retry_timeouts: a.retry_timeouts + b.retry_timeouts,
+        retries_started: a.retries_started + b.retries_started,
+        rx_rnr_naks: a.rx_rnr_naks + b.rx_rnr_naks,
+        rx_seq_naks: a.rx_seq_naks + b.rx_seq_naks,
+        atomic_replays: a.atomic_replays + b.atomic_replays,
+        read_reexecuted: a.read_reexecuted + b.read_reexecuted,
+        cq_overflows: a.cq_overflows + b.cq_overflows,
+        async_events_dropped: a.async_events_dropped + b.async_events_dropped,
+        sr_placed_out_of_order: a.sr_placed_out_of_order + b.sr_placed_out_of_order,
+        sr_dropped_out_of_order: a.sr_dropped_out_of_order + b.sr_dropped_out_of_order,
+        tx_sacks: a.tx_sacks + b.tx_sacks,
+        sr_holes_retransmitted: a.sr_holes_retransmitted + b.sr_holes_retransmitted,
     }
 }

@@ -57,6 +57,11 @@ impl QueuePair {
     pub fn qp_num(&self) -> u32 {
         self.qpn
     }
+    /// The device (engine) the QP lives in: for a QP made through a
+    /// spreading handle, the member it was placed on.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
     /// `ibv_modify_qp`.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let r = self.dev.lock().modify_qp(self.qpn, attr, mask);
@@ -133,5 +138,10 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let _ = self.dev.lock().destroy_qp(self.qpn);
+        // The load a spreading handle places new QPs by.
+        self.dev
+            .shared
+            .live_qps
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
