@@ -166,16 +166,26 @@ pub struct Topology {
     pub backend: Backend,
     wire: Wire,
     pub dir: TempDir,
+    /// Environment every program gets besides `xroce run`'s (e.g.
+    /// `XROCE_IO_THREADS`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Topology {
     /// A veth pair of the given MTU (`VethPair`).
     pub fn direct(backend: Backend, mtu: u32) -> Self {
+        Self::direct_queues(backend, mtu, 1)
+    }
+
+    /// A veth pair with `queues` RX and TX queues on each end
+    /// ([`VethPair::with_queues`]).
+    pub fn direct_queues(backend: Backend, mtu: u32, queues: u32) -> Self {
         require_library();
         Self {
             backend,
-            wire: Wire::Direct(VethPair::new(mtu)),
+            wire: Wire::Direct(VethPair::with_queues(mtu, queues)),
             dir: TempDir::new(),
+            env: Vec::new(),
         }
     }
 
@@ -186,6 +196,7 @@ impl Topology {
             backend,
             wire: Wire::Bridged(Bridged::new(mtu)),
             dir: TempDir::new(),
+            env: Vec::new(),
         }
     }
 
@@ -268,7 +279,8 @@ impl Topology {
         .arg(program)
         .args(args)
         // Failing verbs explain themselves on stderr.
-        .env("XROCE_VERBS_DEBUG", "1");
+        .env("XROCE_VERBS_DEBUG", "1")
+        .envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 

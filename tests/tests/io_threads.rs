@@ -1,0 +1,161 @@
+//! Several I/O threads per device (issue 13, goal 6) as its users see it:
+//! the drop-in libibverbs under `XROCE_IO_THREADS=2` and `xroce bench
+//! --io-threads 2`, both ends of a veth pair with 2 queues. Four QPs a
+//! side go to the two engines in turn (0, 1, 0, 1 on both ends: paired
+//! shard by shard), each engine sends on its own queue, so each RX queue
+//! of both ends must see RoCE frames redirected to its AF_XDP socket
+//! (with one thread everything is sent on queue 0, and the peer's queue 1
+//! stays idle). Data is checked: the CLI verifies every byte, the
+//! unmodified `ibv_srq_pingpong -c` checks what it received through one
+//! SRQ and one CQ shared by QPs of both engines, and `ib_write_bw -q 4`
+//! completes every WRITE of its 4 QPs into one CQ.
+
+use std::time::Duration;
+
+use xroce::xdp::rx_queue_counters;
+use xroce_common::RxQueueCounters;
+use xroce_report::BenchReport;
+use xroce_tests::{
+    in_netns, perf,
+    programs::{args, check_bw_table, serial, Backend, Node, Topology},
+    require_root, AttachedXdp, VethPair,
+};
+
+const THREADS: u32 = 2;
+/// One program run; the whole test stays well under a minute.
+const RUN: Duration = Duration::from_secs(40);
+
+/// The XDP program's per-RX-queue counters of `iface` in `ns`.
+fn queues(ns: &str, iface: &str) -> Vec<RxQueueCounters> {
+    let iface = iface.to_string();
+    in_netns(ns, move || {
+        rx_queue_counters(&iface).expect("per-queue XDP counters")
+    })
+}
+
+/// Every RX queue of `iface` redirected at least `min` frames to AF_XDP.
+fn assert_every_queue(what: &str, ns: &str, iface: &str, min: u64) -> Vec<RxQueueCounters> {
+    // The map has a slot per possible queue; the veth has THREADS.
+    let mut q = queues(ns, iface);
+    q.truncate(THREADS as usize);
+    assert_eq!(q.len(), THREADS as usize, "{what}: {iface}'s queues {q:?}");
+    for (i, c) in q.iter().enumerate() {
+        assert!(
+            c.redirected >= min,
+            "{what}: {iface}'s RX queue {i} redirected {} RoCE frames, fewer than {min}: {q:?}",
+            c.redirected
+        );
+    }
+    q
+}
+
+/// The library says, under XROCE_VERBS_DEBUG, how many threads it runs.
+fn assert_threads_announced(node: Node<'_>, stderr: &str) {
+    let want = format!("{} runs over the afxdp backend", node.device());
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(&want))
+        .unwrap_or_else(|| panic!("no {want:?} line in stderr:\n{stderr}"));
+    assert!(
+        line.contains(&format!("{THREADS} I/O thread(s)")),
+        "{line:?}"
+    );
+}
+
+#[test]
+fn dropin_programs_spread_their_qps_over_two_io_threads() {
+    require_root();
+    let _turn = serial();
+    let mut t = Topology::direct_queues(Backend::AfXdp, 3500, THREADS);
+    t.env.push(("XROCE_IO_THREADS".into(), THREADS.to_string()));
+    let (server, client) = (t.server(), t.client());
+
+    // ib_write_bw: 4 QPs x 200 WRITEs of 64 KiB (path MTU 2048: 32 frames
+    // each), one send CQ for all of them.
+    let perftest = |node: Node<'_>| {
+        args(&[
+            "-x",
+            "1",
+            "-F",
+            "-d",
+            &node.device(),
+            "-q",
+            "4",
+            "-n",
+            "200",
+        ])
+    };
+    let out = t.pair("ib_write_bw", &perftest(server), &perftest(client), RUN);
+    let row = out
+        .check()
+        .and_then(|c| check_bw_table(c, Some(1)))
+        .unwrap_or_else(|e| panic!("ib_write_bw -q 4 on {THREADS} I/O threads: {e}"));
+    assert_threads_announced(server, &out.server.stderr);
+    assert_threads_announced(client, &out.client.as_ref().unwrap().stderr);
+    // Each queue of the server carries 2 QPs' WRITEs (2 x 200 x 32 data
+    // frames); the client's carry their ACKs (at least one per message).
+    let srv = assert_every_queue("ib_write_bw", &server.ns.name, server.iface, 2 * 200 * 32);
+    let cli = assert_every_queue("ib_write_bw", &client.ns.name, client.iface, 2 * 200);
+    eprintln!("ib_write_bw -q 4: {row}; server queues {srv:?}; client queues {cli:?}");
+
+    // ibv_srq_pingpong -c: 4 QPs (2 per engine) receive through one SRQ
+    // into one CQ, both ways; the receiver checks the data.
+    let pingpong = |node: Node<'_>| {
+        args(&[
+            "-g",
+            "1",
+            "-d",
+            &node.device(),
+            "-q",
+            "4",
+            "-n",
+            "200",
+            "-c",
+        ])
+    };
+    let out = t.pair(
+        "ibv_srq_pingpong",
+        &pingpong(server),
+        &pingpong(client),
+        RUN,
+    );
+    let line = out
+        .check_pingpong()
+        .unwrap_or_else(|e| panic!("ibv_srq_pingpong -q 4 -c on {THREADS} I/O threads: {e}"));
+    // Each of the server's queues got more RoCE frames (2 QPs' SENDs and
+    // ACKs: hundreds); 100 is far below that and far above stray frames.
+    let srv2 = assert_every_queue("ibv_srq_pingpong", &server.ns.name, server.iface, 0);
+    for (i, (before, after)) in srv.iter().zip(&srv2).enumerate() {
+        assert!(
+            after.redirected >= before.redirected + 100,
+            "ibv_srq_pingpong: server RX queue {i} redirected {} more frames: {srv2:?}",
+            after.redirected - before.redirected
+        );
+    }
+    eprintln!("ibv_srq_pingpong -q 4 -c: {line}; server queues {srv2:?}");
+}
+
+#[test]
+fn cli_bench_on_two_io_threads_verifies_its_data() {
+    require_root();
+    let _turn = serial();
+    let pair = VethPair::with_queues(3500, THREADS);
+    // Attached for the whole test: the counters outlive the runs.
+    let _xdp_a = AttachedXdp::new(&pair.a, &pair.if_a, "native");
+    let _xdp_b = AttachedXdp::new(&pair.b, &pair.if_b, "native");
+    let threads = THREADS.to_string();
+    let common = ["write", "--backend", "afxdp", "--io-threads", &threads];
+    let mut client = common.to_vec();
+    client.extend(["-q", "4", "--size", "64KiB", "--iters", "200"]);
+    let r: BenchReport = perf::run_ok(&pair, "bench", &common, &client);
+    assert_eq!(r.verified, Some(true), "{r:?}");
+    assert_eq!(r.backend, "afxdp", "{r:?}");
+    assert_eq!((r.qps, r.iters), (4, 800), "{r:?}");
+    let srv = assert_every_queue("xroce bench", &pair.b.name, &pair.if_b, 2 * 200 * 32);
+    let cli = assert_every_queue("xroce bench", &pair.a.name, &pair.if_a, 2 * 200);
+    eprintln!(
+        "xroce bench write -q 4 --io-threads {THREADS}: {:.2} Gb/s, verified; server queues \
+         {srv:?}; client queues {cli:?}",
+        r.gbps
+    );
+}
