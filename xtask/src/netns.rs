@@ -27,6 +27,11 @@ pub struct NsPair {
 impl NsPair {
     /// `tag` keeps concurrent runs apart; `octet` picks 10.78.<octet>.0/24.
     pub fn new(tag: &str, octet: u8, mtu: u32) -> Result<Self> {
+        Self::with_queues(tag, octet, mtu, 1)
+    }
+
+    /// [`NsPair::new`] with `queues` RX and TX queues on each end.
+    pub fn with_queues(tag: &str, octet: u8, mtu: u32, queues: u32) -> Result<Self> {
         let id = std::process::id() & 0xffff;
         let (a, b) = (format!("xr{tag}{id:x}a"), format!("xr{tag}{id:x}b"));
         let (if_a, if_b) = (a.clone(), b.clone());
@@ -37,7 +42,7 @@ impl NsPair {
         // Ctrl-C: delete what we made, then exit.
         xroce_netns::delete_on_interrupt(|| {});
         let netns = [Netns::create(&a)?, Netns::create(&b)?];
-        xroce_netns::add_veth(
+        xroce_netns::add_veth_queues(
             VethEnd {
                 netns: &a,
                 iface: &if_a,
@@ -47,6 +52,7 @@ impl NsPair {
                 iface: &if_b,
             },
             mtu,
+            queues,
         )?;
         netns[0].configure(&if_a, mtu, addr_a.into(), 24)?;
         netns[1].configure(&if_b, mtu, addr_b.into(), 24)?;

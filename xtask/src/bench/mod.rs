@@ -24,6 +24,7 @@ use xroce_report::{BenchReport, LatReport};
 
 mod ceiling;
 mod cpu;
+mod io_threads;
 mod latency_tail;
 mod loss;
 mod many_qps;
@@ -76,6 +77,9 @@ struct Report {
     many_qps: many_qps::ManyQps,
     /// 4 QPs on 2 engine shards/threads vs 1, engine only (issue 13, goal 6).
     multicore: multicore::Multicore,
+    /// WRITE 64 KiB, 4 QPs over AF_XDP, 2 I/O threads a side vs 1 (goal 6,
+    /// end to end).
+    io_threads: io_threads::IoThreads,
     /// WRITE 64 KiB at 0 / 0.1 / 1 % loss, go-back-N vs selective repeat
     /// (issue 13, goal 4).
     loss: loss::Loss,
@@ -111,6 +115,10 @@ pub fn bench() -> Result<()> {
     }
     if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("loss") {
         println!("{}", serde_json::to_string_pretty(&loss::measure(&ns)?)?);
+        return Ok(());
+    }
+    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("io_threads") {
+        println!("{}", serde_json::to_string_pretty(&io_threads::measure()?)?);
         return Ok(());
     }
     if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("multicore") {
@@ -219,6 +227,8 @@ pub fn bench() -> Result<()> {
     let many_qps = many_qps::many_qps(&ns)?;
     step("engine only: 4 QPs on 2 shards/threads vs 1");
     let multicore = multicore::measure()?;
+    step("WRITE 64 KiB, 4 QPs over AF_XDP: 2 I/O threads a side vs 1");
+    let io_threads = io_threads::measure()?;
     step("WRITE 64 KiB under 0 / 0.1 / 1 % loss: go-back-N vs selective repeat");
     let loss = loss::measure(&ns)?;
     let send_p50 = lat.lat_us.p50;
@@ -245,6 +255,7 @@ pub fn bench() -> Result<()> {
         latency_tail,
         many_qps,
         multicore,
+        io_threads,
         loss,
         udp_gso,
         before_shared_device_write_1qp: before,
