@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use xroce::xdp::rx_queue_counters;
 use xroce_common::RxQueueCounters;
-use xroce_report::BenchReport;
+use xroce_report::{BenchReport, LatReport};
 use xroce_tests::{
     in_netns, perf,
     programs::{args, check_bw_table, serial, Backend, Node, Topology},
@@ -157,5 +157,28 @@ fn cli_bench_on_two_io_threads_verifies_its_data() {
         "xroce bench write -q 4 --io-threads {THREADS}: {:.2} Gb/s, verified; server queues \
          {srv:?}; client queues {cli:?}",
         r.gbps
+    );
+
+    // lat: its QP is the first, on engine 0; it polls memory the engine
+    // writes. READ checks what it read.
+    let lat_args = ["read", "--backend", "afxdp", "--io-threads", &threads];
+    let mut lat_client = lat_args.to_vec();
+    lat_client.extend(["--size", "64", "--iters", "2000"]);
+    let l: LatReport = perf::run_ok(&pair, "lat", &lat_args, &lat_client);
+    assert_eq!(l.verified, Some(true), "{l:?}");
+    assert_eq!(l.iters, 2000, "{l:?}");
+
+    // UDP: a socket per engine on its block's port (the XDP program moves
+    // block 1's frames there); the kernel picks the TX queue.
+    let udp = ["write", "--backend", "udp", "--io-threads", &threads];
+    let mut udp_client = udp.to_vec();
+    udp_client.extend(["-q", "4", "--size", "64KiB", "--iters", "100"]);
+    let u: BenchReport = perf::run_ok(&pair, "bench", &udp, &udp_client);
+    assert_eq!(u.verified, Some(true), "{u:?}");
+    assert_eq!((u.backend.as_str(), u.iters), ("udp", 400), "{u:?}");
+    eprintln!(
+        "xroce lat read 64 B --io-threads {THREADS}: p50 {:.1} us; bench write UDP -q 4: {:.2} \
+         Gb/s, verified",
+        l.lat_us.p50, u.gbps
     );
 }

@@ -58,13 +58,16 @@ const MAX_IO_THREADS: usize = 64;
 
 /// `XROCE_IO_THREADS`, 1 if unset or empty.
 pub(crate) fn io_threads() -> Result<usize, String> {
-    match std::env::var("XROCE_IO_THREADS") {
-        Err(_) => Ok(1),
-        Ok(v) if v.trim().is_empty() => Ok(1),
-        Ok(v) => match v.trim().parse::<usize>() {
+    parse_io_threads(std::env::var("XROCE_IO_THREADS").ok().as_deref())
+}
+
+fn parse_io_threads(v: Option<&str>) -> Result<usize, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(1),
+        Some(t) => match t.parse::<usize>() {
             Ok(n) if (1..=MAX_IO_THREADS).contains(&n) => Ok(n),
             _ => Err(format!(
-                "XROCE_IO_THREADS={v}: use a number of I/O threads from 1 to {MAX_IO_THREADS}"
+                "XROCE_IO_THREADS={t}: use a number of I/O threads from 1 to {MAX_IO_THREADS}"
             )),
         },
     }
@@ -73,4 +76,21 @@ pub(crate) fn io_threads() -> Result<usize, String> {
 pub(crate) fn debug() -> bool {
     static DEBUG: OnceLock<bool> = OnceLock::new();
     *DEBUG.get_or_init(|| std::env::var_os("XROCE_VERBS_DEBUG").is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_threads_default_to_one_and_reject_what_is_not_1_to_64() {
+        assert_eq!(parse_io_threads(None), Ok(1));
+        assert_eq!(parse_io_threads(Some(" ")), Ok(1));
+        assert_eq!(parse_io_threads(Some("2")), Ok(2));
+        assert_eq!(parse_io_threads(Some(" 64 ")), Ok(64));
+        for bad in ["0", "65", "two", "-1"] {
+            let e = parse_io_threads(Some(bad)).unwrap_err();
+            assert!(e.starts_with(&format!("XROCE_IO_THREADS={bad}: ")), "{e}");
+        }
+    }
 }
