@@ -133,6 +133,58 @@ fn dropin_programs_spread_their_qps_over_two_io_threads() {
         );
     }
     eprintln!("ibv_srq_pingpong -q 4 -c: {line}; server queues {srv2:?}");
+
+    // ib_write_bw -R: 4 QPs connected by rdma_cm, whose MADs go through
+    // QP1 (the GSI QP, kept on engine 0 and not counted in its load, so
+    // the connections' QPs still alternate and pair engine by engine).
+    // rdma_cm servers listen on no TCP port: the client starts a second
+    // later and is tried again while a quick failure may mean too early.
+    let port = xroce_tests::programs::next_port().to_string();
+    let cm = |node: Node<'_>| {
+        args(&[
+            "-R",
+            "-F",
+            "-d",
+            &node.device(),
+            "-p",
+            &port,
+            "-q",
+            "4",
+            "-n",
+            "200",
+        ])
+    };
+    let mut srv = t.start(server, "ib_write_bw", &cm(server));
+    let mut cargs = cm(client);
+    cargs.push(server.addr.to_string());
+    let mut attempts = 0;
+    let cli = loop {
+        attempts += 1;
+        std::thread::sleep(Duration::from_secs(1));
+        let cli = t.run(client, "ib_write_bw", &cargs, RUN);
+        if cli.success() || attempts == 3 || cli.secs > 5.0 || srv.exited() {
+            break cli;
+        }
+    };
+    let srvf = srv.finish(RUN);
+    let out = xroce_tests::programs::PairOutput {
+        server: srvf,
+        client: Some(cli),
+        setup_error: None,
+    };
+    let row = out
+        .check()
+        .and_then(|c| check_bw_table(c, Some(1)))
+        .unwrap_or_else(|e| panic!("ib_write_bw -R -q 4 on {THREADS} I/O threads: {e}"));
+    let srv3 = assert_every_queue("ib_write_bw -R", &server.ns.name, server.iface, 0);
+    for (i, (before, after)) in srv2.iter().zip(&srv3).enumerate() {
+        assert!(
+            after.redirected >= before.redirected + 200 * 32,
+            "ib_write_bw -R: server RX queue {i} redirected {} more frames: {srv3:?}",
+            after.redirected - before.redirected
+        );
+    }
+    eprintln!("ib_write_bw -R -q 4 ({attempts} attempt(s)): {row}; server queues {srv3:?}");
 }
 
 #[test]

@@ -491,7 +491,11 @@ impl Device {
                 },
             )?
         };
-        home.shared.live_qps.fetch_add(1, Ordering::Relaxed);
+        if qpn != crate::engine::GSI_QPN {
+            // The load QPs are spread by: QP1 stays on the first member
+            // and would make the first QP of every CM user go elsewhere.
+            home.shared.live_qps.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(QueuePair {
             dev: home,
             qpn,

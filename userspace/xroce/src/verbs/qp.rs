@@ -138,10 +138,12 @@ impl QueuePair {
 impl Drop for QueuePair {
     fn drop(&mut self) {
         let _ = self.dev.lock().destroy_qp(self.qpn);
-        // The load a spreading handle places new QPs by.
-        self.dev
-            .shared
-            .live_qps
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        // The load a spreading handle places new QPs by (QP1 not counted).
+        if self.qpn != crate::engine::GSI_QPN {
+            self.dev
+                .shared
+                .live_qps
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 }
