@@ -133,6 +133,7 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
         _ => Ok(()),
     });
     let stats = stack.device.stats();
+    dump_stats("server", &stats);
     let verdict = Verdict {
         verified: check.is_ok(),
         detail: check.err().map_or_else(String::new, |e| e.to_string()),
@@ -493,6 +494,7 @@ fn send_loop(
     }
     let seconds = start.elapsed().as_secs_f64();
     let after = stack.device.stats();
+    dump_stats("client", &after);
     Ok(Sent {
         completed,
         seconds,
@@ -688,6 +690,20 @@ fn post(conn: &Conn, remote: &Remote, op: Op, q: usize, i: u64, size: usize) -> 
     };
     conn.post(remote, q, wr_id(q, slot), opcode, at, len)
         .with_context(|| format!("post {} on QP {q}", op.name()))
+}
+
+/// With `XROCE_BENCH_STATS` set: every nonzero engine counter on stderr
+/// (to compare runs, e.g. ACKs per data packet at 1 and 1,024 QPs).
+fn dump_stats(side: &str, s: &xroce::engine::EngineStats) {
+    if std::env::var_os("XROCE_BENCH_STATS").is_none() {
+        return;
+    }
+    let nonzero: Vec<String> = s
+        .fields()
+        .filter(|&(_, v)| v != 0)
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    eprintln!("xroce stats {side}: {}", nonzero.join(" "));
 }
 
 /// Our READs brought the peer's pattern into our inbound slots.

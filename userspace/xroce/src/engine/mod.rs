@@ -166,8 +166,12 @@ impl QpnMap {
 /// The device's in-flight window never shrinks below this many packets.
 pub const DEVICE_WINDOW_MIN_PKTS: u32 = 16;
 
-/// Most packets of one message a QP sends in a row before the next ready
-/// QP's turn (see `Engine::poll_transmit`).
+/// Most packets a QP sends in a row before the next ready QP's turn (see
+/// `Engine::poll_transmit`), whole small messages included: their ACKs
+/// then coalesce at the responder, which acknowledges what arrived of a
+/// QP together with one ACK. One message per turn with many QPs made one
+/// ACK per message (1,024 QPs of 4 KiB WRITEs: 0.5 ACK frames per data
+/// packet against 0.18 for 1 QP, and 25 % less throughput).
 const MESSAGE_QUANTUM_PKTS: u32 = 16;
 
 /// The device window a configuration starts with: the smallest (growing a
@@ -890,7 +894,12 @@ impl Engine {
         let mut serve_waiters = true;
         loop {
             let room = self.cfg.max_device_inflight_pkts == 0 || self.inflight < self.window as u64;
-            let (i, was_waiting) = match (room && serve_waiters)
+            // A QP within its quantum keeps its turn ahead of the waiters:
+            // they get room a quantum at a time, in FIFO order, as the
+            // ready QPs get turns.
+            let continuing =
+                self.last_tx.1 < MESSAGE_QUANTUM_PKTS && self.sched.front_is(self.last_tx.0);
+            let (i, was_waiting) = match (room && serve_waiters && !continuing)
                 .then(|| self.sched.pop_waiter())
                 .flatten()
             {
@@ -921,20 +930,22 @@ impl Engine {
                 }
             }
             if let Some(len) = r {
-                // Round-robin by message: a QP halfway through one keeps
-                // its turn (up to a quantum), so the message's last packet,
+                // Round-robin by quantum: a QP keeps its turn for up to
+                // MESSAGE_QUANTUM_PKTS packets, so a message's last packet,
                 // which asks for the ACK, is not a whole round behind its
-                // first; the rest go to the back.
+                // first, and the small messages that follow it reach the
+                // responder together (one ACK for them all); then it goes
+                // to the back.
                 let run = if self.last_tx.0 == i {
                     self.last_tx.1 + 1
                 } else {
                     1
                 };
                 self.last_tx = (i, run);
-                let mid_message = self.qps[i]
+                let more = self.qps[i]
                     .as_deref()
-                    .is_some_and(|q| q.reserved_end.is_some());
-                if mid_message && run < MESSAGE_QUANTUM_PKTS {
+                    .is_some_and(|q| q.reserved_end.is_some() || q.has_new_requests());
+                if more && run < MESSAGE_QUANTUM_PKTS {
                     self.sched.wake_front(i);
                 } else {
                     self.sched.wake(i);

@@ -270,6 +270,12 @@ impl QpCtx {
         xroce_wire::psn_diff(end, self.req.comp_psn).max(0) as u32
     }
 
+    /// Send WQEs not fully sent yet (the requester has more to send
+    /// unless a window, the budget or the pacer holds it).
+    pub(crate) fn has_new_requests(&self) -> bool {
+        self.req.idx < self.sq.len()
+    }
+
     pub(crate) fn psn_outstanding(&self) -> bool {
         self.req.comp_psn != self.req.max_psn
     }

@@ -90,6 +90,13 @@ impl Schedule {
         }
     }
 
+    /// Whether `idx` is next on the ready list (a live entry at its front).
+    pub fn front_is(&self, idx: usize) -> bool {
+        self.ready.front().is_some_and(|&(i, gen)| {
+            i == idx && self.slots.get(i).is_some_and(|s| s.gen == gen && s.queued)
+        })
+    }
+
     /// Next slot to ask for a frame, taken off the list (`wake` puts it
     /// back at the end).
     pub fn pop_ready(&mut self) -> Option<usize> {
