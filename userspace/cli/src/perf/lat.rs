@@ -217,7 +217,9 @@ impl Seen {
                 let at = conn.slot_offset(0, 0) + size - w;
                 let want = counter(i + 1, size);
                 let mut got = vec![0u8; w];
-                let device = &stack.device;
+                // The engine of the QP (with --io-threads, the one it was
+                // placed on), not necessarily the stack's first.
+                let device = conn.qps[0].device();
                 self.until(conn, stack, op, &what, |_, c| {
                     // The engine writes MR memory only with the device
                     // locked: holding the lock, the peer's WRITE cannot be
@@ -237,7 +239,7 @@ impl Seen {
                 let w = counter_len(size);
                 let mut got = vec![0u8; w];
                 {
-                    let _engine = stack.device.lock();
+                    let _engine = conn.qps[0].device().lock();
                     // (UD: the message lands after the 40-byte GRH.)
                     let at = conn.slot_offset(0, 0) + conn.grh + size - w;
                     // SAFETY: the engine writes MR memory only with the device locked.

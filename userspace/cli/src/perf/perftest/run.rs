@@ -225,7 +225,8 @@ impl Test {
                     {
                         // The engine writes MR memory only with the device
                         // locked: holding it, no WRITE lands on the byte.
-                        let _engine = self.stack.device.lock();
+                        // (QP 0's engine: with --io-threads, its shard.)
+                        let _engine = self.qps[0].device().lock();
                         // SAFETY: no concurrent writer while the engine lock is held.
                         unsafe { self.mr.read(poll_at, &mut byte) }?;
                     }
