@@ -234,3 +234,25 @@ fn cli_bench_on_two_io_threads_verifies_its_data() {
         l.lat_us.p50, u.gbps
     );
 }
+
+/// More I/O threads than the interface has RX queues: opening the device
+/// fails, and the library says why (the program only says it could not).
+#[test]
+fn more_io_threads_than_queues_fails_with_the_reason() {
+    require_root();
+    let _turn = serial();
+    let mut t = Topology::direct(Backend::AfXdp, 1500);
+    t.env.push(("XROCE_IO_THREADS".into(), THREADS.to_string()));
+    let node = t.client();
+    let f = t.run(node, "ibv_devinfo", &args(&["-d", &node.device()]), RUN);
+    assert!(!f.success(), "{}", f.describe());
+    let want = format!(
+        "{} has 1 RX queue(s), fewer than the {THREADS} I/O threads asked for",
+        node.iface
+    );
+    assert!(
+        f.stderr.contains(&format!("cannot open {}", node.device())) && f.stderr.contains(&want),
+        "stderr lacks {want:?}:\n{}",
+        f.stderr
+    );
+}
