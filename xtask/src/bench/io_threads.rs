@@ -33,6 +33,10 @@ pub struct IoThreads {
     pub two_threads_median_gbps: f64,
     /// two_threads_median_gbps / one_thread_median_gbps.
     pub two_vs_one: f64,
+    /// Machine-wide CPU seconds per GB moved ([`super::cpu`]; includes
+    /// whatever else runs on the host), medians over the rounds.
+    pub one_thread_cpu_s_per_gb: f64,
+    pub two_threads_cpu_s_per_gb: f64,
     /// CPUs of the host, and its 1-minute load average after the runs.
     pub cores: u32,
     pub load_average_1m: f64,
@@ -42,14 +46,23 @@ pub struct IoThreads {
 pub fn measure() -> Result<IoThreads> {
     let ns = NsPair::with_queues("iot", 3, super::MTU, 2)?;
     let (mut one, mut two) = (Vec::new(), Vec::new());
+    let (mut cpu_one, mut cpu_two) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        for (threads, runs) in [("1", &mut one), ("2", &mut two)] {
-            let r = run(&ns, threads)?;
+        for (threads, runs, cpu) in [("1", &mut one, &mut cpu_one), ("2", &mut two, &mut cpu_two)] {
+            let (r, cost) = super::cpu::measure(|| {
+                let r = run(&ns, threads)?;
+                let bytes = r.bytes;
+                Ok((r, bytes))
+            })?;
             if r.verified != Some(true) {
                 bail!("--io-threads {threads}: the data was not verified: {r:?}");
             }
-            eprintln!("--io-threads {threads}: {:.3} Gb/s", r.gbps);
+            eprintln!(
+                "--io-threads {threads}: {:.3} Gb/s, {:.2} CPU s/GB",
+                r.gbps, cost.cpu_seconds_per_gb
+            );
             runs.push(r.gbps);
+            cpu.push(cost.cpu_seconds_per_gb);
         }
     }
     let (m1, m2) = (median(&one), median(&two));
@@ -66,13 +79,15 @@ pub fn measure() -> Result<IoThreads> {
         one_thread_median_gbps: m1,
         two_threads_median_gbps: m2,
         two_vs_one: m2 / m1,
+        one_thread_cpu_s_per_gb: median(&cpu_one),
+        two_threads_cpu_s_per_gb: median(&cpu_two),
         cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
         load_average_1m: load,
     };
     eprintln!(
         "WRITE 64 KiB, 4 QPs, AF_XDP: 2 I/O threads a side {m2:.3} Gb/s vs 1 {m1:.3} Gb/s: \
-         {:.2}x ({} cores, load {load:.1})",
-        t.two_vs_one, t.cores
+         {:.2}x ({} cores, load {load:.1}); CPU s/GB {:.2} vs {:.2}",
+        t.two_vs_one, t.cores, t.two_threads_cpu_s_per_gb, t.one_thread_cpu_s_per_gb
     );
     Ok(t)
 }
