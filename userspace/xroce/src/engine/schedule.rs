@@ -4,8 +4,10 @@
 //! - A ready list: a FIFO of slots that may have something to send. A slot
 //!   enters it after any event on its QP (a verb, a received packet, a timer
 //!   that fired) and at most once (`queued`); a slot whose QP produced a
-//!   frame goes to the back (round-robin between busy QPs), one that
-//!   produced nothing leaves until its next event. Wake-ups that only time
+//!   frame goes to the back once it used its quantum (round-robin between
+//!   busy QPs, `Engine::poll_transmit`; until then it stays at the front,
+//!   [`Schedule::front_is`]), one that produced nothing leaves until its
+//!   next event. Wake-ups that only time
 //!   brings (pacer, RNR back-off, congestion-control timers) are timers in
 //!   `QpCtx::next_timeout`, which is what makes leaving the list safe.
 //! - A timer heap of (deadline, slot, generation) with lazy deletion: a QP's
@@ -267,6 +269,23 @@ mod tests {
         s.wake(2);
         assert_eq!(s.pop_ready(), Some(2));
         assert_eq!(s.pop_ready(), None);
+    }
+
+    #[test]
+    fn front_is_sees_only_a_live_entry_at_the_front() {
+        let mut s = Schedule::default();
+        assert!(!s.front_is(0), "empty");
+        s.wake(2);
+        s.wake(5);
+        assert!(s.front_is(2) && !s.front_is(5));
+        s.wake_front(5); // queued already: stays behind 2
+        assert!(s.front_is(2));
+        s.reset_slot(2); // its entry is stale now
+        assert!(!s.front_is(2));
+        assert_eq!(s.pop_ready(), Some(5));
+        s.wake(7);
+        s.wake_front(5);
+        assert!(s.front_is(5));
     }
 
     #[test]
