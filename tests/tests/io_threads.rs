@@ -8,7 +8,9 @@
 //! stays idle). Data is checked: the CLI verifies every byte, the
 //! unmodified `ibv_srq_pingpong -c` checks what it received through one
 //! SRQ and one CQ shared by QPs of both engines, and `ib_write_bw -q 4`
-//! completes every WRITE of its 4 QPs into one CQ.
+//! completes every WRITE of its 4 QPs into one CQ; `ib_send_bw -e -q 4`
+//! waits on a completion channel that either engine fires, and
+//! `ib_write_bw -R -q 4` connects through rdma_cm (QP1 on engine 0).
 
 use std::time::Duration;
 
@@ -75,8 +77,8 @@ fn dropin_programs_spread_their_qps_over_two_io_threads() {
 
     // ib_write_bw: 4 QPs x 200 WRITEs of 64 KiB (path MTU 2048: 32 frames
     // each), one send CQ for all of them.
-    let perftest = |node: Node<'_>| {
-        args(&[
+    let perftest = |node: Node<'_>, extra: &[&str]| {
+        let mut a = args(&[
             "-x",
             "1",
             "-F",
@@ -86,9 +88,16 @@ fn dropin_programs_spread_their_qps_over_two_io_threads() {
             "4",
             "-n",
             "200",
-        ])
+        ]);
+        a.extend(args(extra));
+        a
     };
-    let out = t.pair("ib_write_bw", &perftest(server), &perftest(client), RUN);
+    let out = t.pair(
+        "ib_write_bw",
+        &perftest(server, &[]),
+        &perftest(client, &[]),
+        RUN,
+    );
     let row = out
         .check()
         .and_then(|c| check_bw_table(c, Some(1)))
@@ -101,6 +110,30 @@ fn dropin_programs_spread_their_qps_over_two_io_threads() {
     let srv = assert_every_queue("ib_write_bw", &server.ns.name, server.iface, 2 * 200 * 32);
     let cli = assert_every_queue("ib_write_bw", &client.ns.name, client.iface, ACKS_MIN);
     eprintln!("ib_write_bw -q 4: {row}; server queues {srv:?}; client queues {cli:?}");
+
+    // ib_send_bw -e: completions through a completion channel (one CQ
+    // armed with ibv_req_notify_cq, fired by either engine's thread), the
+    // server's receives spread over QPs of both engines.
+    let out = t.pair(
+        "ib_send_bw",
+        &perftest(server, &["-e"]),
+        &perftest(client, &["-e"]),
+        RUN,
+    );
+    let row = out
+        .check()
+        .and_then(|c| check_bw_table(c, Some(1)))
+        .unwrap_or_else(|e| panic!("ib_send_bw -e -q 4 on {THREADS} I/O threads: {e}"));
+    let srv1 = assert_every_queue("ib_send_bw -e", &server.ns.name, server.iface, 0);
+    for (i, (before, after)) in srv.iter().zip(&srv1).enumerate() {
+        assert!(
+            after.redirected >= before.redirected + 200 * 32,
+            "ib_send_bw -e: server RX queue {i} redirected {} more frames: {srv1:?}",
+            after.redirected - before.redirected
+        );
+    }
+    eprintln!("ib_send_bw -e -q 4: {row}; server queues {srv1:?}");
+    let srv = srv1;
 
     // ibv_srq_pingpong -c: 4 QPs (2 per engine) receive through one SRQ
     // into one CQ, both ways; the receiver checks the data.
