@@ -70,6 +70,8 @@
 //! datagrams and rebuilds frames around them, `tx` turns the engine's
 //! frames into datagrams and sends them, `sockaddr` converts addresses.
 
+mod icrc_delta;
+mod ports;
 mod rx;
 mod sockaddr;
 mod socket;
@@ -137,6 +139,27 @@ pub struct UdpConfig {
     /// with both at once it rejected the REQ (invalid service ID) in 2 of 6
     /// runs (rdmacm_programs' perftest_rdma_cm/udp); without GRO, none.
     pub gro: bool,
+    /// Send each QP's frames from the UDP source port the engine gave them
+    /// ([`xroce_wire::rocev2_src_port`], as rxe and the AF_XDP backend
+    /// send), from up to this many send-only sockets per IP version (see
+    /// `ports`); 0: every frame from the bound port, as before.
+    ///
+    /// Off by default (`XROCE_UDP_QP_PORTS=1` turns it on with 64 sockets,
+    /// `=N` with N): it changes the source port peers see (rxe accepts
+    /// any, and sends from per-QP ports itself), and it binds ports of the
+    /// ephemeral range, which other programs on the host may be using (a
+    /// port taken is skipped: those frames leave from the bound port).
+    pub qp_ports: usize,
+}
+
+/// `XROCE_UDP_QP_PORTS`: unset, empty or 0: off; 1: 64 sockets; N: N
+/// sockets (at most 1024).
+fn qp_ports_from_env(v: Option<&str>) -> usize {
+    match v.map(str::trim) {
+        None | Some("") | Some("0") => 0,
+        Some("1") => 64,
+        Some(n) => n.parse::<usize>().map_or(0, |n| n.min(1024)),
+    }
 }
 
 impl UdpConfig {
@@ -153,6 +176,7 @@ impl UdpConfig {
             socket_buffer: 4 << 20,
             gso: std::env::var_os("XROCE_UDP_GSO").is_some_and(|v| v == "1"),
             gro: std::env::var_os("XROCE_UDP_GRO").is_some_and(|v| v == "1"),
+            qp_ports: qp_ports_from_env(std::env::var("XROCE_UDP_QP_PORTS").ok().as_deref()),
         }
     }
 }
@@ -192,6 +216,13 @@ pub struct UdpStats {
     pub rx_datagrams: u64,
     pub gro_datagrams: u64,
     pub gro_segments: u64,
+    /// Frames whose ICRC was updated for the kernel's headers from the
+    /// engine's (see `icrc_delta`) rather than computed again.
+    pub icrc_updated: u64,
+    /// Send-only sockets open for per-QP source ports, and source ports
+    /// that could not be bound ([`UdpConfig::qp_ports`]).
+    pub qp_port_sockets: u64,
+    pub qp_ports_refused: u64,
 }
 
 /// One bound socket of the backend.
@@ -199,6 +230,8 @@ struct UdpSocket {
     fd: OwnedFd,
     /// The bound address; unspecified for the interface-wide IPv6 socket.
     local: IpAddr,
+    /// The bound port.
+    port: u16,
     /// The interface it is bound to (0: none).
     ifindex: u32,
     /// UDP_SEGMENT works on it (and SO_NO_CHECK is off).
@@ -241,6 +274,10 @@ pub struct UdpBackend {
     gso: bool,
     /// Whether UDP_GRO is on.
     gro: bool,
+    /// Send-only sockets of per-QP source ports.
+    ports: ports::QpPorts,
+    /// ICRC updates from the engine's headers to the kernel's.
+    icrc_delta: icrc_delta::IcrcDelta,
     stats: IoStats,
     udp_stats: UdpStats,
     /// SO_RXQ_OVFL of the IPv4 and the IPv6 socket last seen.
@@ -332,7 +369,11 @@ impl UdpBackend {
 
     /// Counters particular to this backend.
     pub fn udp_stats(&self) -> UdpStats {
-        self.udp_stats
+        UdpStats {
+            qp_port_sockets: self.ports.open_count() as u64,
+            qp_ports_refused: self.ports.refused,
+            ..self.udp_stats
+        }
     }
 
     /// Whether runs of datagrams leave as UDP GSO messages (asked for,
@@ -557,6 +598,8 @@ mod tests {
         // The engine addresses port 4791; this test's backends use another.
         let udp_at = 34;
         frame[udp_at + 2..udp_at + 4].copy_from_slice(&cfg.port.to_be_bytes());
+        // The engine's frames carry a valid ICRC (the backend updates it).
+        icrc::fill_frame(&mut frame).unwrap();
         assert_eq!(a.send_batch(&[&frame]).unwrap(), 1);
         let mut got = Vec::new();
         b.recv_batch(Duration::from_secs(1), &mut |f| got = f.to_vec())
@@ -593,6 +636,8 @@ mod tests {
         frame[14] = (frame[14] & 0xf0) | 0x0b;
         frame[15] = (frame[15] & 0x0f) | 0x80;
         frame[54 + 2..54 + 4].copy_from_slice(&cfg_b.port.to_be_bytes());
+        // The engine's frames carry a valid ICRC (the backend updates it).
+        icrc::fill_frame(&mut frame).unwrap();
         assert_eq!(a.send_batch(&[&frame]).unwrap(), 1);
         let mut got = Vec::new();
         b.recv_batch(Duration::from_secs(1), &mut |f| got = f.to_vec())
@@ -618,8 +663,12 @@ mod tests {
         assert_eq!(io.poll_fd(), None);
         let mut frame4 = send_only(v4, v4, 0x11, 7, b"over IPv4");
         frame4[34 + 2..34 + 4].copy_from_slice(&cfg.port.to_be_bytes());
+        // The engine's frames carry a valid ICRC (the backend updates it).
+        icrc::fill_frame(&mut frame4).unwrap();
         let mut frame6 = send_only(v6, v6, 0x22, 8, b"over IPv6");
         frame6[54 + 2..54 + 4].copy_from_slice(&cfg.port.to_be_bytes());
+        // The engine's frames carry a valid ICRC (the backend updates it).
+        icrc::fill_frame(&mut frame6).unwrap();
         // Mixed in one batch: each goes out on its own socket.
         assert_eq!(io.send_batch(&[&frame4, &frame6, &frame4]).unwrap(), 3);
         let mut got = Vec::new();
@@ -701,6 +750,8 @@ mod tests {
                     &payload,
                 );
                 f[36..38].copy_from_slice(&port.to_be_bytes());
+                // The engine's frames carry a valid ICRC (the backend updates it).
+                icrc::fill_frame(&mut f).unwrap();
                 f
             })
             .collect()
@@ -807,6 +858,8 @@ mod tests {
                 let payload = vec![k as u8; 700];
                 let mut f = send_only(lo, lo, 0x44, k, &payload);
                 f[54 + 2..54 + 4].copy_from_slice(&cfg_b.port.to_be_bytes());
+                // The engine's frames carry a valid ICRC (the backend updates it).
+                icrc::fill_frame(&mut f).unwrap();
                 f
             })
             .collect();

@@ -27,10 +27,15 @@ fn option_err(name: &str) -> impl FnOnce(nix::Error) -> crate::io::IoError + '_ 
     move |e| setup_err(name, Some(e.into()))
 }
 
-/// Opens a UDP socket on `local:cfg.port`; with `ifindex`, bound to that
+/// Opens a UDP socket on `local:port`; with `ifindex`, bound to that
 /// interface too (the IPv6 socket that carries every address of one
 /// interface binds `[::]` there).
-fn open_socket(cfg: &UdpConfig, local: IpAddr, ifindex: Option<u32>) -> Result<UdpSocket> {
+pub(super) fn open_socket(
+    cfg: &UdpConfig,
+    local: IpAddr,
+    ifindex: Option<u32>,
+    port: u16,
+) -> Result<UdpSocket> {
     let v6 = local.is_ipv6();
     let family = if v6 {
         AddressFamily::Inet6
@@ -90,13 +95,10 @@ fn open_socket(cfg: &UdpConfig, local: IpAddr, ifindex: Option<u32>) -> Result<U
     }
     let at = match local {
         // A link-local address names its interface by scope id.
-        IpAddr::V6(a) if a.is_unicast_link_local() => SocketAddr::V6(SocketAddrV6::new(
-            a,
-            cfg.bind_port(),
-            0,
-            ifindex.unwrap_or(0),
-        )),
-        a => SocketAddr::new(a, cfg.bind_port()),
+        IpAddr::V6(a) if a.is_unicast_link_local() => {
+            SocketAddr::V6(SocketAddrV6::new(a, port, 0, ifindex.unwrap_or(0)))
+        }
+        a => SocketAddr::new(a, port),
     };
     if let Err(e) = bind(raw, &SockaddrStorage::from(at)) {
         let hint = if e == nix::Error::EADDRINUSE {
@@ -110,6 +112,7 @@ fn open_socket(cfg: &UdpConfig, local: IpAddr, ifindex: Option<u32>) -> Result<U
     Ok(UdpSocket {
         fd,
         local,
+        port,
         ifindex: ifindex.unwrap_or(0),
         gso,
         gro,
@@ -136,7 +139,7 @@ impl UdpBackend {
             ));
         }
         let v4 = match cfg.local {
-            IpAddr::V4(_) => Some(open_socket(&cfg, cfg.local, None)?),
+            IpAddr::V4(_) => Some(open_socket(&cfg, cfg.local, None, cfg.bind_port())?),
             IpAddr::V6(_) => None,
         };
         let v6 = match (cfg.ipv6_ifindex, cfg.local) {
@@ -144,8 +147,9 @@ impl UdpBackend {
                 &cfg,
                 Ipv6Addr::UNSPECIFIED.into(),
                 Some(ifindex),
+                cfg.bind_port(),
             )?),
-            (None, IpAddr::V6(_)) => Some(open_socket(&cfg, cfg.local, None)?),
+            (None, IpAddr::V6(_)) => Some(open_socket(&cfg, cfg.local, None, cfg.bind_port())?),
             (None, IpAddr::V4(_)) => None,
         };
         let fds = v4.iter().chain(&v6).map(|s| s.fd.as_raw_fd()).collect();
@@ -192,6 +196,8 @@ impl UdpBackend {
             tx_runs: Vec::with_capacity(batch),
             gso,
             gro,
+            ports: super::ports::QpPorts::new(cfg.qp_ports),
+            icrc_delta: super::icrc_delta::IcrcDelta::new(cfg.max_frame_len),
             cfg,
             stats: IoStats::default(),
             udp_stats: UdpStats::default(),

@@ -77,6 +77,10 @@ pub(super) struct TxMeta {
     /// Send from `src` with IPV6_PKTINFO (interface-wide IPv6 socket).
     pktinfo: bool,
     ifindex: u32,
+    /// The socket it leaves on.
+    fd: i32,
+    /// The source port in the engine's frame (its ICRC covers it).
+    frame_sport: u16,
 }
 
 impl TxMeta {
@@ -94,6 +98,8 @@ impl TxMeta {
         )),
         pktinfo: false,
         ifindex: 0,
+        fd: -1,
+        frame_sport: 0,
     };
 
     /// Payload (BTH .. ICRC) length: what the datagram carries.
@@ -104,7 +110,7 @@ impl TxMeta {
     /// Whether `next` may follow `self` in one GSO message: same socket,
     /// destination, TOS and source.
     fn same_flow(&self, next: &TxMeta) -> bool {
-        self.v6 == next.v6
+        self.fd == next.fd
             && self.to == next.to
             && self.tos == next.tos
             && self.pktinfo == next.pktinfo
@@ -142,6 +148,24 @@ pub(super) fn gso_runs(
         out(start, end - start);
         start = end;
     }
+}
+
+/// Sets the fields the ICRC masks to all ones in `hdr`: an IP header of
+/// `ip_len` bytes (IPv4 TOS, TTL, checksum; IPv6 traffic class, flow label,
+/// hop limit) and the UDP header behind it (checksum), as `icrc::compute`.
+fn mask_variant_fields(hdr: &mut [u8], ip_len: usize) {
+    if ip_len == ipv4::HEADER_LEN {
+        for i in [1, 8, 10, 11] {
+            hdr[i] = 0xff;
+        }
+    } else {
+        hdr[0] |= 0x0f;
+        for i in [1, 2, 3, 7] {
+            hdr[i] = 0xff;
+        }
+    }
+    hdr[ip_len + 6] = 0xff;
+    hdr[ip_len + 7] = 0xff;
 }
 
 impl UdpBackend {
@@ -207,6 +231,7 @@ impl UdpBackend {
         let datagram =
             UdpPacket::new_checked(&frame[udp_at..]).map_err(|_| "truncated UDP header")?;
         let dport = datagram.dst_port();
+        let frame_sport = datagram.src_port();
         let udp_len = datagram.len() as usize;
         let udp_end = udp_at + udp_len;
         if udp_len < udp::HEADER_LEN + bth::HEADER_LEN + ICRC_LEN
@@ -229,10 +254,16 @@ impl UdpBackend {
             }
             _ => dport,
         };
-        // What the kernel will send: our port; the checksum (0 here, the
+        // The QP's own source port (a socket bound to it), else the bound
+        // port of the main socket.
+        let (fd, sport) = self
+            .ports
+            .socket_for(&self.cfg, socket, frame_sport)
+            .unwrap_or((socket.fd.as_raw_fd(), socket.port));
+        // What the kernel will send: that port; the checksum (0 here, the
         // kernel's own on the wire) is masked by the ICRC.
         UdpRepr {
-            src_port: self.cfg.bind_port(),
+            src_port: sport,
             dst_port: dport,
             checksum: UdpChecksum::Zero,
         }
@@ -256,6 +287,8 @@ impl UdpBackend {
             to,
             pktinfo,
             ifindex: socket.ifindex,
+            fd,
+            frame_sport,
         };
         Ok(())
     }
@@ -309,8 +342,36 @@ impl UdpBackend {
             _ => return Err("address family mismatch".into()),
         }
         .map_err(|e| format!("IP header: {e}"))?;
+        // The engine's ICRC covers its own IP header and source port; move
+        // it to the kernel's (see icrc_delta) when that is cheaper than a
+        // pass over the datagram.
+        let hdr_len = ip_len + udp::HEADER_LEN;
+        let mut old = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN];
+        let mut new = old;
+        old[..hdr_len].copy_from_slice(&frame[m.udp_at - ip_len..m.udp_at + udp::HEADER_LEN]);
+        old[ip_len..ip_len + 2].copy_from_slice(&m.frame_sport.to_be_bytes());
+        new[..ip_len].copy_from_slice(&kernel_ip[..ip_len]);
+        new[ip_len..hdr_len].copy_from_slice(&frame[m.udp_at..m.udp_at + udp::HEADER_LEN]);
+        for h in [&mut old, &mut new] {
+            mask_variant_fields(&mut h[..hdr_len], ip_len);
+        }
+        let engine_icrc = u32::from_le_bytes(
+            frame[udp_end - ICRC_LEN..udp_end]
+                .try_into()
+                .expect("4 bytes"),
+        );
+        let rest = m.udp_len - udp::HEADER_LEN - ICRC_LEN;
         let l4 = &frame[m.udp_at..udp_end - ICRC_LEN];
-        let crc = icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?;
+        let crc = match self
+            .icrc_delta
+            .update(engine_icrc, &old[..hdr_len], &new[..hdr_len], rest)
+        {
+            Some(c) => {
+                self.udp_stats.icrc_updated += 1;
+                c
+            }
+            None => icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?,
+        };
         frame[udp_end - ICRC_LEN..udp_end].copy_from_slice(&crc.to_le_bytes());
         self.tx_iov[i] = libc::iovec {
             iov_base: frame[m.udp_at + udp::HEADER_LEN..].as_mut_ptr().cast(),
@@ -387,17 +448,17 @@ impl UdpBackend {
         self.tx_hdrs[m].msg_len = 0;
     }
 
-    /// Sends built messages `0..n`, each run of one IP version in one
-    /// sendmmsg on its socket; returns how many frames are done.
+    /// Sends built messages `0..n`, each run of one socket in one
+    /// sendmmsg; returns how many frames are done.
     pub(super) fn sendmmsg(&mut self, n: usize) -> std::io::Result<usize> {
         let mut start = 0;
         let mut frames = 0;
         while start < n {
-            let v6 = self.tx_meta[self.tx_runs[start].0].v6;
+            let fd = self.tx_meta[self.tx_runs[start].0].fd;
             let end = (start + 1..n)
-                .find(|&k| self.tx_meta[self.tx_runs[k].0].v6 != v6)
+                .find(|&k| self.tx_meta[self.tx_runs[k].0].fd != fd)
                 .unwrap_or(n);
-            let done = self.send_run(v6, start, end)?;
+            let done = self.send_run(fd, start, end)?;
             frames += self.tx_runs[start..done].iter().map(|r| r.1).sum::<usize>();
             if done < end {
                 // Stalled: the rest are lost like on a busy link.
@@ -424,15 +485,9 @@ impl UdpBackend {
         }
     }
 
-    /// Sends messages `start..end` on the IPv6 (`v6`) or IPv4 socket;
-    /// returns the message index reached (`end` unless the socket stayed
-    /// full).
-    fn send_run(&mut self, v6: bool, start: usize, end: usize) -> std::io::Result<usize> {
-        // prepare() only takes frames of a family that has a socket.
-        let Some(socket) = (if v6 { &self.v6 } else { &self.v4 }) else {
-            return Ok(start);
-        };
-        let fd = socket.fd.as_raw_fd();
+    /// Sends messages `start..end` on socket `fd`; returns the message
+    /// index reached (`end` unless the socket stayed full).
+    fn send_run(&mut self, fd: i32, start: usize, end: usize) -> std::io::Result<usize> {
         let mut done = start;
         let mut stalls = 0;
         while done < end {
