@@ -19,8 +19,10 @@ use xroce_common::RxQueueCounters;
 use xroce_report::{BenchReport, LatReport};
 use xroce_tests::{
     in_netns, perf,
-    programs::{args, check_bw_table, serial, Backend, Node, Topology},
-    require_root, AttachedXdp, VethPair,
+    programs::{args, check_bw_table, serial, Backend, Node, Proc, Topology},
+    require_root,
+    shared::pair_on,
+    AttachedXdp, VethPair,
 };
 
 const THREADS: u32 = 2;
@@ -292,4 +294,53 @@ fn more_io_threads_than_queues_fails_with_the_reason() {
         "stderr lacks {want:?}:\n{}",
         f.stderr
     );
+}
+
+/// A device shared with another process of the host: the server runs 2
+/// I/O threads (it owns the AF_XDP sockets and blocks 0 and 1), the client
+/// in the same namespace on the same device 1 thread (block 2, over UDP).
+/// Their frames never touch the link: each shard reaches the client, and
+/// the client each shard, through the shard's UDP socket on its block's
+/// port. 4 QPs, so both shards talk to the client.
+#[test]
+fn shares_its_device_with_a_one_thread_process() {
+    require_root();
+    let _turn = serial();
+    let t = Topology::direct_queues(Backend::AfXdp, 3500, THREADS);
+    let node = t.server();
+    // pair_on starts the server first, then the client.
+    let server_next = std::cell::Cell::new(true);
+    let start = |n: Node<'_>, program: &str, a: &[String]| {
+        let mut cmd = t.command(n, program, a);
+        let threads = if server_next.replace(false) {
+            THREADS
+        } else {
+            1
+        };
+        cmd.env("XROCE_IO_THREADS", threads.to_string());
+        let what = format!("[{threads} I/O thread(s)] {program} {}", a.join(" "));
+        Proc::spawn(cmd, what, &t.dir.0)
+    };
+    let a = args(&[
+        "-d",
+        &node.device(),
+        "-g",
+        "1",
+        "-q",
+        "4",
+        "-n",
+        "200",
+        "-c",
+    ]);
+    let out = pair_on(start, node, node, "ibv_srq_pingpong", &a, &a, RUN);
+    let line = out
+        .check_pingpong()
+        .unwrap_or_else(|e| panic!("ibv_srq_pingpong -q 4 -c, 2 threads and 1 on one device: {e}"));
+    assert_threads_announced(node, &out.server.stderr);
+    let client = &out.client.as_ref().unwrap().stderr;
+    assert!(
+        client.contains("QPN block 2 runs over the UDP backend"),
+        "the client should run over UDP in block 2:\n{client}"
+    );
+    eprintln!("ibv_srq_pingpong -q 4 -c on one device, 2 threads + 1: {line}");
 }

@@ -424,9 +424,11 @@ pub struct ShardedConfig {
 /// are one [`Device::group`]: PDs, MRs and CQs made on any serve all. It attaches
 /// xroce's XDP program if needed (both backends rely on its steering) and
 /// claims `shards` consecutive QPN blocks (and, for AF_XDP, the device's
-/// sockets). Frames other processes of this host send to our blocks are not
-/// received (no local socket as [`crate::io::shared::WireAndLocal`] has):
-/// a sharded device wants the interface to itself.
+/// sockets). Other processes of this host may share the device as with a
+/// `Stack`: with AF_XDP each shard also has a UDP socket on its block's
+/// port ([`crate::io::shared::WireAndLocal`]) for their frames; frames a
+/// shard sends to a sibling's QP go through the inboxes, to another
+/// process's through that socket.
 pub struct ShardedDevice {
     /// Shard `i`'s device: create QPs on them in turn to spread them.
     pub devices: Vec<Device>,
@@ -499,7 +501,21 @@ impl ShardedDevice {
                     xsk.multi_buffer = true;
                     xsk.multi_buffer_max_frame = xsk.multi_buffer_max_frame.max(frame);
                 }
-                (open_afxdp_shards(iface, cfg.shards, xsk)?, Some(hold))
+                // Each shard also takes its block's UDP port, as Stack's
+                // AF_XDP owner does (io::shared): the other processes of
+                // this host reach its QPs there, and it theirs.
+                let ios = open_afxdp_shards(iface, cfg.shards, xsk)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, wire)| {
+                        let local = net.open_udp(cfg.path_mtu, Some(base_block + i as u32))?;
+                        Ok(
+                            Box::new(crate::io::shared::WireAndLocal::new(wire, local, net.mac()))
+                                as Box<dyn PacketIo>,
+                        )
+                    })
+                    .collect::<Result<Vec<_>, NetDeviceError>>()?;
+                (ios, Some(hold))
             }
             BackendKind::Udp => (
                 open_udp_shards(&net, cfg.shards, base_block, cfg.path_mtu)?,
