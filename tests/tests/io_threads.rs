@@ -11,6 +11,9 @@
 //! completes every WRITE of its 4 QPs into one CQ; `ib_send_bw -e -q 4`
 //! waits on a completion channel that either engine fires, and
 //! `ib_write_bw -R -q 4` connects through rdma_cm (QP1 on engine 0).
+//! Also: a 2-thread process and a 1-thread one sharing one device (the
+//! shards' UDP sockets carry their frames), and the error when the
+//! interface has fewer RX queues than threads.
 
 use std::time::Duration;
 
