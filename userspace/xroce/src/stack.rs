@@ -315,8 +315,7 @@ impl Stack {
             });
         }
         let device = sharded.spreading();
-        // Shard 0's counters (the exporter reads one engine).
-        let stats = StatsExporter::start(sharded.devices[0].clone(), iface);
+        let stats = StatsExporter::start(device.clone(), iface);
         Ok(Stack {
             device,
             path_mtu,

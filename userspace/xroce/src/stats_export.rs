@@ -139,8 +139,10 @@ pub struct StatsExporter {
 }
 
 impl StatsExporter {
-    /// Starts publishing; if /run/xroce cannot be written (not root), the
-    /// exporter does nothing: counters are a convenience, not a must.
+    /// Starts publishing `device`'s counters (every shard's, for a
+    /// [`Device::spreading`] handle); if /run/xroce cannot be written (not
+    /// root), the exporter does nothing: counters are a convenience, not a
+    /// must.
     pub fn start(device: Device, iface: &str) -> Self {
         let dir = export_dir(iface);
         let path = dir.join(format!("engine.{}", std::process::id()));
@@ -161,10 +163,14 @@ impl StatsExporter {
                 // temporary file the same `engine.tmp`.
                 let tmp = PathBuf::from(format!("{}.tmp", path.display()));
                 while !stop.load(Ordering::Acquire) {
-                    let (stats, qpns) = {
-                        let engine = device.lock();
-                        (engine.stats(), engine.qp_numbers().collect::<Vec<_>>())
-                    };
+                    // Summed over a spreading handle's shards; their QPs
+                    // listed together.
+                    let stats = device.stats();
+                    let qpns: Vec<_> = device
+                        .members()
+                        .iter()
+                        .flat_map(|d| d.lock().qp_numbers().collect::<Vec<_>>())
+                        .collect();
                     publish(&dir, &tmp, &path, &render(&stats, &qpns));
                     std::thread::sleep(Duration::from_millis(500));
                 }
