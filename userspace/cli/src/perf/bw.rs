@@ -480,11 +480,9 @@ fn send_loop(
                 trace.push(TraceRow {
                     t_ms: start.elapsed().as_millis() as u64,
                     bytes: std::mem::take(&mut bin_bytes),
-                    rate_bps: stack
-                        .device
-                        .lock()
-                        .qp_rate_bps(conn.qps[0].qp_num())
-                        .unwrap_or(0),
+                    // From the QP's own engine (one of several with
+                    // --io-threads).
+                    rate_bps: conn.qps[0].rate_bps().unwrap_or(0),
                     cnps: s.rx_cnps - before.rx_cnps,
                     retransmits: s.tx_retransmitted - before.tx_retransmitted,
                 });
