@@ -10,13 +10,17 @@
 //! - **send**: the Eth/IP/UDP headers of the engine's frame are dropped and
 //!   the UDP payload (BTH .. ICRC) goes to the frame's destination IP with
 //!   `sendmmsg`. The kernel writes its own IP and UDP headers, and the ICRC
-//!   covers some of their fields, so the ICRC is recomputed over exactly the
+//!   covers some of their fields, so the ICRC is made right for exactly the
 //!   headers the kernel sends: source = the bound address (for the
 //!   interface-wide IPv6 socket the frame's own source, passed as
-//!   IPV6_PKTINFO), source port 4791 (the socket's), IPv4 id 0 with DF
-//!   (an unconnected socket with IP_PMTUDISC_DO gets id 0 from the
-//!   kernel), lengths from the payload;
-//!   TOS/TTL/checksums are masked by the ICRC anyway. The frame's ECN/DSCP
+//!   IPV6_PKTINFO), source port 4791 (the socket's; with
+//!   [`UdpConfig::qp_ports`] the QP's own, from a socket bound to it),
+//!   IPv4 id 0 with DF (an unconnected socket with IP_PMTUDISC_DO gets id 0
+//!   from the kernel), lengths from the payload;
+//!   TOS/TTL/checksums are masked by the ICRC anyway. The engine's ICRC
+//!   over its own headers is moved to these (`icrc_delta`: CRC-32 is
+//!   linear, so only the changed header bytes are run through it), not
+//!   computed again over the datagram. The frame's ECN/DSCP
 //!   travels as an IP_TOS (IPV6_TCLASS) control message.
 //! - **UDP GSO** ([`UdpConfig::gso`], off by default, `XROCE_UDP_GSO=1`): consecutive frames to
 //!   one destination with one payload size (a WRITE's MIDDLEs and LAST)
@@ -68,7 +72,9 @@
 //!
 //! One job per file: `socket` opens and binds the sockets, `rx` receives
 //! datagrams and rebuilds frames around them, `tx` turns the engine's
-//! frames into datagrams and sends them, `sockaddr` converts addresses.
+//! frames into datagrams and sends them, `icrc_delta` moves an ICRC to
+//! other headers, `ports` keeps the per-QP source-port sockets,
+//! `sockaddr` converts addresses.
 
 mod icrc_delta;
 mod ports;

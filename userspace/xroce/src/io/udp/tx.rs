@@ -368,6 +368,13 @@ impl UdpBackend {
         {
             Some(c) => {
                 self.udp_stats.icrc_updated += 1;
+                // Debug builds (every test) check the update against a
+                // full pass: the engine's ICRC must have been right.
+                debug_assert_eq!(
+                    icrc::compute(&kernel_ip[..ip_len], l4).ok(),
+                    Some(c),
+                    "ICRC update from the engine's headers"
+                );
                 c
             }
             None => icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?,
