@@ -240,7 +240,28 @@ pub fn measure(bench_ns: &NsPair, afxdp_write_1qp: &BenchReport) -> Result<UdpGs
 
 #[cfg(test)]
 mod tests {
-    use super::calls;
+    use super::{calls, measure, NsPair, UdpGso};
+    use xroce_report::BenchReport;
+
+    /// The figure alone (`cargo xtask bench` runs it among all the others):
+    /// `cargo test -p xtask figure_runs -- --ignored --nocapture` as root,
+    /// under `flock /tmp/xroce-netns.lock`, after a release build; the
+    /// AF_XDP figure it is compared with is left at 0 here.
+    #[test]
+    #[ignore = "needs root, iperf3, strace and target/release/xroce (about 90 s)"]
+    fn figure_runs() {
+        let ns = NsPair::new("ugsot", 6, super::super::MTU).expect("veth pair");
+        let afxdp: BenchReport = serde_json::from_str(
+            r#"{"op":"write","size":65536,"iters":0,"qps":1,"mtu":2048,"backend":"afxdp",
+               "cc":"none","seconds":0,"bytes":0,"gbps":0,"msgs_per_sec":0,
+               "verified":null,"retransmits":0,"cnps":0}"#,
+        )
+        .expect("report");
+        let r: UdpGso = measure(&ns, &afxdp).expect("the udp_gso figure");
+        println!("{}", serde_json::to_string_pretty(&r).unwrap());
+        assert_eq!(r.udp_write_1qp.verified, Some(true));
+        assert_eq!(r.best_backend, "udp");
+    }
 
     #[test]
     fn strace_summaries_parse() {
