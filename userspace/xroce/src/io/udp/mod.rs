@@ -160,7 +160,7 @@ pub struct UdpConfig {
 
 /// `XROCE_UDP_QP_PORTS`: unset, empty or 0: off; 1: 64 sockets; N: N
 /// sockets (at most 1024).
-fn qp_ports_from_env(v: Option<&str>) -> usize {
+pub(super) fn qp_ports_from_env(v: Option<&str>) -> usize {
     match v.map(str::trim) {
         None | Some("") | Some("0") => 0,
         Some("1") => 64,

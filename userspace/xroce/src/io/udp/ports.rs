@@ -122,3 +122,53 @@ fn open_sender(cfg: &UdpConfig, local: IpAddr, ifindex: u32, port: u16) -> Optio
     drop_everything(s.fd.as_raw_fd()).ok()?;
     Some(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io::udp::qp_ports_from_env;
+    use std::net::{Ipv4Addr, UdpSocket as StdUdp};
+
+    #[test]
+    fn ports_open_once_share_past_the_bound_and_skip_taken_ones() {
+        let lo: IpAddr = Ipv4Addr::new(127, 0, 0, 3).into();
+        let mut cfg = UdpConfig::new(lo);
+        cfg.port = 0;
+        let main = open_socket(&cfg, lo, None, 0).expect("main socket");
+        // Three free ports (bound by the kernel, then let go), one taken.
+        let free: Vec<u16> = (0..3)
+            .map(|_| StdUdp::bind((lo, 0)).unwrap().local_addr().unwrap().port())
+            .collect();
+        let taken = StdUdp::bind((lo, 0)).unwrap();
+        let taken_port = taken.local_addr().unwrap().port();
+        let mut p = QpPorts::new(2);
+        let (fd0, p0) = p.socket_for(&cfg, &main, free[0]).expect("first port");
+        assert_eq!(p0, free[0]);
+        // Asked again: the same socket, nothing new opened.
+        assert_eq!(p.socket_for(&cfg, &main, free[0]), Some((fd0, p0)));
+        // A taken port: the main socket's, counted.
+        assert_eq!(p.socket_for(&cfg, &main, taken_port), None);
+        assert_eq!(p.refused, 1);
+        let (_, p1) = p.socket_for(&cfg, &main, free[1]).expect("second port");
+        assert_eq!(p1, free[1]);
+        assert_eq!(p.open_count(), 2);
+        // Past the bound: one of the two, the same every time.
+        let shared = p.socket_for(&cfg, &main, free[2]).expect("shared");
+        assert!(shared.1 == free[0] || shared.1 == free[1]);
+        assert_eq!(p.socket_for(&cfg, &main, free[2]), Some(shared));
+        assert_eq!(p.open_count(), 2);
+        // Off: always the main socket.
+        assert_eq!(QpPorts::new(0).socket_for(&cfg, &main, free[0]), None);
+    }
+
+    #[test]
+    fn the_environment_variable_reads_as_documented() {
+        assert_eq!(qp_ports_from_env(None), 0);
+        assert_eq!(qp_ports_from_env(Some("")), 0);
+        assert_eq!(qp_ports_from_env(Some("0")), 0);
+        assert_eq!(qp_ports_from_env(Some("1")), 64);
+        assert_eq!(qp_ports_from_env(Some("8")), 8);
+        assert_eq!(qp_ports_from_env(Some("100000")), 1024);
+        assert_eq!(qp_ports_from_env(Some("yes")), 0);
+    }
+}
