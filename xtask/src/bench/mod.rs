@@ -102,33 +102,40 @@ struct Ratios {
     cpu_per_gb_write_1qp_vs_tcp: f64,
 }
 
+/// Prints one figure measured alone (`XROCE_BENCH_ONLY`).
+fn alone<T: Serialize>(figure: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(figure)?);
+    Ok(())
+}
+
 pub fn bench() -> Result<()> {
     require_root_for("the benchmarks (network namespaces and XDP)")?;
     step("build (release)");
     dropin::build_release()?;
     let ns = NsPair::new("bench", 1, MTU)?;
     step(&format!("veth pair {} <-> {}, MTU {MTU}", ns.if_a, ns.if_b));
-    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("many_qps") {
-        let m = many_qps::many_qps(&ns)?;
-        println!("{}", serde_json::to_string_pretty(&m)?);
-        return Ok(());
-    }
-    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("loss") {
-        println!("{}", serde_json::to_string_pretty(&loss::measure(&ns)?)?);
-        return Ok(());
-    }
-    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("io_threads") {
-        println!("{}", serde_json::to_string_pretty(&io_threads::measure()?)?);
-        return Ok(());
-    }
-    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("multicore") {
-        println!("{}", serde_json::to_string_pretty(&multicore::measure()?)?);
-        return Ok(());
-    }
-    if std::env::var("XROCE_BENCH_ONLY").as_deref() == Ok("latency_tail") {
-        let t = latency_tail::measure(&ns)?;
-        println!("{}", serde_json::to_string_pretty(&t)?);
-        return Ok(());
+    // One figure alone, printed (the report file is not written).
+    match std::env::var("XROCE_BENCH_ONLY").ok().as_deref() {
+        None => {}
+        Some("many_qps") => return alone(&many_qps::many_qps(&ns)?),
+        Some("loss") => return alone(&loss::measure(&ns)?),
+        Some("io_threads") => return alone(&io_threads::measure()?),
+        Some("multicore") => return alone(&multicore::measure()?),
+        Some("latency_tail") => return alone(&latency_tail::measure(&ns)?),
+        Some("udp_gso") => {
+            // Its best-backend line needs the AF_XDP WRITE of the full run.
+            step("xroce RDMA WRITE 64 KiB, 1 QP");
+            let w1: BenchReport = xroce_pair(
+                &ns,
+                "bench",
+                &["write", "--size", "65536", "--duration", SECONDS],
+            )?;
+            return alone(&udp_gso::measure(&ns, &w1)?);
+        }
+        Some(other) => bail!(
+            "XROCE_BENCH_ONLY={other} is not a figure: use many_qps, loss, io_threads, \
+             multicore, latency_tail or udp_gso (unset: every figure)"
+        ),
     }
 
     step("xroce RDMA WRITE 64 KiB, 1 QP");
