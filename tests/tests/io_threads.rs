@@ -59,6 +59,25 @@ fn assert_every_queue(what: &str, ns: &str, iface: &str, min: u64) -> Vec<RxQueu
     q
 }
 
+/// Every RX queue of the server redirected at least `more` RoCE frames
+/// since `before`; returns the counters now.
+fn assert_every_queue_grew(
+    what: &str,
+    server: Node<'_>,
+    before: &[RxQueueCounters],
+    more: u64,
+) -> Vec<RxQueueCounters> {
+    let now = assert_every_queue(what, &server.ns.name, server.iface, 0);
+    for (i, (b, a)) in before.iter().zip(&now).enumerate() {
+        assert!(
+            a.redirected >= b.redirected + more,
+            "{what}: server RX queue {i} redirected {} more frames, fewer than {more}: {now:?}",
+            a.redirected - b.redirected
+        );
+    }
+    now
+}
+
 /// The library says, under XROCE_VERBS_DEBUG, how many threads it runs.
 fn assert_threads_announced(node: Node<'_>, stderr: &str) {
     let want = format!("{} runs over the afxdp backend", node.device());
@@ -129,14 +148,7 @@ fn dropin_programs_spread_their_qps_over_two_io_threads() {
         .check()
         .and_then(|c| check_bw_table(c, Some(1)))
         .unwrap_or_else(|e| panic!("ib_send_bw -e -q 4 on {THREADS} I/O threads: {e}"));
-    let srv1 = assert_every_queue("ib_send_bw -e", &server.ns.name, server.iface, 0);
-    for (i, (before, after)) in srv.iter().zip(&srv1).enumerate() {
-        assert!(
-            after.redirected >= before.redirected + 200 * 32,
-            "ib_send_bw -e: server RX queue {i} redirected {} more frames: {srv1:?}",
-            after.redirected - before.redirected
-        );
-    }
+    let srv1 = assert_every_queue_grew("ib_send_bw -e", server, &srv, 200 * 32);
     eprintln!("ib_send_bw -e -q 4: {row}; server queues {srv1:?}");
     let srv = srv1;
 
@@ -166,14 +178,7 @@ fn dropin_programs_spread_their_qps_over_two_io_threads() {
         .unwrap_or_else(|e| panic!("ibv_srq_pingpong -q 4 -c on {THREADS} I/O threads: {e}"));
     // Each of the server's queues got more RoCE frames (2 QPs' SENDs and
     // ACKs: hundreds); 100 is far below that and far above stray frames.
-    let srv2 = assert_every_queue("ibv_srq_pingpong", &server.ns.name, server.iface, 0);
-    for (i, (before, after)) in srv.iter().zip(&srv2).enumerate() {
-        assert!(
-            after.redirected >= before.redirected + 100,
-            "ibv_srq_pingpong: server RX queue {i} redirected {} more frames: {srv2:?}",
-            after.redirected - before.redirected
-        );
-    }
+    let srv2 = assert_every_queue_grew("ibv_srq_pingpong", server, &srv, 100);
     eprintln!("ibv_srq_pingpong -q 4 -c: {line}; server queues {srv2:?}");
 
     // ib_write_bw -R: 4 QPs connected by rdma_cm, whose MADs go through
@@ -218,14 +223,7 @@ fn dropin_programs_spread_their_qps_over_two_io_threads() {
         .check()
         .and_then(|c| check_bw_table(c, Some(1)))
         .unwrap_or_else(|e| panic!("ib_write_bw -R -q 4 on {THREADS} I/O threads: {e}"));
-    let srv3 = assert_every_queue("ib_write_bw -R", &server.ns.name, server.iface, 0);
-    for (i, (before, after)) in srv2.iter().zip(&srv3).enumerate() {
-        assert!(
-            after.redirected >= before.redirected + 200 * 32,
-            "ib_write_bw -R: server RX queue {i} redirected {} more frames: {srv3:?}",
-            after.redirected - before.redirected
-        );
-    }
+    let srv3 = assert_every_queue_grew("ib_write_bw -R", server, &srv2, 200 * 32);
     eprintln!("ib_write_bw -R -q 4 ({attempts} attempt(s)): {row}; server queues {srv3:?}");
 }
 

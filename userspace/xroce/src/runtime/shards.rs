@@ -740,12 +740,43 @@ mod tests {
         }
     }
 
-    fn host(last: u8, base_block: u32) -> (EngineConfig, Vec<Device>) {
-        let cfg = EngineConfig {
+    /// Host `last`'s engine configuration (MAC and IPv4 end in `last`).
+    fn host_cfg(last: u8) -> EngineConfig {
+        EngineConfig {
             mac: [2, 0, 0, 0, 0, last],
             ip: std::net::Ipv4Addr::new(10, 0, 0, last),
             ..Default::default()
+        }
+    }
+
+    /// Runs host a's shards (QPN blocks from 0) and host b's (from 4),
+    /// shard i of one joined to shard i of the other by a channel link.
+    fn linked(
+        dev_a: &[Device],
+        mac_a: [u8; 6],
+        dev_b: &[Device],
+        mac_b: [u8; 6],
+    ) -> (ShardedRuntime, ShardedRuntime) {
+        let (a0, b0) = ChannelIo::pair(256, 9216);
+        let (a1, b1) = ChannelIo::pair(256, 9216);
+        let rt = RuntimeConfig {
+            max_wait: Duration::from_micros(200),
+            ..RuntimeConfig::default()
         };
+        let shards = |devs: &[Device], ios: [ChannelIo; 2]| -> Vec<(Device, Box<dyn PacketIo>)> {
+            devs.iter()
+                .cloned()
+                .zip(ios.map(|io| Box::new(io) as Box<dyn PacketIo>))
+                .collect()
+        };
+        (
+            ShardedRuntime::start(shards(dev_a, [a0, a1]), 0, mac_a, rt).unwrap(),
+            ShardedRuntime::start(shards(dev_b, [b0, b1]), 4, mac_b, rt).unwrap(),
+        )
+    }
+
+    fn host(last: u8, base_block: u32) -> (EngineConfig, Vec<Device>) {
+        let cfg = host_cfg(last);
         let devs = shard_configs(&cfg, base_block, 2)
             .into_iter()
             .map(Device::new)
@@ -762,20 +793,7 @@ mod tests {
     fn shards_hand_over_frames_for_each_other_s_qps() {
         let (cfg_a, dev_a) = host(1, 0);
         let (cfg_b, dev_b) = host(2, 4);
-        let (a0, b0) = ChannelIo::pair(256, 9216);
-        let (a1, b1) = ChannelIo::pair(256, 9216);
-        let rt = RuntimeConfig {
-            max_wait: Duration::from_micros(200),
-            ..RuntimeConfig::default()
-        };
-        let shards = |devs: &[Device], ios: [ChannelIo; 2]| -> Vec<(Device, Box<dyn PacketIo>)> {
-            devs.iter()
-                .cloned()
-                .zip(ios.map(|io| Box::new(io) as Box<dyn PacketIo>))
-                .collect()
-        };
-        let run_a = ShardedRuntime::start(shards(&dev_a, [a0, a1]), 0, cfg_a.mac, rt).unwrap();
-        let run_b = ShardedRuntime::start(shards(&dev_b, [b0, b1]), 4, cfg_b.mac, rt).unwrap();
+        let (run_a, run_b) = linked(&dev_a, cfg_a.mac, &dev_b, cfg_b.mac);
         let zero = vec![0u8; MSG * MSGS];
         let mut pairs = Vec::new();
         for (p, (da, db, ca, cb)) in [
@@ -816,28 +834,10 @@ mod tests {
     fn a_group_shares_pds_mrs_and_cqs_across_its_shards() {
         const QPS: usize = 4;
         const PER_QP: usize = 6;
-        let cfg = |last: u8| EngineConfig {
-            mac: [2, 0, 0, 0, 0, last],
-            ip: std::net::Ipv4Addr::new(10, 0, 0, last),
-            ..Default::default()
-        };
-        let (cfg_a, cfg_b) = (cfg(1), cfg(2));
+        let (cfg_a, cfg_b) = (host_cfg(1), host_cfg(2));
         let dev_a = Device::group(shard_configs(&cfg_a, 0, 2));
         let dev_b = Device::group(shard_configs(&cfg_b, 4, 2));
-        let (a0, b0) = ChannelIo::pair(256, 9216);
-        let (a1, b1) = ChannelIo::pair(256, 9216);
-        let rt = RuntimeConfig {
-            max_wait: Duration::from_micros(200),
-            ..RuntimeConfig::default()
-        };
-        let shards = |devs: &[Device], ios: [ChannelIo; 2]| -> Vec<(Device, Box<dyn PacketIo>)> {
-            devs.iter()
-                .cloned()
-                .zip(ios.map(|io| Box::new(io) as Box<dyn PacketIo>))
-                .collect()
-        };
-        let run_a = ShardedRuntime::start(shards(&dev_a, [a0, a1]), 0, cfg_a.mac, rt).unwrap();
-        let run_b = ShardedRuntime::start(shards(&dev_b, [b0, b1]), 4, cfg_b.mac, rt).unwrap();
+        let (run_a, run_b) = linked(&dev_a, cfg_a.mac, &dev_b, cfg_b.mac);
         let (sa, sb) = (dev_a[0].spreading(), dev_b[0].spreading());
         let all = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
         let (pd_a, pd_b) = (sa.alloc_pd(), sb.alloc_pd());
