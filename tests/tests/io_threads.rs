@@ -25,6 +25,7 @@ use xroce_tests::{
     programs::{args, check_bw_table, serial, Backend, Node, Proc, Topology},
     require_root,
     shared::pair_on,
+    verbs::{ibverbs_cdylib, rdmacm_cdylib},
     AttachedXdp, VethPair,
 };
 
@@ -95,6 +96,11 @@ fn assert_threads_announced(node: Node<'_>, stderr: &str) {
 fn dropin_programs_spread_their_qps_over_two_io_threads() {
     require_root();
     let _turn = serial();
+    // `xroce run` puts both of xroce's libraries first; build them as they
+    // are now (cargo test builds no cdylib, and without xroce's
+    // librdmacm.so.1 `ib_write_bw -R` would load Debian's, which finds no
+    // kernel RDMA CM: "rdma_create_event_channel failed").
+    let _ = (ibverbs_cdylib(), rdmacm_cdylib());
     let mut t = Topology::direct_queues(Backend::AfXdp, 3500, THREADS);
     t.env.push(("XROCE_IO_THREADS".into(), THREADS.to_string()));
     let (server, client) = (t.server(), t.client());
