@@ -399,8 +399,8 @@ fn rejected(b: Backend) {
     let t = Topology::direct(b, 1500);
     let mut c = Cases::new(&format!("rejected/{}", b.as_str()));
     let addr = t.server().addr.to_string();
-    c.case("rping -c to port 9999 (nobody listens): REJECTED", || {
-        // An rping server on another port: xroce runs in b and answers CM.
+    // An rping server on another port: xroce runs in b and answers CM.
+    let other_server = || {
         let port = next_port().to_string();
         let server = start(
             &t,
@@ -409,6 +409,10 @@ fn rejected(b: Backend) {
             &args(&["-s", "-a", &addr, "-p", &port]),
         );
         std::thread::sleep(SETTLE * 2);
+        server
+    };
+    c.case("rping -c to port 9999 (nobody listens): REJECTED", || {
+        let server = other_server();
         let client = start(
             &t,
             t.client(),
@@ -435,14 +439,7 @@ fn rejected(b: Backend) {
         || {
             // perftest tears its ids down after the REJECTED event: the
             // libraries must take that without a signal (exit 1, not 139).
-            let port = next_port().to_string();
-            let server = start(
-                &t,
-                t.server(),
-                "rping",
-                &args(&["-s", "-a", &addr, "-p", &port]),
-            );
-            std::thread::sleep(SETTLE * 2);
+            let server = other_server();
             let client = start(
                 &t,
                 t.client(),
