@@ -71,6 +71,28 @@ impl StackConfig {
             io_threads: 1,
         }
     }
+
+    /// The path MTU to run on an interface of MTU `if_mtu`: the asked one
+    /// (an error if it does not fit), else the largest that fits.
+    fn choose_path_mtu(&self, if_mtu: u32) -> Result<Mtu, StackError> {
+        let fits = crate::device::checked_path_mtu_for(&self.iface, if_mtu)?;
+        match self.path_mtu {
+            Some(m) if m.bytes() > fits => Err(StackError::MtuTooLarge {
+                iface: self.iface.clone(),
+                want: m.bytes(),
+                if_mtu,
+                fits,
+            }),
+            Some(m) => Ok(m),
+            None => Ok(Mtu::from_bytes(fits).unwrap_or(Mtu::Mtu1024)),
+        }
+    }
+
+    /// Makes each QP's congestion controller (`cc` at the line rate).
+    fn cc_factory(&self) -> crate::engine::CcFactory {
+        let (kind, rate) = (self.cc, self.line_rate_bps);
+        Arc::new(move || cc::build(kind, rate))
+    }
 }
 
 /// Why a stack could not open.
@@ -176,26 +198,13 @@ impl Stack {
                 .first()
                 .ok_or_else(|| StackError::NoIpv4(iface.into()))?,
         };
-        let fits = net.checked_path_mtu()?;
-        let path_mtu = match cfg.path_mtu {
-            Some(m) if m.bytes() > fits => {
-                return Err(StackError::MtuTooLarge {
-                    iface: iface.into(),
-                    want: m.bytes(),
-                    if_mtu: net.mtu(),
-                    fits,
-                })
-            }
-            Some(m) => m,
-            None => Mtu::from_bytes(fits).unwrap_or(Mtu::Mtu1024),
-        };
-        let (kind, rate) = (cfg.cc, cfg.line_rate_bps);
+        let path_mtu = cfg.choose_path_mtu(net.mtu())?;
         let engine = EngineConfig {
             mac: net.mac(),
             ip,
             ipv6: net.ipv6().to_vec(),
-            line_rate_bps: rate,
-            cc: Some(Arc::new(move || cc::build(kind, rate))),
+            line_rate_bps: cfg.line_rate_bps,
+            cc: Some(cfg.cc_factory()),
             qpn_block: block.block(),
             ..EngineConfig::default()
         };
@@ -262,26 +271,7 @@ impl Stack {
     /// for), its shards one group behind a spreading handle.
     fn open_sharded(cfg: &StackConfig) -> Result<Stack, StackError> {
         let iface = cfg.iface.as_str();
-        let if_mtu = crate::device::interface_mtu(iface)?;
-        let fits =
-            crate::device::path_mtu_for(if_mtu).ok_or_else(|| NetDeviceError::MtuTooSmall {
-                iface: iface.into(),
-                mtu: if_mtu,
-                min: 256 + crate::device::ROCE_HEADER_ALLOWANCE,
-            })?;
-        let path_mtu = match cfg.path_mtu {
-            Some(m) if m.bytes() > fits => {
-                return Err(StackError::MtuTooLarge {
-                    iface: iface.into(),
-                    want: m.bytes(),
-                    if_mtu,
-                    fits,
-                })
-            }
-            Some(m) => m,
-            None => Mtu::from_bytes(fits).unwrap_or(Mtu::Mtu1024),
-        };
-        let (kind, rate) = (cfg.cc, cfg.line_rate_bps);
+        let path_mtu = cfg.choose_path_mtu(crate::device::interface_mtu(iface)?)?;
         let backend = cfg.backend.unwrap_or(BackendKind::AfXdp);
         let sharded = ShardedDevice::open(
             iface,
@@ -291,8 +281,8 @@ impl Stack {
                 engine: EngineConfig {
                     // Kept if the interface has it (ShardedDevice checks).
                     ip: cfg.local_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
-                    line_rate_bps: rate,
-                    cc: Some(Arc::new(move || cc::build(kind, rate))),
+                    line_rate_bps: cfg.line_rate_bps,
+                    cc: Some(cfg.cc_factory()),
                     ..EngineConfig::default()
                 },
                 path_mtu: path_mtu.bytes(),

@@ -183,6 +183,16 @@ pub fn path_mtu_for(if_mtu: u32) -> Option<u32> {
     IB_MTUS.iter().rev().copied().find(|&m| m <= room)
 }
 
+/// [`path_mtu_for`] of interface `iface` (MTU `if_mtu`), or an error if
+/// the link is too small for the smallest RoCE MTU.
+pub fn checked_path_mtu_for(iface: &str, if_mtu: u32) -> Result<u32, NetDeviceError> {
+    path_mtu_for(if_mtu).ok_or_else(|| NetDeviceError::MtuTooSmall {
+        iface: iface.into(),
+        mtu: if_mtu,
+        min: 256 + ROCE_HEADER_ALLOWANCE,
+    })
+}
+
 impl NetDevice {
     /// Opens `iface`: reads its MAC, MTU and addresses, and attaches the XDP
     /// program if asked and not attached yet (native first, then skb if
@@ -271,11 +281,7 @@ impl NetDevice {
 
     /// [`path_mtu`](Self::path_mtu), or an error if the link is too small.
     pub fn checked_path_mtu(&self) -> Result<u32, NetDeviceError> {
-        path_mtu_for(self.mtu).ok_or_else(|| NetDeviceError::MtuTooSmall {
-            iface: self.name.clone(),
-            mtu: self.mtu,
-            min: 256 + ROCE_HEADER_ALLOWANCE,
-        })
+        checked_path_mtu_for(&self.name, self.mtu)
     }
 
     /// MAC of a peer on this link (see [`neighbour_mac`]).
