@@ -314,6 +314,14 @@ macro_rules! counters {
                 [$((stringify!($field), self.$field)),*].into_iter()
             }
         }
+
+        /// Counter by counter (the engines of a sharded device summed).
+        impl std::ops::Add for $name {
+            type Output = Self;
+            fn add(self, other: Self) -> Self {
+                Self { $( $field: self.$field + other.$field, )* }
+            }
+        }
     };
 }
 
@@ -1004,5 +1012,31 @@ impl Engine {
             .enumerate()
             .filter(|(_, q)| q.is_some())
             .map(|(i, _)| self.qpn_map.qpn(i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineStats;
+
+    #[test]
+    fn stats_add_counter_by_counter() {
+        let a = EngineStats {
+            rx_frames: 3,
+            tx_acks: 5,
+            sr_dropped_out_of_order: 7,
+            ..EngineStats::default()
+        };
+        let b = EngineStats {
+            rx_frames: 10,
+            tx_acks: 1,
+            cq_overflows: 2,
+            ..EngineStats::default()
+        };
+        let sum = a + b;
+        for ((name, s), ((_, x), (_, y))) in sum.fields().zip(a.fields().zip(b.fields())) {
+            assert_eq!(s, x + y, "{name}");
+        }
+        assert_eq!((sum.rx_frames, sum.tx_acks, sum.cq_overflows), (13, 6, 2));
     }
 }
