@@ -14,7 +14,11 @@ use crate::util::{is_root, output, run, step, succeeds};
 /// and rdma-core's unmodified programs that run over xroce's drop-in
 /// libibverbs and librdmacm (ibverbs-utils, perftest, rdmacm-utils) with the
 /// headers the ABI layout tests compare against (libibverbs-dev,
-/// librdmacm-dev).
+/// librdmacm-dev), and the stacks HPC and AI jobs move data with, run
+/// unmodified over the drop-ins: UCX (ucx-utils), Open MPI over pml ucx
+/// (openmpi-bin, libopenmpi-dev for the test program's mpicc), libfabric
+/// (libfabric-bin), Gloo (libgloo-dev, g++ for the test program) and
+/// pyverbs (python3-pyverbs, whose tests rdma-core ships in its docs).
 const APT_PACKAGES: &[&str] = &[
     "libelf-dev",
     "zlib1g-dev",
@@ -38,6 +42,13 @@ const APT_PACKAGES: &[&str] = &[
     "rdmacm-utils",
     "libibverbs-dev",
     "librdmacm-dev",
+    "ucx-utils",
+    "openmpi-bin",
+    "libopenmpi-dev",
+    "libfabric-bin",
+    "libgloo-dev",
+    "g++",
+    "python3-pyverbs",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.10.3";
