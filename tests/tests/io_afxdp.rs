@@ -207,7 +207,7 @@ fn afxdp_blast_is_accounted_for_and_measured() {
         let mut sock = XskSocket::open(&if_a, 0, XskConfig::default()).unwrap();
         bar.wait();
         let peer_mac = dev.neighbour_mac(b_ip, Duration::from_secs(5)).unwrap();
-        // 1024-byte payloads: 1100-byte frames, as in toolchain.md.
+        // 1024-byte payloads: 1100-byte frames.
         let frame = roce_frame(
             dev.mac(),
             peer_mac,

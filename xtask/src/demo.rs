@@ -19,7 +19,8 @@ use crate::{
     util::{require_root_for, run, step},
 };
 
-/// veth MTU 3500: RoCE path MTU 2048 fits one AF_XDP chunk (toolchain.md).
+/// veth MTU 3500: native XDP on veth refuses larger frames to a plain
+/// program, and a RoCE path MTU 2048 frame fits one 4 KiB AF_XDP chunk.
 const MTU: u32 = 3500;
 
 pub fn demo() -> Result<()> {

@@ -432,7 +432,7 @@ mod tests {
     use super::*;
 
     fn pcaps() -> Vec<PathBuf> {
-        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/pcaps");
+        let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data/rxe");
         assert!(
             d.is_dir(),
             "reference captures not found at {}",

@@ -40,7 +40,7 @@
 //!
 //! # Checks
 //!
-//! - `cargo test -p xroce-wire`: rxe captures (`shared/pcaps`) decode, ICRC
+//! - `cargo test -p xroce-wire`: rxe captures (`tests/data/rxe`) decode, ICRC
 //!   recomputed exactly, emit(parse(frame)) == frame; proptest round trips of
 //!   every header and opcode; PSN laws across the 2^24 wrap; tshark dissects
 //!   codec frames of every opcode cleanly (needs `apt-get install tshark`).

@@ -4,19 +4,19 @@
 
 use std::path::PathBuf;
 
-/// `/work/shared/pcaps` seen from this crate: `CARGO_MANIFEST_DIR/../../../shared/pcaps`.
+/// The reference captures of two Linux rdma_rxe peers (`tests/data/rxe`,
+/// committed with the crate): every ICRC in them is rxe's.
 pub fn pcap_dir() -> PathBuf {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/pcaps");
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/rxe");
     assert!(
         d.is_dir(),
-        "reference captures not found at {} (expected the shared/ folder beside the repo, \
-         holding pcaps/ref_*.pcap)",
+        "reference captures not found at {}",
         d.display()
     );
     d
 }
 
-/// Every `*.pcap` in the shared folder, sorted; fails if there are none.
+/// Every `*.pcap` of the reference captures, sorted; fails if there are none.
 pub fn pcaps() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(pcap_dir())
         .expect("read pcap dir")

@@ -1,5 +1,6 @@
 //! Wire interoperability with Linux rdma_rxe, from reference captures
-//! (`../shared/pcaps`, two rxe peers running `ibv_rc_pingpong`).
+//! (`userspace/wire/tests/data/rxe`, two rxe peers running `ibv_rc_pingpong`
+//! and `ib_write_bw`).
 //!
 //! Our engine plays the server (10.99.0.11, QPN 0x11): the client's frames
 //! from the capture are fed to it, and every frame the rxe server sent must
@@ -19,9 +20,11 @@ use xroce_wire::{emit_frame, parse_frame_checked, psn_le, FrameRepr, Gid, Opcode
 /// The rxe server of every capture.
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 11);
 
-fn pcap_dir() -> Option<PathBuf> {
-    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/pcaps");
-    d.is_dir().then_some(d)
+/// The reference captures, committed beside the codec's tests.
+fn pcap_dir() -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data/rxe");
+    assert!(d.is_dir(), "reference captures missing at {}", d.display());
+    d
 }
 
 /// (timestamp ns, frame) of every packet of a capture: whole Ethernet frames.
@@ -63,10 +66,7 @@ fn fields(h: &FrameRepr) -> impl std::fmt::Debug + PartialEq {
 }
 
 fn replay(file: &str, mtu: Mtu) {
-    let Some(dir) = pcap_dir() else {
-        eprintln!("reference captures not found; skipping");
-        return;
-    };
+    let dir = pcap_dir();
     let frames: Vec<(u64, Vec<u8>, FrameRepr, Range<usize>)> = read_pcap(&dir.join(file))
         .into_iter()
         .filter_map(|(t, f)| parse(&f).map(|(h, r)| (t, f, h, r)))
@@ -237,10 +237,7 @@ fn rc_pingpong_mtu4096_matches_rxe() {
 /// sequence (PSN, syndrome, MSN) as the rxe server did. The RETH rkey and
 /// address are rewritten to our MR (keys are random by design).
 fn replay_write_bw(file: &str) {
-    let Some(dir) = pcap_dir() else {
-        eprintln!("reference captures not found; skipping");
-        return;
-    };
+    let dir = pcap_dir();
     let frames: Vec<(u64, FrameRepr, Vec<u8>)> = read_pcap(&dir.join(file))
         .into_iter()
         .filter_map(|(t, f)| parse(&f).map(|(h, r)| (t, h, f[r].to_vec())))
@@ -359,10 +356,7 @@ fn ib_write_bw_8b_acks_match_rxe() {
 /// request frame must match the rxe client's (opcode, PSN, AckReq, RETH,
 /// payload, UDP source port).
 fn replay_write_bw_requester(file: &str) {
-    let Some(dir) = pcap_dir() else {
-        eprintln!("reference captures not found; skipping");
-        return;
-    };
+    let dir = pcap_dir();
     let frames: Vec<(u64, FrameRepr, Vec<u8>, Vec<u8>)> = read_pcap(&dir.join(file))
         .into_iter()
         .filter_map(|(t, f)| parse(&f).map(|(h, r)| (t, h, f[r].to_vec(), f)))
