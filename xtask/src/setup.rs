@@ -60,6 +60,7 @@ pub fn setup() -> Result<()> {
     bpf_linker()?;
     cargo_fuzz()?;
     position_independent_libxdp()?;
+    bpffs()?;
     eprintln!("setup: everything is in place");
     Ok(())
 }
@@ -212,4 +213,26 @@ fn position_independent_libxdp() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// libxdp's dispatcher (xdp-filter, xdp-loader beside xroce's program)
+/// keeps its programs under /sys/fs/bpf, which systemd mounts on most
+/// machines but a bare container or VM may not have: mount it there when
+/// it is absent, as systemd would.
+fn bpffs() -> Result<()> {
+    let mounted = std::fs::read_to_string("/proc/self/mounts")?
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf") && l.contains(" bpf "));
+    if mounted {
+        eprintln!("setup: bpffs mounted at /sys/fs/bpf");
+        return Ok(());
+    }
+    if !is_root() {
+        bail!("bpffs is not mounted at /sys/fs/bpf: run `sudo mount -t bpf bpf /sys/fs/bpf`");
+    }
+    eprintln!(
+        "setup: mounting bpffs at /sys/fs/bpf (libxdp's dispatcher keeps its programs there)"
+    );
+    std::fs::create_dir_all("/sys/fs/bpf")?;
+    run(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))
 }
