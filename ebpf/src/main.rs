@@ -467,7 +467,10 @@ fn ipv4<const L3: usize>(ctx: &XdpContext) -> Option<IpInfo> {
     if proto != IPPROTO_UDP || ver_ihl != 0x45 || frag & 0x3fff != 0 {
         return None;
     }
-    let inconsistent = total < 20 + UDP_HLEN;
+    // The total length must cover the UDP header and end within the frame
+    // (Ethernet padding may follow it); a frame shorter than its IP header
+    // claims would hand the transport bytes that were never received.
+    let inconsistent = total < 20 + UDP_HLEN || L3 + total > frame_len(ctx);
     Some(IpInfo {
         ip_payload: if inconsistent { 0 } else { total - 20 },
         ecn: Ecn::from_bits(tos),
@@ -497,8 +500,15 @@ fn ipv6<const L3: usize>(ctx: &XdpContext) -> Option<IpInfo> {
     Some(IpInfo {
         ip_payload: payload,
         ecn: Ecn::from_bits(tclass),
-        inconsistent: payload < UDP_HLEN,
+        inconsistent: payload < UDP_HLEN || L3 + IPV6_HLEN + payload > frame_len(ctx),
     })
+}
+
+/// The whole frame's length, fragments (multi-buffer XDP) included.
+#[inline(always)]
+fn frame_len(ctx: &XdpContext) -> usize {
+    // SAFETY: the helper only reads the xdp_buff the kernel handed us.
+    unsafe { bpf_xdp_get_buff_len(ctx.ctx) as usize }
 }
 
 #[cfg(not(test))]

@@ -106,7 +106,8 @@ pub enum Counter {
     EcnEct0,
     EcnCe,
     // Why frames were dropped.
-    /// IP header inconsistent (IHL, total length beyond the frame).
+    /// IP header inconsistent: total or payload length shorter than a UDP
+    /// header, or reaching beyond the end of the frame.
     DropBadIp,
     /// UDP length inconsistent with the IP payload or too short for RoCEv2.
     DropBadUdpLength,
