@@ -324,9 +324,7 @@ fn ip_length_beyond_the_frame_is_dropped() {
         "native",
     ]);
     let _attached = Attached { pair: &pair };
-    let mac_b = pair
-        .in_b(|i| xroce::device::interface_mac(i))
-        .expect("b's MAC");
+    let mac_b = pair.in_b(xroce::device::interface_mac).expect("b's MAC");
     let if_a = pair.if_a.clone();
     let (addr_a, addr_b) = (pair.addr_a, pair.addr_b);
     const EACH: u64 = 5;
