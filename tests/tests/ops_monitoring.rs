@@ -459,3 +459,54 @@ fn status_lists_attachment_and_processes() {
 fn qpn_block_of(qpn: u32) -> u32 {
     xroce_common::qpn_block::of_qpn(qpn)
 }
+
+/// What an engine publishes under /run/xroce (its counters and QPNs) is
+/// its owner's alone: folders 0700, files 0600, and a second, unprivileged
+/// local user can neither list the folder nor read the file.
+#[test]
+fn published_counters_are_private_to_root() {
+    require_root();
+    let pair = VethPair::new(1500);
+    let dir = TempDir::new();
+    let port = programs::next_port();
+    let listen = format!("{}:{port}", pair.addr_b);
+    let mut cmd = pair.b.command(workspace_bin("xroce"));
+    cmd.args(["bench", "write", "--backend", "udp", "--iface", &pair.if_b]);
+    cmd.args(["--listen", &listen]);
+    let mut server = Proc::spawn(cmd, "xroce bench server".into(), &dir.0);
+    programs::wait_listening(&pair.b, port, &mut server, Duration::from_secs(20))
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.stderr_so_far()));
+    let folder = xroce::stats_export::export_dir(&pair.if_b);
+    let file = folder.join(format!("engine.{}", server.pid()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared\n{}",
+            file.display(),
+            server.stderr_so_far()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(folder.parent().unwrap()), 0o700, "/run/xroce");
+    assert_eq!(mode(&folder), 0o700, "{}", folder.display());
+    assert_eq!(mode(&file), 0o600, "{}", file.display());
+    for argv in [
+        vec!["ls", "/run/xroce"],
+        vec!["cat", file.to_str().unwrap()],
+    ] {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .args(&argv)
+            .output()
+            .expect("setpriv (util-linux) is missing");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("Permission denied"),
+            "{argv:?} as nobody: {}{err}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}

@@ -5,6 +5,9 @@
 //! and removed when the exporter stops. What a killed process left (its
 //! file, a folder left empty) is swept by the next exporter that starts or
 //! stops and by readers.
+//!
+//! The folders are 0700 and the files 0600: an engine's counters and QPNs
+//! are its owner's (root's) business, not every local user's.
 
 use std::{
     fs,
@@ -20,6 +23,35 @@ use std::{
 use crate::{engine::EngineStats, verbs::Device};
 
 const EXPORT_ROOT: &str = "/run/xroce";
+
+/// Makes `dir` and the folders above it up to /run/xroce, private to their
+/// owner (a folder an older xroce made 0755 is narrowed).
+fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    for d in dir.ancestors().take_while(|d| d.starts_with(EXPORT_ROOT)) {
+        let meta = fs::metadata(d)?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `text` to a new file readable by its owner alone.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(text.as_bytes())
+}
 
 /// Where engines running on `iface` publish their counters.
 pub fn export_dir(iface: &str) -> PathBuf {
@@ -152,7 +184,7 @@ impl StatsExporter {
         // Only a folder we may not make stops the exporter. Another
         // process's sweep can remove an empty /run/xroce while
         // create_dir_all makes it (NotFound): the loop makes it again.
-        let may_write = match fs::create_dir_all(&dir) {
+        let may_write = match make_private_dir(&dir) {
             Err(e) => e.kind() == std::io::ErrorKind::NotFound,
             Ok(()) => true,
         };
@@ -188,8 +220,8 @@ fn publish(dir: &Path, tmp: &Path, path: &Path, text: &str) {
         if EXITING.load(Ordering::Acquire) {
             return;
         }
-        let _ = fs::create_dir_all(dir);
-        match fs::write(tmp, text) {
+        let _ = make_private_dir(dir);
+        match write_private(tmp, text) {
             Ok(()) => {
                 let _ = fs::rename(tmp, path);
                 return;
@@ -272,6 +304,22 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn published_files_and_folders_are_private_to_their_owner() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir()
+            .join(format!("xroce-private-{}", std::process::id()))
+            .join("veth0");
+        let path = dir.join("engine.1");
+        let tmp = dir.join("engine.1.tmp");
+        publish(&dir, &tmp, &path, "x 1\n");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "the interface's folder");
+        assert_eq!(mode(&path), 0o600, "the published file");
+        assert_eq!(fs::read_to_string(&path).unwrap(), "x 1\n");
+        fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
 
     #[test]
     fn every_engine_counter_is_exported() {
