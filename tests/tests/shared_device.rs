@@ -58,6 +58,29 @@ fn bw_pair_ok(out: &PairOutput, iters: Option<u64>) -> Result<String, String> {
     Ok(summary)
 }
 
+/// Waits until process `pid`'s engine on `iface` has published at least
+/// `packets` received frames (`rx_frames`, every half second).
+fn wait_receiving(iface: &str, pid: u32, packets: u64, timeout: Duration) -> Result<(), String> {
+    let until = std::time::Instant::now() + timeout;
+    loop {
+        let received = xroce::stats_export::read_published(iface)
+            .into_iter()
+            .find(|p| p.pid == pid)
+            .and_then(|p| p.fields.into_iter().find(|(k, _)| k == "rx_frames"))
+            .map_or(0, |(_, v)| v);
+        if received >= packets {
+            return Ok(());
+        }
+        if std::time::Instant::now() > until {
+            return Err(format!(
+                "process {pid} received {received} packets on {iface} in {timeout:?}, \
+                 expected {packets}: its client never started moving data"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// No hold and no block's UDP socket left in the namespace.
 fn nothing_held(node: Node<'_>) -> Result<(), String> {
     let names = xroce_unix_names(node.ns);
@@ -174,7 +197,12 @@ fn eight_processes_one_killed(b: Backend) {
         .map(|a| bench(cl_node, &["-D", SECONDS, "--json", "--connect", a]))
         .collect();
     wait_blocks(cl_node.ns, PAIRS, RUN).unwrap_or_else(|e| panic!("{e}"));
-    std::thread::sleep(Duration::from_secs(2));
+    // Mid-run means the victim's client is moving data: wait until the
+    // victim's engine has received some (its published counters), not a
+    // fixed time, which a busy host can spend on setting up.
+    let victim_pid = servers[KILLED].as_ref().unwrap().pid();
+    wait_receiving(srv_node.iface, victim_pid, 100, RUN)
+        .unwrap_or_else(|e| panic!("{e}\n{}", servers[KILLED].as_ref().unwrap().stderr_so_far()));
     // Whether a process attached XDP for itself on each device (the UDP
     // backend's blocks >= 1 need it), to be detached by the last one.
     // (Asked inside each node's namespace: the program is found through its
@@ -186,7 +214,6 @@ fn eight_processes_one_killed(b: Backend) {
 
     // The kill, mid-run.
     let mut victim = servers[KILLED].take().unwrap();
-    let victim_pid = victim.pid();
     let victim_stats = stats_file(srv_node.iface, victim_pid);
     assert!(
         victim_stats.exists(),
