@@ -104,18 +104,6 @@ pub fn check_frame(frame: &[u8]) -> Result<Checked, String> {
     })
 }
 
-/// Removes on drop what an older xroce pinned for these interfaces (the
-/// program itself goes with the interface's namespace).
-pub struct PinGuard(pub Vec<String>);
-
-impl Drop for PinGuard {
-    fn drop(&mut self) {
-        for iface in &self.0 {
-            let _ = std::fs::remove_dir_all(xroce::xdp::pin_dir(iface));
-        }
-    }
-}
-
 /// What one side of an [`exchange`] saw.
 #[derive(Debug, Default)]
 pub struct Exchange {

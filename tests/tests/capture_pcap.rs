@@ -257,7 +257,6 @@ fn capture_writes_a_pcap_that_decode_and_tshark_read() {
     let pair = VethPair::with_queues(1500, 2);
     let (a, b, if_a, if_b) = (&pair.a, &pair.b, pair.if_a.clone(), pair.if_b.clone());
     let (addr_a, addr_b) = (pair.addr_a, pair.addr_b);
-    let _pins = xroce_tests::roce::PinGuard(vec![if_b.clone()]);
     let _xdp = AttachedXdp::new(b, &if_b, "native");
     let file = tmp("c.pcap");
     let cap = Running::start(

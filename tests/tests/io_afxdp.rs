@@ -20,7 +20,7 @@ use xroce::{
 use xroce_common::Counter;
 use xroce_tests::{
     require_root,
-    roce::{assert_exchange, exchange, roce_frame, roce_frames, Exchange, FrameSpec, PinGuard},
+    roce::{assert_exchange, exchange, roce_frame, roce_frames, Exchange, FrameSpec},
     spawn_in, VethPair,
 };
 
@@ -110,7 +110,6 @@ fn afxdp_to_afxdp_both_directions_native() {
     require_root();
     const N: u32 = 4000;
     let pair = VethPair::new(3500);
-    let _pins = PinGuard(vec![pair.if_a.clone(), pair.if_b.clone()]);
     let barrier = Arc::new(Barrier::new(2));
     let (a_ip, b_ip): (IpAddr, IpAddr) = (pair.addr_a.into(), pair.addr_b.into());
     let (if_a, bar) = (pair.if_a.clone(), barrier.clone());
@@ -151,7 +150,6 @@ fn afxdp_blast_is_accounted_for_and_measured() {
     require_root();
     const N: u32 = 50_000;
     let pair = VethPair::new(1500);
-    let _pins = PinGuard(vec![pair.if_a.clone(), pair.if_b.clone()]);
     let (a_ip, b_ip): (IpAddr, IpAddr) = (pair.addr_a.into(), pair.addr_b.into());
     let barrier = Arc::new(Barrier::new(2));
 
@@ -287,7 +285,6 @@ fn afxdp_multi_buffer_carries_path_mtu_4096_frames() {
     const N: u32 = 600;
     let sizes = [64usize, 2048, 4096, 8000];
     let pair = VethPair::new(9000);
-    let _pins = PinGuard(vec![pair.if_a.clone(), pair.if_b.clone()]);
     let (a_ip, b_ip): (IpAddr, IpAddr) = (pair.addr_a.into(), pair.addr_b.into());
     let barrier = Arc::new(Barrier::new(2));
     let run = move |iface: String, me: IpAddr, peer: IpAddr, bar: Arc<Barrier>| {

@@ -10,13 +10,12 @@ use xroce::{
     io::PacketIo,
     xdp::{self, Mode},
 };
-use xroce_tests::{require_root, roce::PinGuard, spawn_in, VethPair};
+use xroce_tests::{require_root, spawn_in, VethPair};
 
 #[test]
 fn device_reports_the_interface_and_respects_existing_attachments() {
     require_root();
     let pair = VethPair::new(1500);
-    let _pins = PinGuard(vec![pair.if_a.clone()]);
     let (if_a, addr_a, addr_b) = (pair.if_a.clone(), pair.addr_a, pair.addr_b);
     let out = pair.b.exec(&["ip", "-o", "link", "show", &pair.if_b]);
     let text = String::from_utf8_lossy(&out.stdout).to_string();

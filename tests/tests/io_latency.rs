@@ -19,7 +19,7 @@ use xroce::{
 };
 use xroce_tests::{
     require_root,
-    roce::{check_frame, roce_frames, FrameSpec, PinGuard},
+    roce::{check_frame, roce_frames, FrameSpec},
     spawn_in, VethPair,
 };
 
@@ -64,7 +64,6 @@ fn frames(mac: [u8; 6], peer_mac: [u8; 6], me: IpAddr, peer: IpAddr) -> Vec<Vec<
 /// Returns the sorted half round-trip times in microseconds.
 fn pingpong(kind: Kind) -> Vec<f64> {
     let pair = VethPair::new(1500);
-    let _pins = PinGuard(vec![pair.if_a.clone(), pair.if_b.clone()]);
     let (a_ip, b_ip): (IpAddr, IpAddr) = (pair.addr_a.into(), pair.addr_b.into());
     let barrier = Arc::new(Barrier::new(2));
     let (if_b, bar) = (pair.if_b.clone(), barrier.clone());

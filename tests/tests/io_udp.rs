@@ -21,7 +21,7 @@ use xroce::{
 use xroce_common::Counter;
 use xroce_tests::{
     require_root,
-    roce::{assert_exchange, exchange, roce_frame, roce_frames, Exchange, FrameSpec, PinGuard},
+    roce::{assert_exchange, exchange, roce_frame, roce_frames, Exchange, FrameSpec},
     spawn_in, VethPair,
 };
 
@@ -54,7 +54,6 @@ fn ecn_of(psn: u32) -> u8 {
 fn udp_backend_interoperates_with_afxdp() {
     require_root();
     let pair = VethPair::new(1500);
-    let _pins = PinGuard(vec![pair.if_b.clone()]);
     let (a_ip, b_ip): (IpAddr, IpAddr) = (pair.addr_a.into(), pair.addr_b.into());
     let barrier = Arc::new(Barrier::new(2));
 
@@ -282,7 +281,6 @@ fn udp_backend_interoperates_with_afxdp_over_ipv6() {
     require_root();
     const M: u32 = 1000;
     let pair = VethPair::new(1500);
-    let _pins = PinGuard(vec![pair.if_b.clone()]);
     let (a_ip, b_ip) = pair.add_ipv6();
     let (a_ip, b_ip): (IpAddr, IpAddr) = (a_ip.into(), b_ip.into());
     let barrier = Arc::new(Barrier::new(2));

@@ -22,7 +22,7 @@ use xroce::{
     xdp::rx_queue_counters,
 };
 use xroce_common::RxQueueCounters;
-use xroce_tests::{in_netns, require_root, roce::PinGuard, VethPair};
+use xroce_tests::{in_netns, require_root, VethPair};
 
 const SHARDS: usize = 2;
 const QPS: usize = 4;
@@ -220,7 +220,6 @@ fn write_all(pairs: &[(End, End)]) {
 fn run(crossed: bool, udp: bool) -> (HandoffStats, HandoffStats, Vec<RxQueueCounters>) {
     require_root();
     let pair = VethPair::with_queues(3500, SHARDS as u32);
-    let _pins = PinGuard(vec![pair.if_a.clone(), pair.if_b.clone()]);
     let a = Side::open(&pair.a.name, &pair.if_a, udp);
     let b = Side::open(&pair.b.name, &pair.if_b, udp);
     assert_eq!((a.cfg.ip, b.cfg.ip), (pair.addr_a, pair.addr_b));

@@ -30,7 +30,7 @@ use xroce::{
     runtime::{Runtime, RuntimeConfig},
     verbs::*,
 };
-use xroce_tests::{in_netns, require_root, roce::PinGuard, VethPair};
+use xroce_tests::{in_netns, require_root, VethPair};
 
 const MSG: usize = 64 * 1024;
 const MSGS: usize = 256;
@@ -392,7 +392,6 @@ fn write_stream_over_gso_to_a_udp_peer() {
 fn write_stream_over_gso_to_an_afxdp_peer() {
     require_root();
     let pair = VethPair::new(3500);
-    let _pins = PinGuard(vec![pair.if_b.clone()]);
     let (io_a, mac_a) = udp_io(&pair.a.name, &pair.if_a, pair.addr_a);
     // b: xroce's XDP program and AF_XDP sockets on every queue.
     let if_b = pair.if_b.clone();

@@ -1,5 +1,5 @@
 //! Builds the XDP program in ebpf/ from source for bpfel-unknown-none and
-//! leaves the object in OUT_DIR, where src/xdp.rs embeds it. No prebuilt
+//! leaves the object in OUT_DIR, where src/xdp/mod.rs embeds it. No prebuilt
 //! object is ever committed.
 //!
 //! The nested build uses the nightly toolchain (-Z build-std=core) and

@@ -32,7 +32,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Attach the XDP program to an interface and pin it (outlives this process)
+    /// Attach the XDP program to an interface (it stays after this process exits; nothing is pinned)
     Attach {
         /// Network interface (as `ip link` names it)
         #[arg(long, value_name = "IF")]
@@ -41,7 +41,7 @@ enum Command {
         #[arg(long, default_value = "native")]
         mode: xroce::xdp::Mode,
     },
-    /// Detach the XDP program from an interface and remove its pins
+    /// Detach xroce's XDP program from an interface (and what an older xroce pinned for it)
     Detach {
         /// Network interface (as `ip link` names it)
         #[arg(long, value_name = "IF")]

@@ -1,7 +1,8 @@
-//! xroce: RDMA semantics in userspace over AF_XDP.
+//! xroce: RDMA semantics in userspace over AF_XDP or a kernel UDP socket.
 //!
 //! - [`verbs`]: the ibv_*-like API: PDs, MRs, CQs, QPs, work requests.
-//! - [`engine`]: the sans-I/O RC transport (requester, responder, completer).
+//! - [`engine`]: the sans-I/O transport: RC (requester, responder, completer,
+//!   selective repeat), UC and UD, IPv4 and IPv6.
 //! - [`cc`]: congestion control (reaction point) behind one trait.
 //! - [`io`]: packet I/O backends (AF_XDP, kernel UDP, in-memory channel).
 //! - [`runtime`]: the thread that drives an engine from a backend.
@@ -10,7 +11,8 @@
 //! - [`device`]: an Ethernet interface opened for RoCEv2.
 //! - [`capture`]: pcap and pcapng files read packet by packet.
 //! - [`connect`]: out-of-band connection setup (xroce, rdma-core formats).
-//! - [`xdp`]: loads, attaches, pins and reads the XDP program.
+//! - [`xdp`]: loads, attaches (rtnetlink, or libxdp's dispatcher beside other
+//!   programs) and finds the XDP program and its maps through the interface.
 //! - [`bottleneck`]: a port that really queues (tbf at the link rate, a TC
 //!   program marking and dropping on its departure clock).
 pub mod bottleneck;
