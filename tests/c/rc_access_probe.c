@@ -4,8 +4,8 @@
  * other (A requester, B responder). Prints `key value...` lines; the test
  * (tests/tests/verbs_rc_access.rs) compares them with what must hold.
  *
- *  1. UCX's flush: a zero-length RDMA WRITE without SGEs to remote_addr 0
- *     with rkey 0, a zero-length READ likewise and a zero-length WRITE with
+ *  1. UCX's flush: a zero-length inline RDMA WRITE without SGEs to
+ *     remote_addr 0 with rkey 0, a zero-length READ likewise and a zero-length WRITE with
  *     immediate: all succeed (IBTA C9-88), B gets RECV_RDMA_WITH_IMM with
  *     byte_len 0.
  *  2. A 64-byte WRITE with a bad rkey: REM_ACCESS_ERR at A, the next WR
@@ -83,7 +83,7 @@ static int connect_qp(struct ibv_qp *qp, struct ibv_qp *peer, const union ibv_gi
 }
 
 static int post(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, struct ibv_sge *sge, uint64_t raddr,
-		uint32_t rkey)
+		uint32_t rkey, unsigned flags)
 {
 	struct ibv_send_wr wr, *bad;
 	memset(&wr, 0, sizeof(wr));
@@ -91,7 +91,7 @@ static int post(struct ibv_qp *qp, uint64_t id, enum ibv_wr_opcode op, struct ib
 	wr.opcode = op;
 	wr.sg_list = sge;
 	wr.num_sge = sge ? 1 : 0;
-	wr.send_flags = IBV_SEND_SIGNALED;
+	wr.send_flags = IBV_SEND_SIGNALED | flags;
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = rkey;
 	wr.imm_data = htobe32(0x01020304);
@@ -154,9 +154,10 @@ int main(void)
 
 	/* 1. Zero-length operations naming no memory. */
 	/* (Posted one by one: the order of a call's arguments is unspecified.) */
-	int z1 = post(a, 1, IBV_WR_RDMA_WRITE, NULL, 0, 0);
-	int z2 = post(a, 2, IBV_WR_RDMA_READ, NULL, 0, 0);
-	int z3 = post(a, 3, IBV_WR_RDMA_WRITE_WITH_IMM, NULL, 0, 0);
+	/* WR 1 exactly as uct_rc_verbs_ep_post_flush (UCX 1.13): INLINE, no SGE. */
+	int z1 = post(a, 1, IBV_WR_RDMA_WRITE, NULL, 0, 0, IBV_SEND_INLINE);
+	int z2 = post(a, 2, IBV_WR_RDMA_READ, NULL, 0, 0, 0);
+	int z3 = post(a, 3, IBV_WR_RDMA_WRITE_WITH_IMM, NULL, 0, 0, 0);
 	printf("post_zero %d %d %d\n", z1, z2, z3);
 	struct ibv_wc wc[8];
 	int got = wait_wcs(cqa, wc, 3);
@@ -174,8 +175,8 @@ int main(void)
 
 	/* 2. A bad rkey. */
 	struct ibv_sge ssge = {.addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey};
-	int b1 = post(a, 4, IBV_WR_RDMA_WRITE, &ssge, (uintptr_t)(buf + 1024), mr->rkey ^ 0x5a5a00);
-	int b2 = post(a, 5, IBV_WR_RDMA_WRITE, &ssge, (uintptr_t)(buf + 1024), mr->rkey);
+	int b1 = post(a, 4, IBV_WR_RDMA_WRITE, &ssge, (uintptr_t)(buf + 1024), mr->rkey ^ 0x5a5a00, 0);
+	int b2 = post(a, 5, IBV_WR_RDMA_WRITE, &ssge, (uintptr_t)(buf + 1024), mr->rkey, 0);
 	printf("post_bad %d %d\n", b1, b2);
 	got = wait_wcs(cqa, wc, 2);
 	printf("bad_wcs %d", got);
