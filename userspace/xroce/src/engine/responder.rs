@@ -29,8 +29,8 @@ use super::Env;
 /// is dropped beyond it).
 const MAX_OUT: usize = 64;
 
-/// Resolves the R_Key of an RDMA WRITE or READ of `len` bytes at `va` for
-/// a QP of PD `pd`: the MR and the offset in it, `None` on an R_Key,
+/// Resolves the R_Key of an RDMA WRITE or READ whose RETH is `r` for a QP
+/// of PD `pd`: the MR and the offset of `r.va` in it, `None` on an R_Key,
 /// bounds or permission violation. A DMA length of 0 names no memory, so
 /// neither its R_Key nor its VA is checked (IBTA C9-88; rxe's check_rkey):
 /// no MR, offset 0.
