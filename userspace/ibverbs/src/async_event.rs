@@ -19,6 +19,8 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use xroce::engine::AsyncEvent;
+
 use crate::abi::*;
 use crate::context::{context, AsyncRecord};
 use crate::errno::{ffi, set_errno};
@@ -54,6 +56,18 @@ pub(crate) fn kind_of(event_type: u32) -> Option<Kind> {
         IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => Some(Kind::Srq),
         IBV_EVENT_WQ_FATAL => Some(Kind::Wq),
         _ => None,
+    }
+}
+
+/// The `ibv_event_type` of an event of the engine.
+pub(crate) fn event_type(e: &AsyncEvent) -> u32 {
+    match e {
+        AsyncEvent::CommEstablished { .. } => IBV_EVENT_COMM_EST,
+        AsyncEvent::SqDrained { .. } => IBV_EVENT_SQ_DRAINED,
+        AsyncEvent::QpFatal { .. } => IBV_EVENT_QP_FATAL,
+        AsyncEvent::QpAccessError { .. } => IBV_EVENT_QP_ACCESS_ERR,
+        AsyncEvent::QpRequestError { .. } => IBV_EVENT_QP_REQ_ERR,
+        AsyncEvent::SrqLimitReached { .. } => IBV_EVENT_SRQ_LIMIT_REACHED,
     }
 }
 
@@ -324,6 +338,30 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_events_map_to_their_ibv_event_type() {
+        use xroce::engine::AsyncEvent as E;
+        let qpn = 0x11;
+        let cases = [
+            (E::CommEstablished { qpn }, IBV_EVENT_COMM_EST),
+            (E::SqDrained { qpn }, IBV_EVENT_SQ_DRAINED),
+            (
+                E::QpFatal {
+                    qpn,
+                    cq_overflow: false,
+                },
+                IBV_EVENT_QP_FATAL,
+            ),
+            (E::QpAccessError { qpn }, IBV_EVENT_QP_ACCESS_ERR),
+            (E::QpRequestError { qpn }, IBV_EVENT_QP_REQ_ERR),
+        ];
+        for (e, t) in cases {
+            assert_eq!(event_type(&e), t, "{e:?}");
+            assert_eq!(kind_of(t), Some(Kind::Qp), "{e:?}");
+            assert_eq!(e.qpn(), Some(qpn), "{e:?}");
+        }
+    }
 
     #[test]
     fn kinds_follow_rdma_core() {

@@ -210,14 +210,12 @@ impl OpenDevice {
         let event_owners: Arc<Mutex<HashMap<EventSource, EventOwner>>> = Arc::default();
         let owners = event_owners.clone();
         device.set_async_handler(Some(Arc::new(move |e: AsyncEvent| {
-            let (source, kind) = match e {
-                AsyncEvent::CommEstablished { qpn } => (EventSource::Qp(qpn), IBV_EVENT_COMM_EST),
-                AsyncEvent::SqDrained { qpn } => (EventSource::Qp(qpn), IBV_EVENT_SQ_DRAINED),
-                AsyncEvent::QpFatal { qpn, .. } => (EventSource::Qp(qpn), IBV_EVENT_QP_FATAL),
-                AsyncEvent::SrqLimitReached { srq } => {
-                    (EventSource::Srq(srq), IBV_EVENT_SRQ_LIMIT_REACHED)
-                }
+            let source = match (e.qpn(), e.srq()) {
+                (Some(qpn), _) => EventSource::Qp(qpn),
+                (_, Some(srq)) => EventSource::Srq(srq),
+                _ => return,
             };
+            let kind = crate::async_event::event_type(&e);
             if let Some(o) = owners.lock().unwrap().get(&source) {
                 write_async(o.async_write, o.element as *mut c_void, kind);
             }

@@ -22,7 +22,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use xroce::verbs::{Device, Wc, WcFlags, WcOpcode, WcStatus};
+use xroce::verbs::{Device, NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus};
 
 use crate::abi::*;
 use crate::async_event::{self, Kind};
@@ -112,6 +112,23 @@ pub(crate) fn flags_of(f: WcFlags) -> c_uint {
     out
 }
 
+/// `ibv_wc.sl` of a completion. A UD receive's tells the family of the
+/// header in its GRH area as mlx5 reports RoCE UD receives (the CQE's
+/// packet-type nibble: bits 2..0 L3 header type, 1 IPv6 / 2 IPv4, bit 3
+/// the UDP header of RoCEv2): UCX 1.13's UD transport (Debian 12) reads
+/// the destination GID from the GRH's last 4 bytes only when
+/// `sl & 7 == 2`, else from its last 16, so with sl 0 (rxe) it drops
+/// every RoCEv2/IPv4 datagram while its DGID check is on (the default).
+/// Everything else has SL 0, as on rxe.
+pub(crate) fn sl_of(w: &Wc) -> u8 {
+    const ROCE_V2_UDP: u8 = 0x8;
+    match w.network_hdr {
+        NetworkHdr::Ipv4 => ROCE_V2_UDP | 0x2,
+        NetworkHdr::Ipv6 => ROCE_V2_UDP | 0x1,
+        NetworkHdr::None => 0,
+    }
+}
+
 /// The `imm_data`/`invalidated_rkey` union word: the immediate in network
 /// byte order (xroce keeps it in host order), or the invalidated rkey.
 fn imm_word(w: &Wc) -> u32 {
@@ -139,7 +156,7 @@ pub(crate) fn to_ibv_wc(w: &Wc) -> ibv_wc {
         wc_flags: flags_of(w.flags),
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: sl_of(w),
         dlid_path_bits: 0,
     }
 }
@@ -695,7 +712,7 @@ fn fill_ex_ops(c: &mut ibv_cq_ex) {
     c.read_src_qp = Some(read_src_qp);
     c.read_wc_flags = Some(read_wc_flags);
     c.read_slid = Some(read_zero_u32);
-    c.read_sl = Some(read_zero_u8);
+    c.read_sl = Some(read_sl);
     c.read_dlid_path_bits = Some(read_zero_u8);
     // Never asked for (create_cq_ex refuses their wc_flags); filled so a
     // program reading them anyway gets zeros, not a NULL call.
@@ -835,6 +852,10 @@ unsafe extern "C" fn read_wc_flags(c: *mut ibv_cq_ex) -> c_uint {
     // SAFETY: called while polling.
     flags_of(unsafe { cur(c) }.flags)
 }
+unsafe extern "C" fn read_sl(c: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: called while polling.
+    sl_of(unsafe { cur(c) })
+}
 unsafe extern "C" fn read_zero_u8(_c: *mut ibv_cq_ex) -> u8 {
     0
 }
@@ -909,6 +930,26 @@ mod tests {
     }
 
     #[test]
+    fn ud_receives_carry_the_grh_flag_and_mlx5s_packet_type_in_sl() {
+        for (hdr, sl) in [(NetworkHdr::Ipv4, 0xa), (NetworkHdr::Ipv6, 0x9)] {
+            let w = Wc {
+                opcode: WcOpcode::Recv,
+                byte_len: 40 + 4,
+                flags: WcFlags::GRH,
+                network_hdr: hdr,
+                ..Wc::default()
+            };
+            let c = to_ibv_wc(&w);
+            assert_eq!(c.wc_flags, IBV_WC_GRH, "{hdr:?}");
+            assert_eq!(c.sl, sl, "{hdr:?}");
+            // What UCX 1.13's check_grh takes from it: 4-byte (IPv4) or
+            // 16-byte destination address.
+            assert_eq!(c.sl & 7 == 2, hdr == NetworkHdr::Ipv4);
+        }
+        assert_eq!(to_ibv_wc(&Wc::default()).sl, 0);
+    }
+
+    #[test]
     fn wc_conversion_fills_every_field() {
         let w = Wc {
             wr_id: 0xdead_beef_0000_0001,
@@ -919,7 +960,8 @@ mod tests {
             invalidated_rkey: 0,
             qp_num: 17,
             src_qp: 18,
-            flags: WcFlags::WITH_IMM | WcFlags::GRH | WcFlags::SOLICITED,
+            flags: WcFlags::WITH_IMM | WcFlags::SOLICITED,
+            network_hdr: NetworkHdr::None,
         };
         let c = to_ibv_wc(&w);
         assert_eq!(c.wr_id, w.wr_id);
@@ -932,11 +974,7 @@ mod tests {
         assert_eq!(imm.to_ne_bytes(), [1, 2, 3, 4]);
         assert_eq!(c.qp_num, 17);
         assert_eq!(c.src_qp, 18);
-        assert_eq!(
-            c.wc_flags,
-            IBV_WC_WITH_IMM | IBV_WC_GRH,
-            "SOLICITED is internal"
-        );
+        assert_eq!(c.wc_flags, IBV_WC_WITH_IMM, "SOLICITED is internal");
         assert_eq!(
             (c.vendor_err, c.pkey_index, c.slid, c.sl, c.dlid_path_bits),
             (0, 0, 0, 0, 0)
@@ -1218,6 +1256,7 @@ mod tests {
                 qp_num: 5,
                 src_qp: 6,
                 flags: WcFlags::WITH_IMM,
+                network_hdr: NetworkHdr::None,
             };
             assert_eq!((*c).read_opcode.unwrap()(c), IBV_WC_RECV_RDMA_WITH_IMM);
             assert_eq!((*c).read_vendor_err.unwrap()(c), 0);
@@ -1241,6 +1280,11 @@ mod tests {
             (*cq).cur.invalidated_rkey = 0x77;
             assert_eq!((*c).read_imm_data.unwrap()(c), 0x77);
             assert_eq!((*c).read_wc_flags.unwrap()(c), IBV_WC_WITH_INV);
+            // A UD receive over IPv4: GRH, and mlx5's packet type in sl.
+            (*cq).cur.flags = WcFlags::GRH;
+            (*cq).cur.network_hdr = NetworkHdr::Ipv4;
+            assert_eq!((*c).read_wc_flags.unwrap()(c), IBV_WC_GRH);
+            assert_eq!((*c).read_sl.unwrap()(c), 0xa);
             assert_eq!(ibv_destroy_cq(cq.cast()), 0);
         }
     }

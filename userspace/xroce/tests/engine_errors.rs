@@ -71,14 +71,16 @@ fn bad_rkey_is_remote_access_error_and_flushes() {
     assert_eq!(wb.len(), 1);
     assert_eq!(wb[0].status, WcStatus::WrFlushErr);
     assert_eq!(wb[0].wr_id, 9);
-    // Both QPs raised IBV_EVENT_QP_FATAL.
+    // The requester's error completion is its report (no async event); the
+    // responder, whose error no receive WQE carries, raised
+    // IBV_EVENT_QP_ACCESS_ERR (IBTA C9-222.1.1, as rxe).
     use xroce::engine::AsyncEvent;
-    let fatal = |q: &QueuePair| AsyncEvent::QpFatal {
-        qpn: q.qp_num(),
-        cq_overflow: false,
-    };
-    assert_eq!(sim.a.poll_async_event(), Some(fatal(&a.qp)));
-    assert_eq!(sim.b.poll_async_event(), Some(fatal(&b.qp)));
+    assert_eq!(sim.a.poll_async_event(), None);
+    assert_eq!(
+        sim.b.poll_async_event(),
+        Some(AsyncEvent::QpAccessError { qpn: b.qp.qp_num() })
+    );
+    assert_eq!(sim.b.poll_async_event(), None);
     assert_eq!(sim.a.poll_async_event(), None);
 }
 

@@ -1285,6 +1285,11 @@ fn error_run(
         let ok = match wc.status {
             WcStatus::Success => op.fault == Fault::None && wc.byte_len as usize == op.len,
             WcStatus::LocLenErr => op.fault == Fault::ShortRecv,
+            // A one-packet WRITE with immediate consumes its receive WQE
+            // before the R_Key check, which reports its error (as rxe).
+            WcStatus::RemAccessErr => {
+                op.kind == 3 && matches!(op.fault, Fault::BadRkey | Fault::RemoteBounds)
+            }
             WcStatus::WrFlushErr => true,
             _ => false,
         };
@@ -1478,19 +1483,33 @@ struct VSide {
 const VERBS_MR_LEN: usize = 1 << 16;
 
 /// Drain, then compare every QP's state with the model: the only change
-/// the model does not make itself is a fatal error moving a connected QP
-/// to ERR, which must come with its QP_FATAL event (and vice versa).
+/// the model does not make itself is an error moving a connected QP to
+/// ERR, which must be reported: by an error completion (the requester's,
+/// or a responder's tied to a receive WQE) or by an affiliated async error
+/// (QP_ACCESS_ERR, QP_REQ_ERR, QP_FATAL); and no such event comes without
+/// the move.
 fn settle(sim: &Sim, sides: &mut [VSide; 2]) {
     for (i, v) in sides.iter_mut().enumerate() {
         v.s.drain();
         let dev = if i == 0 { &sim.a } else { &sim.b };
-        let mut fatal = false;
+        let mut event = None;
         while let Some(e) = dev.poll_async_event() {
-            if let AsyncEvent::QpFatal { qpn, cq_overflow } = e {
-                assert!(!cq_overflow && qpn == v.s.t.qpn, "{e:?}");
-                fatal = true;
-            }
+            let qpn = match e {
+                AsyncEvent::QpFatal { qpn, cq_overflow } => {
+                    assert!(!cq_overflow, "{e:?}");
+                    qpn
+                }
+                AsyncEvent::QpAccessError { qpn } | AsyncEvent::QpRequestError { qpn } => qpn,
+                _ => continue,
+            };
+            assert_eq!(qpn, v.s.t.qpn, "{e:?}");
+            assert!(
+                event.is_none(),
+                "a second error event {e:?} after {event:?}"
+            );
+            event = Some(e);
         }
+        let completed_error = v.s.t.sq_failed || v.s.t.rq_failed;
         let actual = v.s.ep.qp.state();
         if actual != v.state {
             assert!(
@@ -1499,15 +1518,20 @@ fn settle(sim: &Sim, sides: &mut [VSide; 2]) {
                         v.state,
                         QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
                     )
-                    && fatal,
-                "{}: state {actual:?}, the model says {:?} (QP_FATAL: {fatal})",
+                    && (event.is_some() || completed_error),
+                "{}: state {actual:?}, the model says {:?} (event: {event:?}, error \
+                 completion: {completed_error})",
                 v.s.t.name,
                 v.state
             );
             v.state = QpState::Err;
             v.s.t.in_err = true;
         } else {
-            assert!(!fatal, "{}: QP_FATAL without a move to ERR", v.s.t.name);
+            assert!(
+                event.is_none(),
+                "{}: {event:?} without a move to ERR",
+                v.s.t.name
+            );
         }
     }
 }

@@ -11,12 +11,14 @@ use super::Env;
 
 impl QpCtx {
     /// Complete the front WQE with `status` (an error) and move to ERR.
+    /// The completion is the report: no async event (IBTA C9-221, as rxe's
+    /// completer).
     pub(crate) fn fail_front(&mut self, env: &mut Env<'_>, status: WcStatus) {
         if let Some(w) = self.sq.pop_front() {
             let wc = self.send_wc(&w, status);
             self.complete(env, true, wc);
         }
-        self.go_error = true;
+        self.go_error.get_or_insert(super::qp::ErrCause::Completion);
     }
 
     /// Pop the (finished) front WQE, with a completion if signaled.
@@ -106,7 +108,7 @@ impl QpCtx {
     /// post time completes now, in order, with its error. Not once an error
     /// has completed (the QP is on its way to ERR): the rest is flushed.
     pub(crate) fn complete_local_errors(&mut self, env: &mut Env<'_>) {
-        if self.go_error {
+        if self.go_error.is_some() {
             return;
         }
         if let Some(w) = self.sq.front() {
@@ -187,7 +189,7 @@ impl QpCtx {
         // cumulative ACK already received complete what follows it (the
         // peer will not acknowledge those PSNs again).
         if let Some(cum) = self.sr.as_ref().map(|s| s.req.cum) {
-            if psn_lt(self.req.comp_psn, cum) && !self.go_error {
+            if psn_lt(self.req.comp_psn, cum) && self.go_error.is_none() {
                 self.ack_up_to(env, cum, now);
             }
         }

@@ -51,6 +51,20 @@ bitflags::bitflags! {
     }
 }
 
+/// The network header a UD receive found in front of its payload, which
+/// its GRH area holds (the kernel's `wc->network_hdr_type`; see
+/// [`super::ud`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum NetworkHdr {
+    /// Not a UD receive (no GRH).
+    #[default]
+    None,
+    /// RoCEv2 over IPv4: the IPv4 header in bytes 20..40.
+    Ipv4,
+    /// RoCEv2 over IPv6: the IPv6 header in bytes 0..40.
+    Ipv6,
+}
+
 /// A work completion (`ibv_wc`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Wc {
@@ -65,6 +79,8 @@ pub struct Wc {
     pub qp_num: u32,
     pub src_qp: u32,
     pub flags: WcFlags,
+    /// UD receive with `flags` GRH: which header the GRH area holds.
+    pub network_hdr: NetworkHdr,
 }
 
 /// Names a completion queue to the engine. The engine only tags

@@ -52,7 +52,9 @@
 //! capture replays), duplicate SEND/WRITE re-ACKed, duplicate READ
 //! re-executed from its PSN, duplicate atomics answered from a replay cache,
 //! rkey/bounds/permission/QP-access failures NAKed (class C: the responder
-//! QP then goes to ERR, as rxe), RNR NAK with `min_rnr_timer`, immediate
+//! QP then goes to ERR, as rxe, with IBV_EVENT_QP_ACCESS_ERR or
+//! QP_REQ_ERR unless a receive WQE's completion reports the error),
+//! zero-length RDMA WRITE/READ without R_Key or VA checks (C9-88), RNR NAK with `min_rnr_timer`, immediate
 //! data / invalidate rkey in the receive WC; completer matching ACKs, READ
 //! responses and atomic ACKs in order, statuses RETRY_EXC_ERR,
 //! RNR_RETRY_EXC_ERR, REM_ACCESS_ERR, REM_INV_REQ_ERR, REM_OP_ERR,
@@ -60,7 +62,8 @@
 //! CNP out on CE-marked arrivals (once per QP per `cnp_interval_ns`), CNP in
 //! -> `on_cnp`, ECT(0) on everything sent except CNPs, pacing of requests
 //! and READ responses by the controller's rate; P_Key and peer-address
-//! checks; async events COMM_EST / SQ_DRAINED / QP_FATAL.
+//! checks; async events COMM_EST / SQ_DRAINED / QP_FATAL / QP_ACCESS_ERR /
+//! QP_REQ_ERR (a requester error is reported by its completion alone).
 //!
 //! Selective repeat between two xroce engines (`selective.rs`, after IRN):
 //! per RC QP, off by default, turned on by both sides after they agreed at
@@ -413,11 +416,44 @@ pub enum AsyncEvent {
     /// `IBV_EVENT_SQ_DRAINED`: a QP in SQD has no outstanding send WQEs.
     SqDrained { qpn: u32 },
     /// `IBV_EVENT_QP_FATAL` (also raised for CQ overflow, which in ibverbs
-    /// is `IBV_EVENT_CQ_ERR`): the QP moved to ERR by itself.
+    /// is `IBV_EVENT_CQ_ERR`): the QP moved to ERR by itself for a reason
+    /// no completion and no more specific event reports.
     QpFatal { qpn: u32, cq_overflow: bool },
+    /// `IBV_EVENT_QP_ACCESS_ERR`: the responder QP moved to ERR after an
+    /// R_Key, bounds or permission violation of a request that consumed no
+    /// receive WQE (an RDMA WRITE without immediate, a READ, an atomic;
+    /// IBTA C9-222.1.1, as rxe). The requester gets REM_ACCESS_ERR.
+    QpAccessError { qpn: u32 },
+    /// `IBV_EVENT_QP_REQ_ERR`: the responder QP moved to ERR after an
+    /// invalid request (opcode sequence, length, operation not enabled on
+    /// the QP, misaligned atomic) that consumed no receive WQE. The
+    /// requester gets REM_INV_REQ_ERR.
+    QpRequestError { qpn: u32 },
     /// `IBV_EVENT_SRQ_LIMIT_REACHED`: taking a WQE left an SRQ below its
     /// armed limit (the limit is disarmed).
     SrqLimitReached { srq: srq::SrqId },
+}
+
+impl AsyncEvent {
+    /// The QP the event is about (None: an SRQ event).
+    pub fn qpn(&self) -> Option<u32> {
+        match *self {
+            Self::CommEstablished { qpn }
+            | Self::SqDrained { qpn }
+            | Self::QpFatal { qpn, .. }
+            | Self::QpAccessError { qpn }
+            | Self::QpRequestError { qpn } => Some(qpn),
+            Self::SrqLimitReached { .. } => None,
+        }
+    }
+
+    /// The SRQ the event is about (None: a QP event).
+    pub fn srq(&self) -> Option<srq::SrqId> {
+        match *self {
+            Self::SrqLimitReached { srq } => Some(srq),
+            _ => None,
+        }
+    }
 }
 
 impl Env<'_> {
@@ -603,7 +639,7 @@ impl Engine {
         let _ = self.with_qp(qpn, |qp, env| {
             env.stats.cq_overflows += 1;
             qp.cq_overflowed = true;
-            qp.go_error = true;
+            qp.go_error = Some(qp::ErrCause::Fatal);
             Ok(())
         });
     }

@@ -3,9 +3,9 @@
 
 use super::codec;
 use super::completion::WcStatus;
-use super::qp::{InMsg, QpCtx, ReqState};
+use super::qp::{ErrCause, InMsg, QpCtx, ReqState};
 use super::qp_attr::{Mtu, QpAttr, QpAttrMask, QpState};
-use super::Env;
+use super::{AsyncEvent, Env};
 
 impl QpCtx {
     /// Called after every event: applies deferred transitions to ERR.
@@ -13,14 +13,23 @@ impl QpCtx {
         if matches!(self.state, QpState::Rts | QpState::Sqd) {
             self.complete_local_errors(env);
         }
-        if self.go_error {
-            self.go_error = false;
+        if let Some(cause) = self.go_error.take() {
             if self.state != QpState::Err {
-                env.event(super::AsyncEvent::QpFatal {
-                    qpn: self.qpn,
-                    cq_overflow: self.cq_overflowed,
-                });
+                let qpn = self.qpn;
+                let event = match cause {
+                    ErrCause::Completion => None,
+                    ErrCause::AccessViolation => Some(AsyncEvent::QpAccessError { qpn }),
+                    ErrCause::InvalidRequest => Some(AsyncEvent::QpRequestError { qpn }),
+                    ErrCause::Fatal => Some(AsyncEvent::QpFatal {
+                        qpn,
+                        cq_overflow: self.cq_overflowed,
+                    }),
+                };
                 self.enter_error(env);
+                // After the move: whoever handles the event finds the QP in ERR.
+                if let Some(e) = event {
+                    env.event(e);
+                }
             }
         }
         if self.state == QpState::Sqd
@@ -47,7 +56,7 @@ impl QpCtx {
             let wc = self.recv_wc(r.wr_id, WcStatus::WrFlushErr);
             self.complete(env, false, wc);
         }
-        self.go_error = false;
+        self.go_error = None;
         self.resp.out.clear();
         self.resp.write = None;
         self.resp.in_msg = InMsg::None;

@@ -66,11 +66,12 @@ pub(crate) enum RespItem {
         psn: u32,
         syndrome: Syndrome,
         msn: u32,
-        /// Move the QP to ERR once sent (class C errors).
-        fatal: bool,
+        /// Move the QP to ERR once sent (class C errors), for this reason.
+        fatal: Option<ErrCause>,
     },
     Read {
-        mr: Arc<MrInner>,
+        /// None for a zero-length READ (see [`RemoteMr`]).
+        mr: RemoteMr,
         off: usize,
         len: u32,
         psn: u32,
@@ -95,8 +96,32 @@ pub(crate) enum InMsg {
     Write,
 }
 
+/// The MR an RDMA WRITE or READ places into or reads from: `None` when its
+/// DMA length is 0, which names no memory, so its R_Key and VA are not
+/// checked (IBTA C9-88; rxe's check_rkey). UCX's flush is such a WRITE
+/// with VA 0 and R_Key 0.
+pub(crate) type RemoteMr = Option<Arc<MrInner>>;
+
+/// Why a QP moves to ERR by itself: it decides the affiliated asynchronous
+/// event (IBTA 10.10.2.3, C9-222.1.1), raised once the QP has moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ErrCause {
+    /// An error completion reports it (requester errors, responder errors
+    /// tied to a receive WQE): no event, as rxe.
+    Completion,
+    /// Responder R_Key, bounds or permission violation not tied to a
+    /// receive WQE: `IBV_EVENT_QP_ACCESS_ERR`.
+    AccessViolation,
+    /// Responder invalid request not tied to a receive WQE:
+    /// `IBV_EVENT_QP_REQ_ERR`.
+    InvalidRequest,
+    /// Anything else (a lost completion, a responder operational error):
+    /// `IBV_EVENT_QP_FATAL`.
+    Fatal,
+}
+
 pub(crate) struct WriteCtx {
-    pub mr: Arc<MrInner>,
+    pub mr: RemoteMr,
     pub off: usize,
     pub remaining: u64,
     pub total: u32,
@@ -140,8 +165,9 @@ pub(crate) struct QpCtx {
     /// Next data packet: the requester's turn (vs READ responses).
     pub prefer_req: bool,
     pub last_cnp_ns: Option<u64>,
-    /// Set when a CQ overflowed or a fatal error happened: move to ERR.
-    pub go_error: bool,
+    /// Set when an error takes the QP to ERR (applied after the event, see
+    /// `after_event`), with the reason that picks its async event.
+    pub go_error: Option<ErrCause>,
     pub cq_overflowed: bool,
     pub sqd_notified: bool,
     pub comm_est: bool,
@@ -202,7 +228,7 @@ impl QpCtx {
             cnp_due: false,
             prefer_req: false,
             last_cnp_ns: None,
-            go_error: false,
+            go_error: None,
             cq_overflowed: false,
             sqd_notified: false,
             comm_est: false,

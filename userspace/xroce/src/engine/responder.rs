@@ -5,18 +5,22 @@
 //!   twice); ahead -> one NAK-PSN-sequence-error per gap;
 //! - opcode sequence and length checks -> NAK invalid request;
 //! - rkey / bounds / permission failures -> NAK remote access error (class
-//!   C: the QP then moves to ERR after the NAK is sent, as rxe does);
+//!   C: the QP then moves to ERR after the NAK is sent, as rxe does, and
+//!   raises IBV_EVENT_QP_ACCESS_ERR unless a consumed receive WQE's error
+//!   completion reports it; invalid requests likewise QP_REQ_ERR);
+//! - a WRITE or READ of DMA length 0 names no memory: its R_Key and VA are
+//!   not checked (IBTA C9-88, rxe's check_rkey);
 //! - no receive WQE -> RNR NAK with the QP's min_rnr_timer;
 //! - ACKs are coalesced: consecutive ACKs in the output queue merge;
 //! - output (ACK/NAK, READ responses, atomic ACKs) leaves in PSN order.
 
 use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, psn_sub};
-use xroce_wire::{AethRepr, AtomicAckEthRepr, NakCode, Opcode, Syndrome, TransportRepr};
+use xroce_wire::{AethRepr, AtomicAckEthRepr, NakCode, Opcode, RethRepr, Syndrome, TransportRepr};
 
 use super::codec;
 use super::completion::{WcFlags, WcOpcode, WcStatus};
 use super::memory::AccessFlags;
-use super::qp::{InMsg, QpCtx, RespItem, WriteCtx};
+use super::qp::{ErrCause, InMsg, QpCtx, RemoteMr, RespItem, WriteCtx};
 use super::qp_attr::QpState;
 use super::wqe::{sgl_write, RecvWqe};
 use super::Env;
@@ -25,6 +29,25 @@ use super::Env;
 /// is dropped beyond it).
 const MAX_OUT: usize = 64;
 
+/// Resolves the R_Key of an RDMA WRITE or READ whose RETH is `r` for a QP
+/// of PD `pd`: the MR and the offset of `r.va` in it, `None` on an R_Key,
+/// bounds or permission violation. A DMA length of 0 names no memory, so
+/// neither its R_Key nor its VA is checked (IBTA C9-88; rxe's check_rkey):
+/// no MR, offset 0.
+pub(super) fn resolve_rkey(
+    env: &Env<'_>,
+    pd: u32,
+    r: &RethRepr,
+    need: AccessFlags,
+) -> Option<(RemoteMr, usize)> {
+    if r.dma_len == 0 {
+        return Some((None, 0));
+    }
+    let mr = env.mrs.by_rkey(r.rkey)?;
+    let off = mr.check(pd, r.va, u64::from(r.dma_len), need).ok()?;
+    Some((Some(mr), off))
+}
+
 impl QpCtx {
     pub(super) fn queue_ack(&mut self, psn: u32) {
         let msn = self.resp.msn;
@@ -32,7 +55,7 @@ impl QpCtx {
             psn: p,
             syndrome,
             msn: m,
-            fatal: false,
+            fatal: None,
         }) = self.resp.out.back_mut()
         {
             if *syndrome == Syndrome::ACK {
@@ -46,18 +69,24 @@ impl QpCtx {
                 psn,
                 syndrome: Syndrome::ACK,
                 msn,
-                fatal: false,
+                fatal: None,
             });
         }
     }
 
-    fn queue_nak(&mut self, env: &mut Env<'_>, psn: u32, syndrome: Syndrome, fatal: bool) {
+    fn queue_nak(
+        &mut self,
+        env: &mut Env<'_>,
+        psn: u32,
+        syndrome: Syndrome,
+        fatal: Option<ErrCause>,
+    ) {
         match syndrome {
             Syndrome::RnrNak { .. } => env.stats.tx_naks_rnr += 1,
             Syndrome::Nak(NakCode::PsnSequenceError) => env.stats.tx_naks_seq += 1,
             _ => env.stats.tx_naks_other += 1,
         }
-        if fatal {
+        if fatal.is_some() {
             // Nothing queued after a fatal NAK will ever be sent.
             self.resp.out.push_back(RespItem::Ack {
                 psn,
@@ -83,7 +112,7 @@ impl QpCtx {
     /// it; the requester backs off by the encoded timer).
     pub(super) fn rnr_nak(&mut self, env: &mut Env<'_>, p: u32) {
         let timer = self.attr.min_rnr_timer & 0x1f;
-        self.queue_nak(env, p, Syndrome::RnrNak { timer }, false);
+        self.queue_nak(env, p, Syndrome::RnrNak { timer }, None);
     }
 
     /// Completes receive WQE `wr_id` for the WRITE with immediate that `t`
@@ -123,6 +152,10 @@ impl QpCtx {
 
     /// Class C error on a request: NAK it, complete a consumed receive WQE
     /// with `recv_status`, and let the QP go to ERR once the NAK is out.
+    /// An error tied to a receive WQE is reported by its completion; one
+    /// that is not raises the affiliated asynchronous error of its NAK
+    /// (IBTA C9-222.1.1; rxe raises IB_EVENT_QP_ACCESS_ERR for an R_Key
+    /// violation without immediate data).
     pub(super) fn class_c(
         &mut self,
         env: &mut Env<'_>,
@@ -130,13 +163,21 @@ impl QpCtx {
         syndrome: Syndrome,
         recv_status: Option<WcStatus>,
     ) {
+        let mut cause = match syndrome {
+            Syndrome::Nak(NakCode::RemoteAccessError) => ErrCause::AccessViolation,
+            Syndrome::Nak(NakCode::InvalidRequest | NakCode::InvalidRdRequest) => {
+                ErrCause::InvalidRequest
+            }
+            _ => ErrCause::Fatal,
+        };
         if let Some(st) = recv_status {
             if let Some(r) = self.resp.recv.take() {
                 let wc = self.recv_wc(r.wr_id, st);
                 self.complete(env, false, wc);
+                cause = ErrCause::Completion;
             }
         }
-        self.queue_nak(env, p, syndrome, true);
+        self.queue_nak(env, p, syndrome, Some(cause));
     }
 
     pub(crate) fn resp_handle(
@@ -150,7 +191,7 @@ impl QpCtx {
             .resp
             .out
             .back()
-            .is_some_and(|i| matches!(i, RespItem::Ack { fatal: true, .. }))
+            .is_some_and(|i| matches!(i, RespItem::Ack { fatal: Some(_), .. }))
         {
             env.stats.rx_dropped_other += 1;
             return;
@@ -165,7 +206,7 @@ impl QpCtx {
             if !self.resp.nak_sent {
                 self.resp.nak_sent = true;
                 let e = self.resp.epsn;
-                self.queue_nak(env, e, Syndrome::Nak(NakCode::PsnSequenceError), false);
+                self.queue_nak(env, e, Syndrome::Nak(NakCode::PsnSequenceError), None);
             }
             return;
         }
@@ -187,11 +228,8 @@ impl QpCtx {
             Opcode::RC_RDMA_READ_REQUEST => {
                 let Some(r) = t.reth else { return };
                 // Re-execute the (possibly partial) READ from its PSN.
-                let need = AccessFlags::REMOTE_READ;
-                let Some(mr) = env.mrs.by_rkey(r.rkey) else {
-                    return;
-                };
-                let Ok(off) = mr.check(self.pd, r.va, r.dma_len as u64, need) else {
+                let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_READ)
+                else {
                     return;
                 };
                 if self.resp.out.len() >= MAX_OUT {
@@ -453,23 +491,8 @@ impl QpCtx {
                 self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
                 return;
             };
-            let Some(mr) = env.mrs.by_rkey(r.rkey) else {
-                self.class_c(
-                    env,
-                    t.bth.psn,
-                    Syndrome::Nak(NakCode::RemoteAccessError),
-                    None,
-                );
-                return;
-            };
-            let Ok(off) = mr.check(self.pd, r.va, r.dma_len as u64, AccessFlags::REMOTE_WRITE)
-            else {
-                self.class_c(
-                    env,
-                    t.bth.psn,
-                    Syndrome::Nak(NakCode::RemoteAccessError),
-                    None,
-                );
+            let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_WRITE) else {
+                self.write_access_error(env, t, with_imm);
                 return;
             };
             self.resp.write = Some(WriteCtx {
@@ -488,17 +511,14 @@ impl QpCtx {
             self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         }
-        if !w.mr.is_valid() {
+        if w.mr.as_ref().is_some_and(|m| !m.is_valid()) {
             // Deregistered while the WRITE was in flight.
-            self.class_c(
-                env,
-                t.bth.psn,
-                Syndrome::Nak(NakCode::RemoteAccessError),
-                None,
-            );
+            self.write_access_error(env, t, with_imm);
             return;
         }
-        w.mr.write_at(w.off, payload);
+        if let Some(mr) = &w.mr {
+            mr.write_at(w.off, payload);
+        }
         w.off += payload.len();
         w.remaining -= n;
         let total = w.total;
@@ -518,6 +538,29 @@ impl QpCtx {
         if t.bth.ack_req {
             self.queue_ack(t.bth.psn);
         }
+    }
+
+    /// An RDMA WRITE failed its R_Key, bounds or permission check, or its
+    /// MR went away: NAK remote access error. A WRITE with immediate whose
+    /// only packet this is consumes its receive WQE, which completes with
+    /// REM_ACCESS_ERR and reports the error (rxe's RKEY_VIOLATION with
+    /// immediate data); otherwise the QP raises the access error event.
+    pub(super) fn write_access_error(
+        &mut self,
+        env: &mut Env<'_>,
+        t: &TransportRepr,
+        with_imm: bool,
+    ) {
+        let p = t.bth.psn;
+        let syndrome = Syndrome::Nak(NakCode::RemoteAccessError);
+        if with_imm && t.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE {
+            if let Some(r) = self.take_recv_wqe(env) {
+                self.resp.recv = Some(r);
+                self.class_c(env, p, syndrome, Some(WcStatus::RemAccessErr));
+                return;
+            }
+        }
+        self.class_c(env, p, syndrome, None);
     }
 
     fn resp_read(&mut self, env: &mut Env<'_>, t: &TransportRepr) {
@@ -545,16 +588,7 @@ impl QpCtx {
             );
             return;
         }
-        let Some(mr) = env.mrs.by_rkey(r.rkey) else {
-            self.class_c(
-                env,
-                t.bth.psn,
-                Syndrome::Nak(NakCode::RemoteAccessError),
-                None,
-            );
-            return;
-        };
-        let Ok(off) = mr.check(self.pd, r.va, r.dma_len as u64, AccessFlags::REMOTE_READ) else {
+        let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_READ) else {
             self.class_c(
                 env,
                 t.bth.psn,
@@ -683,8 +717,8 @@ impl QpCtx {
                 if sack_len > 0 {
                     env.stats.tx_sacks += 1;
                 }
-                if fatal {
-                    self.go_error = true;
+                if let Some(cause) = fatal {
+                    self.go_error.get_or_insert(cause);
                 }
                 Some(n)
             }
@@ -710,7 +744,7 @@ impl QpCtx {
                 msn,
                 ..
             } => {
-                if !mr.is_valid() {
+                if mr.as_ref().is_some_and(|m| !m.is_valid()) {
                     let p = psn_add(*first, *sent);
                     self.resp.out.pop_front();
                     self.class_c(env, p, Syndrome::Nak(NakCode::RemoteAccessError), None);
@@ -731,12 +765,13 @@ impl QpCtx {
                         syndrome: Syndrome::ACK,
                         msn: *msn,
                     });
-                let src = &*mr;
                 let at = *off + o;
                 if env.scratch.len() < plen {
                     env.scratch.resize(plen, 0);
                 }
-                src.read_at(at, &mut env.scratch[..plen]);
+                if let Some(src) = mr.as_deref() {
+                    src.read_at(at, &mut env.scratch[..plen]);
+                }
                 let n = xroce_wire::emit_frame(&f, &env.scratch[..plen], buf).ok()?;
                 *sent += 1;
                 if *sent >= *npkts {

@@ -302,9 +302,15 @@ impl QpCtx {
         if !len_ok {
             return Err(NakCode::InvalidRequest);
         }
+        if r.dma_len == 0 {
+            // A zero-length WRITE (its payload is empty, checked above)
+            // names no memory and needs no valid R_Key or VA (C9-88).
+            return Ok(());
+        }
         let Some(mr) = env.mrs.by_rkey(r.rkey) else {
             return Err(NakCode::RemoteAccessError);
         };
+        // Each packet's RETH names its own part: check that much.
         let Ok(off) = mr.check(
             self.pd,
             r.va,
@@ -344,9 +350,16 @@ impl QpCtx {
             self.rnr_nak(env, p);
             return;
         }
-        if let Err(code) = self.sr_place(env, t, payload) {
-            self.class_c(env, p, Syndrome::Nak(code), None);
-            return;
+        match self.sr_place(env, t, payload) {
+            Ok(()) => {}
+            Err(NakCode::RemoteAccessError) => {
+                self.write_access_error(env, t, with_imm);
+                return;
+            }
+            Err(code) => {
+                self.class_c(env, p, Syndrome::Nak(code), None);
+                return;
+            }
         }
         self.resp.epsn = psn_add(p, 1);
         self.resp.nak_sent = false;

@@ -124,11 +124,10 @@ impl QpCtx {
         }
         // RDMA WRITE.
         if first {
+            // A zero-length WRITE needs no valid R_Key or VA (C9-88).
             let ok = t.reth.and_then(|r| {
-                let mr = env.mrs.by_rkey(r.rkey)?;
-                let off = mr
-                    .check(self.pd, r.va, r.dma_len as u64, AccessFlags::REMOTE_WRITE)
-                    .ok()?;
+                let (mr, off) =
+                    super::responder::resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_WRITE)?;
                 Some(WriteCtx {
                     mr,
                     off,
@@ -153,11 +152,16 @@ impl QpCtx {
             return;
         };
         let n = payload.len() as u64;
-        if n > w.remaining || (last && n != w.remaining) || !w.mr.is_valid() {
+        if n > w.remaining
+            || (last && n != w.remaining)
+            || w.mr.as_ref().is_some_and(|m| !m.is_valid())
+        {
             self.uc_drop_msg(env);
             return;
         }
-        w.mr.write_at(w.off, payload);
+        if let Some(mr) = &w.mr {
+            mr.write_at(w.off, payload);
+        }
         w.off += payload.len();
         w.remaining -= n;
         let total = w.total;

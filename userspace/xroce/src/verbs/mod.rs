@@ -78,7 +78,7 @@ pub mod qp;
 pub mod sim;
 pub mod srq;
 
-pub use crate::engine::completion::{Wc, WcFlags, WcOpcode, WcStatus};
+pub use crate::engine::completion::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus};
 pub use crate::engine::memory::{AccessFlags, MemoryRegion};
 pub use crate::engine::work::{RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 pub use cq::CompletionQueue;

@@ -95,8 +95,9 @@ use super::{poll_ms, IoError, IoStats, PacketIo, Result};
 
 /// Room in front of a received payload: Ethernet + IPv6 + UDP.
 const RX_HEADROOM: usize = eth::HEADER_LEN + ipv6::HEADER_LEN + udp::HEADER_LEN;
-/// Control-message room per datagram (pktinfo + tos/tclass + rxq_ovfl).
-const CMSG_ROOM: usize = 128;
+/// Control-message room per datagram (pktinfo + tos/tclass + TTL/hop
+/// limit + GRO size + rxq_ovfl: 136 bytes over IPv6).
+const CMSG_ROOM: usize = 160;
 
 /// Settings of the UDP backend.
 #[derive(Clone, Debug)]
@@ -303,7 +304,8 @@ unsafe impl Send for UdpBackend {}
 /// unconnected IP_PMTUDISC_DO socket sends 0 for a datagram alone, and
 /// 0, 1, 2, .. for the segments of a GSO message), TTL 64 (the ICRC masks TTL, TOS
 /// and the checksum). What the TX side computes the ICRC over, and what
-/// the RX side rebuilds before it looks for another id.
+/// the RX side rebuilds (with the TTL the datagram came with) before it
+/// looks for another id.
 fn kernel_ipv4(src: Ipv4Addr, dst: Ipv4Addr, tos: u8, udp_len: usize, ident: u16) -> Ipv4Repr {
     Ipv4Repr {
         src: src.octets(),
@@ -629,6 +631,51 @@ mod tests {
     }
 
     #[test]
+    fn the_rebuilt_header_has_the_ttl_the_datagram_came_with() {
+        // A sender with TTL 7 (rxe sends its AH's hop limit; a router on
+        // the way lowers it): a UD receive's GRH shows what arrived.
+        let mut cfg = UdpConfig::new(Ipv4Addr::new(127, 0, 0, 2).into());
+        cfg.port = 46700 + (std::process::id() % 40) as u16;
+        let mut b = UdpBackend::open(cfg.clone()).expect("bind 127.0.0.2");
+        let mut frame = send_only(
+            Ipv4Addr::LOCALHOST.into(),
+            Ipv4Addr::new(127, 0, 0, 2).into(),
+            0x42,
+            7,
+            b"ttl",
+        );
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        tx.set_ttl(7).unwrap();
+        // The ICRC covers the ports the kernel will write.
+        let sport = tx.local_addr().unwrap().port();
+        frame[34..36].copy_from_slice(&sport.to_be_bytes());
+        frame[36..38].copy_from_slice(&cfg.port.to_be_bytes());
+        icrc::fill_frame(&mut frame).unwrap();
+        // The UDP payload (BTH onward): the kernel writes IP and UDP.
+        tx.send_to(&frame[42..], ("127.0.0.2", cfg.port)).unwrap();
+        let mut got = Vec::new();
+        b.recv_batch(Duration::from_secs(1), &mut |f| got = f.to_vec())
+            .unwrap();
+        assert!(!got.is_empty(), "nothing received");
+        assert_eq!(got[14 + 8], 7, "TTL from IP_RECVTTL");
+        assert!(ipv4_checksum_ok(&got[14..34]));
+        icrc::verify_frame(&got).expect("the ICRC masks the TTL");
+        assert_eq!(&got[42..got.len() - 4], &frame[42..frame.len() - 4]);
+    }
+
+    /// RFC 1071 over a header with its checksum in place.
+    fn ipv4_checksum_ok(h: &[u8]) -> bool {
+        let mut s: u32 = h
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+            .sum();
+        while s > 0xffff {
+            s = (s & 0xffff) + (s >> 16);
+        }
+        s == 0xffff
+    }
+
+    #[test]
     fn ipv6_loopback_roundtrip_keeps_the_icrc_and_traffic_class() {
         let lo: IpAddr = Ipv6Addr::LOCALHOST.into();
         let mut cfg = UdpConfig::new(lo);
@@ -652,6 +699,7 @@ mod tests {
         icrc::verify_frame(&got).expect("ICRC over the rebuilt IPv6 headers");
         let tclass = (got[14] << 4) | (got[15] >> 4);
         assert_eq!(tclass, 0xb8, "traffic class from IPV6_TCLASS");
+        assert_eq!(got[21], 64, "hop limit from IPV6_RECVHOPLIMIT");
         assert_eq!(&got[62..got.len() - 4], &frame[62..frame.len() - 4]);
         assert_eq!(b.udp_stats().icrc_unmatched, 0);
     }

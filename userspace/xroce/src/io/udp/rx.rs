@@ -26,6 +26,9 @@ pub(super) struct RxMeta {
     pub src: SocketAddr,
     pub dst: IpAddr,
     pub tos: u8,
+    /// TTL / hop limit the datagram arrived with (IP_RECVTTL /
+    /// IPV6_RECVHOPLIMIT), so a UD receive's GRH has it as on the wire.
+    pub ttl: u8,
     /// Bytes read.
     pub len: usize,
     /// Size of each coalesced packet (UDP_GRO); `None`: one packet.
@@ -99,6 +102,7 @@ impl UdpBackend {
         // Control messages: destination address, TOS, GRO size, drops.
         let mut dst: Option<IpAddr> = None;
         let mut tos = 0u8;
+        let mut ttl = 64u8;
         let mut gso_size = None;
         // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG
         // macros walk it within those bounds.
@@ -112,6 +116,12 @@ impl UdpBackend {
                         dst = Some(IpAddr::V4(Ipv4Addr::from(pi.ipi_addr.s_addr.to_ne_bytes())));
                     }
                     (libc::IPPROTO_IP, libc::IP_TOS) => tos = *data,
+                    (libc::IPPROTO_IP, libc::IP_TTL) => {
+                        ttl = std::ptr::read_unaligned(data as *const libc::c_int) as u8
+                    }
+                    (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                        ttl = std::ptr::read_unaligned(data as *const libc::c_int) as u8
+                    }
                     (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
                         let pi = &*(data as *const libc::in6_pktinfo);
                         dst = Some(IpAddr::V6(Ipv6Addr::from(pi.ipi6_addr.s6_addr)));
@@ -147,6 +157,7 @@ impl UdpBackend {
             src,
             dst,
             tos,
+            ttl,
             len,
             gso_size,
         })
@@ -192,6 +203,8 @@ impl UdpBackend {
                 // xroce (and this backend) carries: id 0 with DF.
                 let guesses = [prev_id.map(|p| p.wrapping_add(1)), Some(0)];
                 let mut ip = kernel_ipv4(s, d, meta.tos, udp_len, 0);
+                // The ICRC masks the TTL: the id search is unaffected.
+                ip.ttl = meta.ttl;
                 let mut matched = false;
                 for (k, guess) in guesses.into_iter().enumerate() {
                     let Some(id) = guess else { continue };
@@ -222,9 +235,9 @@ impl UdpBackend {
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
                 let ip_at = udp_at - ipv6::HEADER_LEN;
-                kernel_ipv6(s, d, meta.tos, udp_len)
-                    .emit(&mut head[ip_at..])
-                    .ok()?;
+                let mut ip = kernel_ipv6(s, d, meta.tos, udp_len);
+                ip.hop_limit = meta.ttl;
+                ip.emit(&mut head[ip_at..]).ok()?;
                 if icrc::compute(&head[ip_at..], l4).ok() != Some(found) {
                     self.udp_stats.icrc_unmatched += 1;
                 }

@@ -63,11 +63,15 @@ pub(super) fn open_socket(
         setsockopt(&fd, sockopt::Ipv6RecvPacketInfo, &true)
             .map_err(option_err("IPV6_RECVPKTINFO"))?;
         setsockopt(&fd, sockopt::Ipv6RecvTClass, &true).map_err(option_err("IPV6_RECVTCLASS"))?;
+        raw_sockopt::set_int(raw, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)
+            .map_err(|e| setup_err("IPV6_RECVHOPLIMIT", Some(e)))?;
         raw_sockopt::set_int(raw, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)
             .map_err(|e| setup_err("IPV6_DONTFRAG", Some(e)))?;
     } else {
         setsockopt(&fd, sockopt::Ipv4PacketInfo, &true).map_err(option_err("IP_PKTINFO"))?;
         setsockopt(&fd, sockopt::IpRecvTos, &true).map_err(option_err("IP_RECVTOS"))?;
+        raw_sockopt::set_int(raw, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)
+            .map_err(|e| setup_err("IP_RECVTTL", Some(e)))?;
         raw_sockopt::set_int(
             raw,
             libc::IPPROTO_IP,
