@@ -1,5 +1,7 @@
 //! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`,
-//! `ibv_close_device`, and the per-interface xroce stack behind them.
+//! `ibv_import_device`, `ibv_close_device`, and the per-interface xroce
+//! stack behind them. A context's `cmd_fd` and handles belong to its
+//! ucontext ([`crate::ucontext`]), shared with imported contexts.
 //!
 //! One device per interface (`xroce_IF`). Opening one starts xroce's
 //! stack on the interface (the engine, a packet-I/O backend and its I/O

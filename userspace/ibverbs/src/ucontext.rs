@@ -102,11 +102,7 @@ impl Ucontext {
     /// Stores `obj` under the lowest free handle.
     pub fn insert(&self, obj: Shared) -> u32 {
         let mut objects = self.objects.lock().unwrap();
-        let handle = (0..)
-            .zip(objects.keys())
-            .find(|(want, have)| want != *have)
-            .map(|(want, _)| want)
-            .unwrap_or(objects.len() as u32);
+        let handle = lowest_free(objects.keys());
         objects.insert(handle, obj);
         handle
     }
@@ -129,5 +125,43 @@ impl Ucontext {
             Some(o) if !is(o) => Err(libc::EINVAL),
             Some(_) => Ok(objects.remove(&handle).expect("present")),
         }
+    }
+}
+
+/// The lowest number not among `taken` (ascending), as the kernel's
+/// xarray allocates handles.
+fn lowest_free<'a>(taken: impl Iterator<Item = &'a u32>) -> u32 {
+    let mut next = 0;
+    for &t in taken {
+        if t != next {
+            break;
+        }
+        next += 1;
+    }
+    next
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_are_the_lowest_free_numbers() {
+        assert_eq!(lowest_free([].iter()), 0);
+        assert_eq!(lowest_free([0, 1, 2].iter()), 3);
+        assert_eq!(lowest_free([0, 2, 3].iter()), 1);
+        assert_eq!(lowest_free([1, 2].iter()), 0);
+    }
+
+    #[test]
+    fn fd_identity_tells_files_from_devices() {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert!(
+            fd_identity(null.as_raw_fd()).unwrap().1,
+            "/dev/null is a character device"
+        );
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(!fd_identity(file.as_raw_fd()).unwrap().1);
+        assert_eq!(fd_identity(-1), Err(libc::EBADF));
     }
 }
