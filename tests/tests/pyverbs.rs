@@ -13,8 +13,11 @@
 //! device memory, dma-buf, memory windows, XRC, raw packet QPs, ...);
 //! test_rdmacm and test_shared_pd must skip nothing. test_rdmacm needs
 //! `xroce run`'s sysfs view (/sys/class/infiniband/DEV/device/net/, which
-//! the suite reads to find the device's interface and address) and RDMA-CM
-//! binding to the interface's own address.
+//! the suite reads to find the device's interface and address: without it
+//! all 10 cases skip), RDMA-CM between two processes on one device (each
+//! case forks a passive and an active side that connect over the
+//! interface's own address) and, for its 3 multicast cases, multicast
+//! (the suite skips them while the device reports max_mcast_grp 0).
 //!
 //! The unittest summary of each module is parsed; a failure names the
 //! failing, erroring and skipping cases.
@@ -110,7 +113,9 @@ fn parse_unittest(stderr: &str) -> Result<Summary, String> {
         .and_then(|(_, r)| r.strip_suffix(')'))
     {
         for kv in inner.split(", ") {
-            let (k, v) = kv.split_once('=').ok_or(format!("bad verdict {verdict:?}"))?;
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or(format!("bad verdict {verdict:?}"))?;
             let v: usize = v.parse().map_err(|_| format!("bad verdict {verdict:?}"))?;
             match k {
                 "skipped" => s.skipped = v,
@@ -236,7 +241,11 @@ fn run_suite(backend: Backend) {
             ));
         }
     }
-    eprintln!("pyverbs over {}:\n  {}", backend.as_str(), report.join("\n  "));
+    eprintln!(
+        "pyverbs over {}:\n  {}",
+        backend.as_str(),
+        report.join("\n  ")
+    );
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
 
