@@ -1,5 +1,7 @@
 //! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`,
-//! `ibv_close_device`, and the per-interface xroce stack behind them.
+//! `ibv_import_device`, `ibv_close_device`, and the per-interface xroce
+//! stack behind them. A context's `cmd_fd` and handles belong to its
+//! ucontext ([`crate::ucontext`]), shared with imported contexts.
 //!
 //! One device per interface (`xroce_IF`). Opening one starts xroce's
 //! stack on the interface (the engine, a packet-I/O backend and its I/O
@@ -19,7 +21,8 @@ use xroce::verbs::{Device, Mtu};
 
 use crate::abi::*;
 use crate::config;
-use crate::errno::{ffi, ffi_int, ffi_ptr, set_errno};
+use crate::errno::{fail, ffi, ffi_int, ffi_ptr, set_errno};
+use crate::ucontext::Ucontext;
 
 /// One `struct ibv_device` and the interface it stands for. Entries live
 /// for the whole process (programs keep device pointers past
@@ -282,6 +285,10 @@ pub(crate) struct Context {
     /// The async event pipe: programs read `context->async_fd`.
     async_read: OwnedFd,
     pub async_write: OwnedFd,
+    /// `context->cmd_fd` (closed with the context, as rdma-core closes it).
+    cmd_fd: OwnedFd,
+    /// The PD and MR handles, shared with contexts imported from `cmd_fd`.
+    pub ucontext: Arc<Ucontext>,
 }
 
 impl Context {
@@ -372,7 +379,14 @@ fn open(dev: *mut ibv_device) -> Result<*mut ibv_context, i32> {
         eprintln!("xroce: cannot open {}: {why}", device_name(&entry.iface));
         libc::ENODEV
     })?;
+    let (ucontext, cmd_fd) = Ucontext::create(open, entry)?;
+    new_context(ucontext, cmd_fd)
+}
+
+/// A context of `ucontext` whose command fd is `cmd_fd`.
+fn new_context(ucontext: Arc<Ucontext>, cmd_fd: OwnedFd) -> Result<*mut ibv_context, i32> {
     let (async_read, async_write) = event_pipe()?;
+    let entry = ucontext.entry;
     let mut vctx = verbs_context {
         sz: std::mem::size_of::<verbs_context>(),
         ..Default::default()
@@ -382,8 +396,8 @@ fn open(dev: *mut ibv_device) -> Result<*mut ibv_context, i32> {
     vctx.create_cq_ex = Some(crate::cq::create_cq_ex);
     vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
     let c = &mut vctx.context;
-    c.device = dev;
-    c.cmd_fd = -1;
+    c.device = &entry.dev as *const ibv_device as *mut ibv_device;
+    c.cmd_fd = cmd_fd.as_raw_fd();
     c.async_fd = async_read.as_raw_fd();
     c.num_comp_vectors = 1;
     c.abi_compat = usize::MAX as *mut c_void;
@@ -395,14 +409,16 @@ fn open(dev: *mut ibv_device) -> Result<*mut ibv_context, i32> {
     c.ops.alloc_mw = Some(crate::unsupported::alloc_mw_op);
     c.ops.bind_mw = Some(crate::unsupported::bind_mw_op);
     c.ops.dealloc_mw = Some(crate::unsupported::dealloc_mw_op);
-    // SAFETY: initialising the mutex in place before anyone can see it.
     let ctx = Box::leak(Box::new(Context {
         vctx,
-        dev: open,
+        dev: ucontext.dev.clone(),
         entry,
         async_read,
         async_write,
+        cmd_fd,
+        ucontext,
     }));
+    // SAFETY: initialising the mutex in place before anyone can see it.
     unsafe {
         libc::pthread_mutex_init(
             &mut ctx.vctx.context.mutex as *mut _ as *mut _,
@@ -410,6 +426,34 @@ fn open(dev: *mut ibv_device) -> Result<*mut ibv_context, i32> {
         )
     };
     Ok(ctx.ibv())
+}
+
+/// What `ibv_import_device` does with `cmd_fd`: a new context on the
+/// ucontext the fd belongs to (taking the fd over: closing the context
+/// closes it), or rdma-core's errno for a foreign fd: EINVAL when it is
+/// not open or not a character device, ENODEV for a character device no
+/// device of ours has.
+fn import(cmd_fd: c_int) -> Result<*mut ibv_context, i32> {
+    let Some(ucontext) = Ucontext::of_fd(cmd_fd) else {
+        let errno = match crate::ucontext::fd_identity(cmd_fd) {
+            Ok((_, true)) => libc::ENODEV,
+            _ => libc::EINVAL,
+        };
+        return Err(fail(
+            errno,
+            format_args!("ibv_import_device: fd {cmd_fd} is not the cmd_fd of an xroce context"),
+        ));
+    };
+    // SAFETY: the program hands the descriptor over, as to rdma-core.
+    let fd = unsafe { OwnedFd::from_raw_fd(cmd_fd) };
+    new_context(ucontext, fd)
+}
+
+/// `ibv_import_device`: a context sharing the PDs and MRs (by handle) of
+/// the context whose `cmd_fd` this is a copy of.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    ffi_ptr(|| import(cmd_fd))
 }
 
 /// `ibv_get_device_list`.

@@ -569,8 +569,14 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
                 format_args!("ibv_resize_cq: cqe {cqe} is not in 1..={}", limits::MAX_CQE),
             ));
         }
-        // SAFETY: a live CQ of this library.
+        // SAFETY: a live CQ of this library; its context outlives it.
         unsafe {
+            // Sends that complete without a peer count as in the CQ.
+            if let Some(ctx) = (*p).ctx.as_ref() {
+                ctx.dev
+                    .device
+                    .settle_local_sends(&(*p).inner, std::time::Duration::from_millis(200));
+            }
             (*p).inner.resize(cqe as usize).map_err(verbs_fail)?;
             (*p).cq.cqe = cqe;
         }

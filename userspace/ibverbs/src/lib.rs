@@ -33,6 +33,7 @@ mod qp;
 mod query;
 mod srq;
 mod strings;
+mod ucontext;
 mod unsupported;
 mod wr_builder;
 

@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex};
 
 use xroce::verbs::{
-    AddressVector, CompletionQueue, MemoryRegion, ProtectionDomain, QueuePair, SendWr,
-    SharedReceiveQueue, Wc,
+    AddressVector, CompletionQueue, ProtectionDomain, QueuePair, SendWr, SharedReceiveQueue, Wc,
 };
 
 use crate::abi::*;
 use crate::context::Context;
+use crate::ucontext::Ucontext;
 
 /// Recover the Rust object from the C pointer a program passed in.
 ///
@@ -28,18 +28,23 @@ pub(crate) unsafe fn outer<'a, C, Outer>(p: *mut C) -> Option<&'a mut Outer> {
     unsafe { (p as *mut Outer).as_mut() }
 }
 
-/// `struct ibv_pd`.
+/// `struct ibv_pd`: `pd.handle` names it in its ucontext, where
+/// `ibv_import_pd` finds it.
 #[repr(C)]
 pub(crate) struct Pd {
     pub pd: ibv_pd,
     pub inner: ProtectionDomain,
+    pub ucontext: Arc<Ucontext>,
 }
 
-/// `struct ibv_mr`.
+/// `struct ibv_mr`: the registration itself lives in its ucontext under
+/// `mr.handle`, shared with the copies `ibv_import_mr` makes.
 #[repr(C)]
 pub(crate) struct Mr {
     pub mr: ibv_mr,
-    pub inner: MemoryRegion,
+    pub ucontext: Arc<Ucontext>,
+    /// Made by `ibv_import_mr` (rdma-core's IBV_MR_TYPE_IMPORTED_MR).
+    pub imported: bool,
 }
 
 /// `struct ibv_comp_channel`: a pipe; each completion event is one

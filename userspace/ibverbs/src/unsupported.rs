@@ -1,6 +1,6 @@
 //! What xroce does not offer, answered as rdma-core answers for a provider
-//! without it: multicast, memory windows, re-registration, dma-buf MRs,
-//! object import, and the whole private `IBVERBS_PRIVATE_34` node.
+//! without it: multicast, memory windows, dma-buf MRs, device memory
+//! import, and the whole private `IBVERBS_PRIVATE_34` node.
 //!
 //! The private node is the interface between rdma-core's core library and
 //! its kernel-backed providers (libmlx5, libefa, ...). Debian's perftest
@@ -82,47 +82,6 @@ pub unsafe extern "C" fn ibv_detach_mcast(
     unsupported()
 }
 
-/// What rdma-core's `ibv_rereg_mr` answers for a provider without
-/// re-registration: invalid input is IBV_REREG_MR_ERR_INPUT with EINVAL
-/// (the old MR stays valid); valid input reaches the provider, whose
-/// failure is IBV_REREG_MR_ERR_CMD with errno EOPNOTSUPP. The MR is left
-/// as it was either way.
-fn rereg_answer(
-    mr_valid: bool,
-    flags: c_int,
-    addr_null: bool,
-    length: usize,
-    access: c_int,
-) -> (c_int, i32) {
-    let f = flags as u32;
-    let input_error = !mr_valid
-        || f & !IBV_REREG_MR_FLAGS_SUPPORTED != 0
-        || (f & IBV_REREG_MR_CHANGE_TRANSLATION != 0 && (length == 0 || addr_null))
-        || (access != 0 && f & IBV_REREG_MR_CHANGE_ACCESS == 0);
-    if input_error {
-        (IBV_REREG_MR_ERR_INPUT, libc::EINVAL)
-    } else {
-        (IBV_REREG_MR_ERR_CMD, EOPNOTSUPP)
-    }
-}
-
-/// `ibv_rereg_mr`: not supported (see [`rereg_answer`]).
-#[no_mangle]
-pub unsafe extern "C" fn ibv_rereg_mr(
-    mr: *mut ibv_mr,
-    flags: c_int,
-    _pd: *mut ibv_pd,
-    addr: *mut c_void,
-    length: usize,
-    access: c_int,
-) -> c_int {
-    ffi(IBV_REREG_MR_ERR_CMD, || {
-        let (ret, errno) = rereg_answer(!mr.is_null(), flags, addr.is_null(), length, access);
-        set_errno(errno);
-        ret
-    })
-}
-
 /// `ibv_reg_dmabuf_mr`: no dma-buf registration.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
@@ -135,33 +94,6 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
 ) -> *mut ibv_mr {
     unsupported_ptr()
 }
-
-/// `ibv_import_device`: a context shared through a uverbs command fd has
-/// no meaning here.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
-    unsupported_ptr()
-}
-
-/// `ibv_import_pd`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_import_pd(_ctx: *mut ibv_context, _pd_handle: u32) -> *mut ibv_pd {
-    unsupported_ptr()
-}
-
-/// `ibv_unimport_pd`: nothing was imported (a no-op, as rdma-core's default).
-#[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
-
-/// `ibv_import_mr`.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_import_mr(_pd: *mut ibv_pd, _mr_handle: u32) -> *mut ibv_mr {
-    unsupported_ptr()
-}
-
-/// `ibv_unimport_mr`: a no-op.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_mr(_mr: *mut ibv_mr) {}
 
 /// `ibv_import_dm`: no device memory.
 #[no_mangle]
@@ -426,19 +358,6 @@ pub unsafe extern "C" fn ibv_cmd_post_srq_recv(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rereg_follows_rdma_core() {
-        let t = IBV_REREG_MR_CHANGE_TRANSLATION as c_int;
-        let a = IBV_REREG_MR_CHANGE_ACCESS as c_int;
-        assert_eq!(rereg_answer(false, t, false, 8, 0), (-1, libc::EINVAL));
-        assert_eq!(rereg_answer(true, 8, false, 8, 0), (-1, libc::EINVAL));
-        assert_eq!(rereg_answer(true, t, true, 8, 0), (-1, libc::EINVAL));
-        assert_eq!(rereg_answer(true, t, false, 0, 0), (-1, libc::EINVAL));
-        assert_eq!(rereg_answer(true, t, false, 8, 1), (-1, libc::EINVAL));
-        assert_eq!(rereg_answer(true, t | a, false, 8, 1), (-4, EOPNOTSUPP));
-        assert_eq!(rereg_answer(true, 0, true, 0, 0), (-4, EOPNOTSUPP));
-    }
 
     #[test]
     fn unsupported_answers() {

@@ -204,7 +204,9 @@ impl StatsExporter {
                         .flat_map(|d| d.lock().qp_numbers().collect::<Vec<_>>())
                         .collect();
                     publish(&dir, &tmp, &path, &render(&stats, &qpns));
-                    std::thread::sleep(Duration::from_millis(500));
+                    // Woken early by drop (unpark), which then joins: closing
+                    // a device must not wait out the period.
+                    std::thread::park_timeout(Duration::from_millis(500));
                 }
             })
         });
@@ -265,6 +267,7 @@ impl Drop for StatsExporter {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
         let _ = fs::remove_file(&self.path);

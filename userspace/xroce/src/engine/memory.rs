@@ -256,6 +256,51 @@ impl MrTable {
         Ok(mr)
     }
 
+    /// Re-registration: the region behind `old`'s keys becomes `next` in
+    /// one step under the table's write lock, so a lookup sees either the
+    /// old region or the new one, never a mix; `old` is marked invalid, so
+    /// an access that resolved it before fails its check from now on. With
+    /// `new_keys` the region gets fresh random key bits in the same slot
+    /// (the old keys then name nothing); otherwise it keeps its keys.
+    fn replace(&self, old: &Arc<MrInner>, next: Rereg, new_keys: bool) -> Result<Arc<MrInner>> {
+        let mut s = self.slots.write().unwrap();
+        let idx = Self::slot_of(old.lkey)
+            .filter(|&i| {
+                s.entries
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|m| Arc::ptr_eq(m, old))
+            })
+            .ok_or(VerbsError::InvalidArgument(
+                "the memory region is not registered",
+            ))?;
+        let (mut lkey, mut rkey) = (old.lkey, old.rkey);
+        if new_keys {
+            let slot = ((idx as u32) + 1) << KEY_BITS;
+            let mask = (1u32 << KEY_BITS) - 1;
+            while lkey == old.lkey {
+                lkey = slot | (s.keys.next_u32() & mask);
+            }
+            while rkey == old.rkey || rkey == lkey {
+                rkey = slot | (s.keys.next_u32() & mask);
+            }
+        }
+        let mr = Arc::new(MrInner {
+            ptr: next.ptr,
+            len: next.len,
+            iova: next.iova,
+            _owned: None,
+            pd: next.pd,
+            lkey,
+            rkey,
+            access: next.access,
+            valid: AtomicBool::new(true),
+        });
+        s.entries[idx] = Some(mr.clone());
+        old.valid.store(false, Ordering::Release);
+        Ok(mr)
+    }
+
     fn slot_of(key: u32) -> Option<usize> {
         (key >> KEY_BITS).checked_sub(1).map(|i| i as usize)
     }
@@ -292,6 +337,18 @@ impl MrTable {
         let s = self.slots.read().unwrap();
         s.entries.iter().filter(|e| e.is_some()).count()
     }
+}
+
+/// What a re-registered region becomes (see [`MemoryRegion::rereg`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Rereg {
+    /// First byte of the memory (the caller's).
+    pub ptr: *mut u8,
+    pub len: usize,
+    /// The address SGEs and peers use for `ptr`.
+    pub iova: u64,
+    pub pd: u32,
+    pub access: AccessFlags,
 }
 
 /// A registered memory region (`ibv_mr`). Dropping it deregisters it
@@ -354,20 +411,9 @@ impl MemoryRegion {
         len: usize,
         access: AccessFlags,
     ) -> Result<Self> {
-        if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
-            && !access.contains(AccessFlags::LOCAL_WRITE)
-        {
-            // IBTA 10.6.3.1 / ibv_reg_mr: remote write/atomic need local write.
-            return Err(VerbsError::InvalidArgument(
-                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
-            ));
-        }
-        if mem.is_some_and(|(ptr, iova)| {
-            (ptr as u64).checked_add(len as u64).is_none() || iova.checked_add(len as u64).is_none()
-        }) {
-            return Err(VerbsError::InvalidArgument(
-                "the memory region wraps around the address space",
-            ));
+        check_access(access)?;
+        if let Some((ptr, iova)) = mem {
+            check_wrap(ptr, iova, len)?;
         }
         Ok(Self {
             inner: table.insert(pd, mem, len, access)?,
@@ -461,8 +507,62 @@ impl MemoryRegion {
             .map(|a| a.load(Ordering::SeqCst))
             .ok_or(VerbsError::InvalidArgument("unaligned or out-of-range u64"))
     }
+    /// What the region is now, as a starting point for [`Self::rereg`].
+    pub fn current(&self) -> Rereg {
+        Rereg {
+            ptr: self.inner.ptr,
+            len: self.inner.len,
+            iova: self.inner.iova,
+            pd: self.inner.pd,
+            access: self.inner.access,
+        }
+    }
+
+    /// `ibv_rereg_mr`: the region becomes `next` at once for the engine
+    /// (see [`MrTable`]'s replace): new PD and access keep the keys (as
+    /// rxe does); a new translation (memory, length or iova) also gets new
+    /// keys, so that the old ones, which peers may still hold, name
+    /// nothing. On error the region is unchanged.
+    ///
+    /// # Safety
+    /// As for [`Self::register_user`], for `next.ptr..next.ptr+next.len`.
+    /// Memory xroce allocated for the region stays alive until the last
+    /// in-flight user lets go but is no longer what the region names.
+    pub unsafe fn rereg(&mut self, next: Rereg) -> Result<()> {
+        check_access(next.access)?;
+        check_wrap(next.ptr, next.iova, next.len)?;
+        let now = self.current();
+        let translated = now.ptr != next.ptr || now.len != next.len || now.iova != next.iova;
+        let inner = self.table.replace(&self.inner, next, translated)?;
+        // The old inner keeps any xroce-allocated memory alive for
+        // in-flight users; the new one names the caller's memory.
+        self.inner = inner;
+        Ok(())
+    }
+
     /// Deregister (`ibv_dereg_mr`); same as dropping.
     pub fn dereg(self) {}
+}
+
+/// IBTA 10.6.3.1 / ibv_reg_mr: remote write/atomic need local write.
+fn check_access(access: AccessFlags) -> Result<()> {
+    if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+        && !access.contains(AccessFlags::LOCAL_WRITE)
+    {
+        return Err(VerbsError::InvalidArgument(
+            "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
+        ));
+    }
+    Ok(())
+}
+
+fn check_wrap(ptr: *mut u8, iova: u64, len: usize) -> Result<()> {
+    if (ptr as u64).checked_add(len as u64).is_none() || iova.checked_add(len as u64).is_none() {
+        return Err(VerbsError::InvalidArgument(
+            "the memory region wraps around the address space",
+        ));
+    }
+    Ok(())
 }
 
 impl Drop for MemoryRegion {
@@ -510,6 +610,65 @@ mod tests {
         );
         // Remote write/atomic without local write is refused (IBTA).
         assert!(MemoryRegion::register(&t, 1, None, 8, AccessFlags::REMOTE_WRITE).is_err());
+    }
+
+    #[test]
+    fn rereg_swaps_the_region_behind_its_keys_at_once() {
+        let t = Arc::new(MrTable::default());
+        let mut a = vec![0u8; 64];
+        let mut b = vec![0u8; 32];
+        let rw = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE;
+        // SAFETY: the buffers outlive the region (dropped before them).
+        let mut mr =
+            unsafe { MemoryRegion::register_user(&t, 1, a.as_mut_ptr(), 64, 0x1000, rw) }.unwrap();
+        let (lkey, rkey, before) = (mr.lkey(), mr.rkey(), mr.inner.clone());
+        // New access and PD keep the keys; the old inner is dead at once.
+        let next = Rereg {
+            access: AccessFlags::LOCAL_WRITE,
+            pd: 2,
+            ..mr.current()
+        };
+        // SAFETY: the same memory as before.
+        unsafe { mr.rereg(next) }.unwrap();
+        assert_eq!((mr.lkey(), mr.rkey()), (lkey, rkey));
+        assert!(!before.is_valid());
+        let now = t.by_rkey(rkey).unwrap();
+        assert_eq!(
+            now.check(2, 0x1000, 8, AccessFlags::REMOTE_WRITE),
+            Err(MrCheck::Perm)
+        );
+        assert_eq!(
+            now.check(1, 0x1000, 8, AccessFlags::empty()),
+            Err(MrCheck::BadKey)
+        );
+        // A new translation gets new keys; the old ones name nothing.
+        let next = Rereg {
+            ptr: b.as_mut_ptr(),
+            len: 32,
+            iova: b.as_ptr() as u64,
+            access: rw,
+            ..mr.current()
+        };
+        // SAFETY: b outlives the region.
+        unsafe { mr.rereg(next) }.unwrap();
+        assert!(mr.lkey() != lkey && mr.rkey() != rkey && mr.lkey() != mr.rkey());
+        assert!(t.by_lkey(lkey).is_none() && t.by_rkey(rkey).is_none());
+        let now = t.by_rkey(mr.rkey()).unwrap();
+        assert_eq!(
+            now.check(2, b.as_ptr() as u64 + 24, 8, AccessFlags::REMOTE_WRITE),
+            Ok(24)
+        );
+        // Invalid input leaves the region as it was.
+        let bad = Rereg {
+            access: AccessFlags::REMOTE_WRITE,
+            ..mr.current()
+        };
+        // SAFETY: the same memory.
+        assert!(unsafe { mr.rereg(bad) }.is_err());
+        assert!(t.by_rkey(mr.rkey()).is_some_and(|m| m.access == rw));
+        drop(mr);
+        assert_eq!(t.count(), 0);
+        drop((a, b));
     }
 
     #[test]

@@ -633,6 +633,18 @@ impl Engine {
         !self.completions.is_empty()
     }
 
+    /// Does a QP completing its sends into `cq` hold sends of a service
+    /// that completes them once transmitted (UD, UC) and not transmitted
+    /// yet? Those complete soon, without any peer.
+    pub fn local_sends_pending(&self, cq: CqId) -> bool {
+        self.qps.iter().flatten().any(|q| {
+            q.send_cq == cq
+                && q.qp_type != QpType::Rc
+                && q.state == QpState::Rts
+                && !q.sq.is_empty()
+        })
+    }
+
     /// The CQ a completion of QP `qpn` was bound for was full, so it was
     /// lost: the QP goes to ERR (QP_FATAL, `cq_overflow`) and flushes.
     pub fn cq_overflowed(&mut self, qpn: u32) {

@@ -137,6 +137,16 @@ impl CqInner {
     fn len(&self) -> usize {
         self.ring.lock().unwrap().len()
     }
+
+    /// Removes the completions of QP `qpn` (counted as polled, so that
+    /// `pushed - polled` stays the ring's length).
+    pub(crate) fn discard_qp(&self, qpn: u32) {
+        let mut r = self.ring.lock().unwrap();
+        let before = r.len();
+        r.retain(|wc| wc.qp_num != qpn);
+        self.polled
+            .fetch_add((before - r.len()) as u64, Ordering::Relaxed);
+    }
 }
 
 /// Called once per completion event (`ibv_req_notify_cq` armed and a
@@ -278,6 +288,30 @@ mod tests {
             inner: Arc::new(CqInner::new(4, true).unwrap()),
             id: CqId(1),
         }
+    }
+
+    #[test]
+    fn a_qps_completions_can_be_discarded() {
+        let cq = cq_with_eventfd();
+        let mut notify = false;
+        for (wr_id, qp_num) in [(1, 5), (2, 6), (3, 5)] {
+            let wc = Wc {
+                wr_id,
+                qp_num,
+                ..Wc::default()
+            };
+            assert!(cq.inner.push(wc, &mut notify));
+        }
+        cq.inner.discard_qp(5);
+        assert_eq!(cq.len(), 1);
+        let mut out = [Wc::default(); 4];
+        assert_eq!(cq.poll(&mut out).unwrap(), 1);
+        assert_eq!((out[0].wr_id, out[0].qp_num), (2, 6));
+        assert_eq!(
+            cq.poll(&mut out).unwrap(),
+            0,
+            "pushed and polled agree: empty"
+        );
     }
 
     #[test]

@@ -324,6 +324,19 @@ impl Device {
         }
     }
 
+    /// Waits (at most `limit`) until the UD/UC sends already posted to
+    /// QPs completing into `cq` are transmitted and completed, as a NIC
+    /// has long done by the time a program's next verb reaches it; here
+    /// they wait for the I/O thread. `ibv_resize_cq` counts them.
+    pub fn settle_local_sends(&self, cq: &CompletionQueue, limit: std::time::Duration) {
+        let start = std::time::Instant::now();
+        for m in self.members() {
+            while m.lock().local_sends_pending(cq.id) && start.elapsed() < limit {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
+    }
+
     /// QPs created on this engine and not destroyed yet.
     pub fn live_qps(&self) -> usize {
         self.shared.live_qps.load(Ordering::Relaxed)

@@ -79,7 +79,7 @@ pub mod sim;
 pub mod srq;
 
 pub use crate::engine::completion::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus};
-pub use crate::engine::memory::{AccessFlags, MemoryRegion};
+pub use crate::engine::memory::{AccessFlags, MemoryRegion, Rereg};
 pub use crate::engine::work::{RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 pub use cq::CompletionQueue;
 pub use device::{Device, DeviceGuard, DoorbellHook};

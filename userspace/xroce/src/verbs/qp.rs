@@ -2,6 +2,8 @@
 //! handle. The attribute types and the state-transition rule are the
 //! engine's ([`crate::engine::qp_attr`]), re-exported here.
 
+use std::sync::Arc;
+
 use super::cq::CompletionQueue;
 use super::device::Device;
 use super::srq::SharedReceiveQueue;
@@ -63,9 +65,22 @@ impl QueuePair {
         &self.dev
     }
     /// `ibv_modify_qp`.
+    ///
+    /// Moving to RESET also removes the QP's completions still in its CQs
+    /// (as rdma-core's mlx4/mlx5 providers do in modify_qp): a QP restarted
+    /// after an error does not meet the flush completions of its previous
+    /// life. They were delivered when the guard dropped; a QP in RESET
+    /// makes no new ones.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let r = self.dev.lock().modify_qp(self.qpn, attr, mask);
         if r.is_ok() {
+            if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
+                let [send, recv] = &self._cqs;
+                send.inner.discard_qp(self.qpn);
+                if !Arc::ptr_eq(&send.inner, &recv.inner) {
+                    recv.inner.discard_qp(self.qpn);
+                }
+            }
             self.dev.ring();
         }
         r
