@@ -8,7 +8,8 @@
 //! the commit before sharing ([`baseline`]), xroce's WRITE against the raw
 //! AF_XDP ceiling of the same pair ([`ceiling`]), and the CPU seconds per GB
 //! of xroce and of kernel TCP ([`cpu`]), and WRITE goodput under 0.1 % and
-//! 1 % loss, go-back-N against selective repeat ([`loss`]).
+//! 1 % loss, go-back-N against selective repeat ([`loss`]), and UCX over
+//! xroce against UCX over TCP ([`clients`]).
 //! Writes target/bench/report.json.
 
 use std::{
@@ -23,6 +24,7 @@ use serde_json::Value;
 use xroce_report::{BenchReport, LatReport};
 
 mod ceiling;
+mod clients;
 mod cpu;
 mod io_threads;
 mod latency_tail;
@@ -83,6 +85,8 @@ struct Report {
     /// WRITE 64 KiB at 0 / 0.1 / 1 % loss, go-back-N vs selective repeat
     /// (issue 13, goal 4).
     loss: loss::Loss,
+    /// UCX (ucx_perftest) over xroce vs UCX over TCP (issue 23, item 4).
+    clients: clients::Clients,
     ratios: Ratios,
 }
 
@@ -122,6 +126,7 @@ pub fn bench() -> Result<()> {
         Some("io_threads") => return alone(&io_threads::measure()?),
         Some("multicore") => return alone(&multicore::measure()?),
         Some("latency_tail") => return alone(&latency_tail::measure(&ns)?),
+        Some("clients") => return alone(&clients::measure(&ns)?),
         Some("udp_gso") => {
             // Its best-backend line needs the AF_XDP WRITE of the full run.
             step("xroce RDMA WRITE 64 KiB, 1 QP");
@@ -134,7 +139,7 @@ pub fn bench() -> Result<()> {
         }
         Some(other) => bail!(
             "XROCE_BENCH_ONLY={other} is not a figure: use many_qps, loss, io_threads, \
-             multicore, latency_tail or udp_gso (unset: every figure)"
+             multicore, latency_tail, udp_gso or clients (unset: every figure)"
         ),
     }
 
@@ -238,6 +243,9 @@ pub fn bench() -> Result<()> {
     let io_threads = io_threads::measure()?;
     step("WRITE 64 KiB under 0 / 0.1 / 1 % loss: go-back-N vs selective repeat");
     let loss = loss::measure(&ns)?;
+    step("UCX over xroce (UCX_TLS=rc) vs UCX over TCP: tag_bw 1 MiB, tag_lat 8 B");
+    let clients = clients::measure(&ns)?;
+    dropin::detach(&ns);
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -264,6 +272,7 @@ pub fn bench() -> Result<()> {
         multicore,
         io_threads,
         loss,
+        clients,
         udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,
