@@ -29,8 +29,8 @@
 // the context down before the device thread gets the core again has the
 // device thread post to a destroyed (or already reused) QP. So before
 // destroying a context this program stops the device thread (Gloo's own
-// done_ flag and join) and starts it again afterwards (not with
-// --no-drain either).
+// done_ flag and join) and starts it again afterwards (with --no-drain
+// too).
 
 #include <chrono>
 #include <cstdio>
@@ -283,11 +283,9 @@ int main(int argc, char** argv) {
         check(data, "broadcast", iter, count, value, root);
         checks++;
       }
-      if (drain_sends) {
-        DeviceLoop::stop(dev.get());
-        ctx.reset();
-        DeviceLoop::start(dev.get());
-      }
+      DeviceLoop::stop(dev.get());
+      ctx.reset();
+      DeviceLoop::start(dev.get());
       std::printf("rank %d iteration %d count %zu: ring, halving-doubling, "
                   "broadcast ok\n", rank, iter, count);
       std::fflush(stdout);
