@@ -17,6 +17,7 @@ pub use xroce_netns::NsThread;
 
 pub mod datagram;
 pub mod experiment;
+pub mod lan;
 pub mod perf;
 pub mod programs;
 pub mod shared;

@@ -1396,4 +1396,162 @@ mod tests {
             assert_eq!(ibv_destroy_cq(cq.cast()), 0);
         }
     }
+
+    // The completion-channel pattern of Gloo's ibverbs transport (its
+    // device thread: poll(2) on the channel fd, ibv_get_cq_event, re-arm,
+    // then ibv_poll_cq until empty) must never leave a completion without
+    // an event to announce it.
+
+    /// Waits up to `ms` for `fd` to be readable.
+    fn readable(fd: c_int, ms: c_int) -> bool {
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, ms) == 1 }
+    }
+
+    #[test]
+    fn arm_then_poll_returns_earlier_completions_and_announces_later_ones() {
+        let dev = device();
+        let ch = new_channel(std::ptr::null_mut()).unwrap();
+        let chp: *mut ibv_comp_channel = ch.cast();
+        let cq = mk(&dev, &args(16, chp)).unwrap();
+        // SAFETY (whole block): live channel and CQ of the test.
+        unsafe {
+            let fd = (*chp).fd;
+            let qp = flushing_qp(&dev, cq);
+            let (mut got_cq, mut got_ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+            // Queued before the arm: no event, but the poll after the arm
+            // returns it (rdma-core's contract, Gloo's order).
+            flush(&qp, 1);
+            assert!(!readable(fd, 0), "an unarmed CQ made an event");
+            assert_eq!(req_notify_cq(cq.cast(), 0), 0);
+            let (n, wcs) = poll(cq, 8);
+            assert_eq!((n, wcs[0].wr_id), (1, 1));
+            assert!(
+                !readable(fd, 0),
+                "a completion queued before the arm fired it"
+            );
+            // After the arm: one event, then the poll returns it.
+            flush(&qp, 2);
+            assert!(readable(fd, 0), "the armed CQ made no event");
+            assert_eq!(ibv_get_cq_event(chp, &mut got_cq, &mut got_ctx), 0);
+            assert_eq!(got_cq, cq.cast());
+            ibv_ack_cq_events(cq.cast(), 1);
+            assert_eq!(req_notify_cq(cq.cast(), 0), 0);
+            let (n, wcs) = poll(cq, 8);
+            assert_eq!((n, wcs[0].wr_id), (1, 2));
+            // Re-armed, nothing new: no event.
+            assert!(!readable(fd, 0));
+            drop(qp);
+            assert_eq!(ibv_destroy_cq(cq.cast()), 0);
+            assert_eq!(ibv_destroy_comp_channel(chp), 0);
+        }
+    }
+
+    #[test]
+    fn edge_triggered_epoll_wakes_for_every_event() {
+        let dev = device();
+        let ch = new_channel(std::ptr::null_mut()).unwrap();
+        let chp: *mut ibv_comp_channel = ch.cast();
+        let cq = mk(&dev, &args(16, chp)).unwrap();
+        // SAFETY (whole block): live channel, CQ and epoll instance of the
+        // test; epoll_event is plain data.
+        unsafe {
+            let fd = (*chp).fd;
+            set_nonblocking(fd);
+            let ep = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            assert!(ep >= 0);
+            let mut ev = libc::epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+                u64: 7,
+            };
+            assert_eq!(libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev), 0);
+            let qp = flushing_qp(&dev, cq);
+            let (mut got_cq, mut got_ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+            for round in 0..3u64 {
+                assert_eq!(req_notify_cq(cq.cast(), 0), 0);
+                flush(&qp, round);
+                let mut out = [libc::epoll_event { events: 0, u64: 0 }];
+                assert_eq!(
+                    libc::epoll_wait(ep, out.as_mut_ptr(), 1, 5000),
+                    1,
+                    "round {round}: no edge for the event"
+                );
+                assert_eq!(ibv_get_cq_event(chp, &mut got_cq, &mut got_ctx), 0);
+                // Drained: the next event must make a new edge.
+                assert_eq!(ibv_get_cq_event(chp, &mut got_cq, &mut got_ctx), -1);
+                assert_eq!(errno(), libc::EAGAIN);
+                assert_eq!(poll(cq, 8).0, 1);
+            }
+            ibv_ack_cq_events(cq.cast(), 3);
+            libc::close(ep);
+            drop(qp);
+            assert_eq!(ibv_destroy_cq(cq.cast()), 0);
+            assert_eq!(ibv_destroy_comp_channel(chp), 0);
+        }
+    }
+
+    #[test]
+    fn completions_racing_the_rearm_never_go_unannounced() {
+        // Two threads complete work into one CQ while a third runs Gloo's
+        // loop on it; every completion must be polled, each wait for an
+        // event must end in one (5 s bound: a lost event fails).
+        const PER_THREAD: u64 = 3000;
+        let dev = device();
+        let ch = new_channel(std::ptr::null_mut()).unwrap();
+        let chp: *mut ibv_comp_channel = ch.cast();
+        let cq = mk(&dev, &args(2 * PER_THREAD as i64, chp)).unwrap();
+        let qps = [flushing_qp(&dev, cq), flushing_qp(&dev, cq)];
+        // SAFETY: live CQ; armed before any completion, as Gloo does.
+        assert_eq!(unsafe { req_notify_cq(cq.cast(), 0) }, 0);
+        let start = std::sync::Barrier::new(3);
+        let (mut polled, mut events) = (0u64, 0u32);
+        std::thread::scope(|s| {
+            for (t, qp) in qps.iter().enumerate() {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    for i in 0..PER_THREAD {
+                        flush(qp, t as u64 * PER_THREAD + i);
+                    }
+                });
+            }
+            start.wait();
+            // SAFETY (whole loop): live channel and CQ of the test.
+            unsafe {
+                let fd = (*chp).fd;
+                let (mut got_cq, mut got_ctx) = (std::ptr::null_mut(), std::ptr::null_mut());
+                while polled < 2 * PER_THREAD {
+                    assert!(
+                        readable(fd, 5000),
+                        "no event for 5 s with {polled} of {} completions polled",
+                        2 * PER_THREAD
+                    );
+                    assert_eq!(ibv_get_cq_event(chp, &mut got_cq, &mut got_ctx), 0);
+                    events += 1;
+                    assert_eq!(req_notify_cq(cq.cast(), 0), 0);
+                    loop {
+                        let (n, _) = poll(cq, 16);
+                        assert!(n >= 0, "poll_cq failed (errno {})", errno());
+                        polled += n as u64;
+                        if n < 16 {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+        assert_eq!(polled, 2 * PER_THREAD);
+        // SAFETY: live CQ and channel; every event read is acked.
+        unsafe {
+            ibv_ack_cq_events(cq.cast(), events);
+            drop(qps);
+            assert_eq!(ibv_destroy_cq(cq.cast()), 0);
+            assert_eq!(ibv_destroy_comp_channel(chp), 0);
+        }
+    }
 }
