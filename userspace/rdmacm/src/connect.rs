@@ -47,8 +47,13 @@ fn connect(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> R
     let agent = conn::agent_of(device)?;
     let (src, dst) = address::endpoints(id).ok_or(libc::EINVAL)?;
     let space = port_space(ps).ok_or(libc::EINVAL)?;
-    let local_gid = Gid(crate::sockaddr::gid_of(src.ip()));
-    let remote_gid = Gid(crate::sockaddr::gid_of(dst.ip()));
+    // The GIDs address resolution chose (a loopback's are the device's
+    // own, not those of 127.0.0.1).
+    // SAFETY: as above; `raw` is the 16 bytes of each GID union.
+    let (local_gid, remote_gid) = unsafe {
+        let ib = (*id).route.addr.addr.ibaddr;
+        (Gid(ib.sgid.raw), Gid(ib.dgid.raw))
+    };
     let mtu = device.active_mtu()? as u8;
     let mut path = PathParams::roce(
         local_gid,
