@@ -454,6 +454,11 @@ impl Proc {
         std::fs::read_to_string(&self.err).unwrap_or_default()
     }
 
+    /// What it wrote to stdout so far.
+    pub fn stdout_so_far(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
     /// Sends `sig` to the process (by its PID).
     pub fn signal(&mut self, sig: i32) {
         if !self.exited() {
