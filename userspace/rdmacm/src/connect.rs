@@ -116,7 +116,11 @@ fn connect(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> R
             max_retries: MAX_CM_RETRIES,
             private_data: data,
         };
-        agent.with_engine(|e, now| e.sidr_request(&req, now))
+        agent.with_engine(|e, now| {
+            let conn = e.sidr_request(&req, now)?;
+            conn::register(agent, conn, &cm.shared);
+            Ok(conn)
+        })
     } else {
         let (qpn, srq) = qp_of(id, param);
         let req = ConnectParams {
@@ -130,10 +134,17 @@ fn connect(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> R
             private_data: data,
             ..ConnectParams::new(sid, qpn, c.rq_psn, path)
         };
-        agent.with_engine(|e, now| e.connect(&req, now))
+        agent.with_engine(|e, now| {
+            let conn = e.connect(&req, now)?;
+            conn::register(agent, conn, &cm.shared);
+            Ok(conn)
+        })
     };
-    c.conn = started.map_err(|e| fail(libc::EINVAL, format_args!("rdma_connect: {e}")))?;
-    conn::register(agent, c.conn, &cm.shared);
+    // Registered before the engine is unlocked: the agent's thread sends
+    // the REQ at once, and the answer's event must find this id (its
+    // handler then waits for the id's lock, held until `conn` is set).
+    c.conn = started
+        .map_err(|e: xroce_cm::CmError| fail(libc::EINVAL, format_args!("rdma_connect: {e}")))?;
     st.conn = Some(c);
     st.phase = Phase::Connecting;
     drop(st);
