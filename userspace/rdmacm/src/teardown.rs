@@ -68,8 +68,9 @@ pub(crate) fn end_connections_at_exit(deadline: Instant) {
     }
 }
 
-/// Queues the connection's one DISCONNECTED (state lock held).
-fn report_disconnect(shared: &Arc<IdShared>, st: &mut IdState) {
+/// Queues the connection's one DISCONNECTED with `status` (state lock
+/// held).
+fn report_disconnect(shared: &Arc<IdShared>, st: &mut IdState, status: c_int) {
     let Some(c) = st.conn.as_mut() else {
         return;
     };
@@ -79,7 +80,7 @@ fn report_disconnect(shared: &Arc<IdShared>, st: &mut IdState) {
     c.disconnect_reported = true;
     st.phase = Phase::Disconnecting;
     st.channel
-        .post(shared, st.c_id(), RDMA_CM_EVENT_DISCONNECTED, 0);
+        .post(shared, st.c_id(), RDMA_CM_EVENT_DISCONNECTED, status);
 }
 
 /// The peer sent DREQ. DISCONNECTED now; the DREP goes out when the
@@ -94,13 +95,14 @@ pub(crate) fn on_disconnect_request(shared: &Arc<IdShared>) {
             let _ = e.disconnect(c.conn, &[], now);
         });
     }
-    report_disconnect(shared, &mut st);
+    report_disconnect(shared, &mut st, 0);
 }
 
-/// Our DREQ was answered (or never was).
-pub(crate) fn on_disconnected(shared: &Arc<IdShared>) {
+/// Our DREQ was answered (status 0) or went unanswered through every
+/// retry (-ETIMEDOUT, as the kernel's rdma_cm reports ib_cm's DREQ_ERROR).
+pub(crate) fn on_disconnected(shared: &Arc<IdShared>, status: c_int) {
     let mut st = shared.state.lock().unwrap();
-    report_disconnect(shared, &mut st);
+    report_disconnect(shared, &mut st, status);
 }
 
 /// TIMEWAIT is over: the connection is gone.
