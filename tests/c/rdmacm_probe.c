@@ -155,6 +155,11 @@ static void loopback(struct rdma_event_channel *ch, const char *local)
 	rdma_create_id(ch, &lo6, NULL, RDMA_PS_TCP);
 	out_err("bind_lo6", rdma_bind_addr(lo6, (struct sockaddr *)&lo6_addr));
 	rdma_destroy_id(lo6);
+	/* A destination of the other family is EINVAL, loopback or not. */
+	struct sockaddr_in6 dst6_lo = lo6_addr;
+	dst6_lo.sin6_port = htons(7480);
+	out_err("resolve_lo_other_family",
+		rdma_resolve_addr(lo, NULL, (struct sockaddr *)&dst6_lo, 2000));
 	/* A loopback binding holds its port against the other addresses. */
 	struct sockaddr_in same_port = ipv4(local, ntohs(rdma_get_src_port(lo)));
 	rdma_create_id(ch, &any, NULL, RDMA_PS_TCP);

@@ -485,6 +485,7 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         ("bind_lo_port_nonzero", "1".into()),
         ("bind_lo_verbs_null", "1".into()),
         ("bind_lo6", "0 0".into()),
+        ("resolve_lo_other_family", format!("-1 {einval}")),
         ("bind_lo_port_taken", format!("-1 {}", libc::EADDRNOTAVAIL)),
         // ... libfabric's "localhost" endpoint binds ...
         ("gai_localhost", "0 0".into()),
