@@ -20,6 +20,9 @@ const EXIT_FLUSH: Duration = Duration::from_millis(500);
 /// libibverbs' own destructors (this library depends on it), while the
 /// agents' and the device's threads still run.
 extern "C" fn flush_at_exit() {
+    if !crate::agent::running_here() {
+        return;
+    }
     crate::teardown::end_connections_at_exit(Instant::now() + EXIT_END);
     crate::agent::flush_all(EXIT_FLUSH);
 }
