@@ -278,11 +278,14 @@ fn resolve_addr(
 }
 
 /// A loopback or wildcard destination, as the kernel's
-/// `cma_resolve_loopback`: an id bound to a device stays on it and its
-/// source GID is also the destination's; an unattached id goes to the
-/// first active device ([`devices::first_active`], ENODEV from the call
-/// itself when there is none) and its source address becomes the loopback
-/// of its family. ADDR_RESOLVED follows at once.
+/// `cma_resolve_loopback`: an id bound to a device stays on it and keeps
+/// its address; an unattached id goes to the first active device
+/// ([`devices::first_active`], ENODEV from the call itself when there is
+/// none) and its source address becomes the loopback of its family.
+/// Source and destination GID are the device's loopback GID (the kernel
+/// takes the bound address's; xroce loops back only frames to the
+/// device's IPv4 address, so an IPv6 or secondary address would not
+/// connect). ADDR_RESOLVED follows at once.
 fn resolve_loopback(
     cm: &CmId,
     mut st: std::sync::MutexGuard<'_, IdState>,
@@ -292,8 +295,8 @@ fn resolve_loopback(
 ) -> Result<(), i32> {
     // SAFETY: the program's live id, under its state lock.
     let verbs = unsafe { (*id).verbs };
-    let (device, gid, src) = match devices::of_context(verbs) {
-        Some(d) if !verbs.is_null() => (d, sockaddr::gid_of(bound.ip()), bound),
+    let (device, src) = match devices::of_context(verbs) {
+        Some(d) if !verbs.is_null() => (d, bound),
         _ => {
             let d = devices::first_active().map_err(|e| {
                 fail(
@@ -302,9 +305,10 @@ fn resolve_loopback(
                 )
             })?;
             let loopback = SocketAddr::new(sockaddr::loopback_like(dst.ip()), bound.port());
-            (d, d.loopback_gid()?, loopback)
+            (d, loopback)
         }
     };
+    let gid = device.loopback_gid()?;
     // SAFETY: the live id's fields, written under its lock.
     unsafe {
         sockaddr::write(src_storage(id), src);
