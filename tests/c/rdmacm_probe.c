@@ -84,6 +84,224 @@ static struct rdma_cm_event *next_event(struct rdma_event_channel *ch, const cha
 	return ev;
 }
 
+/* Loopback: the events of two ids on one channel, in whatever order
+ * they come; each expected (event, id) is counted once. */
+struct expected_event {
+	enum rdma_cm_event_type event;
+	struct rdma_cm_id *id; /* NULL: any id (a new one for CONNECT_REQUEST) */
+	struct rdma_cm_id *got;
+	int seen;
+};
+
+static int await_events(struct rdma_event_channel *ch, struct expected_event *want, int n)
+{
+	int left = n;
+	while (left > 0) {
+		struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+		if (poll(&p, 1, 5000) != 1)
+			return 0;
+		struct rdma_cm_event *ev;
+		if (rdma_get_cm_event(ch, &ev))
+			return 0;
+		int matched = 0;
+		for (int i = 0; i < n && !matched; i++) {
+			if (want[i].seen || want[i].event != ev->event || ev->status != 0)
+				continue;
+			if (want[i].id && want[i].id != ev->id)
+				continue;
+			want[i].seen = 1;
+			want[i].got = ev->id;
+			matched = 1;
+			left--;
+		}
+		if (!matched)
+			printf("loop_unexpected %s %d\n", rdma_event_str(ev->event), ev->status);
+		rdma_ack_cm_event(ev);
+		if (!matched)
+			return 0;
+	}
+	return 1;
+}
+
+static struct ibv_qp_init_attr rc_attr(void)
+{
+	struct ibv_qp_init_attr qa;
+	memset(&qa, 0, sizeof(qa));
+	qa.cap.max_send_wr = 2;
+	qa.cap.max_recv_wr = 2;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	qa.qp_type = IBV_QPT_RC;
+	return qa;
+}
+
+/* Loopback and wildcard addresses, as the kernel's rdma_cm treats them
+ * (cma_any_addr): a bind attaches no device; a resolution goes to the
+ * first active device, source and destination its own GID; a connection
+ * to 127.0.0.1 carries data within the process. */
+static void loopback(struct rdma_event_channel *ch, const char *local)
+{
+	struct rdma_cm_id *lo, *lo6, *any;
+	struct rdma_cm_event *ev;
+	struct sockaddr_in lo_addr = ipv4("127.0.0.1", 0);
+	rdma_create_id(ch, &lo, NULL, RDMA_PS_TCP);
+	out_err("bind_lo", rdma_bind_addr(lo, (struct sockaddr *)&lo_addr));
+	out("bind_lo_port_nonzero", rdma_get_src_port(lo) != 0);
+	out("bind_lo_verbs_null", lo->verbs == NULL);
+	struct sockaddr_in6 lo6_addr;
+	memset(&lo6_addr, 0, sizeof(lo6_addr));
+	lo6_addr.sin6_family = AF_INET6;
+	lo6_addr.sin6_addr = in6addr_loopback;
+	rdma_create_id(ch, &lo6, NULL, RDMA_PS_TCP);
+	out_err("bind_lo6", rdma_bind_addr(lo6, (struct sockaddr *)&lo6_addr));
+	rdma_destroy_id(lo6);
+	/* A destination of the other family is EINVAL, loopback or not. */
+	struct sockaddr_in6 dst6_lo = lo6_addr;
+	dst6_lo.sin6_port = htons(7480);
+	out_err("resolve_lo_other_family",
+		rdma_resolve_addr(lo, NULL, (struct sockaddr *)&dst6_lo, 2000));
+	/* A loopback binding holds its port against the other addresses. */
+	struct sockaddr_in same_port = ipv4(local, ntohs(rdma_get_src_port(lo)));
+	rdma_create_id(ch, &any, NULL, RDMA_PS_TCP);
+	out_err("bind_lo_port_taken", rdma_bind_addr(any, (struct sockaddr *)&same_port));
+	rdma_destroy_id(any);
+	rdma_destroy_id(lo);
+
+	/* libfabric's verbs provider: "localhost", passive, as an endpoint. */
+	struct rdma_addrinfo hints, *res;
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_flags = RAI_PASSIVE;
+	hints.ai_family = AF_INET;
+	out_err("gai_localhost", rdma_getaddrinfo("localhost", NULL, &hints, &res));
+	struct rdma_cm_id *ep = NULL;
+	out_err("ep_localhost", rdma_create_ep(&ep, res, NULL, NULL));
+	if (ep) {
+		out("ep_localhost_verbs_null", ep->verbs == NULL);
+		rdma_destroy_ep(ep);
+	}
+	rdma_freeaddrinfo(res);
+
+	/* Resolving 127.0.0.1, 0.0.0.0 and ::1 from unbound ids, and
+	 * 127.0.0.1 from an id bound to the local address. */
+	const char *dsts[] = { "127.0.0.1", "0.0.0.0", "::1", "bound" };
+	const char *keys[] = { "lo", "any", "lo6", "lo_bound" };
+	for (int i = 0; i < 4; i++) {
+		struct rdma_cm_id *id;
+		struct sockaddr_storage dst;
+		char k[64];
+		memset(&dst, 0, sizeof(dst));
+		rdma_create_id(ch, &id, NULL, RDMA_PS_TCP);
+		if (!strcmp(dsts[i], "::1")) {
+			struct sockaddr_in6 *d6 = (struct sockaddr_in6 *)&dst;
+			d6->sin6_family = AF_INET6;
+			d6->sin6_addr = in6addr_loopback;
+			d6->sin6_port = htons(7480);
+		} else {
+			*(struct sockaddr_in *)&dst = ipv4(!strcmp(dsts[i], "bound") ? "127.0.0.1" : dsts[i], 7480);
+		}
+		if (!strcmp(dsts[i], "bound")) {
+			struct sockaddr_in src = ipv4(local, 0);
+			rdma_bind_addr(id, (struct sockaddr *)&src);
+		}
+		snprintf(k, sizeof(k), "resolve_%s", keys[i]);
+		out_err(k, rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000));
+		snprintf(k, sizeof(k), "%s_event", keys[i]);
+		ev = next_event(ch, k);
+		rdma_ack_cm_event(ev);
+		if (id->verbs) {
+			snprintf(k, sizeof(k), "%s_device", keys[i]);
+			printf("%s %s\n", k, ibv_get_device_name(id->verbs->device));
+		}
+		char text[64];
+		struct sockaddr *la = rdma_get_local_addr(id);
+		inet_ntop(la->sa_family,
+			  la->sa_family == AF_INET ? (void *)&((struct sockaddr_in *)la)->sin_addr
+						   : (void *)&((struct sockaddr_in6 *)la)->sin6_addr,
+			  text, sizeof(text));
+		printf("%s_local_addr %s\n", keys[i], text);
+		snprintf(k, sizeof(k), "%s_sgid", keys[i]);
+		out_gid(k, &id->route.addr.addr.ibaddr.sgid);
+		snprintf(k, sizeof(k), "%s_dgid", keys[i]);
+		out_gid(k, &id->route.addr.addr.ibaddr.dgid);
+		snprintf(k, sizeof(k), "resolve_%s_route", keys[i]);
+		out_err(k, rdma_resolve_route(id, 2000));
+		snprintf(k, sizeof(k), "%s_route", keys[i]);
+		ev = next_event(ch, k);
+		rdma_ack_cm_event(ev);
+		rdma_destroy_id(id);
+	}
+
+	/* A connection to 127.0.0.1 within the process: a listener on the
+	 * wildcard, a client, one SEND, a disconnect on both sides. */
+	struct rdma_cm_id *listener, *client, *server = NULL;
+	struct sockaddr_in any_addr = ipv4("0.0.0.0", 7481), dst = ipv4("127.0.0.1", 7481);
+	rdma_create_id(ch, &listener, NULL, RDMA_PS_TCP);
+	rdma_bind_addr(listener, (struct sockaddr *)&any_addr);
+	out_err("loop_listen", rdma_listen(listener, 1));
+	rdma_create_id(ch, &client, NULL, RDMA_PS_TCP);
+	rdma_resolve_addr(client, NULL, (struct sockaddr *)&dst, 2000);
+	rdma_ack_cm_event(next_event(ch, "loop_addr_event"));
+	rdma_resolve_route(client, 2000);
+	rdma_ack_cm_event(next_event(ch, "loop_route_event"));
+	struct ibv_qp_init_attr qa = rc_attr();
+	out_err("loop_client_qp", rdma_create_qp(client, NULL, &qa));
+	struct rdma_conn_param param;
+	memset(&param, 0, sizeof(param));
+	param.responder_resources = 1;
+	param.initiator_depth = 1;
+	param.retry_count = 7;
+	param.rnr_retry_count = 7;
+	out_err("loop_connect", rdma_connect(client, &param));
+	struct expected_event req[] = { { RDMA_CM_EVENT_CONNECT_REQUEST, NULL } };
+	out("loop_request", await_events(ch, req, 1));
+	server = req[0].got;
+	if (!server)
+		return;
+	char rbuf[32], sbuf[32] = "xroce loopback";
+	qa = rc_attr();
+	out_err("loop_server_qp", rdma_create_qp(server, NULL, &qa));
+	struct ibv_mr *rmr = ibv_reg_mr(server->pd, rbuf, sizeof(rbuf), IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *smr = ibv_reg_mr(client->pd, sbuf, sizeof(sbuf), 0);
+	struct ibv_sge rsge = { .addr = (uintptr_t)rbuf, .length = sizeof(rbuf), .lkey = rmr->lkey };
+	struct ibv_recv_wr rwr = { .sg_list = &rsge, .num_sge = 1 }, *rbad;
+	ibv_post_recv(server->qp, &rwr, &rbad);
+	out_err("loop_accept", rdma_accept(server, &param));
+	struct expected_event est[] = {
+		{ RDMA_CM_EVENT_ESTABLISHED, client },
+		{ RDMA_CM_EVENT_ESTABLISHED, server },
+	};
+	out("loop_established", await_events(ch, est, 2));
+	struct ibv_sge ssge = { .addr = (uintptr_t)sbuf, .length = sizeof(sbuf), .lkey = smr->lkey };
+	struct ibv_send_wr swr = {
+		.sg_list = &ssge, .num_sge = 1, .opcode = IBV_WR_SEND,
+		.send_flags = IBV_SEND_SIGNALED,
+	}, *sbad;
+	ibv_post_send(client->qp, &swr, &sbad);
+	struct ibv_wc wc;
+	int polled = 0;
+	long t0 = now_ms();
+	while (polled == 0 && now_ms() - t0 < 5000)
+		polled = ibv_poll_cq(client->send_cq, 1, &wc);
+	out("loop_send_ok", polled == 1 && wc.status == IBV_WC_SUCCESS);
+	polled = 0;
+	while (polled == 0 && now_ms() - t0 < 5000)
+		polled = ibv_poll_cq(server->recv_cq, 1, &wc);
+	out("loop_recv_ok", polled == 1 && wc.status == IBV_WC_SUCCESS &&
+		wc.byte_len == sizeof(sbuf) && !memcmp(rbuf, sbuf, sizeof(sbuf)));
+	out_err("loop_disconnect", rdma_disconnect(client));
+	struct expected_event dreq[] = { { RDMA_CM_EVENT_DISCONNECTED, server } };
+	out("loop_server_disconnected", await_events(ch, dreq, 1));
+	out_err("loop_server_disconnect", rdma_disconnect(server));
+	struct expected_event drep[] = { { RDMA_CM_EVENT_DISCONNECTED, client } };
+	out("loop_client_disconnected", await_events(ch, drep, 1));
+	rdma_destroy_qp(client);
+	rdma_destroy_qp(server);
+	ibv_dereg_mr(rmr);
+	ibv_dereg_mr(smr);
+	out_err("loop_destroy", rdma_destroy_id(server) | rdma_destroy_id(client) |
+					rdma_destroy_id(listener));
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 4 && argc != 6) {
@@ -321,6 +539,8 @@ int main(int argc, char **argv)
 		out("dst6_port", ntohs(rdma_get_dst_port(id6)));
 		out_err("destroy6", rdma_destroy_id(id6));
 	}
+
+	loopback(ch, local);
 
 	/* Destroy waits until the program acked the events it took. */
 	struct rdma_cm_id *held;

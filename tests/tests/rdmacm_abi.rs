@@ -7,8 +7,10 @@
 //!   version and no other, `dlvsym`, libibverbs.so.1 linked dynamically;
 //! - programs: a C program built against the real header drives channels,
 //!   ids, binding, address and route resolution, QPs, getaddrinfo and
-//!   endpoints between two namespaces under `xroce run` (the connections
-//!   themselves: tests/rdmacm_programs.rs).
+//!   endpoints between two namespaces under `xroce run`, and loopback and
+//!   wildcard addresses as the kernel's rdma_cm treats them (down to a
+//!   connection to 127.0.0.1 within the process; connections between the
+//!   namespaces: tests/rdmacm_programs.rs).
 
 use std::{
     collections::BTreeMap,
@@ -476,13 +478,83 @@ fn a_c_program_resolves_addresses_and_routes_over_xroce() {
         ("dgid6", ipv6_hex(&addr6_b)),
         ("dst6_port", "7475".into()),
         ("destroy6", "0 0".into()),
+        // Loopback and wildcard addresses as the kernel's cma_any_addr:
+        // binding attaches no device and holds the port against every
+        // address of the family (EADDRNOTAVAIL)...
+        ("bind_lo", "0 0".into()),
+        ("bind_lo_port_nonzero", "1".into()),
+        ("bind_lo_verbs_null", "1".into()),
+        ("bind_lo6", "0 0".into()),
+        ("resolve_lo_other_family", format!("-1 {einval}")),
+        ("bind_lo_port_taken", format!("-1 {}", libc::EADDRNOTAVAIL)),
+        // ... libfabric's "localhost" endpoint binds ...
+        ("gai_localhost", "0 0".into()),
+        ("ep_localhost", "0 0".into()),
+        ("ep_localhost_verbs_null", "1".into()),
+        // ... and a loopback or wildcard destination resolves to the
+        // device, from and to its own (IPv4) GID; an unbound id's source
+        // becomes the loopback address.
+        ("resolve_lo", "0 0".into()),
+        ("lo_event", "RDMA_CM_EVENT_ADDR_RESOLVED 0".into()),
+        ("lo_device", device.clone()),
+        ("lo_local_addr", "127.0.0.1".into()),
+        ("lo_sgid", gid_hex(pair.addr_a)),
+        ("lo_dgid", gid_hex(pair.addr_a)),
+        ("resolve_lo_route", "0 0".into()),
+        ("lo_route", "RDMA_CM_EVENT_ROUTE_RESOLVED 0".into()),
+        ("resolve_any", "0 0".into()),
+        ("any_event", "RDMA_CM_EVENT_ADDR_RESOLVED 0".into()),
+        ("any_device", device.clone()),
+        ("any_local_addr", "127.0.0.1".into()),
+        ("any_sgid", gid_hex(pair.addr_a)),
+        ("any_dgid", gid_hex(pair.addr_a)),
+        ("resolve_any_route", "0 0".into()),
+        ("any_route", "RDMA_CM_EVENT_ROUTE_RESOLVED 0".into()),
+        ("resolve_lo6", "0 0".into()),
+        ("lo6_event", "RDMA_CM_EVENT_ADDR_RESOLVED 0".into()),
+        ("lo6_device", device.clone()),
+        ("lo6_local_addr", "::1".into()),
+        ("lo6_sgid", gid_hex(pair.addr_a)),
+        ("lo6_dgid", gid_hex(pair.addr_a)),
+        ("resolve_lo6_route", "0 0".into()),
+        ("lo6_route", "RDMA_CM_EVENT_ROUTE_RESOLVED 0".into()),
+        ("resolve_lo_bound", "0 0".into()),
+        ("lo_bound_event", "RDMA_CM_EVENT_ADDR_RESOLVED 0".into()),
+        ("lo_bound_device", device.clone()),
+        ("lo_bound_local_addr", pair.addr_a.to_string()),
+        ("lo_bound_sgid", gid_hex(pair.addr_a)),
+        ("lo_bound_dgid", gid_hex(pair.addr_a)),
+        ("resolve_lo_bound_route", "0 0".into()),
+        ("lo_bound_route", "RDMA_CM_EVENT_ROUTE_RESOLVED 0".into()),
+        // A connection to 127.0.0.1 within the process carries a SEND and
+        // ends with DISCONNECTED on both sides.
+        ("loop_listen", "0 0".into()),
+        ("loop_addr_event", "RDMA_CM_EVENT_ADDR_RESOLVED 0".into()),
+        ("loop_route_event", "RDMA_CM_EVENT_ROUTE_RESOLVED 0".into()),
+        ("loop_client_qp", "0 0".into()),
+        ("loop_connect", "0 0".into()),
+        ("loop_request", "1".into()),
+        ("loop_server_qp", "0 0".into()),
+        ("loop_accept", "0 0".into()),
+        ("loop_established", "1".into()),
+        ("loop_send_ok", "1".into()),
+        ("loop_recv_ok", "1".into()),
+        ("loop_disconnect", "0 0".into()),
+        ("loop_server_disconnected", "1".into()),
+        ("loop_server_disconnect", "0 0".into()),
+        ("loop_client_disconnected", "1".into()),
+        ("loop_destroy", "0 0".into()),
         ("held_event", "RDMA_CM_EVENT_ADDR_RESOLVED 0".into()),
         ("destroy_held", "0 0".into()),
         ("destroy_lost", "0 0".into()),
         ("destroy_id", "0 0".into()),
         ("done", "1".into()),
     ];
-    let mut problems = Vec::new();
+    let mut problems: Vec<String> = stdout
+        .lines()
+        .filter(|l| l.starts_with("loop_unexpected"))
+        .map(|l| format!("an event the loopback connection did not expect: {l}"))
+        .collect();
     for (key, want) in &expected {
         match got.get(*key) {
             Some(v) if v == want => {}

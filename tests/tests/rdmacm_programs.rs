@@ -9,6 +9,11 @@
 //! - ucmatose (one and four connections), udaddy (UD, SIDR), rdma_server /
 //!   rdma_client: both sides exit 0 with their success lines;
 //! - ib_write_bw -R and ib_send_lat -R: the result tables;
+//! - immediate disconnects (tests/c/rdmacm_quick_close.c): a client that
+//!   disconnects as soon as its one message is sent, against a server
+//!   that answers the DREQ, one that disconnects at the same time and
+//!   one that exits with the connection open: every message arrives, both
+//!   sides exit 0 and the client's DISCONNECTED follows its first DREQ;
 //! - a connect to a port nobody listens on is REJECTED (the peer's xroce
 //!   answers for it) and ends at once; a connect to an address whose host
 //!   runs nothing that answers CM ends UNREACHABLE within a bound, never
@@ -37,7 +42,7 @@ use xroce_tests::{
         Backend, Cases, Finished, Node, PairOutput, Proc, Topology,
     },
     require_root,
-    verbs::{ibverbs_cdylib, rdmacm_cdylib, which},
+    verbs::{compile_c, ibverbs_cdylib, rdmacm_cdylib, which, workspace_root},
 };
 
 /// One program run: a minute is plenty.
@@ -272,6 +277,7 @@ per_backend!(
     rping_ipv6,
     cm_programs,
     perftest_rdma_cm,
+    immediate_disconnect,
     rejected,
     unanswered,
     capture,
@@ -373,6 +379,169 @@ fn perftest_rdma_cm(b: Backend) {
     c.case("ib_send_lat -R -n 300", || {
         perftest_r(&t, "ib_send_lat", &["-n", "300"], false)
     });
+    c.finish();
+}
+
+/// Connections closed right after their one message
+/// (tests/c/rdmacm_quick_close.c): per case, how many connections, and
+/// how many server processes run one after another.
+const QUICK_CLOSES: usize = 10;
+const EXITING_SERVERS: usize = 3;
+/// How long a client's DISCONNECTED may take after its rdma_disconnect:
+/// less than one CM retry (4.3 s), so the first DREQ (or the server's
+/// crossing it) must have ended it, not a retransmission.
+const DISCONNECT_BOUND_MS: u64 = 4000;
+
+/// Starts the quick-close server in `mode` for `count` connections and
+/// waits until it says it listens.
+fn quick_close_server(
+    t: &Topology,
+    exe: &str,
+    mode: &str,
+    port: &str,
+    count: usize,
+) -> Result<Proc, String> {
+    let addr = t.server().addr.to_string();
+    let mut server = start(
+        t,
+        t.server(),
+        exe,
+        &args(&["server", mode, &addr, port, &count.to_string()]),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.stdout_so_far().contains("listening") {
+        if server.exited() || Instant::now() > deadline {
+            return Err(format!(
+                "the server did not listen\n{}",
+                server.finish(Duration::ZERO).describe()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(server)
+}
+
+/// The client's "disconnected in N ms" lines: `count` of them, each
+/// within [`DISCONNECT_BOUND_MS`]; returns the slowest.
+fn check_disconnect_times(client: &Finished, count: usize) -> Result<u64, String> {
+    let times: Vec<u64> = client
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            l.split_once("disconnected in ")?
+                .1
+                .strip_suffix(" ms")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    if times.len() != count {
+        return Err(format!(
+            "{} disconnects reported, expected {count}\n{}",
+            times.len(),
+            client.describe()
+        ));
+    }
+    let slowest = times.iter().copied().max().unwrap_or(0);
+    if slowest > DISCONNECT_BOUND_MS {
+        return Err(format!(
+            "a disconnect took {slowest} ms (bound {DISCONNECT_BOUND_MS}): a DREQ went \
+             unanswered\n{}",
+            client.describe()
+        ));
+    }
+    Ok(slowest)
+}
+
+/// A client that connects, sends one message and disconnects at once,
+/// against servers that answer its DREQ, disconnect at the same moment,
+/// or exit with the connection open (the kernel's rdma_cm ends such a
+/// connection when the process's file closes; xroce's library must at
+/// exit). Every connection carries its message, both sides exit 0, and
+/// the client's DISCONNECTED comes within [`DISCONNECT_BOUND_MS`] of its
+/// rdma_disconnect.
+fn immediate_disconnect(b: Backend) {
+    require_root();
+    let _ = (ibverbs_cdylib(), rdmacm_cdylib());
+    let _turn = serial();
+    let t = Topology::direct(b, 1500);
+    let exe = t.dir.0.join("rdmacm_quick_close");
+    compile_c(
+        &workspace_root().join("tests/c/rdmacm_quick_close.c"),
+        &exe,
+        &["-lrdmacm", "-libverbs"],
+    );
+    let exe = exe.to_string_lossy().into_owned();
+    let addr = t.server().addr.to_string();
+    let mut c = Cases::new(&format!("immediate_disconnect/{}", b.as_str()));
+    for (mode, what) in [
+        ("answer", "the server answers the DREQ"),
+        ("first", "the server disconnects at the same time"),
+    ] {
+        c.case(&format!("{QUICK_CLOSES} connections, {what}"), || {
+            let port = next_port().to_string();
+            let server = quick_close_server(&t, &exe, mode, &port, QUICK_CLOSES)?;
+            let client = start(
+                &t,
+                t.client(),
+                &exe,
+                &args(&["client", &addr, &port, &QUICK_CLOSES.to_string()]),
+            )
+            .finish(RUN);
+            let out = PairOutput {
+                server: server.finish(if client.success() {
+                    RUN
+                } else {
+                    Duration::from_secs(10)
+                }),
+                client: Some(client),
+                setup_error: None,
+            };
+            let client = out.check()?;
+            let slowest = check_disconnect_times(client, QUICK_CLOSES)?;
+            let served = out.server.stdout.matches("bytes ok").count();
+            if served != QUICK_CLOSES || !out.server.stdout.contains("server done") {
+                return Err(format!(
+                    "the server took {served} messages\n{}",
+                    out.server.describe()
+                ));
+            }
+            Ok(format!(
+                "slowest disconnect {slowest} ms, client {:.1}s",
+                client.secs
+            ))
+        });
+    }
+    c.case(
+        &format!("{EXITING_SERVERS} servers exiting with the connection open"),
+        || {
+            let mut slowest = 0;
+            for _ in 0..EXITING_SERVERS {
+                let port = next_port().to_string();
+                let server = quick_close_server(&t, &exe, "exit", &port, 1)?;
+                let client =
+                    start(&t, t.client(), &exe, &args(&["client", &addr, &port, "1"])).finish(RUN);
+                let out = PairOutput {
+                    server: server.finish(Duration::from_secs(10)),
+                    client: Some(client),
+                    setup_error: None,
+                };
+                let client = out.check()?;
+                slowest = slowest.max(check_disconnect_times(client, 1)?);
+                if !out
+                    .server
+                    .stdout
+                    .contains("exiting with the connection open")
+                {
+                    return Err(format!(
+                        "the server took no message\n{}",
+                        out.server.describe()
+                    ));
+                }
+            }
+            Ok(format!("slowest disconnect {slowest} ms"))
+        },
+    );
     c.finish();
 }
 

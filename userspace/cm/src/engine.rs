@@ -498,7 +498,7 @@ impl CmEngine {
         // Every retry went unanswered.
         if c.state == State::DreqSent {
             self.enter_timewait(id, now_ns);
-            self.events.push_back(CmEvent::Disconnected { conn });
+            self.events.push_back(CmEvent::DisconnectTimeout { conn });
         } else {
             let c = self.conns.remove(&id).expect("present");
             // The IBTA's answer to a REQ or REP that timed out: REJ

@@ -38,9 +38,13 @@ pub enum CmEvent {
     ConnectError { conn: ConnId, reason: RejReason },
     /// The peer sent DREQ: call `disconnect` to answer with DREP.
     DisconnectRequest { conn: ConnId, private_data: Vec<u8> },
-    /// Our DREQ was answered (or went unanswered through every retry); the
-    /// connection waits in TIMEWAIT.
+    /// Our DREQ was answered (or crossed the peer's); the connection waits
+    /// in TIMEWAIT.
     Disconnected { conn: ConnId },
+    /// Our DREQ went unanswered through every retry (ib_cm's DREQ_ERROR;
+    /// rdma_cm reports DISCONNECTED with -ETIMEDOUT); the connection waits
+    /// in TIMEWAIT.
+    DisconnectTimeout { conn: ConnId },
     /// TIMEWAIT is over, the comm ID is free again. Terminal.
     TimewaitExit { conn: ConnId },
     /// A SIDR_REQ for a service we listen on: answer with `sidr_reply`.
@@ -73,6 +77,7 @@ impl CmEvent {
             | CmEvent::ConnectError { conn, .. }
             | CmEvent::DisconnectRequest { conn, .. }
             | CmEvent::Disconnected { conn }
+            | CmEvent::DisconnectTimeout { conn }
             | CmEvent::TimewaitExit { conn }
             | CmEvent::SidrRequest { conn, .. }
             | CmEvent::SidrResponse { conn, .. } => *conn,

@@ -18,6 +18,7 @@
 //! passive: REQ -> ReqRcvd -(mra)-> MraReqSent -accept (REP)-> RepSent
 //!          -(MRA)-> MraRepRcvd -(RTU | establish)-> Established
 //! either:  Established -disconnect (DREQ)-> DreqSent -(DREP)-> Timewait
+//!          DreqSent -(every retry unanswered)-> Timewait (DisconnectTimeout)
 //!          Established -(DREQ)-> DreqRcvd -disconnect (DREP)-> Timewait
 //!          Timewait -(timer)-> gone (TimewaitExit)
 //! SIDR:    sidr_request -> SidrReqSent -(SIDR_REP)-> gone (SidrResponse)

@@ -225,13 +225,13 @@ fn unanswered_dreq_ends_in_disconnected_then_timewait_exit() {
         sim.a.handle_timeout(at);
         if let Some(e) = sim.a.poll_event() {
             match e {
-                CmEvent::Disconnected { conn } => {
+                CmEvent::DisconnectTimeout { conn } => {
                     assert_eq!(conn, a_conn);
                     disconnected_at = Some(at);
                 }
                 CmEvent::TimewaitExit { conn } => {
                     assert_eq!(conn, a_conn);
-                    let d = disconnected_at.expect("Disconnected first");
+                    let d = disconnected_at.expect("DisconnectTimeout first");
                     assert_eq!(at, d + timeout_ns(19));
                 }
                 other => panic!("{other:?}"),

@@ -8,6 +8,12 @@
 //! answer ARP / NDP within the timeout, else ADDR_ERROR with -ETIMEDOUT;
 //! no route at all fails the call itself (ENETUNREACH). The route's GIDs
 //! are the IPv4-mapped (or IPv6) addresses of both ends.
+//!
+//! Wildcard and loopback addresses are alike, as the kernel's
+//! `cma_any_addr` has them: binding one attaches no device (libfabric's
+//! verbs provider binds "localhost" to list its devices), and resolving
+//! one as a destination is a loopback connection on the first active
+//! device, from and to that device's own GID.
 
 use std::{
     ffi::c_int,
@@ -35,7 +41,8 @@ fn interface_of(ip: IpAddr) -> Option<String> {
 
 /// Binds the id to `addr` (state lock held): a specific address must be
 /// this host's (EADDRNOTAVAIL) on an interface with an xroce device
-/// holding its GID (ENODEV), which the id is then bound to.
+/// holding its GID (ENODEV), which the id is then bound to. A wildcard or
+/// loopback address binds only the port, as in the kernel.
 pub(crate) fn bind_locked(
     id: *mut rdma_cm_id,
     st: &mut IdState,
@@ -44,7 +51,10 @@ pub(crate) fn bind_locked(
     if st.phase != Phase::Idle {
         return Err(libc::EINVAL);
     }
-    let device = if addr.ip().is_unspecified() {
+    // A wildcard or loopback address (cma_any_addr) attaches no device:
+    // a listener on it listens on every device, address resolution picks
+    // one later.
+    let device = if sockaddr::is_any_addr(addr.ip()) {
         None
     } else {
         let iface = interface_of(addr.ip()).ok_or_else(|| {
@@ -212,6 +222,9 @@ fn resolve_addr(
     if st.phase != Phase::Bound || bound.is_ipv4() != dst.is_ipv4() {
         return Err(libc::EINVAL);
     }
+    if sockaddr::is_any_addr(dst.ip()) {
+        return resolve_loopback(cm, st, id, bound, dst);
+    }
     let from = (!bound.ip().is_unspecified()).then_some(bound.ip());
     let found = route::lookup(dst.ip(), from).map_err(|e| {
         let errno = e.raw_os_error().unwrap_or(libc::ENETUNREACH);
@@ -264,6 +277,56 @@ fn resolve_addr(
     cm.complete()
 }
 
+/// A loopback or wildcard destination, as the kernel's
+/// `cma_resolve_loopback`: an id bound to a device stays on it and keeps
+/// its address; an unattached id goes to the first active device
+/// ([`devices::first_active`], ENODEV from the call itself when there is
+/// none) and its source address becomes the loopback of its family.
+/// Source and destination GID are the device's loopback GID (the kernel
+/// takes the bound address's; xroce loops back only frames to the
+/// device's IPv4 address, so an IPv6 or secondary address would not
+/// connect). ADDR_RESOLVED follows at once.
+fn resolve_loopback(
+    cm: &CmId,
+    mut st: std::sync::MutexGuard<'_, IdState>,
+    id: *mut rdma_cm_id,
+    bound: SocketAddr,
+    dst: SocketAddr,
+) -> Result<(), i32> {
+    // SAFETY: the program's live id, under its state lock.
+    let verbs = unsafe { (*id).verbs };
+    let (device, src) = match devices::of_context(verbs) {
+        Some(d) if !verbs.is_null() => (d, bound),
+        _ => {
+            let d = devices::first_active().map_err(|e| {
+                fail(
+                    e,
+                    "rdma_resolve_addr: no xroce device for a loopback destination",
+                )
+            })?;
+            let loopback = SocketAddr::new(sockaddr::loopback_like(dst.ip()), bound.port());
+            (d, loopback)
+        }
+    };
+    let gid = device.loopback_gid()?;
+    // SAFETY: the live id's fields, written under its lock.
+    unsafe {
+        sockaddr::write(src_storage(id), src);
+        sockaddr::write(dst_storage(id), dst);
+        device.attach(id);
+        let ib = &mut (*id).route.addr.addr.ibaddr;
+        ib.sgid.raw = gid;
+        ib.dgid.raw = gid;
+        ib.pkey = 0xffffu16.to_be();
+    }
+    // A query still running for an earlier call must not report.
+    st.query += 1;
+    st.phase = Phase::AddrResolved;
+    CmId::post(&cm.shared, &st, RDMA_CM_EVENT_ADDR_RESOLVED, 0);
+    drop(st);
+    cm.complete()
+}
+
 /// The RoCE path of a resolved address: its GIDs, the port's MTU, the
 /// default P_Key; reported with ROUTE_RESOLVED.
 pub(crate) fn resolve_route(cm: &CmId, id: *mut rdma_cm_id) -> Result<(), i32> {
@@ -280,12 +343,14 @@ pub(crate) fn resolve_route(cm: &CmId, id: *mut rdma_cm_id) -> Result<(), i32> {
 
 /// Gives an id the addresses of a connection request it was made for: its
 /// source (our address, the listener's port) and destination, the device
-/// and the GIDs, as address resolution would have (state lock held).
+/// and the GIDs (local, remote), as address resolution would have (state
+/// lock held).
 pub(crate) fn set_request_addresses(
     id: *mut rdma_cm_id,
     device: &'static devices::Device,
     src: SocketAddr,
     dst: SocketAddr,
+    (sgid, dgid): (xroce_wire::Gid, xroce_wire::Gid),
 ) {
     // SAFETY: a live id whose fields are written under its state lock.
     unsafe {
@@ -293,8 +358,8 @@ pub(crate) fn set_request_addresses(
         sockaddr::write(dst_storage(id), dst);
         device.attach(id);
         let ib = &mut (*id).route.addr.addr.ibaddr;
-        ib.sgid.raw = sockaddr::gid_of(src.ip());
-        ib.dgid.raw = sockaddr::gid_of(dst.ip());
+        ib.sgid.raw = sgid.0;
+        ib.dgid.raw = dgid.0;
         ib.pkey = 0xffffu16.to_be();
     }
 }

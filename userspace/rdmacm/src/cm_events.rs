@@ -56,7 +56,10 @@ pub(crate) fn handle(agent: &'static Agent, event: CmEvent) {
                 CmEvent::Unreachable { .. } => teardown::on_failure(&id, Failure::Unreachable),
                 CmEvent::ConnectError { .. } => teardown::on_failure(&id, Failure::ConnectError),
                 CmEvent::DisconnectRequest { .. } => teardown::on_disconnect_request(&id),
-                CmEvent::Disconnected { .. } => teardown::on_disconnected(&id),
+                CmEvent::Disconnected { .. } => teardown::on_disconnected(&id, 0),
+                CmEvent::DisconnectTimeout { .. } => {
+                    teardown::on_disconnected(&id, -libc::ETIMEDOUT)
+                }
                 CmEvent::TimewaitExit { .. } => teardown::on_timewait_exit(&id),
                 CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => {
                     unreachable!("handled above")

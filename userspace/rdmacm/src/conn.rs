@@ -100,6 +100,12 @@ pub(crate) fn owner(agent: &'static Agent, conn: ConnId) -> Option<Arc<IdShared>
         .cloned()
 }
 
+/// The ids that own a live connection (a snapshot: the registry is not
+/// locked afterwards, so the caller may lock the ids).
+pub(crate) fn live_owners() -> Vec<Arc<IdShared>> {
+    registry().lock().unwrap().values().cloned().collect()
+}
+
 /// A fresh 24-bit starting PSN, random as the kernel's.
 pub(crate) fn random_psn() -> u32 {
     crate::ports::random_u32() & 0x00ff_ffff

@@ -47,8 +47,13 @@ fn connect(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> R
     let agent = conn::agent_of(device)?;
     let (src, dst) = address::endpoints(id).ok_or(libc::EINVAL)?;
     let space = port_space(ps).ok_or(libc::EINVAL)?;
-    let local_gid = Gid(crate::sockaddr::gid_of(src.ip()));
-    let remote_gid = Gid(crate::sockaddr::gid_of(dst.ip()));
+    // The GIDs address resolution chose (a loopback's are the device's
+    // own, not those of 127.0.0.1).
+    // SAFETY: as above; `raw` is the 16 bytes of each GID union.
+    let (local_gid, remote_gid) = unsafe {
+        let ib = (*id).route.addr.addr.ibaddr;
+        (Gid(ib.sgid.raw), Gid(ib.dgid.raw))
+    };
     let mtu = device.active_mtu()? as u8;
     let mut path = PathParams::roce(
         local_gid,
@@ -111,7 +116,11 @@ fn connect(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> R
             max_retries: MAX_CM_RETRIES,
             private_data: data,
         };
-        agent.with_engine(|e, now| e.sidr_request(&req, now))
+        agent.with_engine(|e, now| {
+            let conn = e.sidr_request(&req, now)?;
+            conn::register(agent, conn, &cm.shared);
+            Ok(conn)
+        })
     } else {
         let (qpn, srq) = qp_of(id, param);
         let req = ConnectParams {
@@ -125,10 +134,17 @@ fn connect(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> R
             private_data: data,
             ..ConnectParams::new(sid, qpn, c.rq_psn, path)
         };
-        agent.with_engine(|e, now| e.connect(&req, now))
+        agent.with_engine(|e, now| {
+            let conn = e.connect(&req, now)?;
+            conn::register(agent, conn, &cm.shared);
+            Ok(conn)
+        })
     };
-    c.conn = started.map_err(|e| fail(libc::EINVAL, format_args!("rdma_connect: {e}")))?;
-    conn::register(agent, c.conn, &cm.shared);
+    // Registered before the engine is unlocked: the agent's thread sends
+    // the REQ at once, and the answer's event must find this id (its
+    // handler then waits for the id's lock, held until `conn` is set).
+    c.conn = started
+        .map_err(|e: xroce_cm::CmError| fail(libc::EINVAL, format_args!("rdma_connect: {e}")))?;
     st.conn = Some(c);
     st.phase = Phase::Connecting;
     drop(st);

@@ -94,7 +94,56 @@ pub(crate) fn of_local_ip(ip: IpAddr) -> Option<&'static Device> {
     all().ok()?.iter().find(|d| d.gid_index(ip).is_some())
 }
 
+/// The device a loopback (or wildcard) destination resolves to, as the
+/// kernel's `cma_bind_loopback` picks it: the first device whose port is
+/// active, else the first device; ENODEV without any.
+pub(crate) fn first_active() -> Result<&'static Device, i32> {
+    let devices = all()?;
+    Ok(devices
+        .iter()
+        .find(|d| d.port_state() == Ok(IBV_PORT_ACTIVE))
+        .unwrap_or(&devices[0]))
+}
+
 impl Device {
+    /// The port's state (`enum ibv_port_state`).
+    fn port_state(&self) -> Result<ibv_port_state, i32> {
+        let mut attr = ibv_port_attr::default();
+        // SAFETY: an open context and an attribute struct to fill.
+        let rc = unsafe { ibv_query_port(self.context, PORT, &mut attr) };
+        if rc != 0 {
+            return Err(rc);
+        }
+        Ok(attr.state)
+    }
+
+    /// The GID a loopback connection uses at both ends: the device's
+    /// IPv4-mapped GID (its interface's IPv4 address, whose frames xroce
+    /// loops back inside the device), else GID 0. The kernel takes GID 0,
+    /// which on RoCE is the link-local IPv6 one; its RoCE route resolution
+    /// then fails for a loopback id (no bound netdev), so nothing can
+    /// depend on that choice.
+    pub(crate) fn loopback_gid(&self) -> Result<[u8; 16], i32> {
+        let mut first = None;
+        for i in 0..MAX_GIDS {
+            let mut gid = ibv_gid::default();
+            // SAFETY: an open context and a GID to fill.
+            if unsafe { ibv_query_gid(self.context, PORT, i, &mut gid) } != 0 {
+                break;
+            }
+            // SAFETY: `raw` is the 16 bytes of the union.
+            let raw = unsafe { gid.raw };
+            if raw == [0; 16] {
+                continue;
+            }
+            if raw[..12] == [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff] {
+                return Ok(raw);
+            }
+            first.get_or_insert(raw);
+        }
+        first.ok_or(libc::ENODEV)
+    }
+
     /// The GID table index holding `ip`'s RoCEv2 GID.
     pub(crate) fn gid_index(&self, ip: IpAddr) -> Option<c_int> {
         let want = gid_of(ip);

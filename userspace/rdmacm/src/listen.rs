@@ -21,6 +21,7 @@ use std::{
 
 use xroce_cm::{ConnId, PeerAddr, RepParams, ReqInfo, SidrReplyParams, SidrStatus};
 use xroce_wire::rdma_cm::{service_id, CmaHeader, PortSpace, CMA_HEADER_LEN};
+use xroce_wire::Gid;
 
 use crate::{
     abi::*,
@@ -71,10 +72,12 @@ pub(crate) fn port_space(ps: rdma_port_space) -> Option<PortSpace> {
     PortSpace::from_u16(u16::try_from(ps).ok()?)
 }
 
-/// Whether a listener bound to `bound` takes a request to `dst`.
+/// Whether a listener bound to `bound` takes a request to `dst`: its
+/// address, or any of its family when bound to a wildcard or loopback
+/// address (the kernel's `cma_match_private_data`).
 fn takes(l: &Listener, dst: IpAddr) -> bool {
     let b = l.addr.ip();
-    if !b.is_unspecified() {
+    if !crate::sockaddr::is_any_addr(b) {
         return b == dst;
     }
     match (b, dst) {
@@ -199,7 +202,9 @@ pub(crate) fn on_request(
         let pick = |exact: bool| {
             list?
                 .iter()
-                .find(|l| takes(l, hdr.dst_ip) && exact != l.addr.ip().is_unspecified())
+                .find(|l| {
+                    takes(l, hdr.dst_ip) && exact != crate::sockaddr::is_any_addr(l.addr.ip())
+                })
                 .map(|l| (l.id.clone(), l.addr.port()))
         };
         pick(true).or_else(|| pick(false))
@@ -207,15 +212,35 @@ pub(crate) fn on_request(
     let Some((listener, port)) = listener else {
         return reject("nobody listens on that address");
     };
+    let src = SocketAddr::new(hdr.dst_ip, port);
+    let dst = SocketAddr::new(hdr.src_ip, hdr.src_port);
+    let gids = match &rc {
+        // The REQ's path names both GIDs (turned to our side by xroce-cm).
+        Some(req) => (req.path.local_gid, req.path.remote_gid),
+        // A loopback's SIDR_REQ comes from this device, to its own GID;
+        // others name our address and the peer's.
+        None if crate::sockaddr::is_any_addr(hdr.dst_ip) => (peer.gid, peer.gid),
+        None => (
+            Gid(crate::sockaddr::gid_of(src.ip())),
+            Gid(crate::sockaddr::gid_of(dst.ip())),
+        ),
+    };
     let request = match rc {
         Some(req) => Request::Rc { req },
         None => Request::Ud,
     };
-    let src = SocketAddr::new(hdr.dst_ip, port);
-    let dst = SocketAddr::new(hdr.src_ip, hdr.src_port);
-    if let Err(why) = new_request_id(agent, conn, &listener, src, dst, &request, private_data) {
+    let ends = RequestEnds { src, dst, gids };
+    if let Err(why) = new_request_id(agent, conn, &listener, &ends, &request, private_data) {
         reject(&why);
     }
+}
+
+/// The two ends of a request from our side: addresses (from the
+/// cma_hdr) and GIDs (local, remote).
+struct RequestEnds {
+    src: SocketAddr,
+    dst: SocketAddr,
+    gids: (Gid, Gid),
 }
 
 /// Makes the request's id and queues CONNECT_REQUEST on the listener's
@@ -224,8 +249,7 @@ fn new_request_id(
     agent: &'static Agent,
     conn: ConnId,
     listener: &Arc<IdShared>,
-    src: SocketAddr,
-    dst: SocketAddr,
+    ends: &RequestEnds,
     request: &Request,
     private_data: &[u8],
 ) -> Result<(), String> {
@@ -250,7 +274,7 @@ fn new_request_id(
     let cm = unsafe { CmId::from_c(child) }.expect("made above");
     let device = agent.device();
     let mut st = cm.lock();
-    address::set_request_addresses(child, device, src, dst);
+    address::set_request_addresses(child, device, ends.src, ends.dst, ends.gids);
     let _ = address::install_path(&mut st, child);
     let mtu = device.active_mtu().unwrap_or(IBV_MTU_1024) as u8;
     let mut detail = crate::channel::EventDetail {
@@ -293,8 +317,7 @@ fn new_request_id(
         }
         Request::Ud => {
             detail.ud = true;
-            let local = xroce_wire::Gid(crate::sockaddr::gid_of(src.ip()));
-            let remote = xroce_wire::Gid(crate::sockaddr::gid_of(dst.ip()));
+            let (local, remote) = ends.gids;
             Connection {
                 agent,
                 conn,
@@ -627,6 +650,12 @@ mod tests {
             takes(&any6_only, v6) && !takes(&any6_only, v4),
             "unless AFONLY"
         );
+        // Loopback-bound listeners are wildcards too (cma_any_addr).
+        let lo4 = listener("127.0.0.1:7174", false);
+        assert!(takes(&lo4, v4) && takes(&lo4, "127.0.0.1".parse().unwrap()));
+        assert!(!takes(&lo4, v6));
+        let lo6 = listener("[::1]:7174", true);
+        assert!(takes(&lo6, v6) && !takes(&lo6, v4));
     }
 
     #[test]

@@ -32,14 +32,23 @@ static BINDINGS: Mutex<Vec<Binding>> = Mutex::new(Vec::new());
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BindingKey(u64);
 
-/// Two addresses overlap: equal, or one a wildcard covering the other's
-/// family (an IPv6 wildcard covers IPv4 unless AFONLY).
-fn overlap(a: &Binding, addr: IpAddr, afonly: bool) -> bool {
+/// Whether `addr` may not share a port with binding `a`, and the kernel's
+/// errno (`cma_check_port`): EADDRNOTAVAIL when either is a wildcard (or
+/// loopback, which the kernel's rdma_cm binds alike) covering the other's
+/// family (an IPv6 one covers IPv4 unless AFONLY), EADDRINUSE when they
+/// are equal.
+fn conflict(a: &Binding, addr: IpAddr, afonly: bool) -> Option<i32> {
     let covers = |wild: IpAddr, wild_afonly: bool, other: IpAddr| {
-        wild.is_unspecified()
+        crate::sockaddr::is_any_addr(wild)
             && (wild.is_ipv4() == other.is_ipv4() || (wild.is_ipv6() && !wild_afonly))
     };
-    a.addr == addr || covers(a.addr, a.afonly, addr) || covers(addr, afonly, a.addr)
+    if covers(a.addr, a.afonly, addr) || covers(addr, afonly, a.addr) {
+        Some(libc::EADDRNOTAVAIL)
+    } else if a.addr == addr {
+        Some(libc::EADDRINUSE)
+    } else {
+        None
+    }
 }
 
 /// The kernel's ephemeral range (net.ipv4.ip_local_port_range, which
@@ -64,8 +73,8 @@ pub(crate) fn random_u32() -> u32 {
 
 /// Binds `addr` in port space `ps` (port 0: an ephemeral port from a
 /// random start in the local range, as the kernel picks). Returns the key
-/// and the port. EADDRINUSE when taken, EADDRNOTAVAIL when the range is
-/// full.
+/// and the port. EADDRINUSE or EADDRNOTAVAIL when taken ([`conflict`]),
+/// EADDRNOTAVAIL when the range is full.
 pub(crate) fn bind(
     ps: u32,
     addr: SocketAddr,
@@ -75,13 +84,14 @@ pub(crate) fn bind(
     static NEXT_KEY: AtomicU64 = AtomicU64::new(1);
     let mut table = BINDINGS.lock().unwrap();
     let taken = |table: &[Binding], port: u16| {
-        table.iter().any(|b| {
-            b.ps == ps && b.port == port && overlap(b, addr.ip(), afonly) && !(b.reuse && reuse)
-        })
+        table
+            .iter()
+            .filter(|b| b.ps == ps && b.port == port && !(b.reuse && reuse))
+            .find_map(|b| conflict(b, addr.ip(), afonly))
     };
     let port = if addr.port() != 0 {
-        if taken(&table, addr.port()) {
-            return Err(libc::EADDRINUSE);
+        if let Some(errno) = taken(&table, addr.port()) {
+            return Err(errno);
         }
         addr.port()
     } else {
@@ -90,7 +100,7 @@ pub(crate) fn bind(
         let start = random_u32() % span;
         (0..span)
             .map(|i| lo + ((start + i) % span) as u16)
-            .find(|p| !taken(&table, *p))
+            .find(|p| taken(&table, *p).is_none())
             .ok_or(libc::EADDRNOTAVAIL)?
     };
     let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
@@ -137,11 +147,11 @@ mod tests {
         );
         assert_eq!(
             bind(ps, sa("0.0.0.0:7000"), false, false),
-            Err(libc::EADDRINUSE)
+            Err(libc::EADDRNOTAVAIL)
         );
         assert_eq!(
             bind(ps, sa("[::]:7000"), false, false),
-            Err(libc::EADDRINUSE)
+            Err(libc::EADDRNOTAVAIL)
         );
         let (b, _) = bind(ps, sa("[::]:7000"), false, true).unwrap();
         let (c, _) = bind(ps, sa("10.0.0.2:7000"), false, false).unwrap();
@@ -157,5 +167,22 @@ mod tests {
         let (again, port) = bind(ps, sa("10.0.0.1:7000"), false, false).unwrap();
         assert_eq!(port, 7000);
         release(again);
+    }
+
+    #[test]
+    fn a_loopback_binding_covers_its_family_as_a_wildcard_does() {
+        let ps = PS + 3;
+        let (lo, _) = bind(ps, sa("127.0.0.1:7002"), false, false).unwrap();
+        assert_eq!(
+            bind(ps, sa("10.0.0.1:7002"), false, false),
+            Err(libc::EADDRNOTAVAIL)
+        );
+        assert_eq!(
+            bind(ps, sa("127.0.0.1:7002"), false, false),
+            Err(libc::EADDRNOTAVAIL)
+        );
+        let (v6, _) = bind(ps, sa("[fd00::1]:7002"), false, true).unwrap();
+        release(lo);
+        release(v6);
     }
 }

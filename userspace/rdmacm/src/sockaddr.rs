@@ -90,6 +90,22 @@ pub(crate) fn gid_of(ip: IpAddr) -> [u8; 16] {
     }
 }
 
+/// rdma_cm's `cma_any_addr`: a wildcard or a loopback address. The kernel
+/// treats both alike: binding one attaches no device, a listener on one
+/// takes requests to any address of its family, and resolving one as a
+/// destination is a loopback to the first active device.
+pub(crate) fn is_any_addr(ip: IpAddr) -> bool {
+    ip.is_unspecified() || ip.is_loopback()
+}
+
+/// The loopback address of `ip`'s family (the kernel's `cma_set_loopback`).
+pub(crate) fn loopback_like(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::LOCALHOST),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +140,23 @@ mod tests {
         );
         let v6: Ipv6Addr = "2001:db8::7".parse().unwrap();
         assert_eq!(gid_of(IpAddr::V6(v6)), v6.octets());
+    }
+
+    #[test]
+    fn any_addresses_are_wildcards_and_loopbacks_as_in_the_kernel() {
+        for any in ["0.0.0.0", "127.0.0.1", "127.1.2.3", "::", "::1"] {
+            assert!(is_any_addr(any.parse().unwrap()), "{any}");
+        }
+        for not in ["10.0.0.1", "fe80::1", "::ffff:127.0.0.1", "2001:db8::1"] {
+            assert!(!is_any_addr(not.parse().unwrap()), "{not}");
+        }
+        assert_eq!(
+            loopback_like("10.0.0.1".parse().unwrap()),
+            "127.0.0.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            loopback_like("::".parse().unwrap()),
+            "::1".parse::<IpAddr>().unwrap()
+        );
     }
 }

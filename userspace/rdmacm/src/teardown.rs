@@ -1,9 +1,14 @@
 //! How connections end: `rdma_disconnect`, `rdma_notify`, what destroying
-//! an id does to its connection and listens, and the events of an ending
-//! connection (REJECTED, UNREACHABLE, CONNECT_ERROR, DISCONNECTED,
+//! an id (or exiting) does to its connection and listens, and the events of
+//! an ending connection (REJECTED, UNREACHABLE, CONNECT_ERROR, DISCONNECTED,
 //! TIMEWAIT_EXIT), with the status codes the kernel's rdma_cm gives them.
 
-use std::{ffi::c_int, mem::ManuallyDrop, sync::Arc};
+use std::{
+    ffi::c_int,
+    mem::ManuallyDrop,
+    sync::{Arc, TryLockError},
+    time::{Duration, Instant},
+};
 
 use xroce_cm::RejReason;
 
@@ -35,8 +40,37 @@ pub(crate) fn forget(st: &mut IdState) {
     }
 }
 
-/// Queues the connection's one DISCONNECTED (state lock held).
-fn report_disconnect(shared: &Arc<IdShared>, st: &mut IdState) {
+/// At exit, what the kernel does when the process's rdma_cm file closes
+/// (ucma_close destroys every id): each connection still open ends as
+/// rdma_destroy_id ends it, so that no peer waits through its DREQ retries
+/// for a process that is gone. An established one sends DREQ; one whose
+/// peer's DREQ is unanswered sends the DREP; a pending request or answer
+/// is rejected. The ids stay (another thread may still hold one); an id
+/// locked past `deadline` is left alone rather than hang the exit.
+pub(crate) fn end_connections_at_exit(deadline: Instant) {
+    for shared in conn::live_owners() {
+        let mut st = loop {
+            match shared.state.try_lock() {
+                Ok(st) => break Some(st),
+                Err(TryLockError::Poisoned(p)) => break Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(TryLockError::WouldBlock) => break None,
+            }
+        };
+        if let Some(c) = st.as_mut().and_then(|st| st.conn.take()) {
+            conn::unregister(c.agent, c.conn);
+            c.agent.with_engine(|e, now| {
+                let _ = e.destroy(c.conn, now);
+            });
+        }
+    }
+}
+
+/// Queues the connection's one DISCONNECTED with `status` (state lock
+/// held).
+fn report_disconnect(shared: &Arc<IdShared>, st: &mut IdState, status: c_int) {
     let Some(c) = st.conn.as_mut() else {
         return;
     };
@@ -46,7 +80,7 @@ fn report_disconnect(shared: &Arc<IdShared>, st: &mut IdState) {
     c.disconnect_reported = true;
     st.phase = Phase::Disconnecting;
     st.channel
-        .post(shared, st.c_id(), RDMA_CM_EVENT_DISCONNECTED, 0);
+        .post(shared, st.c_id(), RDMA_CM_EVENT_DISCONNECTED, status);
 }
 
 /// The peer sent DREQ. DISCONNECTED now; the DREP goes out when the
@@ -61,13 +95,14 @@ pub(crate) fn on_disconnect_request(shared: &Arc<IdShared>) {
             let _ = e.disconnect(c.conn, &[], now);
         });
     }
-    report_disconnect(shared, &mut st);
+    report_disconnect(shared, &mut st, 0);
 }
 
-/// Our DREQ was answered (or never was).
-pub(crate) fn on_disconnected(shared: &Arc<IdShared>) {
+/// Our DREQ was answered (status 0) or went unanswered through every
+/// retry (-ETIMEDOUT, as the kernel's rdma_cm reports ib_cm's DREQ_ERROR).
+pub(crate) fn on_disconnected(shared: &Arc<IdShared>, status: c_int) {
     let mut st = shared.state.lock().unwrap();
-    report_disconnect(shared, &mut st);
+    report_disconnect(shared, &mut st, status);
 }
 
 /// TIMEWAIT is over: the connection is gone.

@@ -205,6 +205,7 @@ pub fn kinds(events: &[(u64, CmEvent)]) -> Vec<&'static str> {
             CmEvent::ConnectError { .. } => "ConnectError",
             CmEvent::DisconnectRequest { .. } => "DisconnectRequest",
             CmEvent::Disconnected { .. } => "Disconnected",
+            CmEvent::DisconnectTimeout { .. } => "DisconnectTimeout",
             CmEvent::TimewaitExit { .. } => "TimewaitExit",
             CmEvent::SidrRequest { .. } => "SidrRequest",
             CmEvent::SidrResponse { .. } => "SidrResponse",

@@ -29,7 +29,7 @@ mod trace;
 use std::ffi::c_int;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -265,6 +265,8 @@ fn start(dev: &'static Device) -> Result<&'static Agent, i32> {
         .name("xroce-cm".into())
         .spawn(move || run(agent, gsi, ifindex))
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
+    // SAFETY: getpid has no preconditions.
+    AGENTS_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
     debug(format_args!(
         "CM agent of {} up: GIDs {:?}, CA GUID {ca_guid:#018x}",
         dev.name,
@@ -393,6 +395,18 @@ fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
 
 /// Every agent made so far.
 static AGENTS: Mutex<Vec<&'static Agent>> = Mutex::new(Vec::new());
+/// The process whose threads run the agents (0: none started yet).
+static AGENTS_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this process runs agents: false before the first one and in a
+/// fork(2)ed child, which has the agents' memory but not their threads
+/// (its exit must neither wait for them nor end the parent's
+/// connections).
+pub(crate) fn running_here() -> bool {
+    let pid = AGENTS_PID.load(Ordering::Acquire);
+    // SAFETY: getpid has no preconditions.
+    pid != 0 && pid == unsafe { libc::getpid() } as u32
+}
 
 /// Waits (up to `limit` for all) until every agent sent what its engine
 /// queued, e.g. the DREP or DREQ of a program's last calls before exit.
