@@ -274,14 +274,29 @@ fn names_in(dir: &str) -> anyhow::Result<Vec<OsString>> {
     Ok(names)
 }
 
-/// Writes a read-only file (sysfs files are r--r--r--).
+/// Writes a read-only file (sysfs files are r--r--r--), making its
+/// directory first if it is not there.
 fn write_file(path: &Path, content: &str) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let create = || {
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(path)
+    };
+    let mut file = match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent() {
+                fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+            }
+            create()
+        }
+        other => other,
     }
-    fs::write(path, content).with_context(|| format!("write {}", path.display()))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o444))
-        .with_context(|| format!("chmod {}", path.display()))
+    .with_context(|| format!("create {}", path.display()))?;
+    file.write_all(content.as_bytes())
+        .with_context(|| format!("write {}", path.display()))
 }
 
 const CLASS: &str = "/sys/class";
