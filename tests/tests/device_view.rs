@@ -49,6 +49,23 @@ enum Entry {
 /// `xroce run --iface IF --backend B -- ARGV` in the node's namespace,
 /// entered as `entry` says, as `who`.
 fn xroce_run(node: Node<'_>, who: Who, entry: Entry, argv: &[&str]) -> Command {
+    let backend = match who {
+        Who::Root => Backend::AfXdp,
+        Who::Nobody => Backend::Udp,
+    };
+    xroce_run_on(node, &[node.iface], backend, who, entry, argv)
+}
+
+/// [`xroce_run`] with an `--iface` for each of `ifaces` (none: the
+/// default list) and the given backend.
+fn xroce_run_on(
+    node: Node<'_>,
+    ifaces: &[&str],
+    backend: Backend,
+    who: Who,
+    entry: Entry,
+    argv: &[&str],
+) -> Command {
     let mut cmd = match entry {
         Entry::Nsenter => {
             let mut c = Command::new("nsenter");
@@ -62,28 +79,19 @@ fn xroce_run(node: Node<'_>, who: Who, entry: Entry, argv: &[&str]) -> Command {
             c
         }
     };
-    let backend = match who {
-        Who::Root => Backend::AfXdp,
-        Who::Nobody => {
-            cmd.args([
-                "setpriv",
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-            ]);
-            Backend::Udp
-        }
-    };
-    cmd.arg(workspace_bin("xroce"))
-        .args([
-            "run",
-            "--iface",
-            node.iface,
-            "--backend",
-            backend.as_str(),
-            "--",
-        ])
-        .args(argv);
+    if let Who::Nobody = who {
+        cmd.args([
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ]);
+    }
+    cmd.arg(workspace_bin("xroce")).arg("run");
+    for iface in ifaces {
+        cmd.args(["--iface", iface]);
+    }
+    cmd.args(["--backend", backend.as_str(), "--"]).args(argv);
     cmd
 }
 
@@ -388,6 +396,72 @@ fn check_ucx(t: &Topology, who: Who, entry: Entry) -> Result<String, String> {
     Ok(format!("{device}: {transports:?}"))
 }
 
+/// Each device of the drop-in's list, through ctypes: its name, its
+/// `dev_name`, the `ibdev` file under its `dev_path`, whether its
+/// `ibdev_path` is a directory and `/dev/infiniband/<dev_name>` a
+/// character device.
+const LIST_DEVICES: &str = r#"
+import ctypes, os, stat
+lib = ctypes.CDLL("libibverbs.so.1")
+lib.ibv_get_device_list.restype = ctypes.POINTER(ctypes.c_void_p)
+n = ctypes.c_int()
+devs = lib.ibv_get_device_list(ctypes.byref(n))
+for i in range(n.value):
+    # struct ibv_device: ops (2 pointers), node_type, transport_type,
+    # name[64], dev_name[64], dev_path[256], ibdev_path[256]
+    s = lambda off, size: ctypes.string_at(devs[i] + off, size).split(b"\0")[0].decode()
+    name, dev_name, dev_path, ibdev_path = s(24, 64), s(88, 64), s(152, 256), s(408, 256)
+    ibdev = open(dev_path + "/ibdev").read().strip()
+    chr_dev = stat.S_ISCHR(os.stat("/dev/infiniband/" + dev_name).st_mode)
+    print(name, dev_name, ibdev, os.path.isdir(ibdev_path), chr_dev)
+"#;
+
+/// With two interfaces, named in the other order than sorted and then
+/// by default: the uverbsN of the view are the drop-in's `dev_name`s,
+/// and each `dev_path`/`ibdev_path` of the drop-in is in the view.
+fn check_numbering(t: &Topology, who: Who, second: &str) -> Result<String, String> {
+    let node = t.client();
+    let mut sorted = [node.iface, second];
+    sorted.sort();
+    let mut seen = Vec::new();
+    for (ifaces, order) in [
+        (vec![sorted[1], sorted[0]], [sorted[1], sorted[0]]),
+        (vec![], sorted),
+    ] {
+        let out = Proc::spawn(
+            // udp: no XDP program left on the second interface.
+            xroce_run_on(
+                node,
+                &ifaces,
+                Backend::Udp,
+                who,
+                Entry::Nsenter,
+                &["python3", "-c", LIST_DEVICES],
+            ),
+            format!("[{who:?}] devices of --iface {ifaces:?}"),
+            &t.dir.0,
+        )
+        .finish(RUN);
+        if !out.success() {
+            return Err(out.describe());
+        }
+        let want: Vec<String> = order
+            .iter()
+            .enumerate()
+            .map(|(i, iface)| format!("xroce_{iface} uverbs{i} xroce_{iface} True True"))
+            .collect();
+        let got: Vec<&str> = out.stdout.lines().collect();
+        if got != want {
+            return Err(format!(
+                "--iface {ifaces:?}: devices {got:?}, want {want:?}\n{}",
+                out.describe()
+            ));
+        }
+        seen.push(got.join(", "));
+    }
+    Ok(seen.join(" / "))
+}
+
 fn device_view(who: Who) {
     require_root();
     let _turn = serial();
@@ -415,6 +489,17 @@ fn device_view(who: Who) {
             check_ucx(&t, who, entry)
         });
     }
+    // A second Ethernet interface with IPv4 in the client's namespace.
+    let node = t.client();
+    let stem = &node.iface[..node.iface.len() - 1];
+    let (second, peer) = (format!("{stem}x"), format!("{stem}y"));
+    let addr = format!("10.76.{}.1/24", node.addr.octets()[2]);
+    node.ns.exec(&[
+        "ip", "link", "add", &second, "type", "veth", "peer", "name", &peer,
+    ]);
+    node.ns.exec(&["ip", "addr", "add", &addr, "dev", &second]);
+    node.ns.exec(&["ip", "link", "set", &second, "up"]);
+    cases.case("uverbsN numbering", || check_numbering(&t, who, &second));
     cases.finish();
 }
 
