@@ -19,6 +19,9 @@
 //! - `ucx_info -d` lists `xroce_IF:1` with the rc_verbs and ud_verbs
 //!   transports (UCX's own check that a verbs device is visible: its
 //!   sysfs files and /dev/infiniband/uverbsN);
+//! - with a second interface, the uverbsN of the view are the drop-in's
+//!   own `dev_name`s (read from its device list), in `--iface` order and
+//!   in the default (sorted) list;
 //! - after each run the host has the /sys/class/infiniband and
 //!   /dev/infiniband it had before, no mount of the view and none of its
 //!   staging names.
