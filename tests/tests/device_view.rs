@@ -24,14 +24,17 @@
 //!   in the default (sorted) list;
 //! - after each run the host has the /sys/class/infiniband and
 //!   /dev/infiniband it had before, no mount of the view and none of its
-//!   staging names.
+//!   staging names;
+//! - without root where no user namespace may be made (a limit of 0 in a
+//!   user namespace of the test's own; the host's stays), `xroce run`
+//!   stops before PROGRAM with status 1 and names user.max_user_namespaces.
 
 use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
 
 use xroce::device::sysfs::DeviceFacts;
 use xroce_tests::{
     in_netns,
-    programs::{serial, Backend, Cases, Finished, Node, Proc, Topology},
+    programs::{serial, Backend, Cases, Finished, Node, Proc, TempDir, Topology},
     require_root, workspace_bin,
 };
 
@@ -524,4 +527,61 @@ fn ucx_transports_are_read_per_device() {
                 # Memory domain: posix\n#      Transport: posix\n#         Device: memory\n";
     assert_eq!(ucx_transports(text, "xroce_a:1"), ["rc_verbs", "ud_verbs"]);
     assert!(ucx_transports(text, "xroce_b:1").is_empty());
+}
+
+/// Without root and without user namespaces, `xroce run` stops before
+/// PROGRAM and names the sysctl. The limit is set to 0 in a user namespace
+/// of the test's own (A), after the unprivileged caller's namespace (B)
+/// exists, so the host's limit stays as it is: B's unshare counts against
+/// A's limit.
+#[test]
+fn without_user_namespaces_the_sysctl_is_named() {
+    require_root();
+    let dir = TempDir::new();
+    let xroce = workspace_bin("xroce");
+    // lib/ next to xroce, which B's user cannot make.
+    let prep = Proc::spawn(
+        {
+            let mut c = Command::new(&xroce);
+            c.args(["run", "--no-device-view", "--backend", "udp", "--", "true"]);
+            c
+        },
+        "prepare lib/".into(),
+        &dir.0,
+    )
+    .finish(RUN);
+    assert!(prep.success(), "{}", prep.describe());
+    let d = dir.0.display();
+    let x = xroce.display();
+    let script = format!(
+        "mkfifo {d}/ready {d}/go
+unshare --user --map-user=65534 --map-group=65534 \
+  sh -c 'echo > {d}/ready; read x < {d}/go; exec {x} run --backend udp -- echo PROGRAM-RAN' &
+read x < {d}/ready
+echo 0 > /proc/sys/user/max_user_namespaces
+echo > {d}/go
+wait $!
+echo status=$?"
+    );
+    let out = Proc::spawn(
+        {
+            let mut c = Command::new("unshare");
+            c.args(["--user", "--map-root-user", "sh", "-c", &script]);
+            c
+        },
+        "xroce run in a user namespace that may create none".into(),
+        &dir.0,
+    )
+    .finish(RUN);
+    let named = out.stderr.contains("user.max_user_namespaces")
+        && out.stderr.contains("ENOSPC")
+        && out.stderr.contains("--no-device-view");
+    assert!(
+        out.success()
+            && out.stdout.contains("status=1")
+            && !out.stdout.contains("PROGRAM-RAN")
+            && named,
+        "{}",
+        out.describe()
+    );
 }

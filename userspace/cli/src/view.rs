@@ -206,8 +206,9 @@ fn userns_unavailable(e: Errno, sysctls: &[(&str, String)]) -> String {
             .to_string()
     } else if value("user.max_user_namespaces") == Some("0") || e == Errno::ENOSPC {
         format!(
-            "no user namespace may be created (sysctl user.max_user_namespaces={}; \
-             `sysctl -w user.max_user_namespaces=15000` allows them)",
+            "the limit on user namespaces is reached (sysctl user.max_user_namespaces={} here, \
+             or a lower one in an enclosing user namespace; `sysctl -w \
+             user.max_user_namespaces=15000` raises it)",
             value("user.max_user_namespaces").unwrap_or("?")
         )
     } else if value("kernel.apparmor_restrict_unprivileged_userns") == Some("1") {
