@@ -18,13 +18,19 @@
 //! with EINVAL, which a file of a view cannot do, so the view has none).
 //! The uverbs class device has `ibdev`, `abi_version` and `dev` (the
 //! kernel's uverbs char device numbers, 231:192+N).
+//!
+//! Everything is read in the caller's network namespace (getifaddrs for
+//! addresses and carrier, ioctls for the MTU and the ethtool link speed),
+//! never from /sys/class/net, which under `nsenter --net` shows another
+//! namespace: a device looks the same however the namespace was entered.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use nix::ifaddrs::getifaddrs;
+use nix::{ifaddrs::getifaddrs, net::if_::InterfaceFlags};
 
 use super::{
-    gid_table, guid_from_mac, interface_addrs, interface_mac, interface_mtu, path_mtu_for,
+    gid_table, guid_from_mac, ifreq_named, interface_addrs, interface_mac, interface_mtu,
+    ioctl_socket, path_mtu_for,
 };
 
 /// The one port.
@@ -110,30 +116,75 @@ pub struct PortState {
     pub speed_mbps: Option<u32>,
 }
 
-fn sysfs_net(iface: &str, attr: &str) -> Option<String> {
-    std::fs::read_to_string(format!("/sys/class/net/{iface}/{attr}"))
-        .ok()
-        .map(|s| s.trim().to_string())
+/// True if `iface` is up with carrier (IFF_UP and IFF_LOWER_UP, from
+/// getifaddrs: this network namespace, whatever /sys shows).
+fn up_with_carrier(iface: &str) -> bool {
+    let Ok(all) = getifaddrs() else {
+        return false;
+    };
+    all.filter(|a| a.interface_name == iface).any(|a| {
+        a.flags
+            .contains(InterfaceFlags::IFF_UP | InterfaceFlags::IFF_LOWER_UP)
+    })
+}
+
+/// The legacy `struct ethtool_cmd` (linux/ethtool.h), which ETHTOOL_GSET
+/// fills for every driver that reports link settings.
+#[repr(C)]
+#[derive(Default)]
+struct EthtoolCmd {
+    cmd: u32,
+    supported: u32,
+    advertising: u32,
+    speed: u16,
+    duplex: u8,
+    port: u8,
+    phy_address: u8,
+    transceiver: u8,
+    autoneg: u8,
+    mdio_support: u8,
+    maxtxpkt: u32,
+    maxrxpkt: u32,
+    speed_hi: u16,
+    eth_tp_mdix: u8,
+    eth_tp_mdix_ctrl: u8,
+    lp_advertising: u32,
+    reserved: [u32; 2],
+}
+
+const ETHTOOL_GSET: u32 = 1;
+/// What ETHTOOL_GSET reports for a link without a known speed.
+const SPEED_UNKNOWN: u32 = u32::MAX;
+
+nix::ioctl_readwrite_bad!(siocethtool, libc::SIOCETHTOOL, libc::ifreq);
+
+/// The link speed of `iface` in Mb/s as ethtool reports it (what rxe maps
+/// to an IB width and speed), in this network namespace; None if unknown.
+fn ethtool_speed_mbps(iface: &str) -> Option<u32> {
+    let mut cmd = EthtoolCmd {
+        cmd: ETHTOOL_GSET,
+        ..Default::default()
+    };
+    let mut ifr = ifreq_named(iface)?;
+    ifr.ifr_ifru.ifru_data = (&mut cmd as *mut EthtoolCmd).cast();
+    let sock = ioctl_socket().ok()?;
+    // SAFETY: `ifr` names the interface and points at `cmd`, a live
+    // ethtool_cmd that ETHTOOL_GSET fills (and reads no further than).
+    unsafe { siocethtool(std::os::fd::AsRawFd::as_raw_fd(&sock), &mut ifr) }.ok()?;
+    let speed = u32::from(cmd.speed) | (u32::from(cmd.speed_hi) << 16);
+    (speed != 0 && speed != SPEED_UNKNOWN && speed != u32::from(u16::MAX)).then_some(speed)
 }
 
 impl PortState {
-    /// rxe's test of the link: the interface is running and has carrier.
-    /// sysfs `carrier` reads "1" then (and fails while the interface is
-    /// down); without sysfs for the interface at all (a /sys of another
-    /// network namespace), the interface counts as up.
+    /// rxe's view of the link: ACTIVE while the interface is up with
+    /// carrier, the IB rate from its ethtool speed. Read in the caller's
+    /// network namespace (getifaddrs, an ioctl socket), so the same under
+    /// `ip netns exec` and `nsenter --net`.
     pub fn read(iface: &str, active_mtu: u32) -> PortState {
-        let up = match (sysfs_net(iface, "carrier"), sysfs_net(iface, "operstate")) {
-            (Some(c), _) => c == "1",
-            (None, Some(_)) => false,
-            (None, None) => true,
-        };
         PortState {
-            up,
+            up: up_with_carrier(iface),
             active_mtu,
-            speed_mbps: sysfs_net(iface, "speed")
-                .and_then(|s| s.parse::<i64>().ok())
-                .filter(|&s| s > 0)
-                .map(|s| s.min(u32::MAX as i64) as u32),
+            speed_mbps: ethtool_speed_mbps(iface),
         }
     }
 
@@ -478,6 +529,16 @@ mod tests {
             (device_name("eth1"), uverbs_name(3)),
             ("xroce_eth1".into(), "uverbs3".into())
         );
+    }
+
+    #[test]
+    fn the_port_is_read_from_the_interface() {
+        // Loopback is up with carrier and has no ethtool speed.
+        let lo = PortState::read("lo", 4096);
+        assert_eq!((lo.up, lo.speed_mbps), (true, None));
+        assert_eq!(lo.width_speed(), (WIDTH_1X, SPEED_SDR));
+        assert!(!PortState::read("nosuchif0", 1024).up);
+        assert_eq!(ethtool_speed_mbps("nosuchif0"), None);
     }
 
     #[test]
