@@ -206,7 +206,10 @@ fn prepare(args: &RunArgs) -> Result<Command, Failure> {
         } else {
             ifaces
         };
-        crate::view::enter(&devices)?;
+        crate::view::enter(&devices).context(
+            "the device view (--no-device-view runs PROGRAM without it; UCX, hwloc and others \
+             then find no device)",
+        )?;
     }
     Ok(command)
 }

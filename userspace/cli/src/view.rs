@@ -56,12 +56,12 @@ use std::{
     fs,
     os::{
         fd::{AsRawFd, OwnedFd},
-        unix::fs::{symlink, FileTypeExt, PermissionsExt},
+        unix::fs::{symlink, PermissionsExt},
     },
     path::{Path, PathBuf},
 };
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use nix::{
     errno::Errno,
     fcntl::{open, OFlag},
@@ -223,8 +223,7 @@ fn userns_unavailable(e: Errno, sysctls: &[(&str, String)]) -> String {
     };
     format!(
         "cannot create the user namespace the device view needs without root \
-         (unshare(CLONE_NEWUSER): {e}): {cause}; or run as root, or pass --no-device-view \
-         (UCX, hwloc and others will then not find the device)"
+         (unshare(CLONE_NEWUSER): {e}): {cause}; or run as root"
     )
 }
 
@@ -315,9 +314,7 @@ fn sys_class_view(devices: &[ViewDevice]) -> anyhow::Result<()> {
     mount_tmpfs(CLASS, SYSFS_FLAGS)?;
     let class = Path::new(CLASS);
     for name in &classes {
-        let target = class.join(name);
-        fs::create_dir(&target).with_context(|| format!("create {}", target.display()))?;
-        bind(&original.join(name), &target)?;
+        bring_back(&original.join(name), &class.join(name))?;
     }
     let ib = class.join("infiniband");
     let verbs = class.join("infiniband_verbs");
@@ -387,6 +384,27 @@ fn populate_infiniband(dir: &Path, null: &Path, n: usize) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Makes `target` (not there yet) what `original` is: a directory or a
+/// file of any kind bind-mounted from it, a symlink with the same target.
+/// An original that is gone meanwhile is skipped.
+fn bring_back(original: &Path, target: &Path) -> anyhow::Result<()> {
+    let Ok(meta) = fs::symlink_metadata(original) else {
+        return Ok(());
+    };
+    let ft = meta.file_type();
+    if ft.is_symlink() {
+        let to = fs::read_link(original).with_context(|| format!("read {}", original.display()))?;
+        return symlink(&to, target).with_context(|| format!("link {}", target.display()));
+    }
+    if ft.is_dir() {
+        fs::create_dir(target)
+    } else {
+        fs::File::create(target).map(drop)
+    }
+    .with_context(|| format!("create {}", target.display()))?;
+    bind(original, target)
+}
+
 /// Overmounts /dev with a tmpfs holding every original entry; returns the
 /// path of the original /dev/null in it.
 ///
@@ -402,32 +420,12 @@ fn overmount_dev() -> anyhow::Result<PathBuf> {
     fs::create_dir(&host).with_context(|| format!("create {}", host.display()))?;
     bind(dev, &host)?;
     for name in names_in("/dev")? {
-        let original = dev.join(&name);
         let target = stage.join(&name);
-        let Ok(meta) = fs::symlink_metadata(&original) else {
-            continue; // gone meanwhile
-        };
-        let ft = meta.file_type();
-        if ft.is_dir() {
-            fs::create_dir(&target).with_context(|| format!("create {}", target.display()))?;
-            bind(&original, &target)?;
-        } else if ft.is_symlink() {
-            let to =
-                fs::read_link(&original).with_context(|| format!("read {}", original.display()))?;
-            symlink(&to, &target).with_context(|| format!("link {}", target.display()))?;
-        } else if name == "ptmx" {
+        if name == "ptmx" {
             // Through the whole original /dev: see the module doc.
             symlink(Path::new(HOST_DEV).join("ptmx"), &target).context("link /dev/ptmx")?;
-        } else if ft.is_char_device()
-            || ft.is_block_device()
-            || ft.is_fifo()
-            || ft.is_socket()
-            || ft.is_file()
-        {
-            fs::File::create(&target).with_context(|| format!("create {}", target.display()))?;
-            bind(&original, &target)?;
         } else {
-            bail!("{}: unexpected file type", original.display())
+            bring_back(&dev.join(&name), &target)?;
         }
     }
     mount(
@@ -459,7 +457,6 @@ mod tests {
             ]),
         );
         assert!(m.contains("kernel.unprivileged_userns_clone=0"), "{m}");
-        assert!(m.contains("--no-device-view"), "{m}");
         let m = userns_unavailable(Errno::ENOSPC, &s(&[("user.max_user_namespaces", "0")]));
         assert!(m.contains("user.max_user_namespaces=0"), "{m}");
         let m = userns_unavailable(
