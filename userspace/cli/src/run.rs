@@ -47,8 +47,8 @@ the next run; `xroce detach --iface IF` removes it. Without --iface, the
 library itself attaches the program to each device PROGRAM opens and detaches
 it when the device is closed.
 
-PROGRAM and its children also see the devices where UCX, libfabric, hwloc
-and rdma-core look for kernel RDMA devices: /sys/class/infiniband/xroce_IF,
+PROGRAM and its children also see the devices where UCX, hwloc, pyverbs'
+tests and rdma-core look for kernel RDMA devices: /sys/class/infiniband/xroce_IF,
 /sys/class/infiniband_verbs/uverbsN and /dev/infiniband/{uverbsN,rdma_cm},
 in a mount namespace of their own (without root, inside a user namespace
 that keeps the caller's uid and gid); nothing on the host changes.
@@ -79,8 +79,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "none", value_parser = crate::units::cc())]
     pub cc: xroce::cc::CcKind,
     /// Do not give PROGRAM the private view of /sys/class/infiniband and
-    /// /dev/infiniband (UCX, libfabric, hwloc, ... then find no device;
-    /// plain libibverbs programs still do)
+    /// /dev/infiniband (UCX, hwloc and pyverbs' tests then find no device;
+    /// programs that only ask libibverbs/librdmacm, such as perftest and
+    /// libfabric's verbs provider, still do)
     #[arg(long)]
     pub no_device_view: bool,
     /// The program to run and its arguments (put them after `--`)
@@ -207,8 +208,8 @@ fn prepare(args: &RunArgs) -> Result<Command, Failure> {
             ifaces
         };
         crate::view::enter(&devices).context(
-            "the device view (--no-device-view runs PROGRAM without it; UCX, hwloc and others \
-             then find no device)",
+            "the device view (--no-device-view runs PROGRAM without it; UCX and hwloc then find \
+             no device)",
         )?;
     }
     Ok(command)

@@ -1,5 +1,5 @@
 //! The private device view of `xroce run`: the program (and every child it
-//! starts) finds its xroce devices where UCX, libfabric, hwloc, pyverbs'
+//! starts) finds its xroce devices where UCX, hwloc, pyverbs'
 //! tests and rdma-core look for rxe's, while nothing on the host changes.
 //!
 //! What the program sees:
