@@ -116,6 +116,8 @@ d=/sys/class/infiniband/xroce_{iface}
 cd "$d" || exit 2
 grep -r . .
 echo "classes=$(echo $(ls /sys/class/infiniband))"
+echo "class_link=$(readlink /sys/class/infiniband/xroce_{iface})"
+echo "uverbs_link=$(readlink /sys/class/infiniband_verbs/uverbs0)"
 echo "verbs=$(echo $(ls /sys/class/infiniband_verbs))"
 echo "verbs_abi=$(cat /sys/class/infiniband_verbs/abi_version)"
 for f in ibdev abi_version dev; do echo "uverbs0/$f=$(cat /sys/class/infiniband_verbs/uverbs0/$f)"; done
@@ -187,7 +189,8 @@ struct HostState {
 fn host_state() -> HostState {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     HostState {
-        sys_class_infiniband: Path::new("/sys/class/infiniband").exists(),
+        sys_class_infiniband: Path::new("/sys/class/infiniband").exists()
+            || Path::new("/sys/devices/virtual/infiniband").exists(),
         dev_infiniband: Path::new("/dev/infiniband").exists(),
         view_mounts: mountinfo
             .lines()
@@ -296,6 +299,15 @@ fn check_view(t: &Topology, who: Who, entry: Entry) -> Result<String, String> {
     let want_keys = [
         ("classes", ibdev.clone()),
         ("verbs", "abi_version uverbs0".into()),
+        // Where the kernel puts a parentless device (rxe on a veth).
+        (
+            "class_link",
+            format!("../../devices/virtual/infiniband/{ibdev}"),
+        ),
+        (
+            "uverbs_link",
+            "../../devices/virtual/infiniband_verbs/uverbs0".into(),
+        ),
         ("verbs_abi", "6".into()),
         ("uverbs0/ibdev", ibdev.clone()),
         ("uverbs0/abi_version", "6".into()),

@@ -2,8 +2,10 @@
 //! starts) finds its xroce devices where UCX, hwloc, pyverbs'
 //! tests and rdma-core look for rxe's, while nothing on the host changes.
 //!
-//! What the program sees:
-//! - `/sys/class/infiniband/xroce_IF/`: the files of
+//! What the program sees, laid out as the kernel lays out a device
+//! without a parent (rxe on a veth):
+//! - `/sys/class/infiniband/xroce_IF`, a link to
+//!   `/sys/devices/virtual/infiniband/xroce_IF/` with the files of
 //!   [`xroce::device::sysfs::DeviceFacts::files`] (node_type, GUIDs,
 //!   ports/1/{state,phys_state,link_layer,rate,lid,...}, gids/0..1023,
 //!   gid_attrs/{types,ndevs}/N of the populated GIDs, pkeys/0), and
@@ -12,12 +14,17 @@
 //!   directory of that name), `numa_node` and `local_cpus` (the
 //!   interface's parent device's, else -1 and every CPU: a virtual device
 //!   has no locality);
-//! - `/sys/class/infiniband_verbs/abi_version` and `uverbsN/{ibdev,
-//!   abi_version,dev,device}`, N the device's index in the drop-in's device
-//!   list (its `dev_name`);
+//! - `/sys/class/infiniband_verbs/abi_version`, and `uverbsN` linked to
+//!   `/sys/devices/virtual/infiniband_verbs/uverbsN/{ibdev,abi_version,
+//!   dev,device}`, N the device's index in the drop-in's device list (its
+//!   `dev_name`);
 //! - `/dev/infiniband/uverbsN` and `/dev/infiniband/rdma_cm`: bind mounts
 //!   of `/dev/null`, character devices that stat and open read-write
 //!   (the drop-in never uses them; UCX checks that they are there).
+//!
+//! So UCX finds the device as it finds rxe, and hwloc lists it where it
+//! lists rxe on a veth (with `HWLOC_VIRTUAL_LINUX_OSDEV=1`: it skips
+//! virtual devices by default).
 //!
 //! How, in this process before it exec's the program:
 //! 1. a new mount namespace (`unshare(CLONE_NEWNS)`); without root, in a
@@ -26,12 +33,12 @@
 //!    requires), so the program keeps its identity and the capabilities of
 //!    that namespace end at exec;
 //! 2. `/` made recursively private, so nothing below propagates out;
-//! 3. `/sys/class` overmounted by a tmpfs in which every original class
-//!    directory is bind-mounted back (from an O_PATH descriptor of the
-//!    original, opened before the overmount), beside the two new class
-//!    directories; relative links such as `/sys/class/net/eth0 ->
-//!    ../../devices/...` still resolve, since `..` of a bind mount's root
-//!    leaves through its mount point;
+//! 3. `/sys/devices/virtual` and `/sys/class` each overmounted by a tmpfs
+//!    in which every original entry is bind-mounted back (from an O_PATH
+//!    descriptor of the original, opened before the overmount), beside the
+//!    new infiniband and infiniband_verbs directories; relative links such
+//!    as `/sys/class/net/eth0 -> ../../devices/...` still resolve, since
+//!    `..` of a bind mount's root leaves through its mount point;
 //! 4. `/dev/infiniband`: a tmpfs mounted on it if it exists; else a new
 //!    `/dev`: a tmpfs, built aside and moved onto `/dev`, into which every
 //!    original entry comes back (directories and device nodes
@@ -41,7 +48,7 @@
 //!    the directory of the ptmx it opened, which a bind mount of the ptmx
 //!    node alone does not have (its open fails with ENOENT). Pseudo-
 //!    terminals then show as `/dev/.xroce-host-dev/pts/N` to ttyname(3);
-//! 5. the /sys/class tmpfs made read-only, like sysfs.
+//! 5. the two sysfs tmpfs made read-only, like sysfs.
 //!
 //! The namespace lives as long as the program and its children, and
 //! nothing of it exists outside them: no file under /run or /tmp, no mount
@@ -103,14 +110,17 @@ pub fn enter(ifaces: &[String]) -> anyhow::Result<()> {
     sys_class_view(&devices)?;
     dev_view(devices.len())?;
     // Read-only like sysfs, once /dev no longer needs a place to build.
-    mount(
-        None::<&str>,
-        CLASS,
-        None::<&str>,
-        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | SYSFS_FLAGS,
-        None::<&str>,
-    )
-    .map_err(|e| anyhow!("make the tmpfs on {CLASS} read-only: {e}"))
+    for dir in [CLASS, VIRTUAL] {
+        mount(
+            None::<&str>,
+            dir,
+            None::<&str>,
+            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | SYSFS_FLAGS,
+            None::<&str>,
+        )
+        .map_err(|e| anyhow!("make the tmpfs on {dir} read-only: {e}"))?;
+    }
+    Ok(())
 }
 
 fn view_device(iface: &str) -> anyhow::Result<ViewDevice> {
@@ -300,32 +310,51 @@ fn write_file(path: &Path, content: &str) -> anyhow::Result<()> {
 }
 
 const CLASS: &str = "/sys/class";
+/// Where sysfs keeps devices without a parent (rxe's on a veth).
+const VIRTUAL: &str = "/sys/devices/virtual";
+/// The classes the view replaces.
+const IB_CLASSES: [&str; 2] = ["infiniband", "infiniband_verbs"];
 /// sysfs's own mount flags.
 const SYSFS_FLAGS: MsFlags = MsFlags::MS_NOSUID
     .union(MsFlags::MS_NODEV)
     .union(MsFlags::MS_NOEXEC);
 
-fn sys_class_view(devices: &[ViewDevice]) -> anyhow::Result<()> {
-    let classes: Vec<OsString> = names_in(CLASS)?
+/// Overmounts the sysfs directory `dir` by a tmpfs holding every original
+/// entry but those named in `skip`.
+fn overmount_sysfs_dir(dir: &str, skip: &[&str]) -> anyhow::Result<()> {
+    let names: Vec<OsString> = names_in(dir)?
         .into_iter()
-        .filter(|n| n != "infiniband" && n != "infiniband_verbs")
+        .filter(|n| !skip.iter().any(|s| n == s))
         .collect();
-    let (_fd, original) = open_path(CLASS)?;
-    mount_tmpfs(CLASS, SYSFS_FLAGS)?;
-    let class = Path::new(CLASS);
-    for name in &classes {
-        bring_back(&original.join(name), &class.join(name))?;
+    let (_fd, original) = open_path(dir)?;
+    mount_tmpfs(dir, SYSFS_FLAGS)?;
+    for name in &names {
+        bring_back(&original.join(name), &Path::new(dir).join(name))?;
     }
-    let ib = class.join("infiniband");
-    let verbs = class.join("infiniband_verbs");
-    fs::create_dir_all(&ib).with_context(|| format!("create {}", ib.display()))?;
+    Ok(())
+}
+
+/// The devices as the kernel lays out a parentless (virtual) RDMA device
+/// such as rxe on a veth: the directories under
+/// /sys/devices/virtual/{infiniband,infiniband_verbs}, linked from
+/// /sys/class/{infiniband,infiniband_verbs}.
+fn sys_class_view(devices: &[ViewDevice]) -> anyhow::Result<()> {
+    overmount_sysfs_dir(VIRTUAL, &IB_CLASSES)?;
+    overmount_sysfs_dir(CLASS, &IB_CLASSES)?;
+    let (virt, class) = (Path::new(VIRTUAL), Path::new(CLASS));
+    for dir in [virt, class] {
+        for name in IB_CLASSES {
+            let d = dir.join(name);
+            fs::create_dir(&d).with_context(|| format!("create {}", d.display()))?;
+        }
+    }
     write_file(
-        &verbs.join("abi_version"),
+        &class.join("infiniband_verbs/abi_version"),
         &format!("{}\n", sysfs::UVERBS_ABI_VERSION),
     )?;
     for (index, d) in devices.iter().enumerate() {
         let ibdev = sysfs::device_name(&d.facts.iface);
-        let dir = ib.join(&ibdev);
+        let dir = virt.join("infiniband").join(&ibdev);
         for (rel, content) in d.facts.files() {
             write_file(&dir.join(rel), &content)?;
         }
@@ -341,7 +370,8 @@ fn sys_class_view(devices: &[ViewDevice]) -> anyhow::Result<()> {
         }
         .with_context(|| format!("create {}", link.display()))?;
 
-        let uverbs = verbs.join(sysfs::uverbs_name(index));
+        let uverbs_name = sysfs::uverbs_name(index);
+        let uverbs = virt.join("infiniband_verbs").join(&uverbs_name);
         for f in ["ibdev", "abi_version", "dev"] {
             let content = sysfs::uverbs_file(&ibdev, index, &[f])
                 .map_err(|e| anyhow!("uverbs file {f}: errno {e}"))?;
@@ -353,6 +383,14 @@ fn sys_class_view(devices: &[ViewDevice]) -> anyhow::Result<()> {
             uverbs.join("device"),
         )
         .with_context(|| format!("link {}/device", uverbs.display()))?;
+
+        for (class_name, name) in [("infiniband", &ibdev), ("infiniband_verbs", &uverbs_name)] {
+            let link = class.join(class_name).join(name);
+            let target = Path::new("../../devices/virtual")
+                .join(class_name)
+                .join(name);
+            symlink(&target, &link).with_context(|| format!("link {}", link.display()))?;
+        }
     }
     Ok(())
 }
