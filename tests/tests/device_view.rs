@@ -19,6 +19,8 @@
 //! - `ucx_info -d` lists `xroce_IF:1` with the rc_verbs and ud_verbs
 //!   transports (UCX's own check that a verbs device is visible: its
 //!   sysfs files and /dev/infiniband/uverbsN);
+//! - hwloc (tests/c/hwloc_openfabrics.c, with HWLOC_VIRTUAL_LINUX_OSDEV=1
+//!   as for rxe on a veth) lists `xroce_IF` with the GUID and GID 1;
 //! - with a second interface, the uverbsN of the view are the drop-in's
 //!   own `dev_name`s (read from its device list), in `--iface` order and
 //!   in the default (sorted) list;
@@ -35,7 +37,9 @@ use xroce::device::sysfs::DeviceFacts;
 use xroce_tests::{
     in_netns,
     programs::{serial, Backend, Cases, Finished, Node, Proc, TempDir, Topology},
-    require_root, workspace_bin,
+    require_root,
+    verbs::compile_c,
+    workspace_bin,
 };
 
 const RUN: Duration = Duration::from_secs(60);
@@ -478,6 +482,53 @@ fn check_numbering(t: &Topology, who: Who, second: &str) -> Result<String, Strin
     Ok(seen.join(" / "))
 }
 
+/// hwloc (Open MPI's topology library) lists the device as it lists rxe
+/// on a veth, with the GUID and GID 1 of the view.
+fn check_hwloc(t: &Topology, who: Who) -> Result<String, String> {
+    let node = t.client();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/hwloc_openfabrics.c");
+    let bin = t.dir.0.join("hwloc_openfabrics");
+    compile_c(&src, &bin, &["-lhwloc"]);
+    let bin = bin.display().to_string();
+    // The unprivileged user needs to reach it in the test's directory.
+    for p in [&t.dir.0, Path::new(&bin)] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(|e| format!("chmod {}: {e}", p.display()))?;
+    }
+    let out = run(
+        t,
+        who,
+        Entry::Nsenter,
+        &["env", "HWLOC_VIRTUAL_LINUX_OSDEV=1", &bin],
+    );
+    if !out.success() {
+        return Err(out.describe());
+    }
+    let facts = {
+        let iface = node.iface.to_string();
+        in_netns(&node.ns.name, move || DeviceFacts::read(&iface))
+    }
+    .map_err(|e| format!("read {}: errno {e}", node.iface))?;
+    let v4 = node.addr.octets();
+    let want = format!(
+        "xroce_{} {} 0000:0000:0000:0000:0000:ffff:{:02x}{:02x}:{:02x}{:02x}",
+        node.iface,
+        eui64_groups(facts.mac),
+        v4[0],
+        v4[1],
+        v4[2],
+        v4[3]
+    );
+    if out.stdout.lines().collect::<Vec<_>>() != [want.as_str()] {
+        return Err(format!(
+            "hwloc lists {:?}, want [{want:?}]\n{}",
+            out.stdout,
+            out.describe()
+        ));
+    }
+    Ok(want)
+}
+
 fn device_view(who: Who) {
     require_root();
     let _turn = serial();
@@ -505,6 +556,7 @@ fn device_view(who: Who) {
             check_ucx(&t, who, entry)
         });
     }
+    cases.case("hwloc", || check_hwloc(&t, who));
     // A second Ethernet interface with IPv4 in the client's namespace.
     let node = t.client();
     let stem = &node.iface[..node.iface.len() - 1];
