@@ -36,13 +36,43 @@ use std::{collections::BTreeMap, path::Path, process::Command, time::Duration};
 use xroce::device::sysfs::DeviceFacts;
 use xroce_tests::{
     in_netns,
-    programs::{serial, Backend, Cases, Finished, Node, Proc, TempDir, Topology},
+    programs::{serial, Backend, Cases, Finished, Proc, TempDir, Topology},
     require_root,
     verbs::compile_c,
     workspace_bin,
 };
 
 const RUN: Duration = Duration::from_secs(60);
+/// Where the unprivileged user runs xroce from (see [`reachable_copy`]).
+const REACHABLE_XROCE: &str = "bin/xroce";
+
+/// xroce and its libraries linked (or copied) into the test's directory,
+/// which every user may enter: the workspace's target directory may lie
+/// below one the unprivileged user cannot (/root).
+fn reachable_copy(dir: &Path) {
+    let bin = dir.join(REACHABLE_XROCE);
+    let lib = bin.parent().unwrap().join("lib");
+    std::fs::create_dir_all(&lib).unwrap_or_else(|e| panic!("mkdir {}: {e}", lib.display()));
+    for (from, to) in [
+        (workspace_bin("xroce"), bin.clone()),
+        (
+            workspace_bin("libxroce_ibverbs.so"),
+            lib.join("libibverbs.so.1"),
+        ),
+        (
+            workspace_bin("libxroce_rdmacm.so"),
+            lib.join("librdmacm.so.1"),
+        ),
+    ] {
+        std::fs::hard_link(&from, &to)
+            .or_else(|_| std::fs::copy(&from, &to).map(drop))
+            .unwrap_or_else(|e| panic!("link {} to {}: {e}", from.display(), to.display()));
+    }
+    for d in [dir, bin.parent().unwrap(), &lib] {
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", d.display()));
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 enum Who {
@@ -58,24 +88,25 @@ enum Entry {
 
 /// `xroce run --iface IF --backend B -- ARGV` in the node's namespace,
 /// entered as `entry` says, as `who`.
-fn xroce_run(node: Node<'_>, who: Who, entry: Entry, argv: &[&str]) -> Command {
+fn xroce_run(t: &Topology, who: Who, entry: Entry, argv: &[&str]) -> Command {
     let backend = match who {
         Who::Root => Backend::AfXdp,
         Who::Nobody => Backend::Udp,
     };
-    xroce_run_on(node, &[node.iface], backend, who, entry, argv)
+    xroce_run_on(t, &[t.client().iface], backend, who, entry, argv)
 }
 
 /// [`xroce_run`] with an `--iface` for each of `ifaces` (none: the
 /// default list) and the given backend.
 fn xroce_run_on(
-    node: Node<'_>,
+    t: &Topology,
     ifaces: &[&str],
     backend: Backend,
     who: Who,
     entry: Entry,
     argv: &[&str],
 ) -> Command {
+    let node = t.client();
     let mut cmd = match entry {
         Entry::Nsenter => {
             let mut c = Command::new("nsenter");
@@ -97,7 +128,11 @@ fn xroce_run_on(
             "--clear-groups",
         ]);
     }
-    cmd.arg(workspace_bin("xroce")).arg("run");
+    let xroce = match who {
+        Who::Root => workspace_bin("xroce"),
+        Who::Nobody => t.dir.0.join(REACHABLE_XROCE),
+    };
+    cmd.arg(xroce).arg("run");
     for iface in ifaces {
         cmd.args(["--iface", iface]);
     }
@@ -108,7 +143,7 @@ fn xroce_run_on(
 fn run(t: &Topology, who: Who, entry: Entry, argv: &[&str]) -> Finished {
     let node = t.client();
     let what = format!("[{who:?} {entry:?} in {}] {}", node.ns.name, argv.join(" "));
-    Proc::spawn(xroce_run(node, who, entry, argv), what, &t.dir.0).finish(RUN)
+    Proc::spawn(xroce_run(t, who, entry, argv), what, &t.dir.0).finish(RUN)
 }
 
 /// The shell that reports what the program sees: `./REL:CONTENT` for
@@ -451,7 +486,7 @@ fn check_numbering(t: &Topology, who: Who, second: &str) -> Result<String, Strin
         let out = Proc::spawn(
             // udp: no XDP program left on the second interface.
             xroce_run_on(
-                node,
+                t,
                 &ifaces,
                 Backend::Udp,
                 who,
@@ -540,12 +575,15 @@ fn device_view(who: Who) {
     // xroce run makes lib/ next to itself on first use, which the
     // unprivileged user may not: a root run first.
     let prep = Proc::spawn(
-        xroce_run(t.client(), Who::Root, Entry::Nsenter, &["true"]),
+        xroce_run(&t, Who::Root, Entry::Nsenter, &["true"]),
         "prepare lib/".into(),
         &t.dir.0,
     )
     .finish(RUN);
     assert!(prep.success(), "{}", prep.describe());
+    if let Who::Nobody = who {
+        reachable_copy(&t.dir.0);
+    }
     let mut cases = Cases::new(&format!("device_view_{who:?}"));
     for entry in [Entry::Nsenter, Entry::IpNetnsExec] {
         cases.case(&format!("{entry:?}: files"), || check_view(&t, who, entry));
