@@ -19,6 +19,8 @@
 //! - `ucx_info -d` lists `xroce_IF:1` with the rc_verbs and ud_verbs
 //!   transports (UCX's own check that a verbs device is visible: its
 //!   sysfs files and /dev/infiniband/uverbsN);
+//! - with `--no-device-view` (as with LD_LIBRARY_PATH alone) `ucx_info -d`
+//!   lists no transport on the device;
 //! - hwloc (tests/c/hwloc_openfabrics.c, with HWLOC_VIRTUAL_LINUX_OSDEV=1
 //!   as for rxe on a veth) lists `xroce_IF` with the GUID and GID 1;
 //! - with a second interface, the uverbsN of the view are the drop-in's
@@ -564,6 +566,28 @@ fn check_hwloc(t: &Topology, who: Who) -> Result<String, String> {
     Ok(want)
 }
 
+/// With `--no-device-view` (as with LD_LIBRARY_PATH alone) UCX lists no
+/// transport on the device: what the view is for.
+fn check_ucx_without_view(t: &Topology) -> Result<String, String> {
+    let node = t.client();
+    let mut cmd = node.ns.command(workspace_bin("xroce"));
+    cmd.args(["run", "--no-device-view", "--iface", node.iface])
+        .args(["--backend", "udp", "--", "ucx_info", "-d"]);
+    let out = Proc::spawn(cmd, "ucx_info -d without the view".into(), &t.dir.0).finish(RUN);
+    if !out.success() {
+        return Err(out.describe());
+    }
+    let device = format!("xroce_{}:1", node.iface);
+    let transports = ucx_transports(&out.stdout, &device);
+    if !transports.is_empty() || !out.stdout.contains("Memory domain: posix") {
+        return Err(format!(
+            "without the view ucx_info -d lists {transports:?} on {device}\n{}",
+            out.describe()
+        ));
+    }
+    Ok(format!("no transport on {device}"))
+}
+
 fn device_view(who: Who) {
     require_root();
     let _turn = serial();
@@ -595,6 +619,11 @@ fn device_view(who: Who) {
         });
     }
     cases.case("hwloc", || check_hwloc(&t, who));
+    if let Who::Root = who {
+        cases.case("ucx_info -d without the view", || {
+            check_ucx_without_view(&t)
+        });
+    }
     // A second Ethernet interface with IPv4 in the client's namespace.
     let node = t.client();
     let stem = &node.iface[..node.iface.len() - 1];
