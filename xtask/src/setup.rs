@@ -18,7 +18,8 @@ use crate::util::{is_root, output, run, step, succeeds};
 /// unmodified over the drop-ins: UCX (ucx-utils), Open MPI over pml ucx
 /// (openmpi-bin, libopenmpi-dev for the test program's mpicc), libfabric
 /// (libfabric-bin), Gloo (libgloo-dev, g++ for the test program) and
-/// pyverbs (python3-pyverbs, whose tests rdma-core ships in its docs).
+/// pyverbs (python3-pyverbs, whose tests rdma-core ships in its docs);
+/// libhwloc-dev for the test program that asks hwloc for the devices.
 const APT_PACKAGES: &[&str] = &[
     "libelf-dev",
     "zlib1g-dev",
@@ -49,6 +50,7 @@ const APT_PACKAGES: &[&str] = &[
     "libgloo-dev",
     "g++",
     "python3-pyverbs",
+    "libhwloc-dev",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.10.3";

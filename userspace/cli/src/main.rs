@@ -16,6 +16,7 @@ mod stats;
 mod status;
 mod stop;
 mod units;
+mod view;
 
 use clap::{Parser, Subcommand};
 

@@ -47,6 +47,13 @@ the next run; `xroce detach --iface IF` removes it. Without --iface, the
 library itself attaches the program to each device PROGRAM opens and detaches
 it when the device is closed.
 
+PROGRAM and its children also see the devices where UCX, hwloc, pyverbs'
+tests and rdma-core look for kernel RDMA devices: /sys/class/infiniband/xroce_IF,
+/sys/class/infiniband_verbs/uverbsN and /dev/infiniband/{uverbsN,rdma_cm},
+in a mount namespace of their own (without root, inside a user namespace
+that keeps the caller's uid and gid); nothing on the host changes.
+--no-device-view leaves that out.
+
 Exit status: PROGRAM's; 127 if PROGRAM is not found, 126 if it cannot be
 executed, 1 if xroce could not prepare the run.";
 
@@ -71,6 +78,12 @@ pub struct RunArgs {
     /// Congestion control of the program's QPs
     #[arg(long, default_value = "none", value_parser = crate::units::cc())]
     pub cc: xroce::cc::CcKind,
+    /// Do not give PROGRAM the private view of /sys/class/infiniband and
+    /// /dev/infiniband (UCX, hwloc and pyverbs' tests then find no device;
+    /// programs that only ask libibverbs/librdmacm, such as perftest and
+    /// libfabric's verbs provider, still do)
+    #[arg(long)]
+    pub no_device_view: bool,
     /// The program to run and its arguments (put them after `--`)
     #[arg(
         required = true,
@@ -188,6 +201,17 @@ fn prepare(args: &RunArgs) -> Result<Command, Failure> {
     }
     command.env("XROCE_BACKEND", backend.name());
     command.env("XROCE_CC", args.cc.name());
+    if !args.no_device_view {
+        let devices = if ifaces.is_empty() {
+            xroce::device::sysfs::default_interfaces()
+        } else {
+            ifaces
+        };
+        crate::view::enter(&devices).context(
+            "the device view (--no-device-view runs PROGRAM without it; UCX and hwloc then find \
+             no device)",
+        )?;
+    }
     Ok(command)
 }
 

@@ -42,29 +42,10 @@ fn registry() -> &'static Mutex<Vec<&'static DeviceEntry>> {
 }
 
 /// The interfaces to offer: `XROCE_IFACES`, or every Ethernet interface
-/// with an IPv4 address except loopback.
+/// with an IPv4 address except loopback (the list `xroce run` shows in its
+/// sysfs view, from the same function).
 fn wanted_interfaces() -> Vec<String> {
-    if let Some(list) = config::ifaces() {
-        return list;
-    }
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/sys/class/net") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let ether = std::fs::read_to_string(e.path().join("type"))
-            .map(|t| t.trim() == "1")
-            .unwrap_or(false);
-        let has_v4 = device::interface_addrs(&name)
-            .map(|(v4, _)| !v4.is_empty())
-            .unwrap_or(false);
-        if name != "lo" && ether && has_v4 {
-            out.push(name);
-        }
-    }
-    out.sort();
-    out
+    config::ifaces().unwrap_or_else(device::sysfs::default_interfaces)
 }
 
 fn copy_cstr(dst: &mut [c_char], s: &str) {
@@ -89,10 +70,11 @@ fn entry_for(iface: &str) -> &'static DeviceEntry {
         ..Default::default()
     };
     copy_cstr(&mut dev.name, &device_name(iface));
-    copy_cstr(&mut dev.dev_name, &format!("uverbs{index}"));
+    let uverbs = device::sysfs::uverbs_name(index);
+    copy_cstr(&mut dev.dev_name, &uverbs);
     copy_cstr(
         &mut dev.dev_path,
-        &format!("/sys/class/infiniband_verbs/uverbs{index}"),
+        &format!("/sys/class/infiniband_verbs/{uverbs}"),
     );
     copy_cstr(
         &mut dev.ibdev_path,
@@ -108,7 +90,7 @@ fn entry_for(iface: &str) -> &'static DeviceEntry {
 
 /// `xroce_IF`.
 pub(crate) fn device_name(iface: &str) -> String {
-    format!("xroce_{iface}")
+    device::sysfs::device_name(iface)
 }
 
 /// The entry behind a device pointer, if it is one of ours.

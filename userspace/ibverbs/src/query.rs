@@ -17,7 +17,6 @@ use std::mem::size_of;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::OnceLock;
 
-use xroce::device;
 use xroce::verbs::Mtu;
 
 use crate::abi::*;
@@ -26,36 +25,17 @@ use crate::errno::{ffi, ffi_int, set_errno};
 use crate::limits::*;
 use xroce::device::guid_from_mac;
 
-/// The one port.
-const PORT: u32 = 1;
-/// GID table length (rxe's).
-pub(crate) const GID_TBL_LEN: u32 = 1024;
+use xroce::device::sysfs::{
+    DeviceFacts, PortState, DEFAULT_PKEY, FW_VER, GID_TBL_LEN, PORT, PORT_CAP_FLAGS,
+};
+
 /// rxe's local CA ACK delay.
 const LOCAL_CA_ACK_DELAY: u8 = 15;
 /// Page sizes (rxe's: every power of two from 4 KiB up).
 const PAGE_SIZE_CAP: u64 = 0xffff_f000;
-const FW_VER: &str = concat!("xroce ", env!("CARGO_PKG_VERSION"));
-/// Only the connection manager bit (as rxe), plus "GIDs are IP
-/// addresses", which is what RoCE ports report.
-const PORT_CAP_FLAGS: u32 = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
 /// RNR NAKs, a system image GUID and SRQ resize are what the engine has.
 const DEVICE_CAP_FLAGS: u32 =
     IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_SRQ_RESIZE;
-/// The default (full member) P_Key, the only entry of the P_Key table.
-const DEFAULT_PKEY: u16 = 0xffff;
-/// IB PortPhysicalState values.
-const PHYS_STATE_DISABLED: u8 = 3;
-const PHYS_STATE_LINK_UP: u8 = 5;
-/// IB link widths and speeds (ibv_port_attr active_width / active_speed).
-const WIDTH_1X: u8 = 1;
-const WIDTH_4X: u8 = 2;
-const SPEED_SDR: u8 = 1;
-const SPEED_DDR: u8 = 2;
-const SPEED_QDR: u8 = 4;
-const SPEED_FDR: u8 = 16;
-const SPEED_EDR: u8 = 32;
-const SPEED_HDR: u8 = 64;
-const SPEED_NDR: u8 = 128;
 /// `enum ibv_gid_type_sysfs` (rdma-core's driver.h, not installed).
 const GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 const GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
@@ -97,31 +77,6 @@ fn gid_entry(gid: [u8; 16], index: u32, ifindex: u32) -> ibv_gid_entry {
 
 // ---------------------------------------------------------------- port
 
-/// What a port query reports, read from the interface now.
-#[derive(Clone, Copy)]
-struct PortView {
-    up: bool,
-    active_mtu: ibv_mtu,
-    speed_mbps: Option<u32>,
-}
-
-fn sysfs_net(iface: &str, attr: &str) -> Option<String> {
-    std::fs::read_to_string(format!("/sys/class/net/{iface}/{attr}"))
-        .ok()
-        .map(|s| s.trim().to_string())
-}
-
-/// rxe's test: the interface is running and has carrier. sysfs `carrier`
-/// reads "1" then (and fails while the interface is down); without sysfs
-/// at all, the interface we opened counts as up.
-fn link_up(iface: &str) -> bool {
-    match (sysfs_net(iface, "carrier"), sysfs_net(iface, "operstate")) {
-        (Some(c), _) => c == "1",
-        (None, Some(_)) => false,
-        (None, None) => true,
-    }
-}
-
 pub(crate) fn mtu_enum(m: Mtu) -> ibv_mtu {
     match m {
         Mtu::Mtu256 => IBV_MTU_256,
@@ -132,41 +87,12 @@ pub(crate) fn mtu_enum(m: Mtu) -> ibv_mtu {
     }
 }
 
-fn port_view(iface: &str, active_mtu: Mtu) -> PortView {
-    PortView {
-        up: link_up(iface),
-        active_mtu: mtu_enum(active_mtu),
-        speed_mbps: sysfs_net(iface, "speed")
-            .and_then(|s| s.parse::<i64>().ok())
-            .filter(|&s| s > 0)
-            .map(|s| s.min(u32::MAX as i64) as u32),
-    }
-}
-
-/// IB width and speed for an Ethernet link speed, as the kernel maps them
-/// for RoCE ports; an unknown speed (virtual interfaces) is 1X SDR, as
-/// there.
-fn width_speed(mbps: Option<u32>) -> (u8, u8) {
-    match mbps.unwrap_or(0) {
-        0..=2_500 => (WIDTH_1X, SPEED_SDR),
-        2_501..=5_000 => (WIDTH_1X, SPEED_DDR),
-        5_001..=10_000 => (WIDTH_1X, SPEED_QDR),
-        10_001..=14_000 => (WIDTH_1X, SPEED_FDR),
-        14_001..=25_000 => (WIDTH_1X, SPEED_EDR),
-        25_001..=40_000 => (WIDTH_4X, SPEED_QDR),
-        40_001..=50_000 => (WIDTH_1X, SPEED_HDR),
-        50_001..=100_000 => (WIDTH_4X, SPEED_EDR),
-        100_001..=200_000 => (WIDTH_4X, SPEED_HDR),
-        _ => (WIDTH_4X, SPEED_NDR),
-    }
-}
-
-fn port_attrs(v: PortView) -> ibv_port_attr {
-    let (width, speed) = width_speed(v.speed_mbps);
+fn port_attrs(v: PortState) -> ibv_port_attr {
+    let (width, speed) = v.width_speed();
     ibv_port_attr {
         state: if v.up { IBV_PORT_ACTIVE } else { IBV_PORT_DOWN },
         max_mtu: IBV_MTU_4096,
-        active_mtu: v.active_mtu,
+        active_mtu: Mtu::from_bytes(v.active_mtu).map_or(IBV_MTU_256, mtu_enum),
         gid_tbl_len: GID_TBL_LEN as c_int,
         port_cap_flags: PORT_CAP_FLAGS,
         max_msg_sz: MAX_MSG_SZ,
@@ -174,11 +100,7 @@ fn port_attrs(v: PortView) -> ibv_port_attr {
         max_vl_num: 1,
         active_width: width,
         active_speed: speed,
-        phys_state: if v.up {
-            PHYS_STATE_LINK_UP
-        } else {
-            PHYS_STATE_DISABLED
-        },
+        phys_state: v.phys_state(),
         link_layer: IBV_LINK_LAYER_ETHERNET as u8,
         ..Default::default()
     }
@@ -212,7 +134,7 @@ pub(crate) unsafe extern "C" fn query_port_ex(
         if port_attr.is_null() || u32::from(port_num) != PORT {
             return Err(libc::EINVAL);
         }
-        let attr = port_attrs(port_view(&c.dev.iface, c.dev.active_mtu));
+        let attr = port_attrs(PortState::read(&c.dev.iface, c.dev.active_mtu.bytes()));
         // SAFETY: the caller's struct is port_attr_size bytes.
         unsafe { write_sized(&attr, port_attr.cast(), port_attr_size) };
         Ok(())
@@ -588,87 +510,6 @@ fn fill_like_read(content: &[u8], buf: &mut [u8]) -> c_int {
     finish_read(buf, n)
 }
 
-/// An xroce device as its sysfs files describe it.
-struct DevFacts {
-    iface: String,
-    mac: [u8; 6],
-    port: PortView,
-    gids: Vec<[u8; 16]>,
-}
-
-fn hex_groups(bytes: &[u8]) -> String {
-    bytes
-        .chunks(2)
-        .map(|p| format!("{:02x}{:02x}", p[0], p[1]))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
-/// The IB rate line of `ports/1/rate`, e.g. "2.5 Gb/sec (1X SDR)".
-fn rate_line(width: u8, speed: u8) -> String {
-    let lanes = if width == WIDTH_4X { 4 } else { 1 };
-    let (tenths, name) = match speed {
-        SPEED_DDR => (50, "DDR"),
-        SPEED_QDR => (100, "QDR"),
-        SPEED_FDR => (140, "FDR"),
-        SPEED_EDR => (250, "EDR"),
-        SPEED_HDR => (500, "HDR"),
-        SPEED_NDR => (1000, "NDR"),
-        _ => (25, "SDR"),
-    };
-    let r = tenths * lanes;
-    let half = if r % 10 != 0 { ".5" } else { "" };
-    format!("{}{half} Gb/sec ({lanes}X {name})", r / 10)
-}
-
-/// The content of `class/infiniband/xroce_IF/<rel>` (Err: errno of the
-/// failed open or read, as the kernel's files give it).
-fn ibdev_file(d: &DevFacts, rel: &[&str]) -> Result<String, i32> {
-    let guid = hex_groups(&guid_from_mac(d.mac).to_be_bytes());
-    let attr = port_attrs(d.port);
-    let index = |s: &str| s.parse::<u32>().map_err(|_| libc::ENOENT);
-    let s = match rel {
-        ["node_type"] => "1: CA".to_string(),
-        ["node_guid"] | ["sys_image_guid"] => guid,
-        ["fw_ver"] => FW_VER.to_string(),
-        ["node_desc"] => format!("xroce {}", d.iface),
-        ["ports", "1", f] => match *f {
-            "state" => match attr.state {
-                IBV_PORT_ACTIVE => "4: ACTIVE".to_string(),
-                _ => "1: DOWN".to_string(),
-            },
-            "phys_state" => match attr.phys_state {
-                PHYS_STATE_LINK_UP => "5: LinkUp".to_string(),
-                _ => "3: Disabled".to_string(),
-            },
-            "link_layer" => "Ethernet".to_string(),
-            "lid" | "sm_lid" => "0x0".to_string(),
-            "lid_mask_count" | "sm_sl" => "0".to_string(),
-            "cap_mask" => format!("0x{PORT_CAP_FLAGS:08x}"),
-            "rate" => rate_line(attr.active_width, attr.active_speed),
-            _ => return Err(libc::ENOENT),
-        },
-        ["ports", "1", "gids", i] => {
-            let i = index(i)?;
-            let g = gid_at(&d.gids, PORT, i).map_err(|_| libc::ENOENT)?;
-            hex_groups(&g.unwrap_or([0; 16]))
-        }
-        ["ports", "1", "gid_attrs", "types", i] => match gid_at(&d.gids, PORT, index(i)?) {
-            Ok(Some(_)) => "RoCE v2".to_string(),
-            Ok(None) => return Err(libc::EINVAL),
-            Err(_) => return Err(libc::ENOENT),
-        },
-        ["ports", "1", "gid_attrs", "ndevs", i] => match gid_at(&d.gids, PORT, index(i)?) {
-            Ok(Some(_)) => d.iface.clone(),
-            Ok(None) => return Err(libc::EINVAL),
-            Err(_) => return Err(libc::ENOENT),
-        },
-        ["ports", "1", "pkeys", "0"] => format!("0x{DEFAULT_PKEY:04x}"),
-        _ => return Err(libc::ENOENT),
-    };
-    Ok(s + "\n")
-}
-
 /// Our devices: (ibdev name, uverbs name, interface).
 fn our_devices() -> Vec<(String, String, String)> {
     let mut n: c_int = 0;
@@ -701,22 +542,6 @@ fn our_devices() -> Vec<(String, String, String)> {
     out
 }
 
-fn dev_facts(iface: &str) -> Result<DevFacts, i32> {
-    let mac = device::interface_mac(iface).map_err(|_| libc::ENOENT)?;
-    let (v4, v6) = device::interface_addrs(iface).unwrap_or_default();
-    let mtu = device::interface_mtu(iface)
-        .ok()
-        .and_then(device::path_mtu_for)
-        .and_then(Mtu::from_bytes)
-        .unwrap_or(Mtu::Mtu256);
-    Ok(DevFacts {
-        iface: iface.to_string(),
-        mac,
-        port: port_view(iface, mtu),
-        gids: gid_table(mac, v4.first().copied(), &v6),
-    })
-}
-
 /// The path's components below the sysfs root, if it is under it.
 fn below_sysfs<'a>(path: &'a str, root: &str) -> Option<Vec<&'a str>> {
     let rest = [root, "/sys"].iter().find_map(|r| {
@@ -745,16 +570,12 @@ fn virtual_file(path: &str) -> Option<Result<String, i32>> {
     match class {
         "infiniband" => {
             let (_, _, iface) = devs.iter().find(|d| d.0 == name)?;
-            Some(dev_facts(iface).and_then(|f| ibdev_file(&f, rel)))
+            Some(DeviceFacts::read(iface).and_then(|f| f.file(rel)))
         }
         "infiniband_verbs" => {
             let (ibdev, _, _) = devs.iter().find(|d| d.1 == name)?;
-            Some(match rel {
-                ["ibdev"] => Ok(format!("{ibdev}\n")),
-                // The kernel's uverbs ABI version.
-                ["abi_version"] => Ok("6\n".to_string()),
-                _ => Err(libc::ENOENT),
-            })
+            let index = name.strip_prefix("uverbs")?.parse().ok()?;
+            Some(xroce::device::sysfs::uverbs_file(ibdev, index, rel))
         }
         _ => None,
     }
@@ -938,10 +759,10 @@ mod tests {
         assert_eq!(e.gid_type, IBV_GID_TYPE_ROCE_V2);
     }
 
-    fn view(up: bool) -> PortView {
-        PortView {
+    fn view(up: bool) -> PortState {
+        PortState {
             up,
-            active_mtu: IBV_MTU_1024,
+            active_mtu: 1024,
             speed_mbps: None,
         }
     }
@@ -959,13 +780,10 @@ mod tests {
         );
         assert_eq!(a.link_layer as u32, IBV_LINK_LAYER_ETHERNET);
         assert_eq!((a.phys_state, a.max_msg_sz), (5, 1 << 31));
-        assert_eq!((a.active_width, a.active_speed), (WIDTH_1X, SPEED_SDR));
+        assert_eq!((a.active_width, a.active_speed), (1, 1)); // 1X SDR
+        assert_eq!(a.port_cap_flags, IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS);
         let d = port_attrs(view(false));
         assert_eq!((d.state, d.phys_state), (IBV_PORT_DOWN, 3));
-        assert_eq!(width_speed(Some(100_000)), (WIDTH_4X, SPEED_EDR));
-        assert_eq!(width_speed(Some(25_000)), (WIDTH_1X, SPEED_EDR));
-        assert_eq!(rate_line(WIDTH_1X, SPEED_SDR), "2.5 Gb/sec (1X SDR)");
-        assert_eq!(rate_line(WIDTH_4X, SPEED_EDR), "100 Gb/sec (4X EDR)");
         assert_eq!(mtu_enum(Mtu::Mtu4096), IBV_MTU_4096);
     }
 
@@ -1016,35 +834,7 @@ mod tests {
     }
 
     #[test]
-    fn sysfs_files() {
-        let d = DevFacts {
-            iface: "eth0".into(),
-            mac: MAC,
-            port: view(true),
-            gids: gid_table(MAC, Some(Ipv4Addr::new(10, 0, 0, 1)), &[]),
-        };
-        let f = |p: &str| ibdev_file(&d, &p.split('/').collect::<Vec<_>>());
-        assert_eq!(f("node_type").unwrap(), "1: CA\n");
-        assert_eq!(f("node_guid").unwrap(), "0042:acff:fe11:0002\n");
-        assert_eq!(f("ports/1/state").unwrap(), "4: ACTIVE\n");
-        assert_eq!(
-            f("ports/1/gids/0").unwrap(),
-            "fe80:0000:0000:0000:0042:acff:fe11:0002\n"
-        );
-        assert_eq!(
-            f("ports/1/gids/1").unwrap(),
-            "0000:0000:0000:0000:0000:ffff:0a00:0001\n"
-        );
-        assert_eq!(
-            f("ports/1/gids/5").unwrap(),
-            "0000:0000:0000:0000:0000:0000:0000:0000\n"
-        );
-        assert_eq!(f("ports/1/gid_attrs/types/1").unwrap(), "RoCE v2\n");
-        assert_eq!(f("ports/1/gid_attrs/types/5"), Err(libc::EINVAL));
-        assert_eq!(f("ports/1/gid_attrs/ndevs/0").unwrap(), "eth0\n");
-        assert_eq!(f("ports/1/pkeys/0").unwrap(), "0xffff\n");
-        assert_eq!(f("ports/1/pkeys/1"), Err(libc::ENOENT));
-        assert_eq!(f("board_id"), Err(libc::ENOENT));
+    fn sysfs_paths() {
         assert_eq!(
             below_sysfs("/sys/class/infiniband/xroce_eth0//ports/1/./state", "/sys"),
             Some(vec![

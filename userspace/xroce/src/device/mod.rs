@@ -16,8 +16,9 @@
 //! ```
 //!
 //! One job per file: `interface` queries MAC, MTU and addresses, `neighbour`
-//! finds peer MACs over rtnetlink, `attach` is the attach policy and
-//! `backend` the packet-I/O backend factory ([`NetDevice::open_io`]).
+//! finds peer MACs over rtnetlink, `attach` is the attach policy,
+//! `backend` the packet-I/O backend factory ([`NetDevice::open_io`]) and
+//! `sysfs` what the device shows in sysfs (rxe's files).
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -36,6 +37,7 @@ mod gid;
 mod holders;
 mod interface;
 mod neighbour;
+pub mod sysfs;
 
 pub(crate) use block::attaching;
 pub use block::{AfXdpHold, BlockError, Hold, QpnBlock};
