@@ -24,10 +24,9 @@ fn snapshot() -> Snapshot {
     let mut snap = Snapshot::default();
     for (_, iface) in crate::status::list_interfaces() {
         if let Ok(Some(_)) = xroce::xdp::query(&iface) {
-            let read = xroce::xdp::read_counters(&iface).and_then(|c| {
-                let queues = xroce::xdp::rx_queue_counters(&iface)?;
-                Ok((c, queues))
-            });
+            let read = xroce::xdp::read_counters(&iface)
+                .map_err(anyhow::Error::from)
+                .and_then(|c| Ok((c, crate::stats::read_rx_queues(&iface)?)));
             match read {
                 Ok((c, queues)) => snap.xdp.push(XdpSample {
                     iface: iface.clone(),
