@@ -287,6 +287,7 @@ fn qps_and_metrics_of_a_known_write_run() {
 
     // The table names the same QP.
     let text = xroce_out(&pair.b, &["status", "--qps", "--iface", &pair.if_b]);
+    eprintln!("{text}");
     let row = text
         .lines()
         .find(|l| l.trim_start().starts_with(&format!("{:#08x}", s.qpn)))
@@ -311,6 +312,7 @@ fn qps_and_metrics_of_a_known_write_run() {
     programs::wait_listening(&pair.b, mport, &mut exporter, Duration::from_secs(20))
         .unwrap_or_else(|e| panic!("{e}\n{}", exporter.stderr_so_far()));
     let body = scrape(&pair.b, format!("127.0.0.1:{mport}"));
+    eprintln!("{body}");
     let scraped = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string())))
         .expect("a Prometheus exposition");
     let iface = ("iface", pair.if_b.clone());
