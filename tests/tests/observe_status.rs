@@ -285,6 +285,12 @@ fn qps_and_metrics_of_a_known_write_run() {
     assert_eq!((s.next_send_psn, s.tx_packets), (s.sq_psn, 0), "{s:?}");
     assert!(c.last_rtt_ns.is_some() && c.srtt_ns.is_some(), "{c:?}");
 
+    let client_text = xroce_out(&pair.a, &["status", "--qps", "--iface", &pair.if_a]);
+    eprintln!("{client_text}");
+    assert!(
+        client_text.contains(&format!("::ffff:{}", pair.addr_b)),
+        "{client_text}"
+    );
     // The table names the same QP.
     let text = xroce_out(&pair.b, &["status", "--qps", "--iface", &pair.if_b]);
     eprintln!("{text}");

@@ -61,6 +61,13 @@ impl U {
     }
 }
 
+/// A sample's value: counts as integers, the rest as floats.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Num {
+    Int(u64),
+    Float(f64),
+}
+
 /// A per-QP metric: name (after `xroce_`, before the unit), help, unit,
 /// counter or gauge, and its value (None: not known yet).
 struct QpMetric {
@@ -68,7 +75,7 @@ struct QpMetric {
     help: &'static str,
     unit: U,
     counter: bool,
-    value: fn(&QpStatus) -> Option<f64>,
+    value: fn(&QpStatus) -> Option<Num>,
 }
 
 macro_rules! qp_metric {
@@ -85,161 +92,161 @@ macro_rules! qp_metric {
 
 const QP_METRICS: &[QpMetric] = &[
     qp_metric!("qp_path_mtu", "Path MTU of the QP", Bytes, false, |q| Some(
-        q.mtu as f64
+        Num::Int(q.mtu as u64)
     )),
     qp_metric!(
         "qp_initial_send_psn",
         "Initial send PSN (sq_psn)",
         None,
         false,
-        |q| Some(q.sq_psn as f64)
+        |q| Some(Num::Int(q.sq_psn as u64))
     ),
     qp_metric!(
         "qp_next_send_psn",
         "Next PSN the QP sends",
         None,
         false,
-        |q| Some(q.next_send_psn as f64)
+        |q| Some(Num::Int(q.next_send_psn as u64))
     ),
     qp_metric!(
         "qp_oldest_unacked_psn",
         "Oldest PSN not yet acknowledged",
         None,
         false,
-        |q| Some(q.oldest_unacked_psn as f64)
+        |q| Some(Num::Int(q.oldest_unacked_psn as u64))
     ),
     qp_metric!(
         "qp_initial_recv_psn",
         "Initial receive PSN (rq_psn)",
         None,
         false,
-        |q| Some(q.rq_psn as f64)
+        |q| Some(Num::Int(q.rq_psn as u64))
     ),
     qp_metric!(
         "qp_expected_recv_psn",
         "PSN the responder expects next",
         None,
         false,
-        |q| Some(q.expected_recv_psn as f64)
+        |q| Some(Num::Int(q.expected_recv_psn as u64))
     ),
     qp_metric!(
         "qp_inflight_packets",
         "PSNs sent and not yet acknowledged",
         None,
         false,
-        |q| Some(q.inflight_pkts as f64)
+        |q| Some(Num::Int(q.inflight_pkts as u64))
     ),
     qp_metric!(
         "qp_send_window_packets",
         "Most PSNs that may be unacknowledged",
         None,
         false,
-        |q| Some(q.send_window_pkts as f64)
+        |q| Some(Num::Int(q.send_window_pkts as u64))
     ),
     qp_metric!(
         "qp_send_queue_requests",
         "Send work requests not yet completed",
         None,
         false,
-        |q| Some(q.send_queue as f64)
+        |q| Some(Num::Int(q.send_queue as u64))
     ),
     qp_metric!(
         "qp_recv_queue_requests",
         "Receive work requests posted",
         None,
         false,
-        |q| Some(q.recv_queue as f64)
+        |q| Some(Num::Int(q.recv_queue as u64))
     ),
     qp_metric!(
         "qp_pacing_rate_bytes_per_second",
         "Rate the congestion control paces the QP at",
         None,
         false,
-        |q| Some(q.rate_bps as f64 / 8.0)
+        |q| Some(Num::Float(q.rate_bps as f64 / 8.0))
     ),
     qp_metric!(
         "qp_last_rtt",
         "Last round-trip time sample",
         Seconds,
         false,
-        |q| q.last_rtt_ns.map(|n| n as f64 / 1e9)
+        |q| q.last_rtt_ns.map(|n| Num::Float(n as f64 / 1e9))
     ),
     qp_metric!(
         "qp_smoothed_rtt",
         "Smoothed round-trip time (RFC 6298)",
         Seconds,
         false,
-        |q| q.srtt_ns.map(|n| n as f64 / 1e9)
+        |q| q.srtt_ns.map(|n| Num::Float(n as f64 / 1e9))
     ),
     qp_metric!(
         "qp_tx_packets",
         "Data packets sent, retransmissions included",
         None,
         true,
-        |q| Some(q.tx_packets as f64)
+        |q| Some(Num::Int(q.tx_packets))
     ),
     qp_metric!(
         "qp_tx",
         "Bytes of the data packets sent",
         Bytes,
         true,
-        |q| Some(q.tx_bytes as f64)
+        |q| Some(Num::Int(q.tx_bytes))
     ),
     qp_metric!(
         "qp_retransmitted_packets",
         "Data packets sent again",
         None,
         true,
-        |q| Some(q.retransmitted as f64)
+        |q| Some(Num::Int(q.retransmitted))
     ),
     qp_metric!(
         "qp_retransmit_timeouts",
         "Retransmission timer expiries",
         None,
         true,
-        |q| Some(q.timeouts as f64)
+        |q| Some(Num::Int(q.timeouts))
     ),
     qp_metric!(
         "qp_rnr_naks_received",
         "RNR NAKs received",
         None,
         true,
-        |q| Some(q.rnr_naks_received as f64)
+        |q| Some(Num::Int(q.rnr_naks_received))
     ),
     qp_metric!(
         "qp_seq_naks_received",
         "PSN sequence error NAKs received",
         None,
         true,
-        |q| Some(q.seq_naks_received as f64)
+        |q| Some(Num::Int(q.seq_naks_received))
     ),
     qp_metric!(
         "qp_rx_packets",
         "Packets received for the QP",
         None,
         true,
-        |q| Some(q.rx_packets as f64)
+        |q| Some(Num::Int(q.rx_packets))
     ),
     qp_metric!(
         "qp_rx_ce_marked_packets",
         "Packets received marked CE",
         None,
         true,
-        |q| Some(q.ce_marked_received as f64)
+        |q| Some(Num::Int(q.ce_marked_received))
     ),
     qp_metric!(
         "qp_cnps_sent",
         "Congestion notification packets sent",
         None,
         true,
-        |q| Some(q.cnps_sent as f64)
+        |q| Some(Num::Int(q.cnps_sent))
     ),
     qp_metric!(
         "qp_cnps_received",
         "Congestion notification packets received",
         None,
         true,
-        |q| Some(q.cnps_received as f64)
+        |q| Some(Num::Int(q.cnps_received))
     ),
 ];
 
@@ -250,15 +257,17 @@ fn family(
     help: &str,
     unit: U,
     metric_type: MetricType,
-    samples: impl IntoIterator<Item = (Labels, f64)>,
+    samples: impl IntoIterator<Item = (Labels, Num)>,
 ) -> Result<(), std::fmt::Error> {
     let unit = unit.unit();
     let mut family = encoder.encode_descriptor(name, help, unit.as_ref(), metric_type)?;
     for (labels, v) in samples {
         let e = family.encode_family(&labels)?;
-        match metric_type {
-            MetricType::Counter => ConstCounter::new(v).encode(e)?,
-            _ => ConstGauge::new(v).encode(e)?,
+        match (metric_type, v) {
+            (MetricType::Counter, Num::Int(v)) => ConstCounter::new(v).encode(e)?,
+            (MetricType::Counter, Num::Float(v)) => ConstCounter::new(v).encode(e)?,
+            (_, Num::Int(v)) => ConstGauge::new(v).encode(e)?,
+            (_, Num::Float(v)) => ConstGauge::new(v).encode(e)?,
         }
     }
     Ok(())
@@ -273,7 +282,7 @@ impl Snapshot {
                     .iter()
                     .find(|(c, _)| *c == counter)
                     .map_or(0, |c| c.1);
-                (vec![("iface", x.iface.clone())], v as f64)
+                (vec![("iface", x.iface.clone())], Num::Int(v))
             });
             let name = format!("xdp_{}_frames", counter.name());
             let help = format!("Frames the XDP program counted as {}", counter.name());
@@ -307,7 +316,7 @@ impl Snapshot {
             let samples = self.xdp.iter().flat_map(|x| {
                 x.rx_queues.iter().map(move |(q, c)| {
                     let labels = vec![("iface", x.iface.clone()), ("queue", q.to_string())];
-                    (labels, field(c) as f64)
+                    (labels, Num::Int(field(c)))
                 })
             });
             family(encoder, name, help, unit, MetricType::Counter, samples)?;
@@ -334,7 +343,7 @@ impl Snapshot {
         for name in names {
             let samples = self.engines.iter().filter_map(|e| {
                 let v = e.counters.iter().find(|(n, _)| n == name)?.1;
-                Some((Self::engine_labels(e), v as f64))
+                Some((Self::engine_labels(e), Num::Int(v)))
             });
             let help = format!("Engine counter {name} of the process (xroce stats)");
             family(
@@ -502,6 +511,10 @@ mod tests {
             text.contains("# UNIT xroce_qp_last_rtt_seconds seconds\n"),
             "{text}"
         );
+        // Counts are written as integers (exact beyond 2^53 too).
+        let rx =
+            "xroce_engine_rx_frames_total{iface=\"veth1\",pid=\"4242\",command=\"xroce\"} 40\n";
+        assert!(text.contains(rx), "{text}");
         let s = scrape(&text);
         let veth = [("iface", "veth1")];
         assert_eq!(
