@@ -310,6 +310,50 @@ fn qps_and_metrics_of_a_known_write_run() {
         );
     }
 
+    // --watch: a report per refresh, each showing the held QP.
+    let mut cmd = pair.b.command(&xroce);
+    cmd.args(["status", "--qps", "--json", "--watch", "0.2"]);
+    let watch = Proc::spawn(cmd, "xroce status --watch".into(), &dir.0);
+    let watch_dir = dir.0.clone();
+    let reports = move || -> Vec<StatusReport> {
+        let out = std::fs::read_dir(&watch_dir)
+            .unwrap()
+            .flatten()
+            .filter(|f| f.path().extension().is_some_and(|e| e == "out"))
+            .map(|f| std::fs::read_to_string(f.path()).unwrap_or_default())
+            .find(|t| t.starts_with("{\"interfaces\""))
+            .unwrap_or_default();
+        // Whole lines only: the last may still be being written.
+        out.lines()
+            .filter(|_| out.ends_with('\n'))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reports().len() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "fewer than 3 --watch reports in 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let watch = watch.finish(Duration::ZERO);
+    for r in reports() {
+        let p = r
+            .interfaces
+            .iter()
+            .flat_map(|i| &i.processes)
+            .find(|p| p.pid == server.pid());
+        let qps = p
+            .and_then(|p| p.qps.clone())
+            .expect("the server's QPs in each report");
+        assert_eq!(
+            qps[0].expected_recv_psn, s.expected_recv_psn,
+            "{}",
+            watch.stderr
+        );
+    }
+
     // The exporter, in the server's namespace, scraped there.
     let mport = programs::next_port();
     let mut cmd = pair.b.command(&xroce);
