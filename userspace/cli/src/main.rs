@@ -7,6 +7,7 @@ mod capture;
 mod congestion;
 mod decode;
 mod experiment;
+mod exporter;
 mod iface;
 mod perf;
 // rc_pingpong's refill loop bumps the count its range started from (on purpose).
@@ -52,6 +53,8 @@ enum Command {
     Stats(stats::StatsArgs),
     /// List the interfaces xroce's XDP program is attached to and the processes using them
     Status(status::StatusArgs),
+    /// Serve the XDP, engine and per-QP counters to Prometheus (http://ADDR/metrics)
+    Exporter(exporter::ExporterArgs),
     /// Program the XDP congestion point (virtual bottleneck, ECN marking)
     Ecn(congestion::EcnArgs),
     /// Inject loss into RoCEv2 traffic in the XDP program
@@ -102,6 +105,7 @@ fn main() {
             .map_err(anyhow::Error::from),
         Command::Stats(args) => stats::run(&args),
         Command::Status(args) => status::run(&args),
+        Command::Exporter(args) => exporter::run(&args),
         Command::Capture(args) => capture::run(&args),
         Command::Bench(args) => perf::bench(&args),
         Command::Lat(args) => perf::lat(&args),

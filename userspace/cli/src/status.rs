@@ -1,7 +1,8 @@
-//! `xroce status [--iface IF] [--json]`: the interfaces of this network
-//! namespace that run xroce's XDP program (mode, program id, dispatcher)
-//! or that processes use, and those processes: pid, command, QPN blocks,
-//! AF_XDP ownership, UDP ports and live QPs.
+//! `xroce status [--iface IF] [--qps] [--json] [--watch [S]]`: the
+//! interfaces of this network namespace that run xroce's XDP program (mode,
+//! program id, dispatcher) or that processes use, and those processes: pid,
+//! command, QPN blocks, AF_XDP ownership, UDP ports and live QPs; with
+//! --qps each QP's state (`qp_table`), like `ss -i` or `rdma res show qp`.
 //!
 //! Where it looks: rtnetlink and the program's id for the XDP program
 //! (`xroce::xdp::query`); the abstract Unix names the processes hold
@@ -9,7 +10,7 @@
 //! them (`xroce::device::holders`); the engines' published counters
 //! (/run/xroce) for their QPs.
 
-use std::{collections::BTreeMap, ffi::CStr};
+use std::{collections::BTreeMap, ffi::CStr, time::Duration};
 
 use xroce::device::Hold;
 
@@ -21,13 +22,23 @@ pub struct StatusArgs {
     /// Only this network interface (as `ip link` names it)
     #[arg(long, value_name = "IF")]
     pub iface: Option<String>,
-    /// Print one JSON object on stdout
+    /// Each QP's state: peer, PSNs, in-flight packets, retransmits, NAKs,
+    /// rate, RTT (as its engine last published it, every half second)
+    #[arg(long)]
+    pub qps: bool,
+    /// Print one JSON object on stdout (with --watch, one per line)
     #[arg(long)]
     pub json: bool,
+    /// Refresh every S seconds (default 1) until interrupted
+    #[arg(long, value_name = "S", num_args = 0..=1, default_missing_value = "1",
+          value_parser = crate::units::seconds)]
+    pub watch: Option<crate::units::Seconds>,
 }
 
+mod qp_table;
+
 /// The interfaces of this network namespace: (ifindex, name).
-fn list_interfaces() -> Vec<(u32, String)> {
+pub(crate) fn list_interfaces() -> Vec<(u32, String)> {
     let mut out = Vec::new();
     // SAFETY: if_nameindex returns an array ended by a zero entry (or
     // null), freed once with if_freenameindex after we copied the names.
@@ -50,7 +61,7 @@ fn list_interfaces() -> Vec<(u32, String)> {
 
 /// Everything `xroce status` reports; the first error met asking for an
 /// interface's XDP program (shown, not fatal: the processes still are).
-fn collect(only: Option<&str>) -> anyhow::Result<(StatusReport, Option<String>)> {
+fn collect(only: Option<&str>, qps: bool) -> anyhow::Result<(StatusReport, Option<String>)> {
     let only = match only {
         Some(name) => Some(xroce::xdp::if_index(name)?),
         None => None,
@@ -90,6 +101,7 @@ fn collect(only: Option<&str>) -> anyhow::Result<(StatusReport, Option<String>)>
                 afxdp: false,
                 udp_ports: Vec::new(),
                 qpns: None,
+                qps: None,
             });
             match h.hold {
                 Hold::Block(b) => {
@@ -106,6 +118,7 @@ fn collect(only: Option<&str>) -> anyhow::Result<(StatusReport, Option<String>)>
         for published in xroce::stats_export::read_published(&iface) {
             if let Some(p) = by_pid.get_mut(&published.pid) {
                 p.qpns = published.qpns;
+                p.qps = published.qps.filter(|_| qps);
             }
         }
         let mut processes: Vec<ProcessStatus> = by_pid.into_values().collect();
@@ -145,8 +158,29 @@ fn describe_xdp(xdp: &Option<XdpStatus>) -> String {
 }
 
 pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
-    let (report, problem) = collect(args.iface.as_deref())?;
-    if let Some(p) = &problem {
+    let Some(every) = &args.watch else {
+        return show(args, true);
+    };
+    let every = Duration::from_secs_f64(every.value);
+    let mut first = true;
+    loop {
+        if !args.json {
+            // Clear the terminal and go home, as watch(1) does.
+            print!("\x1b[H\x1b[2J");
+        }
+        show(args, first)?;
+        first = false;
+        use std::io::Write;
+        std::io::stdout().flush()?;
+        std::thread::sleep(every);
+    }
+}
+
+/// One report: JSON or the human form. A problem seeing the XDP
+/// programs is told on stderr the first time.
+fn show(args: &StatusArgs, first: bool) -> anyhow::Result<()> {
+    let (report, problem) = collect(args.iface.as_deref(), args.qps)?;
+    if let Some(p) = problem.as_ref().filter(|_| first) {
         eprintln!("xroce: cannot see the XDP programs ({p}); run as root to see them");
     }
     if args.json {
@@ -182,6 +216,12 @@ pub fn run(args: &StatusArgs) -> anyhow::Result<()> {
                 ports.join(","),
                 if p.afxdp { ", AF_XDP owner" } else { "" }
             );
+            match &p.qps {
+                Some(q) if !q.is_empty() => print!("{}", qp_table::render(q, "    ")),
+                Some(_) => {}
+                None if args.qps => println!("    (its QPs' state is not published)"),
+                None => {}
+            }
         }
         if !i.unattributed_blocks.is_empty() {
             println!(

@@ -17,6 +17,8 @@ mod decode;
 pub use decode::{CmLine, DecodeReport, Problem, QpTraffic};
 mod capture;
 pub use capture::CaptureReport;
+mod qp;
+pub use qp::QpStatus;
 mod status;
 pub use status::{InterfaceStatus, ProcessStatus, StatusReport, XdpStatus};
 mod stats;

@@ -62,6 +62,11 @@ pub struct ProcessStatus {
     /// second); null when it publishes nothing (e.g. not root).
     #[serde(deserialize_with = "required")]
     pub qpns: Option<Vec<u32>>,
+    /// With --qps: the state of each of its QPs as its engine last
+    /// published it; left out without --qps or when the engine publishes
+    /// no QP state (an older xroce, not root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qps: Option<Vec<crate::QpStatus>>,
 }
 
 #[cfg(test)]

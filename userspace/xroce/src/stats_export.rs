@@ -1,7 +1,9 @@
 //! Publishes a running engine's counters where `xroce stats` (another
 //! process) can read them: `/run/xroce/<iface>/engine.<pid>`, one
-//! `name value` line per counter and a `qpns` line listing its live QPs
-//! (for `xroce status`), rewritten atomically every half second
+//! `name value` line per counter, a `qpns` line listing its live QPs
+//! (for `xroce status`) and a `qp v1 {JSON}` line per QP with its state
+//! (`qp_line`, for `xroce status --qps` and `xroce exporter`), rewritten
+//! atomically every half second
 //! and removed when the exporter stops. What a killed process left (its
 //! file, a folder left empty) is swept by the next exporter that starts or
 //! stops and by readers.
@@ -20,7 +22,11 @@ use std::{
     time::Duration,
 };
 
+use xroce_report::QpStatus;
+
 use crate::{engine::EngineStats, verbs::Device};
+
+pub mod qp_line;
 
 const EXPORT_ROOT: &str = "/run/xroce";
 
@@ -97,20 +103,32 @@ const QPNS: &str = "qpns";
 
 /// The exported file's text: one `name value` line per counter, every
 /// field of [`EngineStats`] in declaration order (the list its declaration
-/// generates, so none can be left out), then `qpns` and the live QPs.
-fn render(s: &EngineStats, qpns: &[u32]) -> String {
+/// generates, so none can be left out), then `qpns` and the live QPs, then
+/// a line per QP with its state.
+fn render(s: &EngineStats, qps: &[QpStatus]) -> String {
     let mut text: String = s.fields().map(|(k, v)| format!("{k} {v}\n")).collect();
     text.push_str(QPNS);
-    for q in qpns {
-        text.push_str(&format!(" {q:#x}"));
+    for q in qps {
+        text.push_str(&format!(" {:#x}", q.qpn));
     }
     text.push('\n');
+    for q in qps {
+        text.push_str(&qp_line::render(q));
+    }
     text
 }
 
-/// Parses what [`render`] wrote: the counters, and the QPs if listed.
-fn parse(text: &str) -> (Vec<(String, u64)>, Option<Vec<u32>>) {
-    let mut qpns = None;
+/// What [`parse`] reads from a published file.
+struct Parsed {
+    fields: Vec<(String, u64)>,
+    qpns: Option<Vec<u32>>,
+    qps: Option<Vec<QpStatus>>,
+}
+
+/// Parses what [`render`] wrote: the counters, the QPs if listed, and
+/// their state if published (lines of another format are skipped).
+fn parse(text: &str) -> Parsed {
+    let (mut qpns, mut qps) = (None, None::<Vec<QpStatus>>);
     let fields = text
         .lines()
         .filter_map(|l| {
@@ -118,12 +136,20 @@ fn parse(text: &str) -> (Vec<(String, u64)>, Option<Vec<u32>>) {
             if k == QPNS {
                 let hex = |q: &str| u32::from_str_radix(q.trim_start_matches("0x"), 16).ok();
                 qpns = Some(v.split_whitespace().filter_map(hex).collect());
+                // Writers that list QPs write a line per QP after it.
+                qps.get_or_insert_with(Vec::new);
+                return None;
+            }
+            if k == qp_line::KEY {
+                if let (Some(q), Some(list)) = (qp_line::parse(v), qps.as_mut()) {
+                    list.push(q);
+                }
                 return None;
             }
             Some((k.to_string(), v.trim().parse().ok()?))
         })
         .collect();
-    (fields, qpns)
+    Parsed { fields, qpns, qps }
 }
 
 /// Counters published by one live engine.
@@ -133,6 +159,8 @@ pub struct Published {
     pub fields: Vec<(String, u64)>,
     /// Its live QPs (None: a writer that does not list them).
     pub qpns: Option<Vec<u32>>,
+    /// Their state, by QPN (None: a writer that does not publish it).
+    pub qps: Option<Vec<QpStatus>>,
 }
 
 /// Reads what live engines on `iface` published; files of processes that
@@ -156,8 +184,16 @@ pub fn read_published(iface: &str) -> Vec<Published> {
         let Ok(text) = fs::read_to_string(entry.path()) else {
             continue;
         };
-        let (fields, qpns) = parse(&text);
-        out.push(Published { pid, fields, qpns });
+        let Parsed { fields, qpns, qps } = parse(&text);
+        // A writer of QP lines writes one per listed QP: none written
+        // means it is one that does not publish them.
+        let qps = qps.filter(|q| !q.is_empty() || qpns.as_ref().is_some_and(|n| n.is_empty()));
+        out.push(Published {
+            pid,
+            fields,
+            qpns,
+            qps,
+        });
     }
     out.sort_by_key(|p| p.pid);
     out
@@ -198,12 +234,14 @@ impl StatsExporter {
                     // Summed over a spreading handle's shards; their QPs
                     // listed together.
                     let stats = device.stats();
-                    let qpns: Vec<_> = device
+                    let mut qps: Vec<QpStatus> = device
                         .members()
                         .iter()
-                        .flat_map(|d| d.lock().qp_numbers().collect::<Vec<_>>())
+                        .flat_map(|d| d.lock().qp_infos())
+                        .map(|q| qp_line::status_of(&q))
                         .collect();
-                    publish(&dir, &tmp, &path, &render(&stats, &qpns));
+                    qps.sort_by_key(|q| q.qpn);
+                    publish(&dir, &tmp, &path, &render(&stats, &qps));
                     // Woken early by drop (unpark), which then joins: closing
                     // a device must not wait out the period.
                     std::thread::park_timeout(Duration::from_millis(500));
@@ -324,6 +362,62 @@ mod tests {
         fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
 
+    /// A QP in RTS with every number distinct.
+    fn qp(qpn: u32) -> QpStatus {
+        QpStatus {
+            qpn,
+            qp_type: "RC".into(),
+            state: "RTS".into(),
+            peer_gid: Some("::ffff:10.1.2.3".into()),
+            peer_qpn: Some(qpn + 1),
+            mtu: 4096,
+            sq_psn: 1,
+            next_send_psn: 2,
+            oldest_unacked_psn: 3,
+            rq_psn: 4,
+            expected_recv_psn: 5,
+            inflight_pkts: 6,
+            send_window_pkts: 7,
+            send_queue: 8,
+            recv_queue: 9,
+            cc: "dcqcn".into(),
+            rate_bps: 10,
+            last_rtt_ns: Some(11),
+            srtt_ns: None,
+            selective_repeat: true,
+            tx_packets: 12,
+            tx_bytes: 13,
+            retransmitted: 14,
+            timeouts: 15,
+            rnr_naks_received: 16,
+            seq_naks_received: 17,
+            rx_packets: 18,
+            ce_marked_received: 19,
+            cnps_sent: 20,
+            cnps_received: 21,
+        }
+    }
+
+    #[test]
+    fn qp_lines_are_read_back_and_skipped_by_counter_readers() {
+        let text = render(&EngineStats::default(), &[qp(0x10011)]);
+        let line = text.lines().last().unwrap();
+        assert!(line.starts_with("qp v1 {\"qpn\":65553,"), "{line}");
+        // The reader before QP lines: `name value`, a value that is no
+        // number skipped.
+        let old: Vec<_> = text
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .filter(|(_, v)| v.trim().parse::<u64>().is_ok())
+            .collect();
+        assert_eq!(old.len(), EngineStats::NAMES.len());
+        // A later version's line, a line cut short: skipped.
+        let more = format!("{text}qp v2 {{\"qpn\":1}}\nqp v1 {{\"qpn\":2,\n");
+        let p = parse(&more);
+        assert_eq!(p.qps, Some(vec![qp(0x10011)]));
+        assert_eq!(p.fields.len(), EngineStats::NAMES.len());
+    }
+
     #[test]
     fn every_engine_counter_is_exported() {
         // Every field is a u64 counter, so the name table covers the
@@ -347,10 +441,16 @@ mod tests {
             cq_overflows: 3,
             ..EngineStats::default()
         };
-        let (read, qpns) = parse(&render(&stats, &[0x11, 0x1_0012]));
+        let qps = [qp(0x11), qp(0x1_0012)];
+        let Parsed {
+            fields: read,
+            qpns,
+            qps: read_qps,
+        } = parse(&render(&stats, &qps));
         assert_eq!(qpns, Some(vec![0x11, 0x1_0012]));
-        assert_eq!(parse(&render(&stats, &[])).1, Some(vec![]));
-        assert_eq!(parse("tx_frames 3\n").1, None, "written before qpns");
+        assert_eq!(read_qps.as_deref(), Some(&qps[..]));
+        assert_eq!(parse(&render(&stats, &[])).qpns, Some(vec![]));
+        assert_eq!(parse("tx_frames 3\n").qpns, None, "written before qpns");
         let names: Vec<_> = read.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, EngineStats::NAMES);
         assert_eq!(

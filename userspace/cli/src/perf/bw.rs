@@ -70,6 +70,7 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
         stack,
         mut peer,
         hello,
+        hold,
         ..
     } = side;
     let bidi = hello.bidirectional;
@@ -160,7 +161,8 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
             format!("data NOT verified: {}", verdict.detail)
         }
     );
-    peer.send(&verdict, "the verdict")
+    peer.send(&verdict, "the verdict")?;
+    super::hold_qps(hold)
 }
 
 fn join<T>(
@@ -638,7 +640,7 @@ fn client(args: &PerfArgs, stack: &mut Option<Stack>, run: Run, rows: Rows) -> a
     if !verified {
         bail!("data was not verified: {detail}");
     }
-    Ok(())
+    super::hold_qps(args.hold && rows.last)
 }
 
 /// The table's title beyond the op: transport, -b.

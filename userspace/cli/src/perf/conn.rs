@@ -621,6 +621,8 @@ pub struct ServerSide<'a> {
     pub hello: Hello,
     /// Both sides agreed on selective repeat.
     pub selective_repeat: bool,
+    /// --hold: keep the QPs after the run until stdin ends.
+    pub hold: bool,
 }
 
 /// Accepts `peers` clients on `args.listen`, each served by `serve` on a
@@ -672,6 +674,7 @@ pub fn serve_clients(
                     peer,
                     hello,
                     selective_repeat,
+                    hold: args.hold,
                 })
             }));
         }

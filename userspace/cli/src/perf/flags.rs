@@ -60,6 +60,9 @@ pub fn check(args: &PerfArgs, tool: Tool) -> anyhow::Result<()> {
         // Fails early on an index that is not there.
         source_ip(args, IpAddr::from([0, 0, 0, 0]))?;
     }
+    if args.hold && (tool == Tool::Lat || args.perftest) {
+        bail!("--hold is for `xroce bench` between xroce peers; leave it out");
+    }
     if args.bidirectional && tool == Tool::Lat {
         bail!("-b is for bandwidth (`xroce bench`); latency runs ping-pong already: leave out -b");
     }

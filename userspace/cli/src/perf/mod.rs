@@ -152,6 +152,11 @@ pub struct PerfArgs {
     /// print one JSON object on stdout
     #[arg(long)]
     pub json: bool,
+    /// bench: after the run keep the QPs, as the run left them, until
+    /// standard input ends (to look at them with `xroce status --qps` or
+    /// `xroce exporter`)
+    #[arg(long)]
+    pub hold: bool,
     /// Speak perftest's out-of-band protocol (v4.5-0.17) so ib_write_bw,
     /// ib_read_bw, ib_send_bw, ib_atomic_bw, ib_write_lat, ib_read_lat and
     /// ib_send_lat can be the peer; perftest's defaults and report
@@ -272,6 +277,16 @@ impl PerfArgs {
 pub enum RunLength {
     Iters(u64),
     Duration(Duration),
+}
+
+/// With --hold: says so on stderr and waits for the end of standard input
+/// while the caller still has its QPs.
+pub fn hold_qps(hold: bool) -> anyhow::Result<()> {
+    if hold {
+        eprintln!("xroce: run done; holding the QPs until standard input ends");
+        std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink())?;
+    }
+    Ok(())
 }
 
 /// Timeout of each out-of-band read.

@@ -88,6 +88,7 @@ impl QpCtx {
                 self.req.rtt_sample = None;
                 // Smoothed as TCP does (RFC 6298, alpha 1/8), for the probe.
                 self.req.srtt_ns = Some(self.req.srtt_ns.map_or(r, |s| s - s / 8 + r / 8));
+                self.req.last_rtt_ns = Some(r);
             }
         }
         self.cc.on_ack(now, acked * self.mtu as usize, rtt);

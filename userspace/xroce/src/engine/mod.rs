@@ -87,6 +87,7 @@ mod modify;
 mod post;
 pub(crate) mod qp;
 pub mod qp_attr;
+pub mod qp_info;
 mod requester;
 mod responder;
 mod schedule;

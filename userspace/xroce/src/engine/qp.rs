@@ -55,6 +55,8 @@ pub(crate) struct ReqState {
     pub rto_backoff: u8,
     pub rto_after_probe: Option<u64>,
     pub srtt_ns: Option<u64>,
+    /// The latest round-trip sample (shown by `xroce status --qps`).
+    pub last_rtt_ns: Option<u64>,
     /// When the oldest packet sent since the last that asked for an ACK
     /// went out (see `EngineConfig::ack_req_interval_ns`).
     pub unrequested_since: Option<u64>,

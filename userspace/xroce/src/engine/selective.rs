@@ -482,7 +482,13 @@ impl QpCtx {
     /// flight, so one hole does not stall the window), within half the
     /// bitmap's reach.
     pub(crate) fn req_window(&self, env: &Env<'_>) -> u32 {
-        let w = env.cfg.max_inflight_pkts.max(1);
+        self.send_window_pkts(env.cfg.max_inflight_pkts)
+    }
+
+    /// [`req_window`](Self::req_window) under a configured window of
+    /// `max_inflight_pkts`.
+    pub(crate) fn send_window_pkts(&self, max_inflight_pkts: u32) -> u32 {
+        let w = max_inflight_pkts.max(1);
         match self.sr.as_ref() {
             Some(sr) => (w + sr.req.sacked.count).min((RING_PSNS / 2).max(w)),
             None => w,
