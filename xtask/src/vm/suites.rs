@@ -16,7 +16,9 @@ use super::{
 use crate::util::{cargo, step, workspace_root};
 
 mod dispatcher;
+mod mpi;
 mod rdmacm;
+mod ucx;
 
 const MEM_MIB: u32 = 1536;
 
@@ -356,13 +358,14 @@ pub fn matrix(kernels: &[Kernel]) -> Result<()> {
     table.print("matrix (kernel matrix in VMs)")
 }
 
-/// The xroce binary on the host side of interop runs: XROCE_BIN, else
-/// target/release/xroce.
-/// XROCE_VM_ONLY=substring runs only the interop cases whose name has it.
+/// XROCE_VM_ONLY=substring runs only the interop cases whose name has it;
+/// several substrings, comma-separated, select the cases having any.
 fn wanted(case: &str) -> bool {
-    std::env::var("XROCE_VM_ONLY").map_or(true, |w| case.contains(&w))
+    std::env::var("XROCE_VM_ONLY").map_or(true, |w| w.split(',').any(|w| case.contains(w)))
 }
 
+/// The xroce binary on the host side of interop runs: XROCE_BIN, else
+/// target/release/xroce.
 fn host_xroce() -> PathBuf {
     std::env::var_os("XROCE_BIN")
         .map(PathBuf::from)
@@ -408,6 +411,7 @@ pub fn interop() -> Result<()> {
         b.poweroff()?;
     }
     rxe_rxe_cm(&ns, k, &mut a, &mut table)?;
+    rxe_rxe_ucx_mpi(&ns, k, &mut a, &mut table)?;
     if !has_pingpong {
         table.record(
             "xroce<->rxe ibv_rc_pingpong",
@@ -565,6 +569,8 @@ pub fn interop() -> Result<()> {
     dropin(&ns, &mut a, &x, ready, &mut table)?;
     dropin_ipv6(&ns, &mut a, &x, &mut table)?;
     rdmacm::interop(&ns, &mut a, &x, &mut table)?;
+    ucx::interop(&ns, &mut a, &x, &mut table)?;
+    mpi::interop(&ns, &mut a, &x, &mut table)?;
     a.poweroff()?;
     drop(ns);
     table.print("interop (xroce and rxe)")
@@ -853,6 +859,20 @@ fn rxe_rxe(ns: &Netns, a: &mut Vm, b: &mut Vm, table: &mut Table) -> Result<()> 
     Ok(())
 }
 
+/// UCX (ucx_perftest) and Open MPI (allreduce, pml ucx) between two rxe
+/// VMs: the guest side of the xroce cases works on its own. Boots its own
+/// second VM.
+fn rxe_rxe_ucx_mpi(ns: &Netns, k: Kernel, a: &mut Vm, table: &mut Table) -> Result<()> {
+    if !ucx::rxe_rxe_wanted() && !mpi::rxe_rxe_wanted() {
+        return Ok(());
+    }
+    let mut b = boot(ns, k, 1, None, 1)?;
+    b.check(RXE_UP, Duration::from_secs(60))?;
+    ucx::rxe_rxe(ns, a, &mut b, table)?;
+    mpi::rxe_rxe(ns, a, &mut b, table)?;
+    b.poweroff()
+}
+
 /// The RDMA-CM cases between two rxe VMs (XROCE_VM_ONLY=cm): (name,
 /// server command on A, client command on B with {a} for A's address, TCP
 /// port rdma_cm listens on, whether the client must succeed). Each is
@@ -1071,13 +1091,19 @@ fn save_stats(ns: &Netns, xroce: &str, cap: &Path) {
 }
 
 /// Starts `cmd` in the background in the guest (a server) and waits until
-/// it listens on TCP 18515.
+/// it listens on TCP 18515 (perftest's port).
 fn guest_server(vm: &mut Vm, cmd: &str) -> Result<()> {
+    guest_server_port(vm, cmd, 18515)
+}
+
+/// Starts `cmd` in the background in the guest and waits (20 s at most)
+/// until it listens on TCP `port`.
+fn guest_server_port(vm: &mut Vm, cmd: &str, port: u16) -> Result<()> {
     vm.check(
         &format!(
             "if [ -s /tmp/srv.pid ]; then pkill -P $(cat /tmp/srv.pid); kill $(cat /tmp/srv.pid); sleep 0.2; fi 2>/dev/null; \
              rm -f /tmp/srv.rc /tmp/srv.pid; ( {cmd} >/tmp/srv.log 2>&1; echo $? >/tmp/srv.rc ) & \
-             echo $! >/tmp/srv.pid; for i in $(seq 1 200); do ss -ltn | grep -q ':18515 ' && exit 0; sleep 0.1; done; \
+             echo $! >/tmp/srv.pid; for i in $(seq 1 200); do ss -ltn | grep -q ':{port} ' && exit 0; sleep 0.1; done; \
              cat /tmp/srv.log; exit 1"
         ),
         Duration::from_secs(60),
