@@ -75,13 +75,17 @@ fn build_program() -> Result<PathBuf> {
 /// Copies the program into the guest and checks it links there.
 fn install(vm: &mut Vm, bin: &Path) -> Result<()> {
     let b64 = base64(&fs::read(bin)?);
-    vm.check(
+    eprintln!("[{}] installing {GUEST_PROGRAM}", vm.name);
+    let (rc, out) = vm.run(
         &format!(
             "mkdir -p /opt/xroce && echo {b64} | base64 -d >{GUEST_PROGRAM} && chmod 755 {GUEST_PROGRAM} && \
              ! ldd {GUEST_PROGRAM} | grep 'not found'"
         ),
         Duration::from_secs(60),
     )?;
+    if rc != 0 {
+        bail!("installing {GUEST_PROGRAM} in {}: {}", vm.name, out.trim());
+    }
     Ok(())
 }
 
@@ -128,13 +132,18 @@ exit "$(cat "$dir/launch-$node.rc")"
 }
 
 /// mpirun's arguments for `ranks` (one app context each: rank i is ranks[i]).
+/// The agent is `sh SCRIPT`: mpirun passes plm_rsh_agent on to the orted it
+/// starts, which checks that its program exists there too (sh does).
 fn mpirun_args(agent: &Path, ranks: &[Rank]) -> Vec<String> {
     let mut a: Vec<String> = [
         "mpirun",
         "--allow-run-as-root",
+        // orted stays attached: the relay's command returns when the job
+        // ends, with orted's messages.
+        "--leave-session-attached",
         "--mca",
         "plm_rsh_agent",
-        &agent.to_string_lossy(),
+        &format!("sh {}", agent.display()),
         "--mca",
         "plm_rsh_no_tree_spawn",
         "1",
@@ -170,6 +179,7 @@ fn mpirun_args(agent: &Path, ranks: &[Rank]) -> Vec<String> {
                 "env",
                 "UCX_TLS=rc",
                 &format!("UCX_NET_DEVICES={}:1", r.dev),
+                &format!("UCX_IB_GID_INDEX={}", super::ucx::UD_GID_INDEX),
                 &r.program,
             ]
             .iter()
@@ -430,11 +440,11 @@ mod tests {
             },
         ];
         let s = mpirun_args(Path::new("/d/vm-launch"), &ranks).join(" ");
-        assert!(s.contains("--mca plm_rsh_agent /d/vm-launch"), "{s}");
+        assert!(s.contains("--mca plm_rsh_agent sh /d/vm-launch"), "{s}");
         assert!(s.contains("--mca pml ucx"), "{s}");
         assert!(s.ends_with(
-            "-np 1 --host 10.77.0.1 env UCX_TLS=rc UCX_NET_DEVICES=xroce_xr0:1 /h/mpi_allreduce : \
-             -np 1 --host 10.77.0.10 env UCX_TLS=rc UCX_NET_DEVICES=rxe0:1 /opt/xroce/mpi_allreduce"
+            "-np 1 --host 10.77.0.1 env UCX_TLS=rc UCX_NET_DEVICES=xroce_xr0:1 UCX_IB_GID_INDEX=0 /h/mpi_allreduce : \
+             -np 1 --host 10.77.0.10 env UCX_TLS=rc UCX_NET_DEVICES=rxe0:1 UCX_IB_GID_INDEX=0 /opt/xroce/mpi_allreduce"
         ), "{s}");
     }
 
