@@ -378,8 +378,9 @@ fn host_xroce() -> PathBuf {
 /// (`xroce pingpong` against ibv_rc_pingpong, `xroce bench/lat --perftest`
 /// against perftest), one run with loss injected by xroce's XDP program,
 /// and the drop-in cases (Debian's programs on the host too, under
-/// `xroce run`). Every run is captured on the bridge and decoded with
-/// `xroce decode`.
+/// `xroce run`; RDMA-CM in suites/rdmacm.rs, UCX in suites/ucx.rs, Open
+/// MPI in suites/mpi.rs). Every run is captured on the bridge and decoded
+/// with `xroce decode`.
 pub fn interop() -> Result<()> {
     let xroce = host_xroce();
     // The drop-in cases need the library beside the CLI; if it does not
