@@ -1023,6 +1023,46 @@ fn cm_server(vm: &mut Vm, cmd: &str, port: u16) -> Result<()> {
     Ok(())
 }
 
+/// RoCEv2 over link-local IPv6 between xr0 and the guest's eth0 is
+/// usable: neither side's address is still tentative (DAD), and the guest
+/// reaches xr0's link-local address (its neighbour entry is made). Right
+/// after a boot, rxe's first address handle to xr0 once timed out
+/// (ibv_create_ah: Connection timed out) without this.
+fn ipv6_link_ready(ns: &Netns, vm: &mut Vm) -> Result<String> {
+    let t = Instant::now();
+    let host_ll = loop {
+        let out = ns
+            .enter(&[
+                "ip", "-6", "-o", "addr", "show", "dev", HOST_IFACE, "scope", "link",
+            ])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let addr = text
+            .split_whitespace()
+            .skip_while(|w| *w != "inet6")
+            .nth(1)
+            .and_then(|a| a.split('/').next())
+            .map(String::from);
+        match addr {
+            Some(a) if !text.contains("tentative") => break a,
+            _ if t.elapsed() > Duration::from_secs(10) => {
+                bail!(
+                    "{HOST_IFACE} has no usable link-local IPv6 address: {}",
+                    text.trim()
+                )
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    vm.check(
+        &format!(
+            "for i in $(seq 1 100); do [ -z \"$(ip -6 addr show dev eth0 tentative)\" ] && break; sleep 0.1; done; \
+             ping -6 -c 1 -W 5 {host_ll}%eth0 >/dev/null && echo \"{host_ll} reachable\""
+        ),
+        Duration::from_secs(30),
+    )
+}
+
 /// Iterations of each perftest run (rxe under TCG moves ~0.1-0.2 Gb/s).
 const PERFTEST_ITERS: u32 = 200;
 

@@ -369,7 +369,8 @@ pub(super) fn interop(ns: &Netns, vm: &mut Vm, x: &str, table: &mut Table) -> Re
     }
     // The first case's time includes building and installing the program.
     let mut first = Some(Instant::now());
-    let prepared = prepare(&mut [&mut *vm]);
+    // The ranks use the link-local GIDs (ucx::UD_GID_INDEX).
+    let prepared = super::ipv6_link_ready(ns, vm).and_then(|_| prepare(&mut [&mut *vm]));
     for (backend, name) in names {
         let t = first.take().unwrap_or_else(Instant::now);
         let cap = artifacts_dir().join(format!("mpi_xroce-rxe_allreduce_{backend}.pcap"));
