@@ -18,10 +18,12 @@ set -euo pipefail
 
 # rdma-core and its tools; kmod/iproute2 to set rxe up; tcpdump for
 # captures; bpftool, libelf1 and zlib1g for xroce's binaries and tests;
-# xdp-tools (xdp-loader, xdp-filter) for the libxdp dispatcher case.
+# xdp-tools (xdp-loader, xdp-filter) for the libxdp dispatcher case;
+# ucx-utils (ucx_perftest, ucx_info) and openmpi-bin (orted, mpirun; UCX
+# 1.13.1 and Open MPI 4.1.4 as on a bookworm host) for the UCX and MPI cases.
 PACKAGES="rdma-core ibverbs-utils ibverbs-providers perftest rdmacm-utils \
 infiniband-diags iproute2 kmod procps iputils-ping tcpdump ethtool bpftool \
-libelf1 zlib1g util-linux ca-certificates xdp-tools"
+libelf1 zlib1g util-linux ca-certificates xdp-tools ucx-utils openmpi-bin"
 
 # rxe needs a CRC32 implementation it asks for on demand (not a module
 # dependency): without it `rdma link add` fails with "No such file or directory".

@@ -356,10 +356,17 @@ impl Stack {
         Gid::from(self.ip)
     }
 
-    /// MAC to reach `peer` on this link (ARP/NDP); our own for our own
-    /// address (loopback).
+    /// MAC to reach `peer` on this link (ARP/NDP); our own for any of our
+    /// own addresses, the GIDs' IPv6 ones included (loopback: nobody
+    /// answers NDP for them, and UCX connects a process to its own GID).
     pub fn neighbour(&self, peer: IpAddr, timeout: Duration) -> Result<[u8; 6], NetDeviceError> {
-        if peer == IpAddr::V4(self.ip) {
+        let own = match peer {
+            IpAddr::V4(a) => a == self.ip,
+            IpAddr::V6(a) => {
+                a == crate::device::link_local_gid(self.mac()) || self.net().ipv6().contains(&a)
+            }
+        };
+        if own {
             return Ok(self.net().mac());
         }
         self.net().neighbour_mac(peer, timeout)

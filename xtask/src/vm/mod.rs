@@ -13,7 +13,8 @@
 //!   down on every exit path (drop, panic, Ctrl-C).
 //! - `suites`: the kernel matrix (XDP attach + end-to-end tests in the
 //!   guest) and the interop suite (rxe <-> rxe, xroce <-> rxe, and Debian's
-//!   own programs on the host under `xroce run` <-> rxe: "dropin" cases).
+//!   own programs on the host under `xroce run` <-> rxe: "dropin" cases,
+//!   RDMA-CM, ucx_perftest and an Open MPI allreduce over pml ucx).
 
 mod image;
 mod qemu;

@@ -16,7 +16,9 @@ use super::{
 use crate::util::{cargo, step, workspace_root};
 
 mod dispatcher;
+mod mpi;
 mod rdmacm;
+mod ucx;
 
 const MEM_MIB: u32 = 1536;
 
@@ -356,13 +358,14 @@ pub fn matrix(kernels: &[Kernel]) -> Result<()> {
     table.print("matrix (kernel matrix in VMs)")
 }
 
-/// The xroce binary on the host side of interop runs: XROCE_BIN, else
-/// target/release/xroce.
-/// XROCE_VM_ONLY=substring runs only the interop cases whose name has it.
+/// XROCE_VM_ONLY=substring runs only the interop cases whose name has it;
+/// several substrings, comma-separated, select the cases having any.
 fn wanted(case: &str) -> bool {
-    std::env::var("XROCE_VM_ONLY").map_or(true, |w| case.contains(&w))
+    std::env::var("XROCE_VM_ONLY").map_or(true, |w| w.split(',').any(|w| case.contains(w)))
 }
 
+/// The xroce binary on the host side of interop runs: XROCE_BIN, else
+/// target/release/xroce.
 fn host_xroce() -> PathBuf {
     std::env::var_os("XROCE_BIN")
         .map(PathBuf::from)
@@ -375,8 +378,9 @@ fn host_xroce() -> PathBuf {
 /// (`xroce pingpong` against ibv_rc_pingpong, `xroce bench/lat --perftest`
 /// against perftest), one run with loss injected by xroce's XDP program,
 /// and the drop-in cases (Debian's programs on the host too, under
-/// `xroce run`). Every run is captured on the bridge and decoded with
-/// `xroce decode`.
+/// `xroce run`; RDMA-CM in suites/rdmacm.rs, UCX in suites/ucx.rs, Open
+/// MPI in suites/mpi.rs). Every run is captured on the bridge and decoded
+/// with `xroce decode`.
 pub fn interop() -> Result<()> {
     let xroce = host_xroce();
     // The drop-in cases need the library beside the CLI; if it does not
@@ -408,6 +412,7 @@ pub fn interop() -> Result<()> {
         b.poweroff()?;
     }
     rxe_rxe_cm(&ns, k, &mut a, &mut table)?;
+    rxe_rxe_ucx_mpi(&ns, k, &mut a, &mut table)?;
     if !has_pingpong {
         table.record(
             "xroce<->rxe ibv_rc_pingpong",
@@ -565,6 +570,8 @@ pub fn interop() -> Result<()> {
     dropin(&ns, &mut a, &x, ready, &mut table)?;
     dropin_ipv6(&ns, &mut a, &x, &mut table)?;
     rdmacm::interop(&ns, &mut a, &x, &mut table)?;
+    ucx::interop(&ns, &mut a, &x, &mut table)?;
+    mpi::interop(&ns, &mut a, &x, &mut table)?;
     a.poweroff()?;
     drop(ns);
     table.print("interop (xroce and rxe)")
@@ -853,6 +860,20 @@ fn rxe_rxe(ns: &Netns, a: &mut Vm, b: &mut Vm, table: &mut Table) -> Result<()> 
     Ok(())
 }
 
+/// UCX (ucx_perftest) and Open MPI (allreduce, pml ucx) between two rxe
+/// VMs: the guest side of the xroce cases works on its own. Boots its own
+/// second VM.
+fn rxe_rxe_ucx_mpi(ns: &Netns, k: Kernel, a: &mut Vm, table: &mut Table) -> Result<()> {
+    if !ucx::rxe_rxe_wanted() && !mpi::rxe_rxe_wanted() {
+        return Ok(());
+    }
+    let mut b = boot(ns, k, 1, None, 1)?;
+    b.check(RXE_UP, Duration::from_secs(60))?;
+    ucx::rxe_rxe(ns, a, &mut b, table)?;
+    mpi::rxe_rxe(ns, a, &mut b, table)?;
+    b.poweroff()
+}
+
 /// The RDMA-CM cases between two rxe VMs (XROCE_VM_ONLY=cm): (name,
 /// server command on A, client command on B with {a} for A's address, TCP
 /// port rdma_cm listens on, whether the client must succeed). Each is
@@ -1002,6 +1023,46 @@ fn cm_server(vm: &mut Vm, cmd: &str, port: u16) -> Result<()> {
     Ok(())
 }
 
+/// RoCEv2 over link-local IPv6 between xr0 and the guest's eth0 is
+/// usable: neither side's address is still tentative (DAD), and the guest
+/// reaches xr0's link-local address (its neighbour entry is made). Right
+/// after a boot, rxe's first address handle to xr0 once timed out
+/// (ibv_create_ah: Connection timed out) without this.
+fn ipv6_link_ready(ns: &Netns, vm: &mut Vm) -> Result<String> {
+    let t = Instant::now();
+    let host_ll = loop {
+        let out = ns
+            .enter(&[
+                "ip", "-6", "-o", "addr", "show", "dev", HOST_IFACE, "scope", "link",
+            ])
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let addr = text
+            .split_whitespace()
+            .skip_while(|w| *w != "inet6")
+            .nth(1)
+            .and_then(|a| a.split('/').next())
+            .map(String::from);
+        match addr {
+            Some(a) if !text.contains("tentative") => break a,
+            _ if t.elapsed() > Duration::from_secs(10) => {
+                bail!(
+                    "{HOST_IFACE} has no usable link-local IPv6 address: {}",
+                    text.trim()
+                )
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    vm.check(
+        &format!(
+            "for i in $(seq 1 100); do [ -z \"$(ip -6 addr show dev eth0 tentative)\" ] && break; sleep 0.1; done; \
+             ping -6 -c 1 -W 5 {host_ll}%eth0 >/dev/null && echo \"{host_ll} reachable\""
+        ),
+        Duration::from_secs(30),
+    )
+}
+
 /// Iterations of each perftest run (rxe under TCG moves ~0.1-0.2 Gb/s).
 const PERFTEST_ITERS: u32 = 200;
 
@@ -1071,13 +1132,19 @@ fn save_stats(ns: &Netns, xroce: &str, cap: &Path) {
 }
 
 /// Starts `cmd` in the background in the guest (a server) and waits until
-/// it listens on TCP 18515.
+/// it listens on TCP 18515 (perftest's port).
 fn guest_server(vm: &mut Vm, cmd: &str) -> Result<()> {
+    guest_server_port(vm, cmd, 18515)
+}
+
+/// Starts `cmd` in the background in the guest and waits (20 s at most)
+/// until it listens on TCP `port`.
+fn guest_server_port(vm: &mut Vm, cmd: &str, port: u16) -> Result<()> {
     vm.check(
         &format!(
             "if [ -s /tmp/srv.pid ]; then pkill -P $(cat /tmp/srv.pid); kill $(cat /tmp/srv.pid); sleep 0.2; fi 2>/dev/null; \
              rm -f /tmp/srv.rc /tmp/srv.pid; ( {cmd} >/tmp/srv.log 2>&1; echo $? >/tmp/srv.rc ) & \
-             echo $! >/tmp/srv.pid; for i in $(seq 1 200); do ss -ltn | grep -q ':18515 ' && exit 0; sleep 0.1; done; \
+             echo $! >/tmp/srv.pid; for i in $(seq 1 200); do ss -ltn | grep -q ':{port} ' && exit 0; sleep 0.1; done; \
              cat /tmp/srv.log; exit 1"
         ),
         Duration::from_secs(60),

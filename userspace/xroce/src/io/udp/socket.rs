@@ -67,6 +67,10 @@ pub(super) fn open_socket(
             .map_err(|e| setup_err("IPV6_RECVHOPLIMIT", Some(e)))?;
         raw_sockopt::set_int(raw, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)
             .map_err(|e| setup_err("IPV6_DONTFRAG", Some(e)))?;
+        // rxe sends RoCEv2 over IPv6 with UDP checksum 0 (the ICRC protects
+        // the data); the kernel drops such datagrams unless told to take them.
+        raw_sockopt::set_int(raw, libc::IPPROTO_UDP, libc::UDP_NO_CHECK6_RX, 1)
+            .map_err(|e| setup_err("UDP_NO_CHECK6_RX", Some(e)))?;
     } else {
         setsockopt(&fd, sockopt::Ipv4PacketInfo, &true).map_err(option_err("IP_PKTINFO"))?;
         setsockopt(&fd, sockopt::IpRecvTos, &true).map_err(option_err("IP_RECVTOS"))?;
