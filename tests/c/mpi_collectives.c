@@ -7,7 +7,7 @@
  *
  * Usage: mpi_collectives [ELEMENTS]   (default 65536 ints per buffer; with
  * more than a few KiB UCX takes its rendezvous path: RDMA READ / WRITE).
- * Prints "rank R of N: ok" per rank and exits 0; on the first mismatch it
+ * Prints "rank R of N: ok (uid U)" per rank and exits 0; on the first mismatch it
  * prints what and where and calls MPI_Abort (exit status non-zero).
  * Built by tests/tests/openmpi.rs with mpicc.
  */
@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int rank, size;
 
@@ -168,7 +169,7 @@ int main(int argc, char **argv)
 		check_one_sided(sizes[s]);
 	}
 	MPI_Barrier(MPI_COMM_WORLD);
-	printf("rank %d of %d: ok\n", rank, size);
+	printf("rank %d of %d: ok (uid %u)\n", rank, size, (unsigned)getuid());
 	fflush(stdout);
 	MPI_Finalize();
 	return 0;

@@ -126,11 +126,9 @@ impl TwoHosts {
         format!("{}:1", self.ib_device())
     }
 
-    /// `unshare --ipc -- xroce run --iface IF --backend B --`: what goes
-    /// before a program so that it runs on a host of its own over xroce.
-    pub fn host_prefix(&self) -> Vec<OsString> {
-        let mut v: Vec<OsString> = ["unshare", "--ipc", "--"].map(OsString::from).into();
-        v.push(workspace_bin("xroce").into());
+    /// `xroce run --iface IF --backend B --`.
+    pub fn xroce_run_argv(&self) -> Vec<OsString> {
+        let mut v = vec![OsString::from(workspace_bin("xroce"))];
         v.extend(
             [
                 "run",
@@ -142,6 +140,14 @@ impl TwoHosts {
             ]
             .map(OsString::from),
         );
+        v
+    }
+
+    /// `unshare --ipc -- xroce run --iface IF --backend B --`: what goes
+    /// before a program so that it runs on a host of its own over xroce.
+    pub fn host_prefix(&self) -> Vec<OsString> {
+        let mut v: Vec<OsString> = ["unshare", "--ipc", "--"].map(OsString::from).into();
+        v.extend(self.xroce_run_argv());
         v
     }
 
