@@ -29,10 +29,13 @@
 //! CAP_SYS_ADMIN as an ambient capability (setpriv), which the agent needs
 //! for nsenter/unshare/hostname; it drops every capability before `xroce
 //! run`, so orted and the ranks have none. On the AF_XDP backend the ranks
-//! run as root with `--allow-run-as-root`: `xroce run --backend afxdp` and
-//! the library require euid 0 (not a set of capabilities), and the library
-//! takes the interface's XDP maps by program id, which needs CAP_SYS_ADMIN
-//! anyway, so an unprivileged uid would gain nothing.
+//! run as root with `--allow-run-as-root`, the only way today: `xroce run
+//! --backend afxdp` refuses an euid other than 0. The library itself would
+//! run AF_XDP as `nobody` with the ambient capabilities CAP_SYS_ADMIN (it
+//! finds the attached XDP program and its maps by id), CAP_NET_RAW (the
+//! AF_XDP socket) and CAP_IPC_LOCK (the UMEM's locked pages), tried by hand
+//! with ibv_devinfo and ib_write_bw; with CAP_SYS_ADMIN among them the
+//! ranks would be root in all but name, so nothing would be gained.
 
 use std::{
     path::{Path, PathBuf},
