@@ -7,7 +7,8 @@
 //! - `ucx_info -d` lists the device `xroce_IF:1` with the transports
 //!   rc_verbs and ud_verbs;
 //! - UCT (`ucx_perftest -x TL -d xroce_IF:1`): am_lat, am_bw over rc_verbs
-//!   and ud_verbs, put_bw and get (zero-copy RDMA READ) over rc_verbs;
+//!   and ud_verbs, put_bw, get (zero-copy RDMA READ), fadd and cswap
+//!   (the verbs' 64-bit atomics) over rc_verbs;
 //!   put_bw over ud_verbs is refused by UCX itself (UD has no RDMA), which
 //!   is checked too;
 //! - UCP: tag_lat, tag_bw (8 B and 1 MiB: the rendezvous protocol),
@@ -33,7 +34,8 @@ use xroce_tests::{
 /// One program run; the slowest (UD with 1 MiB messages on a busy debug
 /// build) take a few seconds.
 const RUN: Duration = Duration::from_secs(90);
-/// Iterations of a small-message run and of a 1 MiB one.
+/// Iterations of a small-message run and of a large-message one (64 KiB
+/// UCT get, 1 MiB UCP tag_bw).
 const ITERS: u64 = 1000;
 const ITERS_LARGE: u64 = 20;
 
@@ -199,19 +201,27 @@ fn uct_transports(b: Backend) {
     let dev = h.ucx_device();
     let n = ITERS.to_string();
     let mut c = Cases::new(&format!("uct_transports/{}", b.as_str()));
-    for (tl, test, extra) in [
-        ("rc_verbs", "am_lat", &[][..]),
-        ("rc_verbs", "am_bw", &[]),
-        ("rc_verbs", "put_bw", &[]),
-        ("rc_verbs", "get", &["-D", "zcopy", "-s", "65536"]),
-        ("ud_verbs", "am_lat", &[]),
-        ("ud_verbs", "am_bw", &[]),
+    for (tl, test, iters, extra) in [
+        ("rc_verbs", "am_lat", ITERS, &[][..]),
+        ("rc_verbs", "am_bw", ITERS, &[]),
+        ("rc_verbs", "put_bw", ITERS, &[]),
+        (
+            "rc_verbs",
+            "get",
+            ITERS_LARGE,
+            &["-D", "zcopy", "-s", "65536"],
+        ),
+        ("rc_verbs", "fadd", ITERS, &[]),
+        ("rc_verbs", "cswap", ITERS, &[]),
+        ("ud_verbs", "am_lat", ITERS, &[]),
+        ("ud_verbs", "am_bw", ITERS, &[]),
     ] {
         c.case(&format!("{test} over {tl} {}", extra.join(" ")), || {
-            let mut a = args(&["-t", test, "-x", tl, "-d", &dev, "-n", &n, "-w", "100"]);
+            let (n, w) = (iters.to_string(), (iters / 10).to_string());
+            let mut a = args(&["-t", test, "-x", tl, "-d", &dev, "-n", &n, "-w", &w]);
             a.extend(args(extra));
             let (client, server) = perftest(&h, &a, &[])?;
-            check_final(&client, &server, ITERS)
+            check_final(&client, &server, iters)
         });
     }
     c.case("put_bw over ud_verbs is refused by UCX", || {
