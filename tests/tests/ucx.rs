@@ -18,7 +18,7 @@
 //!   name only rc_verbs (unset, rc) or ud_verbs (ud) on xroce.
 //!
 //! Every run exits 0 on both sides, prints no UCX error or warning (nor an
-//! assertion or a backtrace) and the client's last line is perftest's
+//! assertion or a backtrace, nor a verb failing under XROCE_VERBS_DEBUG) and the client's last line is perftest's
 //! `Final:` line with the iterations asked for and a message rate.
 //! Iterations are few (1000, 20 for 1 MiB): a case takes a few seconds.
 
@@ -57,7 +57,9 @@ fn is_ucx_log(line: &str) -> bool {
 fn bad_lines(text: &str) -> Vec<&str> {
     text.lines()
         .filter(|l| {
-            l.contains("UCX  ERROR")
+            // A verb that failed (XROCE_VERBS_DEBUG says why).
+            l.contains("(errno ")
+                || l.contains("UCX  ERROR")
                 || l.contains("UCX  WARN")
                 || l.contains("Assertion")
                 || l.contains("Fatal")
