@@ -121,12 +121,6 @@ fn write_agent(h: &TwoHosts, unprivileged: bool) -> PathBuf {
         .join(" ");
     // Without capabilities from here on (ambient and inheritable cleared:
     // the next exec leaves the unprivileged uid with none).
-    let iface = &h.iface; // LOCAL VIEW EMULATION
-    let back = if unprivileged {
-        "setpriv --reuid=65534 --regid=65534 --clear-groups -- "
-    } else {
-        ""
-    };
     let drop = if unprivileged {
         "setpriv --inh-caps=-all --ambient-caps=-all -- "
     } else {
