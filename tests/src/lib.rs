@@ -21,6 +21,7 @@ pub mod lan;
 pub mod perf;
 pub mod programs;
 pub mod shared;
+pub mod two_hosts;
 pub mod verbs;
 
 /// Fails the test (never skips it) unless we are root with the tools we need.

@@ -174,7 +174,9 @@ impl Stack {
             // The last process of the device detaches it, not necessarily us.
             xdp::mark_process_attached(iface).map_err(NetDeviceError::from)?;
         }
-        if needs_xdp && *net.attachment() == Attachment::None {
+        // Unprivileged, an attached program goes unrecognised (None): only
+        // an interface without any program deserves the warning.
+        if needs_xdp && *net.attachment() == Attachment::None && !xdp::runs_a_program(iface) {
             eprintln!(
                 "xroce: {iface}: another process uses this device, and without xroce's XDP \
                  program frames from other hosts reach only that one; `sudo xroce attach \

@@ -344,6 +344,16 @@ pub fn is_attached(iface: &str) -> bool {
     matches!(find::find(iface), Ok(Some(_)))
 }
 
+/// True if `iface` runs some XDP program. rtnetlink tells any user the
+/// program's id; whether it is xroce's ([`is_attached`]) takes
+/// CAP_SYS_ADMIN (the program is opened by id).
+pub fn runs_a_program(iface: &str) -> bool {
+    if_index(iface)
+        .ok()
+        .and_then(|i| xroce_netlink::xdp::xdp_state(i).ok())
+        .is_some_and(|s| !s.is_empty())
+}
+
 /// Marks `iface`'s attachment as made by a process for itself (a flag in
 /// its config map): the last process that uses the device detaches it,
 /// where one an administrator attached stays.
