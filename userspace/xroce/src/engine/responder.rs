@@ -242,38 +242,43 @@ impl QpCtx {
                     env.stats.dup_read_unmatched += 1;
                     return;
                 };
+                let q = t.bth.psn;
+                // A response still queued that covers this PSN goes back to
+                // it if it went past it (what it sent from there may be
+                // lost); one yet to reach it is left alone. Never forward:
+                // a tail-loss probe names the last PSN of the last READ,
+                // and cutting the packets before it would show the
+                // requester a gap where nothing was lost (go-back-N for
+                // nothing, issue 27).
+                let covering = self.resp.out.iter_mut().find_map(|i| match i {
+                    RespItem::Read {
+                        psn, npkts, sent, ..
+                    } if psn_le(*psn, q) && psn_lt(q, psn_add(*psn, *npkts)) => {
+                        Some((psn_diff(q, *psn) as u32, sent))
+                    }
+                    _ => None,
+                });
+                if let Some((k, sent)) = covering {
+                    if k < *sent {
+                        *sent = k;
+                        env.stats.read_reexecuted += 1;
+                    }
+                    return;
+                }
                 if self.resp.out.len() >= MAX_OUT {
                     return;
                 }
                 env.stats.read_reexecuted += 1;
-                // A queued response covering this PSN restarts in place
-                // (order kept, later READs untouched); otherwise queue it.
-                let covering = self.resp.out.iter().position(|i| {
-                    matches!(i, RespItem::Read { psn, npkts, .. }
-                        if psn_le(*psn, t.bth.psn) && psn_lt(t.bth.psn, psn_add(*psn, *npkts)))
-                });
-                let msn = match covering.map(|k| &self.resp.out[k]) {
-                    Some(RespItem::Read { msn, .. }) => *msn,
-                    _ => self.resp.msn,
-                };
-                let dup_was = match covering.map(|k| &self.resp.out[k]) {
-                    Some(RespItem::Read { dup, .. }) => *dup,
-                    _ => true,
-                };
-                let item = RespItem::Read {
+                self.resp.out.push_back(RespItem::Read {
                     mr,
                     off,
                     len: r.dma_len,
-                    psn: t.bth.psn,
+                    psn: q,
                     sent: 0,
                     npkts,
-                    msn,
-                    dup: dup_was,
-                };
-                match covering {
-                    Some(k) => self.resp.out[k] = item,
-                    None => self.resp.out.push_back(item),
-                }
+                    msn: self.resp.msn,
+                    dup: true,
+                });
             }
             Opcode::RC_COMPARE_SWAP | Opcode::RC_FETCH_ADD => {
                 let hit = self
