@@ -376,6 +376,9 @@ counters! {
         pub rx_seq_naks: u64,
         pub atomic_replays: u64,
         pub read_reexecuted: u64,
+        /// Duplicate READ requests that matched no READ the responder
+        /// executed (PSN, R_Key and range): dropped unanswered, as rxe.
+        pub dup_read_unmatched: u64,
         pub cq_overflows: u64,
         pub async_events_dropped: u64,
         /// Selective repeat: WRITE packets placed ahead of the expected

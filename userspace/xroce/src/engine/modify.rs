@@ -78,6 +78,7 @@ impl QpCtx {
         self.resp.recv = None;
         self.resp.out.clear();
         self.resp.replay.clear();
+        self.resp.reads.clear();
         self.resp.write = None;
         self.resp.in_msg = InMsg::None;
         self.resp.nak_sent = false;

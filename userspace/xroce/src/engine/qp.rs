@@ -140,6 +140,23 @@ pub(crate) struct RespState {
     pub out: VecDeque<RespItem>,
     /// Atomic replay cache: (psn, original value).
     pub replay: VecDeque<(u32, u64)>,
+    /// The READs executed last, oldest first: only a duplicate of one of
+    /// them is executed again (rxe's responder resources).
+    pub reads: VecDeque<ReadRecord>,
+}
+
+/// A READ request the responder executed, as checked then: a duplicate
+/// READ (the requester retrying a lost response) re-executes from this,
+/// never from what the duplicate packet names, so a spoofed one cannot
+/// read anything the peer did not (rxe's find_resource / duplicate_request).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadRecord {
+    /// First PSN of the response; it spans `npkts` PSNs.
+    pub psn: u32,
+    pub npkts: u32,
+    pub rkey: u32,
+    pub va: u64,
+    pub len: u32,
 }
 
 pub(crate) struct QpCtx {
@@ -222,6 +239,7 @@ impl QpCtx {
                 write: None,
                 out: VecDeque::with_capacity(64),
                 replay: VecDeque::with_capacity(16),
+                reads: VecDeque::with_capacity(16),
             },
             cc,
             pacer: Pacer::new(pacing_burst_bytes),

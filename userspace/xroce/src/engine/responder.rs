@@ -1,8 +1,12 @@
 //! Responder: executes incoming requests (IBTA 9.7.4 / rxe_resp.c).
 //!
 //! - PSN check: in order -> execute; duplicate -> re-ACK (SEND/WRITE),
-//!   re-execute (READ), replay from the cache (atomics, never executed
+//!   re-execute a READ recorded among the responder's resources from its
+//!   record (same R_Key, range inside the recorded one; anything else is
+//!   dropped, as rxe), replay from the cache (atomics, never executed
 //!   twice); ahead -> one NAK-PSN-sequence-error per gap;
+//! - READs and atomics not yet answered count together against
+//!   `max_dest_rd_atomic`; one beyond it is an invalid request;
 //! - opcode sequence and length checks -> NAK invalid request;
 //! - rkey / bounds / permission failures -> NAK remote access error (class
 //!   C: the QP then moves to ERR after the NAK is sent, as rxe does, and
@@ -20,7 +24,7 @@ use xroce_wire::{AethRepr, AtomicAckEthRepr, NakCode, Opcode, RethRepr, Syndrome
 use super::codec;
 use super::completion::{WcFlags, WcOpcode, WcStatus};
 use super::memory::AccessFlags;
-use super::qp::{ErrCause, InMsg, QpCtx, RemoteMr, RespItem, WriteCtx};
+use super::qp::{ErrCause, InMsg, QpCtx, ReadRecord, RemoteMr, RespItem, WriteCtx};
 use super::qp_attr::QpState;
 use super::wqe::{sgl_write, RecvWqe};
 use super::Env;
@@ -227,44 +231,54 @@ impl QpCtx {
         match t.bth.opcode {
             Opcode::RC_RDMA_READ_REQUEST => {
                 let Some(r) = t.reth else { return };
-                // Re-execute the (possibly partial) READ from its PSN.
-                let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_READ)
-                else {
+                // Only a READ executed before runs again, from what was
+                // checked then: its R_Key, and its range from this PSN on.
+                let Some((r, npkts)) = self.recorded_read(t.bth.psn, &r) else {
+                    env.stats.dup_read_unmatched += 1;
                     return;
                 };
+                let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_READ)
+                else {
+                    env.stats.dup_read_unmatched += 1;
+                    return;
+                };
+                let q = t.bth.psn;
+                // A response still queued that covers this PSN goes back to
+                // it if it went past it (what it sent from there may be
+                // lost); one yet to reach it is left alone. Never forward:
+                // a tail-loss probe names the last PSN of the last READ,
+                // and cutting the packets before it would show the
+                // requester a gap where nothing was lost (go-back-N for
+                // nothing, issue 27).
+                let covering = self.resp.out.iter_mut().find_map(|i| match i {
+                    RespItem::Read {
+                        psn, npkts, sent, ..
+                    } if psn_le(*psn, q) && psn_lt(q, psn_add(*psn, *npkts)) => {
+                        Some((psn_diff(q, *psn) as u32, sent))
+                    }
+                    _ => None,
+                });
+                if let Some((k, sent)) = covering {
+                    if k < *sent {
+                        *sent = k;
+                        env.stats.read_reexecuted += 1;
+                    }
+                    return;
+                }
                 if self.resp.out.len() >= MAX_OUT {
                     return;
                 }
                 env.stats.read_reexecuted += 1;
-                let npkts = r.dma_len.div_ceil(self.mtu).max(1);
-                // A queued response covering this PSN restarts in place
-                // (order kept, later READs untouched); otherwise queue it.
-                let covering = self.resp.out.iter().position(|i| {
-                    matches!(i, RespItem::Read { psn, npkts, .. }
-                        if psn_le(*psn, t.bth.psn) && psn_lt(t.bth.psn, psn_add(*psn, *npkts)))
-                });
-                let msn = match covering.map(|k| &self.resp.out[k]) {
-                    Some(RespItem::Read { msn, .. }) => *msn,
-                    _ => self.resp.msn,
-                };
-                let dup_was = match covering.map(|k| &self.resp.out[k]) {
-                    Some(RespItem::Read { dup, .. }) => *dup,
-                    _ => true,
-                };
-                let item = RespItem::Read {
+                self.resp.out.push_back(RespItem::Read {
                     mr,
                     off,
                     len: r.dma_len,
-                    psn: t.bth.psn,
+                    psn: q,
                     sent: 0,
                     npkts,
-                    msn,
-                    dup: dup_was,
-                };
-                match covering {
-                    Some(k) => self.resp.out[k] = item,
-                    None => self.resp.out.push_back(item),
-                }
+                    msn: self.resp.msn,
+                    dup: true,
+                });
             }
             Opcode::RC_COMPARE_SWAP | Opcode::RC_FETCH_ADD => {
                 let hit = self
@@ -290,6 +304,66 @@ impl QpCtx {
                 self.queue_ack(p);
             }
         }
+    }
+
+    /// The READ recorded at a duplicate READ request's PSN `psn`, if the
+    /// request `r` names it: the same R_Key and a range inside the
+    /// recorded one (rxe's check). Returns the part left from `psn` on
+    /// (the recorded VA and length moved by whole MTUs) and its packets.
+    fn recorded_read(&self, psn: u32, r: &RethRepr) -> Option<(RethRepr, u32)> {
+        let rec = self
+            .resp
+            .reads
+            .iter()
+            .rev()
+            .find(|rec| psn_le(rec.psn, psn) && psn_lt(psn, psn_add(rec.psn, rec.npkts)))?;
+        let end = r.va.checked_add(u64::from(r.dma_len))?;
+        let inside = r.va >= rec.va && end <= rec.va + u64::from(rec.len);
+        if r.rkey != rec.rkey || !inside {
+            return None;
+        }
+        let k = psn_diff(psn, rec.psn) as u32;
+        // k < npkts = ceil(len / mtu), so the skipped bytes are < len.
+        let skip = k * self.mtu;
+        let part = RethRepr {
+            va: rec.va + u64::from(skip),
+            rkey: rec.rkey,
+            dma_len: rec.len - skip,
+        };
+        Some((part, rec.npkts - k))
+    }
+
+    /// READs and atomics remembered for duplicates: at least
+    /// `max_dest_rd_atomic` (all a requester within its `max_rd_atomic`
+    /// can retry), and no fewer than 16 so a requester allowed more than
+    /// this side's limit still recovers.
+    fn resources(&self) -> usize {
+        usize::from(self.attr.max_dest_rd_atomic).max(16)
+    }
+
+    /// Whether a new READ or atomic request fits in `max_dest_rd_atomic`:
+    /// READs and atomics not yet answered count together (IBTA 9.7.4.1.3
+    /// responder resources; rxe's resources hold both).
+    fn rd_atomic_room(&self) -> bool {
+        let outstanding = self
+            .resp
+            .out
+            .iter()
+            .filter(|i| {
+                matches!(
+                    i,
+                    RespItem::Read { dup: false, .. } | RespItem::Atomic { dup: false, .. }
+                )
+            })
+            .count();
+        outstanding < self.attr.max_dest_rd_atomic.max(1) as usize
+    }
+
+    /// The READ or atomic request at `p` exceeds `max_dest_rd_atomic`: an
+    /// invalid request (NAK invalid request, the QP to ERR with
+    /// IBV_EVENT_QP_REQ_ERR; rxe's RESPST_ERR_TOO_MANY_RDMA_ATM_REQ).
+    fn too_many_rd_atomic(&mut self, env: &mut Env<'_>, p: u32) {
+        self.class_c(env, p, Syndrome::Nak(NakCode::InvalidRequest), None);
     }
 
     fn resp_in_order(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
@@ -568,24 +642,8 @@ impl QpCtx {
             self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         };
-        let outstanding = self
-            .resp
-            .out
-            .iter()
-            .filter(|i| {
-                matches!(
-                    i,
-                    RespItem::Read { dup: false, .. } | RespItem::Atomic { dup: false, .. }
-                )
-            })
-            .count();
-        if outstanding >= self.attr.max_dest_rd_atomic.max(1) as usize {
-            self.class_c(
-                env,
-                t.bth.psn,
-                Syndrome::Nak(NakCode::InvalidRdRequest),
-                None,
-            );
+        if !self.rd_atomic_room() {
+            self.too_many_rd_atomic(env, t.bth.psn);
             return;
         }
         let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_READ) else {
@@ -600,6 +658,16 @@ impl QpCtx {
         let npkts = r.dma_len.div_ceil(self.mtu).max(1);
         self.accept(env, t, npkts);
         self.resp.msn = psn_add(self.resp.msn, 1);
+        while self.resp.reads.len() >= self.resources() {
+            self.resp.reads.pop_front();
+        }
+        self.resp.reads.push_back(ReadRecord {
+            psn: t.bth.psn,
+            npkts,
+            rkey: r.rkey,
+            va: r.va,
+            len: r.dma_len,
+        });
         self.resp.out.push_back(RespItem::Read {
             mr,
             off,
@@ -617,6 +685,10 @@ impl QpCtx {
             self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         };
+        if !self.rd_atomic_room() {
+            self.too_many_rd_atomic(env, t.bth.psn);
+            return;
+        }
         if !a.va.is_multiple_of(8) {
             self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
@@ -651,8 +723,7 @@ impl QpCtx {
         } else {
             cell.fetch_add(a.swap_add, SeqCst)
         };
-        let cap = self.attr.max_dest_rd_atomic.max(1) as usize;
-        while self.resp.replay.len() >= cap.max(16) {
+        while self.resp.replay.len() >= self.resources() {
             self.resp.replay.pop_front();
         }
         self.resp.replay.push_back((t.bth.psn, orig));

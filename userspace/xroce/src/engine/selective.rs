@@ -22,10 +22,14 @@
 //!   completion advance only over the contiguous prefix: after each in-order
 //!   packet the responder absorbs the marked PSNs that follow. Everything
 //!   else ahead of the expected PSN (SEND, READ and atomic requests, the
-//!   last packet of a WRITE with immediate, packets failing a check, PSNs
-//!   beyond the bitmap) is dropped unmarked, as if lost: those run in order
-//!   only, which keeps receive-WQE consumption, RNR NAKs, READ/atomic
-//!   execution order and error NAKs exactly as in go-back-N. No sequence
+//!   last packet of a WRITE with immediate, PSNs beyond the bitmap) is
+//!   dropped unmarked, as if lost: those run in order only, which keeps
+//!   receive-WQE consumption, RNR NAKs and READ/atomic execution order
+//!   exactly as in go-back-N. A placeable packet failing its check (R_Key,
+//!   bounds, access, length) is the class C error it would be in order:
+//!   NAK (remote access error or invalid request) of the expected PSN, the
+//!   QP to ERR with its asynchronous event, so guessing R_Keys out of order
+//!   costs the QP as in order. No sequence
 //!   NAK is sent: an arrival that opens or moves past a gap (or asks for an
 //!   ACK) is answered by an ACK carrying a SACK.
 //! - **ACK.** The BTH PSN is the cumulative acknowledgement as always; an
@@ -258,7 +262,24 @@ impl QpCtx {
         let o = t.bth.opcode;
         let placeable = matches!(o, Opcode::RC_RDMA_WRITE_FIRST | Opcode::RC_RDMA_WRITE_ONLY)
             && sr.resp.got.in_range(p);
-        if placeable && self.sr_place(env, t, payload).is_ok() {
+        let placed = if placeable {
+            match self.sr_place(env, t, payload) {
+                Ok(()) => true,
+                Err(code) => {
+                    // A failed check is the class C error it is in order
+                    // (a guessed R_Key must cost the QP, not just the
+                    // packet). The NAK names the expected PSN: one naming
+                    // `p` would acknowledge the holes before it.
+                    env.stats.sr_dropped_out_of_order += 1;
+                    let e = self.resp.epsn;
+                    self.class_c(env, e, Syndrome::Nak(code), None);
+                    return;
+                }
+            }
+        } else {
+            false
+        };
+        if placed {
             let sr = self.sr.as_mut().expect("checked");
             sr.resp.got.insert(p);
             if o == Opcode::RC_RDMA_WRITE_ONLY {
