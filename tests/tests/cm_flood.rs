@@ -1,7 +1,7 @@
-//! A REQ flood at a real RDMA-CM listener (issue 25, item 2): crafted REQ
-//! MADs, each a new connection request, sent as RoCEv2 UD SENDs to the
-//! listener's GSI QP from the other namespace while the listener fetches no
-//! event (tests/c/cm_flood_listener.c, `rdma_listen(id, -1)`: no limit
+//! A REQ flood at a real RDMA-CM listener (issue 25, item 2), on both
+//! backends: crafted REQ MADs, each a new connection request, sent as raw
+//! RoCEv2 UD SEND frames to the listener's GSI QP from the other namespace
+//! while the listener fetches no event (tests/c/cm_flood_listener.c, `rdma_listen(id, -1)`: no limit
 //! asked for, so ucma's maximum of 1024 applies).
 //!
 //! Asserted: the listener survives; exactly [`MAX_BACKLOG`] requests were
@@ -20,10 +20,12 @@ use std::{
 
 use xroce_cm::{CmConfig, CmEngine, ConnectParams, PathParams, MAX_BACKLOG};
 use xroce_tests::{
+    datagram::EthernetSender,
     in_netns,
     programs::{args, next_port, serial, Backend, Proc, Topology},
     require_root,
     verbs::{compile_c, ibverbs_cdylib, rdmacm_cdylib, workspace_root},
+    Netns,
 };
 use xroce_wire::{
     cm::{CmMadRepr, CmMessage, RejReason},
@@ -43,35 +45,52 @@ const RSS_BOUND_KB: i64 = 8 * 1024;
 /// library's GSI QP has receives posted (64).
 const BURST: u32 = 48;
 const GSI_QKEY: u32 = 0x8001_0000;
-/// Ethernet + IPv4 + UDP headers in front of the BTH.
-const L4_PAYLOAD_AT: usize = 14 + 20 + 8;
+/// The client's side of the link, where the crafted frames leave.
+struct Wire {
+    sender: EthernetSender,
+    client_mac: [u8; 6],
+    server_mac: [u8; 6],
+}
 
-/// The UDP payload (BTH, DETH, MAD, ICRC) of a UD SEND of `mad` from
-/// `src`'s GSI QP to `dst`'s, as sent from UDP port `src_port`.
-fn gsi_datagram(src: Ipv4Addr, dst: Ipv4Addr, src_port: u16, psn: u32, mad: &[u8]) -> Vec<u8> {
+/// The MAC address of `iface` in namespace `ns` (`ip -br link`).
+fn mac_of(ns: &Netns, iface: &str) -> [u8; 6] {
+    let out = ns.exec(&["ip", "-br", "link", "show", "dev", iface]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = text
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_else(|| panic!("no MAC for {iface} in `{text}`"));
+    let mut mac = [0u8; 6];
+    for (m, h) in mac.iter_mut().zip(field.split(':')) {
+        *m = u8::from_str_radix(h, 16).expect("hex MAC");
+    }
+    mac
+}
+
+/// Sends `mad` as a RoCEv2 UD SEND from the client's GSI QP to the
+/// server's, a whole Ethernet frame as rxe would send it (UDP source port
+/// 4791, IPv4 DF, identification 0), so both backends see one frame.
+fn send_gsi(wire: &Wire, reqs: &Requests, psn: u32, mad: &[u8]) {
     let mut t = TransportRepr::new(BthRepr::new(Opcode::UD_SEND_ONLY, 1, psn));
     t.deth = Some(DethRepr {
         qkey: GSI_QKEY,
         src_qp: 1,
     });
     let mut repr = FrameRepr::new(
-        [2, 0, 0, 0, 0, 1],
-        [2, 0, 0, 0, 0, 2],
-        Gid::from_ipv4(src.octets()),
-        Gid::from_ipv4(dst.octets()),
-        src_port,
+        wire.client_mac,
+        wire.server_mac,
+        Gid::from_ipv4(reqs.client.octets()),
+        Gid::from_ipv4(reqs.server.octets()),
+        ROCEV2_PORT,
         t,
     );
-    // What Linux sends from an unconnected UDP socket (path MTU discovery
-    // on): DF set, identification 0. The ICRC covers both; the udp backend
-    // solves for them, the afxdp one sees the frame as sent.
     if let IpRepr::V4(ip) = &mut repr.ip {
         ip.ident = 0;
         ip.dont_frag = true;
     }
     let mut frame = vec![0u8; repr.frame_len(mad.len())];
     emit_frame(&repr, mad, &mut frame).expect("emit the REQ frame");
-    frame[L4_PAYLOAD_AT..].to_vec()
+    wire.sender.send(&frame);
 }
 
 /// REQs from `client` to `server`'s `port` as rdma_cm sends them (CMA
@@ -128,21 +147,19 @@ impl Requests {
 /// REQ sent before it (one GSI QP, in order) once the REJ is here.
 fn round_trip(
     sock: &UdpSocket,
+    wire: &Wire,
     reqs: &mut Requests,
-    to: SocketAddrV4,
     port: u16,
     psn: u32,
 ) -> Result<(), String> {
     let marker = reqs.req(port + 1);
     let marker_id = u32::from_be_bytes(marker[24..28].try_into().unwrap());
-    let d = gsi_datagram(reqs.client, reqs.server, ROCEV2_PORT, psn, &marker);
     sock.set_read_timeout(Some(Duration::from_millis(200)))
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut buf = [0u8; 2048];
     while Instant::now() < deadline {
-        sock.send_to(&d, to)
-            .map_err(|e| format!("send the marker: {e}"))?;
+        send_gsi(wire, reqs, psn, &marker);
         let resent = Instant::now() + Duration::from_millis(200);
         while Instant::now() < resent {
             let Ok(n) = sock.recv(&mut buf) else { break };
@@ -172,18 +189,18 @@ fn round_trip(
 /// followed by a [`round_trip`] so that the listener's receive queues do
 /// not overflow (the assertion needs more than the backlog to arrive).
 /// Returns how long it took.
-fn flood(client: Ipv4Addr, server: Ipv4Addr, port: u16) -> Result<Duration, String> {
+fn flood(wire: Wire, client: Ipv4Addr, server: Ipv4Addr, port: u16) -> Result<Duration, String> {
+    // The REJs come back to the client's RoCEv2 port, where nobody else
+    // listens (the client's xroce starts later).
     let sock = UdpSocket::bind(SocketAddrV4::new(client, ROCEV2_PORT))
-        .map_err(|e| format!("bind the flooder to {client}:{ROCEV2_PORT}: {e}"))?;
-    let to = SocketAddrV4::new(server, ROCEV2_PORT);
+        .map_err(|e| format!("bind {client}:{ROCEV2_PORT} for the REJs: {e}"))?;
     let mut reqs = Requests::new(client, server);
     let t0 = Instant::now();
     for i in 0..FLOOD {
-        let d = gsi_datagram(client, server, ROCEV2_PORT, i, &reqs.req(port));
-        sock.send_to(&d, to)
-            .map_err(|e| format!("send REQ {i}: {e}"))?;
+        let req = reqs.req(port);
+        send_gsi(&wire, &reqs, i, &req);
         if i % BURST == BURST - 1 || i == FLOOD - 1 {
-            round_trip(&sock, &mut reqs, to, port, i)?;
+            round_trip(&sock, &wire, &mut reqs, port, i)?;
         }
     }
     Ok(t0.elapsed())
@@ -234,8 +251,18 @@ fn req_flood(b: Backend) {
         ]),
     );
     wait_for(&mut listener, "listening").unwrap();
-    let sent = in_netns(&t.client().ns.name, move || flood(client, server, port))
-        .unwrap_or_else(|e| panic!("{e}\n{}", listener.stderr_so_far()));
+    let iface = t.client().iface.to_string();
+    let client_mac = mac_of(t.client().ns, t.client().iface);
+    let server_mac = mac_of(t.server().ns, t.server().iface);
+    let sent = in_netns(&t.client().ns.name, move || {
+        let wire = Wire {
+            sender: EthernetSender::new(&iface),
+            client_mac,
+            server_mac,
+        };
+        flood(wire, client, server, port)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", listener.stderr_so_far()));
     assert!(!listener.exited(), "the listener died under the flood");
     std::fs::write(&go, b"go").unwrap();
     wait_for(&mut listener, "queued_requests").unwrap();
@@ -277,4 +304,9 @@ fn req_flood(b: Backend) {
 #[test]
 fn req_flood_udp() {
     req_flood(Backend::Udp);
+}
+
+#[test]
+fn req_flood_afxdp() {
+    req_flood(Backend::AfXdp);
 }
