@@ -131,3 +131,36 @@ fn unanswered_reps_time_out_and_leave_no_state() {
     // no timer for REQ_RCVD either.
     assert_eq!(e.live_connections(), 5);
 }
+
+#[test]
+fn sidr_req_flood_is_capped_too_and_duplicates_are_dropped() {
+    let mut e = listener(0);
+    let mut a = CmEngine::new(CmConfig::new(vec![ATTACKER], 0xbad, 4));
+    let sidrs: Vec<[u8; MAD_LEN]> = (0..3_000)
+        .map(|_| {
+            let p = crate::SidrRequestParams {
+                service_id: SID,
+                local_gid: ATTACKER,
+                remote_gid: US,
+                pkey: 0xffff,
+                timeout: 20,
+                max_retries: 3,
+                private_data: Vec::new(),
+            };
+            a.sidr_request(&p, 0).unwrap();
+            a.poll_transmit().unwrap().mad
+        })
+        .collect();
+    feed(&mut e, &sidrs);
+    feed(&mut e, &sidrs[..10]);
+    assert_eq!(e.live_connections(), MAX_BACKLOG);
+    let s = e.stats();
+    assert_eq!(s.duplicates, 10);
+    assert_eq!(s.req_backlog_full, 3_000 - MAX_BACKLOG as u64);
+    assert_eq!(e.poll_transmit(), None);
+    let reported = std::iter::from_fn(|| e.poll_event())
+        .filter(|ev| matches!(ev, CmEvent::SidrRequest { .. }))
+        .count();
+    assert_eq!(reported, MAX_BACKLOG);
+    e.conns.check();
+}
