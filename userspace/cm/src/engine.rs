@@ -2,6 +2,7 @@
 //! send and events to report. MAD reception is in receive.rs.
 
 use std::collections::{BTreeMap, VecDeque};
+
 use std::fmt;
 
 use xroce_wire::cm::{
@@ -17,6 +18,7 @@ use crate::event::CmEvent;
 use crate::ids::CommIds;
 use crate::params::{ConnectParams, RepParams, SidrReplyParams, SidrRequestParams};
 use crate::stats::CmStats;
+use crate::table::ConnTable;
 
 /// Why a consumer call was refused (nothing was sent, nothing changed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +58,11 @@ impl From<MadError> for CmError {
     }
 }
 
+/// The most requests a listener keeps waiting for the consumer: Linux's
+/// `net.rdma_ucm.max_backlog` default, which ucma's `rdma_listen` uses for
+/// a backlog of 0, a negative one, or a larger one.
+pub const MAX_BACKLOG: usize = 1024;
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Listener {
     pub(crate) backlog: usize,
@@ -67,7 +74,7 @@ pub(crate) struct Listener {
 pub struct CmEngine {
     pub(crate) config: CmConfig,
     ids: CommIds,
-    pub(crate) conns: BTreeMap<u32, Conn>,
+    pub(crate) conns: ConnTable,
     pub(crate) listeners: BTreeMap<u64, Listener>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<CmEvent>,
@@ -79,7 +86,7 @@ impl CmEngine {
         CmEngine {
             ids: CommIds::new(config.seed, config.first_comm_id),
             config,
-            conns: BTreeMap::new(),
+            conns: ConnTable::default(),
             listeners: BTreeMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
@@ -93,7 +100,7 @@ impl CmEngine {
 
     /// The state of a live connection.
     pub fn state(&self, conn: ConnId) -> Option<State> {
-        self.conns.get(&conn.0).map(|c| c.state)
+        self.conns.get(conn.0).map(|c| c.state)
     }
 
     /// How many connections the engine still tracks (TIMEWAIT included).
@@ -115,12 +122,23 @@ impl CmEngine {
     }
 
     /// Accept REQs and SIDR_REQs for `service_id`; at most `backlog` may
-    /// wait for the consumer's answer at once (0: no limit).
+    /// wait for the consumer's answer at once, more are dropped (counted in
+    /// `req_backlog_full`). 0 or more than [`MAX_BACKLOG`] means
+    /// [`MAX_BACKLOG`], as ucma's `rdma_listen` caps it.
+    ///
+    /// Linux frees a backlog slot when the program fetches the event; here
+    /// the slot is held until the consumer answers (accept, reject or
+    /// destroy; an MRA keeps it) or the peer withdraws, so that requests
+    /// nobody answers cannot pile up either.
     pub fn listen(&mut self, service_id: u64, backlog: usize) -> Result<(), CmError> {
         if self.listeners.contains_key(&service_id) {
             return Err(CmError::AlreadyListening(service_id));
         }
-        let backlog = if backlog == 0 { usize::MAX } else { backlog };
+        let backlog = if backlog == 0 || backlog > MAX_BACKLOG {
+            MAX_BACKLOG
+        } else {
+            backlog
+        };
         self.listeners.insert(
             service_id,
             Listener {
@@ -244,8 +262,9 @@ impl CmEngine {
         c.local_qpn = p.qpn;
         c.sent = Some(mad);
         c.retries_left = c.max_retries;
-        c.deadline = Some(now_ns.saturating_add(c.response_timeout_ns));
+        let deadline = now_ns.saturating_add(c.response_timeout_ns);
         let (gid, peer, listener) = (c.local_gid, c.peer, c.backlog_of.take());
+        self.conns.set_deadline(conn.0, Some(deadline));
         self.release_backlog(listener);
         self.push(gid, peer, mad);
         Ok(())
@@ -287,7 +306,7 @@ impl CmEngine {
             private_data,
         };
         let mad = build(c.tid, CmMessage::Rej(rej))?;
-        let c = self.conns.remove(&conn.0).expect("checked above");
+        let c = self.conns.remove(conn.0).expect("checked above");
         self.release_backlog(c.backlog_of);
         self.push(c.local_gid, c.peer, mad);
         Ok(())
@@ -329,9 +348,9 @@ impl CmEngine {
             let (gid, peer) = (c.local_gid, c.peer);
             self.push(gid, peer, mad);
         }
-        let c = self.conns.get_mut(&conn.0).expect("checked above");
+        let c = self.conns.get_mut(conn.0).expect("checked above");
         c.state = State::Established;
-        c.deadline = None;
+        self.conns.set_deadline(conn.0, None);
         self.events.push_back(CmEvent::Established { conn });
         Ok(())
     }
@@ -376,13 +395,14 @@ impl CmEngine {
         };
         let tid = self.tid(conn.0);
         let mad = build(tid, CmMessage::Dreq(dreq))?;
-        let c = self.conns.get_mut(&conn.0).expect("checked above");
+        let c = self.conns.get_mut(conn.0).expect("checked above");
         c.state = State::DreqSent;
         c.tid = tid;
         c.sent = Some(mad);
         c.retries_left = c.max_retries;
-        c.deadline = Some(now_ns.saturating_add(c.response_timeout_ns));
+        let deadline = now_ns.saturating_add(c.response_timeout_ns);
         let (gid, peer) = (c.local_gid, c.peer);
+        self.conns.set_deadline(conn.0, Some(deadline));
         self.push(gid, peer, mad);
         Ok(())
     }
@@ -444,7 +464,7 @@ impl CmEngine {
             private_data: &p.private_data,
         };
         let mad = build(c.tid, CmMessage::SidrRep(rep))?;
-        let c = self.conns.remove(&conn.0).expect("checked above");
+        let c = self.conns.remove(conn.0).expect("checked above");
         self.release_backlog(c.backlog_of);
         self.push(c.local_gid, c.peer, mad);
         Ok(())
@@ -452,31 +472,25 @@ impl CmEngine {
 
     /// The earliest time `handle_timeout` has something to do.
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        self.conns.next_deadline()
     }
 
     /// Retransmits, gives up, and leaves TIMEWAIT for every timer that
     /// expired by `now_ns`.
     pub fn handle_timeout(&mut self, now_ns: u64) {
-        let due: Vec<u32> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now_ns))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in due {
+        for id in self.conns.due(now_ns) {
             self.expire(id, now_ns);
         }
     }
 
     fn expire(&mut self, id: u32, now_ns: u64) {
         let conn = ConnId(id);
-        let Some(c) = self.conns.get_mut(&id) else {
+        self.conns.set_deadline(id, None);
+        let Some(c) = self.conns.get_mut(id) else {
             return;
         };
-        c.deadline = None;
         if c.state == State::Timewait {
-            let c = self.conns.remove(&id).expect("present");
+            let c = self.conns.remove(id).expect("present");
             if !c.destroyed {
                 self.events.push_back(CmEvent::TimewaitExit { conn });
             }
@@ -487,9 +501,10 @@ impl CmEngine {
         }
         if c.retries_left > 0 {
             c.retries_left -= 1;
-            c.deadline = Some(now_ns.saturating_add(c.response_timeout_ns));
-            if let Some(mad) = c.sent {
-                let (gid, peer) = (c.local_gid, c.peer);
+            let deadline = now_ns.saturating_add(c.response_timeout_ns);
+            let resend = c.sent.map(|mad| (c.local_gid, c.peer, mad));
+            self.conns.set_deadline(id, Some(deadline));
+            if let Some((gid, peer, mad)) = resend {
                 self.stats.retransmits += 1;
                 self.push(gid, peer, mad);
             }
@@ -500,7 +515,7 @@ impl CmEngine {
             self.enter_timewait(id, now_ns);
             self.events.push_back(CmEvent::DisconnectTimeout { conn });
         } else {
-            let c = self.conns.remove(&id).expect("present");
+            let c = self.conns.remove(id).expect("present");
             // The IBTA's answer to a REQ or REP that timed out: REJ
             // "timeout", so the peer forgets it too.
             let message_rejected = match c.state {
@@ -524,7 +539,7 @@ impl CmEngine {
     /// connected lingers in TIMEWAIT (without events) so its comm ID is not
     /// reused too early. No event follows for it.
     pub fn destroy(&mut self, conn: ConnId, now_ns: u64) -> Result<(), CmError> {
-        let c = self.conns.get(&conn.0).ok_or(CmError::UnknownConn(conn))?;
+        let c = self.conns.get(conn.0).ok_or(CmError::UnknownConn(conn))?;
         let state = c.state;
         let (mad, linger) = match state {
             State::ReqSent | State::MraReqRcvd => (
@@ -568,7 +583,7 @@ impl CmEngine {
                 return self.sidr_reply(conn, &reply);
             }
         };
-        let c = self.conns.get_mut(&conn.0).expect("present");
+        let c = self.conns.get_mut(conn.0).expect("present");
         c.destroyed = true;
         if let Some(mad) = mad {
             c.sent = Some(mad);
@@ -576,7 +591,7 @@ impl CmEngine {
             self.push(gid, peer, mad);
         }
         if !linger {
-            let c = self.conns.remove(&conn.0).expect("present");
+            let c = self.conns.remove(conn.0).expect("present");
             self.release_backlog(c.backlog_of);
         } else if state != State::Timewait {
             self.enter_timewait(conn.0, now_ns);
@@ -611,9 +626,9 @@ impl CmEngine {
     }
 
     pub(crate) fn enter_timewait(&mut self, id: u32, now_ns: u64) {
-        if let Some(c) = self.conns.get_mut(&id) {
-            c.state = State::Timewait;
-            c.deadline = Some(now_ns.saturating_add(c.timewait_ns));
+        if let Some(c) = self.conns.get(id) {
+            let deadline = now_ns.saturating_add(c.timewait_ns);
+            self.conns.enter_timewait(id, deadline);
         }
     }
 
@@ -637,7 +652,7 @@ impl CmEngine {
 
     pub(crate) fn allocate_id(&mut self) -> u32 {
         let conns = &self.conns;
-        self.ids.allocate(|id| conns.contains_key(&id))
+        self.ids.allocate(|id| conns.contains(id))
     }
 
     /// The transaction ID of a transaction we start: Linux's layout.
@@ -656,7 +671,7 @@ impl CmEngine {
     fn conn_in(&mut self, conn: ConnId, states: &[State]) -> Result<&mut Conn, CmError> {
         let c = self
             .conns
-            .get_mut(&conn.0)
+            .get_mut(conn.0)
             .ok_or(CmError::UnknownConn(conn))?;
         if !states.contains(&c.state) {
             return Err(CmError::WrongState(c.state));

@@ -43,14 +43,17 @@ mod config;
 mod conn;
 mod engine;
 mod event;
+#[cfg(test)]
+mod flood_tests;
 mod ids;
 mod params;
 mod receive;
 mod stats;
+mod table;
 
 pub use config::{timeout_ns, CmConfig, PeerAddr, Transmit};
 pub use conn::{ConnId, State};
-pub use engine::{CmEngine, CmError};
+pub use engine::{CmEngine, CmError, MAX_BACKLOG};
 pub use event::CmEvent;
 pub use params::{
     ConnectParams, PathParams, RepInfo, RepParams, ReqInfo, SidrReplyParams, SidrRequestParams,

@@ -46,7 +46,7 @@ impl CmEngine {
     /// The connection a message names by our comm ID (`ours`) and, once
     /// known, the peer's (`theirs`).
     fn named(&mut self, ours: u32, theirs: u32) -> Option<&mut Conn> {
-        match self.conns.get_mut(&ours) {
+        match self.conns.get_mut(ours) {
             Some(c) if c.remote_comm_id == 0 || c.remote_comm_id == theirs => Some(c),
             _ => {
                 self.stats.unknown_comm_id += 1;
@@ -56,7 +56,7 @@ impl CmEngine {
     }
 
     fn resend(&mut self, id: u32) {
-        if let Some(c) = self.conns.get(&id) {
+        if let Some(c) = self.conns.get(id) {
             if let Some(mad) = c.sent {
                 let (gid, peer) = (c.local_gid, c.peer);
                 self.push(gid, peer, mad);
@@ -69,14 +69,8 @@ impl CmEngine {
         // it twice.
         let dup = self
             .conns
-            .iter()
-            .find(|(_, c)| {
-                !c.active
-                    && c.state != State::SidrReqRcvd
-                    && c.remote_comm_id == r.local_comm_id
-                    && c.remote_ca_guid == r.local_ca_guid
-            })
-            .map(|(id, c)| (*id, c.state));
+            .by_req(r.local_comm_id, r.local_ca_guid)
+            .and_then(|id| Some((id, self.conns.get(id)?.state)));
         if let Some((id, state)) = dup {
             self.stats.duplicates += 1;
             match state {
@@ -90,15 +84,7 @@ impl CmEngine {
         }
         // The peer's QP already belongs to a connection of ours: the REQ
         // is from before a restart, or the old connection is stale.
-        let stale = self.conns.values().any(|c| {
-            c.remote_qpn == r.local_qpn
-                && c.peer.gid == from.gid
-                && !matches!(
-                    c.state,
-                    State::Timewait | State::SidrReqRcvd | State::SidrReqSent
-                )
-        });
-        if stale {
+        if self.conns.peer_qp_in_use(from.gid, r.local_qpn) {
             self.stats.req_stale += 1;
             self.reject_req(from, local_gid, tid, 0, r, RejReason::StaleConn);
             return;
@@ -219,13 +205,17 @@ impl CmEngine {
             }
         };
         c.state = next;
-        c.remote_comm_id = r.local_comm_id;
+        if c.active {
+            // A passive connection's peer comm ID is its index key, known
+            // since the REQ.
+            c.remote_comm_id = r.local_comm_id;
+        }
         // The peer promised an answer within its service timeout.
-        c.deadline = Some(
-            now_ns
-                .saturating_add(timeout_ns(r.service_timeout))
-                .saturating_add(c.response_timeout_ns),
-        );
+        let deadline = now_ns
+            .saturating_add(timeout_ns(r.service_timeout))
+            .saturating_add(c.response_timeout_ns);
+        let id = r.remote_comm_id;
+        self.conns.set_deadline(id, Some(deadline));
     }
 
     fn on_rej(&mut self, r: &RejRepr) {
@@ -233,14 +223,7 @@ impl CmEngine {
         // (and its CA GUID in the ARI).
         let id = if r.remote_comm_id == 0 {
             let guid = (r.ari.len() == 8).then(|| u64::from_be_bytes(r.ari.try_into().unwrap()));
-            self.conns
-                .iter()
-                .find(|(_, c)| {
-                    !c.active
-                        && c.remote_comm_id == r.local_comm_id
-                        && guid.is_none_or(|g| g == c.remote_ca_guid)
-                })
-                .map_or(0, |(id, _)| *id)
+            self.conns.by_req_any_ca(r.local_comm_id, guid).unwrap_or(0)
         } else {
             r.remote_comm_id
         };
@@ -261,7 +244,7 @@ impl CmEngine {
             self.stats.unexpected += 1;
             return;
         }
-        let c = self.conns.remove(&id).expect("named");
+        let c = self.conns.remove(id).expect("named");
         self.release_backlog(c.backlog_of);
         if c.destroyed {
             return;
@@ -305,7 +288,7 @@ impl CmEngine {
                 ari: &[],
                 private_data: &[],
             };
-            let c = self.conns.remove(&id).expect("named");
+            let c = self.conns.remove(id).expect("named");
             if let Ok(mad) = build(c.tid, CmMessage::Rej(rej)) {
                 self.push(c.local_gid, c.peer, mad);
             }
@@ -316,10 +299,10 @@ impl CmEngine {
             return;
         }
         c.state = State::RepRcvd;
-        c.deadline = None;
         c.remote_comm_id = r.local_comm_id;
         c.remote_ca_guid = r.local_ca_guid;
-        c.remote_qpn = r.local_qpn;
+        self.conns.set_deadline(id, None);
+        self.conns.set_remote_qpn(id, r.local_qpn);
         let rep = RepInfo {
             remote_comm_id: r.local_comm_id,
             remote_ca_guid: r.local_ca_guid,
@@ -346,7 +329,7 @@ impl CmEngine {
         match c.state {
             State::RepSent | State::MraRepRcvd => {
                 c.state = State::Established;
-                c.deadline = None;
+                self.conns.set_deadline(id, None);
                 self.event(CmEvent::Established { conn: ConnId(id) });
             }
             State::Established => self.stats.duplicates += 1,
@@ -358,7 +341,7 @@ impl CmEngine {
         let id = r.remote_comm_id;
         let known = self
             .conns
-            .get(&id)
+            .get(id)
             .is_some_and(|c| c.remote_comm_id == r.local_comm_id);
         if !known {
             // The spec's answer to a DREQ for a connection we do not have
@@ -374,7 +357,7 @@ impl CmEngine {
             }
             return;
         }
-        let c = self.conns.get_mut(&id).expect("known");
+        let c = self.conns.get_mut(id).expect("known");
         if r.remote_qpn != c.local_qpn && c.local_qpn != 0 {
             // Not about our QP (as ib_cm, dropped).
             self.stats.unexpected += 1;
@@ -383,9 +366,9 @@ impl CmEngine {
         match c.state {
             State::Established | State::RepSent | State::MraRepRcvd | State::RepRcvd => {
                 c.state = State::DreqRcvd;
-                c.deadline = None;
                 // The DREP answers this transaction.
                 c.tid = tid;
+                self.conns.set_deadline(id, None);
                 self.event(CmEvent::DisconnectRequest {
                     conn: ConnId(id),
                     private_data: r.private_data.to_vec(),
@@ -411,7 +394,7 @@ impl CmEngine {
 
     /// Sends the DREP for the DREQ whose transaction is in `tid`.
     fn answer_dreq(&mut self, id: u32) {
-        let Some(c) = self.conns.get_mut(&id) else {
+        let Some(c) = self.conns.get_mut(id) else {
             return;
         };
         let drep = CommIdsRepr {
@@ -442,10 +425,7 @@ impl CmEngine {
     }
 
     fn on_sidr_req(&mut self, from: PeerAddr, local_gid: Gid, tid: u64, r: &SidrReqRepr) {
-        let dup = self.conns.values().any(|c| {
-            c.state == State::SidrReqRcvd && c.remote_comm_id == r.request_id && c.peer == from
-        });
-        if dup {
+        if self.conns.has_sidr_req(r.request_id, from) {
             self.stats.duplicates += 1;
             return;
         }
@@ -505,7 +485,7 @@ impl CmEngine {
 
     fn on_sidr_rep(&mut self, r: &SidrRepRepr) {
         let id = r.request_id;
-        match self.conns.get(&id) {
+        match self.conns.get(id) {
             Some(c) if c.state == State::SidrReqSent && c.service_id == r.service_id => {}
             Some(_) => {
                 self.stats.unexpected += 1;
@@ -516,7 +496,7 @@ impl CmEngine {
                 return;
             }
         }
-        self.conns.remove(&id);
+        self.conns.remove(id);
         self.event(CmEvent::SidrResponse {
             conn: ConnId(id),
             status: r.status,

@@ -126,6 +126,8 @@ fn listen(cm: &CmId, id: *mut rdma_cm_id, backlog: c_int) -> Result<(), i32> {
     } else {
         vec![devices::of_context(verbs).ok_or(libc::ENODEV)?]
     };
+    // As ucma: 0 or a negative backlog means the maximum (the engine caps
+    // every backlog at xroce_cm::MAX_BACKLOG).
     let backlog = usize::try_from(backlog).unwrap_or(0);
     let mut keys = Vec::new();
     for device in devices {
