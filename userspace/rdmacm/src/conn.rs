@@ -71,6 +71,14 @@ pub(crate) fn agent_of(device: &'static devices::Device) -> Result<&'static Agen
     Agent::of(device)
 }
 
+/// Makes `device`'s agent at once if this process holds its QP1 (see
+/// [`Agent::serve_if_qp1_holder`]).
+pub(crate) fn serve_if_qp1_holder(device: &'static devices::Device) {
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    HANDLER.call_once(|| crate::agent::set_event_handler(crate::cm_events::handle));
+    Agent::serve_if_qp1_holder(device)
+}
+
 pub(crate) fn agent_key(agent: &'static Agent) -> usize {
     agent as *const Agent as usize
 }
