@@ -31,11 +31,12 @@ use std::collections::BTreeSet;
 use std::ffi::c_int;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use xroce_cm::{CmConfig, CmEngine, CmEvent, PeerAddr, Transmit};
+use xroce_wire::mad::GSI_QPN;
 use xroce_wire::Gid;
 
 use crate::abi::*;
@@ -61,6 +62,13 @@ const DEFAULT_PKEY: u16 = 0xffff;
 /// How long a process that does not hold QP1 waits for the holder's relay
 /// (the holder may be starting its agent at the same time).
 const RELAY_PATIENCE: Duration = Duration::from_secs(2);
+/// The most the QP1 holder's exit waits for the device's other processes
+/// to leave: their MADs (and the ones it sends itself to the device's own
+/// address) reach them only while it runs.
+const RELAY_LINGER: Duration = Duration::from_secs(3);
+/// Rounds of MADs between processes of the device handled in one go
+/// (each answer may bring another).
+const LOCAL_ROUNDS: usize = 8;
 /// How long a frame whose send completed may still take to leave.
 const FRAME_OUT: Duration = Duration::from_millis(5);
 /// Completions taken per poll.
@@ -81,6 +89,8 @@ pub(crate) struct Agent {
     /// ([`relay`]), and the service IDs registered with it.
     relay: Option<relay::ClientEnd>,
     registered: Mutex<BTreeSet<u64>>,
+    /// In the QP1 holder: how many other processes use its relay now.
+    relayed_processes: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -340,6 +350,7 @@ fn start(dev: &'static Device, gsi: Option<Gsi>) -> Result<&'static Agent, i32> 
         counters: Counters::default(),
         relay,
         registered: Mutex::new(BTreeSet::new()),
+        relayed_processes: AtomicUsize::new(0),
     }));
     std::thread::Builder::new()
         .name("xroce-cm".into())
@@ -447,17 +458,52 @@ fn run(agent: &'static Agent, gsi: Gsi, mut server: Option<relay::Server>, ifind
                 }
                 repost.push(r.buffer);
             }
+            let mut out = Vec::new();
             if let Some(s) = server.as_mut() {
                 // Other processes' MADs leave as the device's QP1 traffic.
-                s.service(|t| {
-                    agent.sending.store(true, Ordering::Release);
-                    sender.push(t);
-                });
+                s.service(|t| out.push(t));
+                agent
+                    .relayed_processes
+                    .store(s.clients(), Ordering::Release);
             }
             if engine.poll_timeout().is_some_and(|d| d <= now) {
                 engine.handle_timeout(now);
             }
-            while let Some(t) = engine.poll_transmit() {
+            // While other processes use the relay, a MAD from one process
+            // of the device to another (to one of its own GIDs) is handed
+            // over here at once rather than looped through the device:
+            // written to the relay before its sender may exit.
+            let relaying = server.as_ref().is_some_and(|s| s.clients() > 0);
+            for _round in 0..LOCAL_ROUNDS {
+                out.extend(std::iter::from_fn(|| engine.poll_transmit()));
+                let (local, remote): (Vec<_>, Vec<_>) = out.drain(..).partition(|t| {
+                    relaying && t.peer.qpn == GSI_QPN && agent.local_gids.contains(&t.peer.gid)
+                });
+                for t in remote {
+                    agent.sending.store(true, Ordering::Release);
+                    sender.push(t);
+                }
+                if local.is_empty() {
+                    break;
+                }
+                for t in local {
+                    trace_local(agent, &t);
+                    let peer = PeerAddr {
+                        gid: t.local_gid,
+                        qpn: GSI_QPN,
+                        pkey: t.peer.pkey,
+                    };
+                    let theirs = server.as_mut().is_some_and(|s| {
+                        s.forward(peer, t.peer.gid, &t.mad, |sid| {
+                            engine.listening().any(|l| l == sid)
+                        })
+                    });
+                    if !theirs {
+                        engine.handle_mad(peer, t.peer.gid, &t.mad, now);
+                    }
+                }
+            }
+            for t in out.drain(..) {
                 agent.sending.store(true, Ordering::Release);
                 sender.push(t);
             }
@@ -489,6 +535,18 @@ fn run(agent: &'static Agent, gsi: Gsi, mut server: Option<relay::Server>, ifind
         for ev in events.drain(..) {
             deliver(agent, ev);
         }
+    }
+}
+
+fn trace_local(agent: &Agent, t: &Transmit) {
+    if crate::config::debug() {
+        eprintln!(
+            "librdmacm: CM agent {}: {} from {} to {} stays on the device",
+            agent.device.name,
+            trace::describe(&t.mad),
+            t.local_gid.to_ip(),
+            t.peer.gid.to_ip()
+        );
     }
 }
 
@@ -591,8 +649,14 @@ pub(crate) fn running_here() -> bool {
 pub(crate) fn flush_all(limit: Duration) {
     let agents = AGENTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let deadline = Instant::now() + limit;
-    for agent in agents {
+    for agent in &agents {
         agent.flush(deadline);
+    }
+    let linger = Instant::now() + RELAY_LINGER;
+    for agent in &agents {
+        while agent.relayed_processes.load(Ordering::Acquire) > 0 && Instant::now() < linger {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 }
 

@@ -28,9 +28,16 @@
 //! A connection between two processes of the device works as any other:
 //! their MADs leave through QP1 to the device's own address and come back.
 //!
-//! Limits: a process that is not the QP1 holder needs the holder to run
-//! an agent (to have used RDMA-CM) when it starts its own; when the
-//! holder exits, the other processes' RDMA-CM MADs go nowhere (their
+//! The holder starts its agent as soon as librdmacm opens the device, so
+//! its relay is there before its peers need it, and at exit waits up to
+//! 3 s for the processes still connected to its relay to leave: their MADs
+//! (and its own to them, which loop through the device's own address)
+//! travel only while it runs.
+//!
+//! Limits: a process that is not the QP1 holder needs the holder to use
+//! librdmacm (a holder using only libibverbs serves no relay: EBUSY, as
+//! before); when the holder exits, the other processes' RDMA-CM MADs go
+//! nowhere (no hand-over of QP1: its block stays with the process; their
 //! connections then end as with a lost peer). Two processes listening on
 //! one service ID are not refused: the first registration wins.
 
@@ -242,6 +249,11 @@ impl Server {
             services: HashMap::new(),
             comms: HashMap::new(),
         })
+    }
+
+    /// How many processes are connected.
+    pub(super) fn clients(&self) -> usize {
+        self.clients.len()
     }
 
     /// The fds to poll for reading.
