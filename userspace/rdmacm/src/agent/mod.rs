@@ -66,6 +66,14 @@ const RELAY_PATIENCE: Duration = Duration::from_secs(2);
 /// to leave: their MADs (and the ones it sends itself to the device's own
 /// address) reach them only while it runs.
 const RELAY_LINGER: Duration = Duration::from_secs(3);
+/// The most a call waits for the agent's thread to take its MADs.
+const TAKE_WAIT: Duration = Duration::from_millis(200);
+
+thread_local! {
+    /// Set on the agents' threads.
+    static ON_AGENT_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Rounds of MADs between processes of the device handled in one go
 /// (each answer may bring another).
 const LOCAL_ROUNDS: usize = 8;
@@ -180,7 +188,33 @@ impl Agent {
             r
         };
         self.wake();
+        self.wait_taken();
         r
+    }
+
+    /// When processes of the device share RDMA-CM, waits (briefly) until
+    /// the agent's thread took what the caller queued: a MAD for another
+    /// process of the device is then in the relay, so it survives the
+    /// caller's `_exit` right after (rdma_reject, rdma_disconnect), as the
+    /// kernel's rdma_cm sends within the call. Not on the agent's thread
+    /// (an event handler's call), which takes them itself after.
+    fn wait_taken(&self) {
+        let shared = self.relay.is_some() || self.relayed_processes.load(Ordering::Acquire) > 0;
+        if !shared || ON_AGENT_THREAD.get() {
+            return;
+        }
+        let deadline = Instant::now() + TAKE_WAIT;
+        loop {
+            let busy = {
+                let engine = self.lock();
+                engine.has_transmit()
+                    || (self.relay.is_some() && self.sending.load(Ordering::Acquire))
+            };
+            if !busy || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     /// Tells the QP1 holder's relay which service IDs this process's
@@ -354,9 +388,12 @@ fn start(dev: &'static Device, gsi: Option<Gsi>) -> Result<&'static Agent, i32> 
     }));
     std::thread::Builder::new()
         .name("xroce-cm".into())
-        .spawn(move || match own {
-            Some((gsi, server)) => run(agent, gsi, server, ifindex),
-            None => run_relayed(agent),
+        .spawn(move || {
+            ON_AGENT_THREAD.set(true);
+            match own {
+                Some((gsi, server)) => run(agent, gsi, server, ifindex),
+                None => run_relayed(agent),
+            }
         })
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
     // SAFETY: getpid has no preconditions.
