@@ -300,6 +300,10 @@ impl Server {
                     }
                     Ok(Some(Msg::Listen(sid))) => {
                         let first = *self.services.entry(sid).or_insert(c.id);
+                        super::debug(format_args!(
+                            "CM relay: process {} listens on service ID {sid:#x}",
+                            c.id
+                        ));
                         if first != c.id {
                             super::debug(format_args!(
                                 "CM relay: service ID {sid:#x} is process {first}'s already"
