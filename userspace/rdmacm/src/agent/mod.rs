@@ -20,6 +20,11 @@
 //! 3 s and is then dropped; lost MADs are the engine's retries' business.
 //! Under XROCE_RDMACM_DEBUG every MAD sent and received is one line on
 //! stderr.
+//!
+//! Only the process holding QPN block 0 gets QP1. Its agent starts as soon
+//! as librdmacm opens the device and also serves the device's other
+//! processes ([`relay`]); their agents run their own engine over that
+//! relay instead of a GSI QP.
 
 mod grh;
 mod gsi;
