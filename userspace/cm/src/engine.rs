@@ -149,6 +149,12 @@ impl CmEngine {
         Ok(())
     }
 
+    /// The service IDs listened on now (ascending): what a process that
+    /// shares its device's QP1 registers with the QP1 holder.
+    pub fn listening(&self) -> impl Iterator<Item = u64> + '_ {
+        self.listeners.keys().copied()
+    }
+
     /// Stop listening; connections already reported stay.
     pub fn unlisten(&mut self, service_id: u64) -> Result<(), CmError> {
         self.listeners

@@ -71,6 +71,14 @@ pub(crate) fn agent_of(device: &'static devices::Device) -> Result<&'static Agen
     Agent::of(device)
 }
 
+/// Makes `device`'s agent at once if this process holds its QP1 (see
+/// [`Agent::serve_if_qp1_holder`]).
+pub(crate) fn serve_if_qp1_holder(device: &'static devices::Device) {
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    HANDLER.call_once(|| crate::agent::set_event_handler(crate::cm_events::handle));
+    Agent::serve_if_qp1_holder(device)
+}
+
 pub(crate) fn agent_key(agent: &'static Agent) -> usize {
     agent as *const Agent as usize
 }
@@ -163,63 +171,76 @@ pub(crate) unsafe fn qp_to_rts(id: *mut rdma_cm_id, c: &Connection) -> Result<()
     if qp.is_null() {
         return Ok(());
     }
-    let mut access = IBV_ACCESS_REMOTE_WRITE;
-    if c.responder_resources > 0 {
-        access |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+    for state in [IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS] {
+        let (mut attr, mask) = connected_attr(c, state)?;
+        modify(qp, &mut attr, mask)?;
     }
-    let mut init = ibv_qp_attr {
-        qp_state: IBV_QPS_INIT,
-        qp_access_flags: access,
-        pkey_index: 0,
-        port_num: devices::PORT,
-        ..Default::default()
-    };
-    modify(
-        qp,
-        &mut init,
-        IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT,
-    )?;
-    let mut rtr = ibv_qp_attr {
-        qp_state: IBV_QPS_RTR,
-        ah_attr: ah_attr(&c.path)?,
-        path_mtu: u32::from(c.path.mtu),
-        dest_qp_num: c.remote_qpn,
-        rq_psn: c.rq_psn,
-        max_dest_rd_atomic: c.responder_resources,
-        // ib_cm's: 0, i.e. 655 ms.
-        min_rnr_timer: 0,
-        ..Default::default()
-    };
-    modify(
-        qp,
-        &mut rtr,
-        IBV_QP_STATE
-            | IBV_QP_AV
-            | IBV_QP_PATH_MTU
-            | IBV_QP_DEST_QPN
-            | IBV_QP_RQ_PSN
-            | IBV_QP_MAX_DEST_RD_ATOMIC
-            | IBV_QP_MIN_RNR_TIMER,
-    )?;
-    let mut rts = ibv_qp_attr {
-        qp_state: IBV_QPS_RTS,
-        sq_psn: c.sq_psn,
-        timeout: c.path.local_ack_timeout,
-        retry_cnt: c.retry_count.min(7),
-        rnr_retry: c.rnr_retry_count.min(7),
-        max_rd_atomic: c.initiator_depth,
-        ..Default::default()
-    };
-    modify(
-        qp,
-        &mut rts,
-        IBV_QP_STATE
-            | IBV_QP_SQ_PSN
-            | IBV_QP_TIMEOUT
-            | IBV_QP_RETRY_CNT
-            | IBV_QP_RNR_RETRY
-            | IBV_QP_MAX_QP_RD_ATOMIC,
-    )
+    Ok(())
+}
+
+/// The attributes moving a connected QP of `c` to `state` (INIT, RTR or
+/// RTS; EINVAL otherwise): what `rdma_init_qp_attr` answers for a
+/// connection, as the kernel's ib_cm_init_qp_attr.
+pub(crate) fn connected_attr(
+    c: &Connection,
+    state: ibv_qp_state,
+) -> Result<(ibv_qp_attr, u32), i32> {
+    Ok(match state {
+        IBV_QPS_INIT => {
+            let mut access = IBV_ACCESS_REMOTE_WRITE;
+            if c.responder_resources > 0 {
+                access |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+            }
+            (
+                ibv_qp_attr {
+                    qp_state: IBV_QPS_INIT,
+                    qp_access_flags: access,
+                    pkey_index: 0,
+                    port_num: devices::PORT,
+                    ..Default::default()
+                },
+                IBV_QP_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_PORT,
+            )
+        }
+        IBV_QPS_RTR => (
+            ibv_qp_attr {
+                qp_state: IBV_QPS_RTR,
+                ah_attr: ah_attr(&c.path)?,
+                path_mtu: u32::from(c.path.mtu),
+                dest_qp_num: c.remote_qpn,
+                rq_psn: c.rq_psn,
+                max_dest_rd_atomic: c.responder_resources,
+                // ib_cm's: 0, i.e. 655 ms.
+                min_rnr_timer: 0,
+                ..Default::default()
+            },
+            IBV_QP_STATE
+                | IBV_QP_AV
+                | IBV_QP_PATH_MTU
+                | IBV_QP_DEST_QPN
+                | IBV_QP_RQ_PSN
+                | IBV_QP_MAX_DEST_RD_ATOMIC
+                | IBV_QP_MIN_RNR_TIMER,
+        ),
+        IBV_QPS_RTS => (
+            ibv_qp_attr {
+                qp_state: IBV_QPS_RTS,
+                sq_psn: c.sq_psn,
+                timeout: c.path.local_ack_timeout,
+                retry_cnt: c.retry_count.min(7),
+                rnr_retry: c.rnr_retry_count.min(7),
+                max_rd_atomic: c.initiator_depth,
+                ..Default::default()
+            },
+            IBV_QP_STATE
+                | IBV_QP_SQ_PSN
+                | IBV_QP_TIMEOUT
+                | IBV_QP_RETRY_CNT
+                | IBV_QP_RNR_RETRY
+                | IBV_QP_MAX_QP_RD_ATOMIC,
+        ),
+        _ => return Err(libc::EINVAL),
+    })
 }
 
 /// Moves the id's QP (if any) to ERR, flushing its work requests, as

@@ -38,43 +38,52 @@ const MAX_GIDS: c_int = 16;
 /// lists none.
 pub(crate) fn all() -> Result<&'static [Device], i32> {
     static DEVICES: OnceLock<Result<Vec<Device>, i32>> = OnceLock::new();
-    DEVICES
-        .get_or_init(|| {
-            let mut n: c_int = 0;
-            // SAFETY: libibverbs fills n and returns a NULL-terminated list.
-            let list = unsafe { ibv_get_device_list(&mut n) };
-            if list.is_null() {
-                return Err(libc::ENODEV);
+    static SERVED: std::sync::Once = std::sync::Once::new();
+    let devices = opened(&DEVICES);
+    if let Ok(devices) = devices {
+        // The QP1 holder serves other processes' RDMA-CM from the start.
+        SERVED.call_once(|| devices.iter().for_each(crate::conn::serve_if_qp1_holder));
+    }
+    devices
+}
+
+fn opened(cell: &'static OnceLock<Result<Vec<Device>, i32>>) -> Result<&'static [Device], i32> {
+    cell.get_or_init(|| {
+        let mut n: c_int = 0;
+        // SAFETY: libibverbs fills n and returns a NULL-terminated list.
+        let list = unsafe { ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            return Err(libc::ENODEV);
+        }
+        let mut devices = Vec::new();
+        for i in 0..n.max(0) as usize {
+            // SAFETY: i < n entries of the list.
+            let device = unsafe { *list.add(i) };
+            // SAFETY: a device of the list, opened as libibverbs allows.
+            let context = unsafe { ibv_open_device(device) };
+            if context.is_null() {
+                continue;
             }
-            let mut devices = Vec::new();
-            for i in 0..n.max(0) as usize {
-                // SAFETY: i < n entries of the list.
-                let device = unsafe { *list.add(i) };
-                // SAFETY: a device of the list, opened as libibverbs allows.
-                let context = unsafe { ibv_open_device(device) };
-                if context.is_null() {
-                    continue;
-                }
-                // SAFETY: libibverbs returns the device's NUL-terminated name.
-                let name = unsafe { CStr::from_ptr(ibv_get_device_name(device)) };
-                devices.push(Device {
-                    context,
-                    name: name.to_string_lossy().into_owned(),
-                    default_pd: Mutex::new(std::ptr::null_mut()),
-                });
-            }
-            // SAFETY: the list from ibv_get_device_list; opened contexts
-            // stay valid after it is freed.
-            unsafe { ibv_free_device_list(list) };
-            if devices.is_empty() {
-                Err(libc::ENODEV)
-            } else {
-                Ok(devices)
-            }
-        })
-        .as_ref()
-        .map(Vec::as_slice)
-        .map_err(|e| *e)
+            // SAFETY: libibverbs returns the device's NUL-terminated name.
+            let name = unsafe { CStr::from_ptr(ibv_get_device_name(device)) };
+            devices.push(Device {
+                context,
+                name: name.to_string_lossy().into_owned(),
+                default_pd: Mutex::new(std::ptr::null_mut()),
+            });
+        }
+        // SAFETY: the list from ibv_get_device_list; opened contexts
+        // stay valid after it is freed.
+        unsafe { ibv_free_device_list(list) };
+        if devices.is_empty() {
+            Err(libc::ENODEV)
+        } else {
+            Ok(devices)
+        }
+    })
+    .as_ref()
+    .map(Vec::as_slice)
+    .map_err(|e| *e)
 }
 
 /// The device of interface `iface`.

@@ -306,7 +306,8 @@ fn new_request_id(
                 conn,
                 role: Role::Passive,
                 path,
-                rq_psn: 0,
+                // Chosen now: rdma_init_qp_attr(RTR) may ask before accept.
+                rq_psn: conn::random_psn(),
                 sq_psn: req.starting_psn,
                 remote_qpn: req.remote_qpn,
                 responder_resources: req.initiator_depth.min(DEVICE_MAX_RD_ATOMIC),
@@ -454,7 +455,6 @@ fn accept(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Re
         Some(p) => private_data(p.private_data, p.private_data_len, REP_PRIVATE_DATA)?,
         None => Vec::new(),
     };
-    c.rq_psn = conn::random_psn();
     let c = c.clone();
     // SAFETY: the live id, under its state lock.
     if let Err(e) = unsafe { conn::qp_to_rts(id, &c) } {

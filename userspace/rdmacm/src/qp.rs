@@ -316,11 +316,28 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
 ) -> c_int {
     ffi_int(|| {
         // SAFETY: the program's live id and out-pointers.
-        unsafe { CmId::from_c(id) }?;
+        let cm_id = unsafe { CmId::from_c(id) }?;
         if qp_attr.is_null() || qp_attr_mask.is_null() {
             return Err(libc::EINVAL);
         }
-        let (attr, mask) = init_attr(id, unsafe { (*qp_attr).qp_state })?;
+        // SAFETY: the program's attributes (checked above).
+        let state = unsafe { (*qp_attr).qp_state };
+        // SAFETY: the program's live id.
+        let connected = unsafe { (*id).qp_type } != IBV_QPT_UD;
+        // A connection under way gives its QP the peer's path, QPN and
+        // PSNs (a program that made its own QP moves it with these).
+        let conn = if connected {
+            cm_id.lock().conn.clone()
+        } else {
+            None
+        };
+        let (attr, mask) = match conn {
+            Some(c) => {
+                let (a, m) = crate::conn::connected_attr(&c, state)?;
+                (a, m as c_int)
+            }
+            None => init_attr(id, state)?,
+        };
         unsafe {
             *qp_attr = attr;
             *qp_attr_mask = mask;

@@ -215,14 +215,7 @@ impl Gsi {
         // SAFETY: xroce's entry point with a live PD and a filled attr.
         g.qp = unsafe { create(g.pd, &mut init) };
         if g.qp.is_null() {
-            if crate::errno::errno() == libc::EBUSY {
-                // Said always: without it the program only sees EBUSY.
-                eprintln!(
-                    "librdmacm: {}: another process of this host uses this xroce device's \
-                     QP1, and xroce serves RDMA-CM to one process per device at a time",
-                    dev.name
-                );
-            }
+            // EBUSY: another process holds QP1 (the agent then uses its relay).
             return Err(errno_or("xroce_create_gsi_qp"));
         }
         g.to_rts().map_err(|e| {

@@ -20,20 +20,28 @@
 //! 3 s and is then dropped; lost MADs are the engine's retries' business.
 //! Under XROCE_RDMACM_DEBUG every MAD sent and received is one line on
 //! stderr.
+//!
+//! Only the process holding QPN block 0 gets QP1. Its agent starts as soon
+//! as librdmacm opens the device and also serves the device's other
+//! processes ([`relay`]); their agents run their own engine over that
+//! relay instead of a GSI QP.
 
 mod grh;
 mod gsi;
+mod relay;
 mod sender;
 mod trace;
 
+use std::collections::BTreeSet;
 use std::ffi::c_int;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use xroce_cm::{CmConfig, CmEngine, CmEvent, PeerAddr, Transmit};
+use xroce_wire::mad::GSI_QPN;
 use xroce_wire::Gid;
 
 use crate::abi::*;
@@ -56,6 +64,24 @@ pub(crate) fn set_event_handler(h: EventHandler) {
 
 /// The P_Key every MAD is received with (xroce has the default only).
 const DEFAULT_PKEY: u16 = 0xffff;
+/// How long a process that does not hold QP1 waits for the holder's relay
+/// (the holder may be starting its agent at the same time).
+const RELAY_PATIENCE: Duration = Duration::from_secs(2);
+/// The most the QP1 holder's exit waits for the device's other processes
+/// to leave: their MADs (and the ones it sends itself to the device's own
+/// address) reach them only while it runs.
+const RELAY_LINGER: Duration = Duration::from_secs(3);
+/// The most a call waits for the agent's thread to take its MADs.
+const TAKE_WAIT: Duration = Duration::from_millis(200);
+
+thread_local! {
+    /// Set on the agents' threads.
+    static ON_AGENT_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Rounds of MADs between processes of the device handled in one go
+/// (each answer may bring another).
+const LOCAL_ROUNDS: usize = 8;
 /// How long a frame whose send completed may still take to leave.
 const FRAME_OUT: Duration = Duration::from_millis(5);
 /// Completions taken per poll.
@@ -72,6 +98,12 @@ pub(crate) struct Agent {
     /// idle), for [`Agent::flush`].
     sending: AtomicBool,
     counters: Counters,
+    /// In a process that does not hold QP1: the holder's relay
+    /// ([`relay`]), and the service IDs registered with it.
+    relay: Option<relay::ClientEnd>,
+    registered: Mutex<BTreeSet<u64>>,
+    /// In the QP1 holder: how many other processes use its relay now.
+    relayed_processes: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -119,9 +151,25 @@ impl Agent {
         if let Some(a) = agents.iter().find(|a| std::ptr::eq(a.device, dev)) {
             return Ok(a);
         }
-        let agent = start(dev)?;
+        let agent = start(dev, None)?;
         agents.push(agent);
         Ok(agent)
+    }
+
+    /// Starts `dev`'s agent now if this process can hold the device's QP1
+    /// (QPN block 0), so that the device's other processes find its relay
+    /// ([`relay`]) as soon as they use RDMA-CM; otherwise does nothing.
+    pub(crate) fn serve_if_qp1_holder(dev: &'static Device) {
+        let mut agents = AGENTS.lock().unwrap_or_else(|e| e.into_inner());
+        if agents.iter().any(|a| std::ptr::eq(a.device, dev)) {
+            return;
+        }
+        if let Ok(gsi) = Gsi::open(dev) {
+            match start(dev, Some(gsi)) {
+                Ok(agent) => agents.push(agent),
+                Err(e) => debug(format_args!("CM agent of {}: error {e}", dev.name)),
+            }
+        }
     }
 
     pub(crate) fn device(&self) -> &'static Device {
@@ -138,9 +186,65 @@ impl Agent {
     /// time in ns; afterwards the agent's thread sends what `f` queued
     /// and re-arms its timer. `f` must not call `with_engine` itself.
     pub(crate) fn with_engine<R>(&self, f: impl FnOnce(&mut CmEngine, u64) -> R) -> R {
-        let r = f(&mut self.lock(), now_ns());
+        let r = {
+            let mut engine = self.lock();
+            let r = f(&mut engine, now_ns());
+            self.register_listeners(&engine);
+            r
+        };
         self.wake();
+        self.wait_taken();
         r
+    }
+
+    /// When processes of the device share RDMA-CM, waits (briefly) until
+    /// the agent's thread took what the caller queued: a MAD for another
+    /// process of the device is then in the relay, so it survives the
+    /// caller's `_exit` right after (rdma_reject, rdma_disconnect), as the
+    /// kernel's rdma_cm sends within the call. Not on the agent's thread
+    /// (an event handler's call), which takes them itself after.
+    fn wait_taken(&self) {
+        let shared = self.relay.is_some() || self.relayed_processes.load(Ordering::Acquire) > 0;
+        if !shared || ON_AGENT_THREAD.get() {
+            return;
+        }
+        let deadline = Instant::now() + TAKE_WAIT;
+        loop {
+            let busy = {
+                let engine = self.lock();
+                engine.has_transmit()
+                    || (self.relay.is_some() && self.sending.load(Ordering::Acquire))
+            };
+            if !busy || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// Tells the QP1 holder's relay which service IDs this process's
+    /// engine listens on now, before the caller (rdma_listen) returns.
+    fn register_listeners(&self, engine: &CmEngine) {
+        let Some(relay) = &self.relay else {
+            return;
+        };
+        let now: BTreeSet<u64> = engine.listening().collect();
+        let mut registered = self.registered.lock().unwrap_or_else(|e| e.into_inner());
+        let changes = now
+            .difference(&registered)
+            .map(|&s| relay::Msg::Listen(s))
+            .chain(
+                registered
+                    .difference(&now)
+                    .map(|&s| relay::Msg::Unlisten(s)),
+            )
+            .collect::<Vec<_>>();
+        for m in changes {
+            if let Err(e) = relay.send(&m) {
+                debug(format_args!("CM agent: relay: {m:?}: {e}"));
+            }
+        }
+        *registered = now;
     }
 
     #[allow(dead_code)] // See AgentStats.
@@ -233,8 +337,38 @@ fn poll_timeout_ms(now: u64, deadline: Option<u64>) -> c_int {
 }
 
 /// Makes the GSI QP, the engine and the thread of `dev`'s agent.
-fn start(dev: &'static Device) -> Result<&'static Agent, i32> {
-    let gsi = Gsi::open(dev)?;
+/// `gsi`: the device's QP1 if opened already.
+fn start(dev: &'static Device, gsi: Option<Gsi>) -> Result<&'static Agent, i32> {
+    let ifindex = dev
+        .name
+        .strip_prefix("xroce_")
+        .and_then(|iface| std::ffi::CString::new(iface).ok())
+        // SAFETY: a NUL-terminated interface name.
+        .map(|iface| unsafe { libc::if_nametoindex(iface.as_ptr()) })
+        .unwrap_or(0);
+    // QP1 of our own, or the relay of the process that holds it.
+    let (own, relay) = match gsi.map_or_else(|| Gsi::open(dev), Ok) {
+        Ok(gsi) => {
+            let server = relay::Server::bind(ifindex)
+                .inspect_err(|e| debug(format_args!("CM agent: no relay for others: {e}")))
+                .ok();
+            (Some((gsi, server)), None)
+        }
+        Err(libc::EBUSY) => match relay::ClientEnd::connect(ifindex, RELAY_PATIENCE) {
+            Ok(c) => (None, Some(c)),
+            Err(e) => {
+                // Said always: without it the program only sees EBUSY.
+                eprintln!(
+                    "librdmacm: {}: another process of this host holds this xroce device's \
+                     QP1 and serves no RDMA-CM relay ({e}): RDMA-CM works in other processes \
+                     once the QP1 holder uses RDMA-CM itself",
+                    dev.name
+                );
+                return Err(libc::EBUSY);
+            }
+        },
+        Err(e) => return Err(e),
+    };
     let local_gids = gsi::local_gids(dev);
     let ca_guid = gsi::node_guid(dev)?;
     let mut config = CmConfig::new(local_gids.clone(), ca_guid, random_u64());
@@ -253,17 +387,19 @@ fn start(dev: &'static Device) -> Result<&'static Agent, i32> {
         wake,
         sending: AtomicBool::new(false),
         counters: Counters::default(),
+        relay,
+        registered: Mutex::new(BTreeSet::new()),
+        relayed_processes: AtomicUsize::new(0),
     }));
-    let ifindex = dev
-        .name
-        .strip_prefix("xroce_")
-        .and_then(|iface| std::ffi::CString::new(iface).ok())
-        // SAFETY: a NUL-terminated interface name.
-        .map(|iface| unsafe { libc::if_nametoindex(iface.as_ptr()) })
-        .unwrap_or(0);
     std::thread::Builder::new()
         .name("xroce-cm".into())
-        .spawn(move || run(agent, gsi, ifindex))
+        .spawn(move || {
+            ON_AGENT_THREAD.set(true);
+            match own {
+                Some((gsi, server)) => run(agent, gsi, server, ifindex),
+                None => run_relayed(agent),
+            }
+        })
         .map_err(|e| e.raw_os_error().unwrap_or(libc::EAGAIN))?;
     // SAFETY: getpid has no preconditions.
     AGENTS_PID.store(unsafe { libc::getpid() } as u32, Ordering::Release);
@@ -324,7 +460,7 @@ struct Received {
 }
 
 /// The agent's thread: never returns.
-fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
+fn run(agent: &'static Agent, gsi: Gsi, mut server: Option<relay::Server>, ifindex: u32) {
     let mut sender = Sender::new(agent.local_gids.clone(), gsi::SEND_BUFFERS);
     let mut wcs = vec![ibv_wc::default(); POLL_BATCH];
     let mut received = Vec::new();
@@ -334,7 +470,9 @@ fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
         let now = now_ns();
         let engine_due = agent.lock().poll_timeout();
         let deadline = engine_due.into_iter().chain(sender.next_retry(now)).min();
-        wait(&gsi, agent, poll_timeout_ms(now, deadline));
+        let mut fds = vec![gsi.channel_fd()];
+        fds.extend(server.iter().flat_map(|s| s.fds()));
+        wait(&fds, agent, poll_timeout_ms(now, deadline));
         gsi.take_cq_events();
         let now = now_ns();
 
@@ -352,13 +490,62 @@ fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
             let mut engine = agent.lock();
             for r in received.drain(..) {
                 let (_, mad) = gsi.received(r.buffer, r.byte_len);
-                engine.handle_mad(r.peer, r.local_gid, mad, now);
+                let theirs = server.as_mut().is_some_and(|s| {
+                    s.forward(r.peer, r.local_gid, mad, |sid| {
+                        engine.listening().any(|l| l == sid)
+                    })
+                });
+                if !theirs {
+                    engine.handle_mad(r.peer, r.local_gid, mad, now);
+                }
                 repost.push(r.buffer);
+            }
+            let mut out = Vec::new();
+            if let Some(s) = server.as_mut() {
+                // Other processes' MADs leave as the device's QP1 traffic.
+                s.service(|t| out.push(t));
+                agent
+                    .relayed_processes
+                    .store(s.clients(), Ordering::Release);
             }
             if engine.poll_timeout().is_some_and(|d| d <= now) {
                 engine.handle_timeout(now);
             }
-            while let Some(t) = engine.poll_transmit() {
+            // While other processes use the relay, a MAD from one process
+            // of the device to another (to one of its own GIDs) is handed
+            // over here at once rather than looped through the device:
+            // written to the relay before its sender may exit.
+            let relaying = server.as_ref().is_some_and(|s| s.clients() > 0);
+            for _round in 0..LOCAL_ROUNDS {
+                out.extend(std::iter::from_fn(|| engine.poll_transmit()));
+                let (local, remote): (Vec<_>, Vec<_>) = out.drain(..).partition(|t| {
+                    relaying && t.peer.qpn == GSI_QPN && agent.local_gids.contains(&t.peer.gid)
+                });
+                for t in remote {
+                    agent.sending.store(true, Ordering::Release);
+                    sender.push(t);
+                }
+                if local.is_empty() {
+                    break;
+                }
+                for t in local {
+                    trace_local(agent, &t);
+                    let peer = PeerAddr {
+                        gid: t.local_gid,
+                        qpn: GSI_QPN,
+                        pkey: t.peer.pkey,
+                    };
+                    let theirs = server.as_mut().is_some_and(|s| {
+                        s.forward(peer, t.peer.gid, &t.mad, |sid| {
+                            engine.listening().any(|l| l == sid)
+                        })
+                    });
+                    if !theirs {
+                        engine.handle_mad(peer, t.peer.gid, &t.mad, now);
+                    }
+                }
+            }
+            for t in out.drain(..) {
                 agent.sending.store(true, Ordering::Release);
                 sender.push(t);
             }
@@ -393,6 +580,97 @@ fn run(agent: &'static Agent, gsi: Gsi, ifindex: u32) {
     }
 }
 
+fn trace_local(agent: &Agent, t: &Transmit) {
+    if crate::config::debug() {
+        eprintln!(
+            "librdmacm: CM agent {}: {} from {} to {} stays on the device",
+            agent.device.name,
+            trace::describe(&t.mad),
+            t.local_gid.to_ip(),
+            t.peer.gid.to_ip()
+        );
+    }
+}
+
+/// The agent's thread in a process that does not hold QP1: MADs come
+/// from and go to the holder's relay; never returns.
+fn run_relayed(agent: &'static Agent) {
+    let relay = agent.relay.as_ref().expect("a relayed agent");
+    let mut events = Vec::new();
+    let mut open = true;
+    loop {
+        let now = now_ns();
+        let due = agent.lock().poll_timeout();
+        let fds = if open { vec![relay.fd()] } else { Vec::new() };
+        wait(&fds, agent, poll_timeout_ms(now, due));
+        let now = now_ns();
+        let mut received = Vec::new();
+        while open {
+            match relay.recv() {
+                Ok(Some(relay::Msg::Mad(t))) => received.push(*t),
+                Ok(Some(other)) => debug(format_args!("CM agent: relay sent {other:?}")),
+                Ok(None) => break,
+                Err(e) => {
+                    // The QP1 holder exited: MADs go nowhere from now on.
+                    eprintln!(
+                        "librdmacm: {}: the process holding QP1 left ({e}); RDMA-CM of this \
+                         process no longer reaches the network",
+                        agent.device.name
+                    );
+                    open = false;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        {
+            let mut engine = agent.lock();
+            for t in &received {
+                bump(&agent.counters.received);
+                if crate::config::debug() {
+                    eprintln!(
+                        "librdmacm: CM agent {}: received {} from {} qpn {} to {} (relayed)",
+                        agent.device.name,
+                        trace::describe(&t.mad),
+                        t.peer.gid.to_ip(),
+                        t.peer.qpn,
+                        t.local_gid.to_ip()
+                    );
+                }
+                engine.handle_mad(t.peer, t.local_gid, &t.mad, now);
+            }
+            if engine.poll_timeout().is_some_and(|d| d <= now) {
+                engine.handle_timeout(now);
+            }
+            while let Some(t) = engine.poll_transmit() {
+                agent.sending.store(true, Ordering::Release);
+                out.push(t);
+            }
+            events.extend(std::iter::from_fn(|| engine.poll_event()));
+        }
+        for t in out {
+            if crate::config::debug() {
+                eprintln!(
+                    "librdmacm: CM agent {}: sent {} to {} qpn {} (relayed)",
+                    agent.device.name,
+                    trace::describe(&t.mad),
+                    t.peer.gid.to_ip(),
+                    t.peer.qpn
+                );
+            }
+            if open {
+                if let Err(e) = relay.send(&relay::Msg::Mad(Box::new(t))) {
+                    bump(&agent.counters.send.send_errors);
+                    debug(format_args!("CM agent: relay send: {e}"));
+                }
+            }
+        }
+        agent.sending.store(false, Ordering::Release);
+        for ev in events.drain(..) {
+            deliver(agent, ev);
+        }
+    }
+}
+
 /// Every agent made so far.
 static AGENTS: Mutex<Vec<&'static Agent>> = Mutex::new(Vec::new());
 /// The process whose threads run the agents (0: none started yet).
@@ -413,28 +691,31 @@ pub(crate) fn running_here() -> bool {
 pub(crate) fn flush_all(limit: Duration) {
     let agents = AGENTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let deadline = Instant::now() + limit;
-    for agent in agents {
+    for agent in &agents {
         agent.flush(deadline);
+    }
+    let linger = Instant::now() + RELAY_LINGER;
+    for agent in &agents {
+        while agent.relayed_processes.load(Ordering::Acquire) > 0 && Instant::now() < linger {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 }
 
-/// Sleeps until a CQ event, a wake-up or `timeout_ms`; clears the wake-up.
-fn wait(gsi: &Gsi, agent: &Agent, timeout_ms: c_int) {
-    let mut fds = [
-        libc::pollfd {
-            fd: gsi.channel_fd(),
+/// Sleeps until one of `fds` is readable, a wake-up or `timeout_ms`;
+/// clears the wake-up.
+fn wait(fds: &[RawFd], agent: &Agent, timeout_ms: c_int) {
+    let mut fds: Vec<libc::pollfd> = std::iter::once(agent.wake.as_raw_fd())
+        .chain(fds.iter().copied())
+        .map(|fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        },
-        libc::pollfd {
-            fd: agent.wake.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: two pollfds; EINTR just ends the wait early.
+        })
+        .collect();
+    // SAFETY: `fds.len()` pollfds; EINTR just ends the wait early.
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-    if fds[1].revents & libc::POLLIN != 0 {
+    if fds[0].revents & libc::POLLIN != 0 {
         let mut count = [0u8; 8];
         // SAFETY: our non-blocking eventfd and 8 bytes.
         unsafe { libc::read(agent.wake.as_raw_fd(), count.as_mut_ptr().cast(), 8) };
