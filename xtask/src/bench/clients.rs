@@ -2,17 +2,23 @@
 //! own TCP transport on the same veth pair (issue 23, item 4): UCX's
 //! `ucx_perftest` UCP tag_bw (1 MiB) and tag_lat (8 B) with `UCX_TLS=rc`
 //! (rc_verbs over xroce's drop-in libibverbs, both ends under `xroce run`)
-//! against `UCX_TLS=tcp`, in alternating rounds, medians.
+//! against `UCX_TLS=tcp`, in alternating rounds, medians. Each program
+//! runs in an IPC namespace of its own (`unshare --ipc`): UCX takes two
+//! processes of one IPC namespace for one host and would move the data
+//! through shared memory instead of the network. The XDP program `xroce
+//! run` attached is detached before each TCP run, so TCP crosses the pair
+//! as it would without xroce.
 
-use std::{process::Stdio, thread, time::Duration};
+use std::{
+    process::{Command, Stdio},
+    thread,
+    time::Duration,
+};
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    netns::{in_ns, xroce_bin, NsPair, Started},
-    util::output,
-};
+use crate::netns::{in_ns, xroce_bin, NsPair, Started};
 
 /// Alternating rounds of each transport; the figure is the median.
 const ROUNDS: usize = 3;
@@ -41,7 +47,10 @@ pub struct Clients {
     pub ucx_tag_lat_8b: UcxFigure,
 }
 
-pub fn measure(ns: &NsPair) -> Result<Clients> {
+/// On a pair of its own: UCX keeps 15 characters of an IB device's name,
+/// and the bench pair's interfaces make longer ones (`xroce_xrbench...`).
+pub fn measure(mtu: u32) -> Result<Clients> {
+    let ns = &NsPair::new("u", 3, mtu)?;
     let bw = figure(
         ns,
         "tag_bw",
@@ -76,6 +85,7 @@ fn figure(ns: &NsPair, test: &str, size: u32, iters: &[&str], col: Column) -> Re
     let mut tcp_rounds = Vec::new();
     for _ in 0..ROUNDS {
         xroce_rounds.push(run(ns, Transport::XroceRc, test, size, iters, col)?);
+        crate::dropin::detach(ns);
         tcp_rounds.push(run(ns, Transport::Tcp, test, size, iters, col)?);
     }
     let (x, t) = (median(&xroce_rounds), median(&tcp_rounds));
@@ -88,6 +98,13 @@ fn figure(ns: &NsPair, test: &str, size: u32, iters: &[&str], col: Column) -> Re
         tcp: t,
         ratio: x / t,
     })
+}
+
+fn transport_name(t: Transport) -> &'static str {
+    match t {
+        Transport::XroceRc => "UCX_TLS=rc over xroce",
+        Transport::Tcp => "UCX_TLS=tcp",
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -108,22 +125,23 @@ fn run(
     col: Column,
 ) -> Result<f64> {
     let command = |netns: &str, iface: &str| {
-        let mut cmd = match transport {
+        // `ip netns exec` (not nsenter): UCX checks the device's network
+        // interface in /sys/class/net, which only shows the namespace's
+        // interfaces when /sys is mounted for it.
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", netns, "unshare", "--ipc", "--"]);
+        match transport {
             Transport::XroceRc => {
-                let mut c = in_ns(netns, xroce_bin());
-                c.args(["run", "--iface", iface, "--backend", "afxdp", "--"]);
-                c.arg("ucx_perftest");
-                c.env("UCX_TLS", "rc")
+                cmd.arg(xroce_bin());
+                cmd.args(["run", "--iface", iface, "--backend", "afxdp", "--"]);
+                cmd.env("UCX_TLS", "rc")
                     .env("UCX_NET_DEVICES", format!("xroce_{iface}:1"));
-                c
             }
             Transport::Tcp => {
-                let mut c = in_ns(netns, "ucx_perftest");
-                c.env("UCX_TLS", "tcp").env("UCX_NET_DEVICES", iface);
-                c
+                cmd.env("UCX_TLS", "tcp").env("UCX_NET_DEVICES", iface);
             }
-        };
-        cmd.args(["-p", &PORT.to_string()]);
+        }
+        cmd.args(["ucx_perftest", "-p", &PORT.to_string()]);
         cmd
     };
     let server = Started::spawn(
@@ -132,13 +150,22 @@ fn run(
             .stderr(Stdio::null()),
     )?;
     wait_listening(&ns.b, PORT)?;
-    let out = output(
-        command(&ns.a, &ns.if_a)
-            .arg(ns.addr_b.to_string())
-            .args(["-t", test, "-s", &size.to_string(), "-v"])
-            .args(iters),
-    )
-    .with_context(|| format!("ucx_perftest {test} client"))?;
+    let client = command(&ns.a, &ns.if_a)
+        .arg(ns.addr_b.to_string())
+        .args(["-t", test, "-s", &size.to_string(), "-v"])
+        .args(iters)
+        .output()
+        .context("start the ucx_perftest client")?;
+    // UCX prints its errors on stdout.
+    let out = String::from_utf8_lossy(&client.stdout).into_owned();
+    if !client.status.success() {
+        bail!(
+            "ucx_perftest {test} client ({:?}) failed ({}):\n{out}\n{}",
+            transport_name(transport),
+            client.status,
+            String::from_utf8_lossy(&client.stderr)
+        );
+    }
     if !server.wait()?.success() {
         bail!("the ucx_perftest {test} server failed");
     }
@@ -150,7 +177,7 @@ fn run(
 fn wait_listening(netns: &str, port: u16) -> Result<()> {
     let want = format!(":{port} ");
     for _ in 0..600 {
-        let ss = output(in_ns(netns, "ss").args(["-Hltn"]))?;
+        let ss = crate::util::output(in_ns(netns, "ss").args(["-Hltn"]))?;
         if ss.lines().any(|l| l.contains(&want)) {
             return Ok(());
         }

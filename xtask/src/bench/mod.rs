@@ -126,7 +126,7 @@ pub fn bench() -> Result<()> {
         Some("io_threads") => return alone(&io_threads::measure()?),
         Some("multicore") => return alone(&multicore::measure()?),
         Some("latency_tail") => return alone(&latency_tail::measure(&ns)?),
-        Some("clients") => return alone(&clients::measure(&ns)?),
+        Some("clients") => return alone(&clients::measure(MTU)?),
         Some("udp_gso") => {
             // Its best-backend line needs the AF_XDP WRITE of the full run.
             step("xroce RDMA WRITE 64 KiB, 1 QP");
@@ -244,8 +244,7 @@ pub fn bench() -> Result<()> {
     step("WRITE 64 KiB under 0 / 0.1 / 1 % loss: go-back-N vs selective repeat");
     let loss = loss::measure(&ns)?;
     step("UCX over xroce (UCX_TLS=rc) vs UCX over TCP: tag_bw 1 MiB, tag_lat 8 B");
-    let clients = clients::measure(&ns)?;
-    dropin::detach(&ns);
+    let clients = clients::measure(MTU)?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
