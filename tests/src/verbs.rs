@@ -209,6 +209,34 @@ pub fn xroce_run(ns: Option<&Netns>, args: &[&str]) -> Command {
     cmd
 }
 
+/// Builds the C probe `tests/c/NAME.c` (with -libverbs) and runs it once
+/// under `xroce run --backend udp` on one end of a fresh veth pair, with
+/// `args` and, when `with_device` is set, the device's name as its first
+/// argument; what it printed and its status.
+pub fn run_verbs_probe(name: &str, with_device: bool, args: &[&str]) -> std::process::Output {
+    require_verbs_header();
+    let _ = ibverbs_cdylib();
+    let dir = Scratch::new(name);
+    let exe = dir.0.join(name);
+    compile_c(
+        &workspace_root().join(format!("tests/c/{name}.c")),
+        &exe,
+        &["-libverbs"],
+    );
+    let pair = crate::VethPair::new(1500);
+    let mut cmd = xroce_run(
+        Some(&pair.a),
+        &["--backend", "udp", "--iface", &pair.if_a, "--"],
+    );
+    cmd.arg(&exe);
+    if with_device {
+        cmd.arg(format!("xroce_{}", pair.if_a));
+    }
+    cmd.args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {name} under xroce run: {e}"))
+}
+
 /// One entry of a shared library's dynamic symbol table (`objdump -T`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DynSym {

@@ -11,11 +11,7 @@
 //!   event is IBV_EVENT_QP_ACCESS_ERR on the responder QP (C9-222.1.1, as
 //!   rxe); the requester's error completion is its report.
 
-use xroce_tests::{
-    require_root,
-    verbs::{compile_c, ibverbs_cdylib, require_verbs_header, workspace_root, xroce_run, Scratch},
-    VethPair,
-};
+use xroce_tests::{require_root, verbs::run_verbs_probe};
 
 // ibverbs.h values.
 const IBV_WC_SUCCESS: u32 = 0;
@@ -29,23 +25,7 @@ const IBV_QPS_ERR: u32 = 6;
 #[test]
 fn zero_length_ops_succeed_and_a_bad_rkey_is_reported_as_rxe_does() {
     require_root();
-    require_verbs_header();
-    let _ = ibverbs_cdylib();
-    let dir = Scratch::new("rc-access");
-    let exe = dir.0.join("rc_access_probe");
-    compile_c(
-        &workspace_root().join("tests/c/rc_access_probe.c"),
-        &exe,
-        &["-libverbs"],
-    );
-    let pair = VethPair::new(1500);
-    let out = xroce_run(
-        Some(&pair.a),
-        &["--backend", "udp", "--iface", &pair.if_a, "--"],
-    )
-    .arg(&exe)
-    .output()
-    .expect("run the probe under xroce run");
+    let out = run_verbs_probe("rc_access_probe", false, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let ok = IBV_WC_SUCCESS;

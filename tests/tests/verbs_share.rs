@@ -13,33 +13,12 @@
 
 use std::collections::BTreeMap;
 
-use xroce_tests::{
-    require_root,
-    verbs::{compile_c, ibverbs_cdylib, require_verbs_header, workspace_root, xroce_run, Scratch},
-    VethPair,
-};
+use xroce_tests::{require_root, verbs::run_verbs_probe};
 
 #[test]
 fn contexts_pds_and_mrs_are_shared_and_mrs_reregistered() {
     require_root();
-    require_verbs_header();
-    let _ = ibverbs_cdylib();
-    let dir = Scratch::new("verbs-share");
-    let exe = dir.0.join("verbs_share_probe");
-    compile_c(
-        &workspace_root().join("tests/c/verbs_share_probe.c"),
-        &exe,
-        &["-libverbs"],
-    );
-    let pair = VethPair::new(1500);
-    let out = xroce_run(
-        Some(&pair.a),
-        &["--backend", "udp", "--iface", &pair.if_a, "--"],
-    )
-    .arg(&exe)
-    .arg(format!("xroce_{}", pair.if_a))
-    .output()
-    .expect("run the probe under xroce run");
+    let out = run_verbs_probe("verbs_share_probe", true, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let (einval, enoent, enodev, eopnotsupp) =
