@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -265,6 +266,21 @@ int main(int argc, char **argv)
 	memset(dst2, 0, LEN);
 	st = write_once(qb, cq_b, src, imr->lkey, (uintptr_t)dst2, rkey, LEN);
 	printf("write_with_access %d %d\n", st, !memcmp(src, dst2, LEN));
+
+	/* Registration checks the memory as the kernel's pinning does: a
+	 * read-only mapping takes a read-only MR only, a PROT_NONE one none
+	 * (EFAULT), instead of a later remote WRITE crashing the program. */
+	void *ro = mmap(NULL, 8192, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	void *none = mmap(NULL, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	NULL_ERRNO("reg_readonly_for_write",
+		   ibv_reg_mr(pd, ro, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+	struct ibv_mr *ro_mr = ibv_reg_mr(pd, ro, 8192, IBV_ACCESS_REMOTE_READ);
+	printf("reg_readonly_for_read %d\n", ro_mr != NULL);
+	if (ro_mr)
+		ibv_dereg_mr(ro_mr);
+	NULL_ERRNO("reg_prot_none", ibv_reg_mr(pd, none, 8192, IBV_ACCESS_REMOTE_READ));
+	munmap(ro, 8192);
+	munmap(none, 8192);
 
 	/* Teardown: the imported copies go first; closing the imported
 	 * context closes the fd it took over. */

@@ -26,6 +26,7 @@ mod context;
 mod cq;
 mod errno;
 mod limits;
+mod mapping;
 mod mr;
 mod objects;
 mod post;

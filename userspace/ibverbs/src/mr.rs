@@ -130,6 +130,26 @@ fn access_flags(access: c_int) -> Result<AccessFlags, i32> {
     Ok(AccessFlags::from_bits_truncate(a & 0xf))
 }
 
+/// Access bits with which the MR may be written (the kernel pins its
+/// pages for writing then).
+const WRITABLE_ACCESS: u32 =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+
+/// EFAULT, as the kernel's registration, unless `addr..addr+len` is mapped
+/// readable (and writable for a writable MR).
+fn check_mapped(what: &str, addr: *mut c_void, len: usize, access_bits: u32) -> Result<(), i32> {
+    let writable = access_bits & WRITABLE_ACCESS != 0;
+    crate::mapping::check_user_range(addr as usize, len, writable).map_err(|e| {
+        fail(
+            e,
+            format_args!(
+                "{what}: {addr:p}+{len} is not mapped {} in this process",
+                if writable { "writable" } else { "readable" }
+            ),
+        )
+    })
+}
+
 fn reg(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -143,6 +163,7 @@ fn reg(
     if addr.is_null() && len > 0 {
         return Err(libc::EINVAL);
     }
+    check_mapped("ibv_reg_mr", addr, len, flags.bits())?;
     // SAFETY: rdma-core's contract: the program keeps addr..addr+len
     // mapped until ibv_dereg_mr and does not touch bytes a posted work
     // request uses.
@@ -349,6 +370,12 @@ fn rereg_region(
         next.len = length;
         next.iova = addr as u64;
     }
+    check_mapped(
+        "ibv_rereg_mr",
+        next.ptr as *mut c_void,
+        next.len,
+        next.access.bits(),
+    )?;
     // SAFETY: rdma-core's contract, as for ibv_reg_mr: the new range stays
     // mapped until the MR is deregistered or re-registered again.
     unsafe { region.rereg(next) }.map_err(verbs_fail)?;
