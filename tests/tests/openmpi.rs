@@ -212,6 +212,10 @@ fn mpirun(h: &TwoHosts, exe: &Path, slots: &[(Side, u32)], env: &[(&str, &str)])
         .arg(ELEMENTS)
         .env("XROCE_VERBS_DEBUG", "1")
         .env("HOME", &h.dir.0)
+        // mpirun takes the local shell from the password entry, then from
+        // $SHELL; nobody's is nologin, and CI may have no $SHELL: without
+        // one it warns "local probe returned unhandled shell".
+        .env("SHELL", "/bin/sh")
         .envs(env.iter().copied());
     let what = format!(
         "[{}] mpirun -np {ranks} {slots:?} {env:?}",
@@ -233,8 +237,15 @@ fn mpirun(h: &TwoHosts, exe: &Path, slots: &[(Side, u32)], env: &[(&str, &str)])
 /// ending in `(errno N)`), Open MPI's errors and aborts. Looked for
 /// anywhere in a line: the ranks write stderr at once, and their lines
 /// can run into each other.
+///
+/// One warning is mpirun's own race and no trouble: its rsh launcher calls
+/// setpgid on the agent it forked, which fails with EACCES when the child
+/// has already exec'ed (setpgid(2)); the child runs all the same.
 fn trouble(text: &str) -> Vec<&str> {
     text.lines()
+        .filter(|l| {
+            !(l.contains("plm:rsh: Warning: setpgid(") && l.contains("errno=Permission denied(13)"))
+        })
         .filter(|l| {
             let lower = l.to_lowercase();
             l.contains("(errno ")
@@ -273,6 +284,7 @@ fn trouble_spots_errors_but_not_the_notes() {
                 xroce libibverbs: xroce: x: another process uses this device\n\
                 rank 0 of 2: ok (uid 0)\n\
                 xroce libibverbs: xroce libibverbs: bad QP state (errno 22)\n\
+                [vm:28676] plm:rsh: Warning: setpgid(28681,28681) failed in parent with errno=Permission denied(13)\n\
                 [1.0] [hosta:1:0] ib_device.c:560 UCX  ERROR IB Async event on xroce_x: local work queue catastrophic error on QPN 0x11\n";
     assert_eq!(
         trouble(text),
