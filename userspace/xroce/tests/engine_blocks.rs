@@ -1,6 +1,7 @@
 //! QPN blocks (a device shared by several processes, one engine each): an
 //! engine numbers its QPs inside its own block, moves data with a peer of
-//! another block as with any other, reuses freed QPNs inside the block, and
+//! another block as with any other, hands out its QPNs in a cycle through
+//! the block (a freed number comes back after all the others), and
 //! refuses QP1 outside block 0.
 
 use xroce::engine::{EngineConfig, QPN_BASE};
@@ -59,7 +60,7 @@ fn qps_are_numbered_in_the_engines_block_and_talk_across_blocks() {
 }
 
 #[test]
-fn the_next_qp_and_a_freed_one_stay_in_the_block() {
+fn qpns_cycle_through_the_block_and_stay_in_it() {
     let sim = sim_with_blocks(200, 0);
     let pd = sim.a.alloc_pd();
     let cq = sim.a.create_cq(16).unwrap();
@@ -70,8 +71,31 @@ fn the_next_qp_and_a_freed_one_stay_in_the_block() {
     assert_eq!(q2.qp_num(), (200 << 16) + QPN_BASE + 1);
     let n1 = q1.qp_num();
     drop(q1);
+    // A late packet for q1 must find no QP: the next QP takes the next
+    // number, not the freed one.
     let q3 = sim.a.create_qp(&pd, &init).unwrap();
-    assert_eq!(q3.qp_num(), n1, "a freed QPN is handed out again");
+    assert_eq!(q3.qp_num(), (200 << 16) + QPN_BASE + 2);
+    // Through the rest of the block (each number taken and freed) and
+    // around: the freed first number comes back, q2's and q3's (live)
+    // are skipped, and nothing leaves the block.
+    let last = (200 << 16) + 0xffff;
+    for n in (200 << 16) + QPN_BASE + 3..=last {
+        let q = sim.a.create_qp(&pd, &init).unwrap();
+        assert_eq!(q.qp_num(), n);
+    }
+    let again = sim.a.create_qp(&pd, &init).unwrap();
+    assert_eq!(
+        again.qp_num(),
+        n1,
+        "after the block's last QPN, the first free one"
+    );
+    let next = sim.a.create_qp(&pd, &init).unwrap();
+    assert_eq!(
+        next.qp_num(),
+        (200 << 16) + QPN_BASE + 3,
+        "live q2 and q3 are skipped"
+    );
+    drop((q2, q3));
 }
 
 #[test]

@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex};
 
 use xroce::engine::completion::{Completion, WcStatus};
 use xroce::engine::memory::MrTable;
-use xroce::engine::qp_attr::Mtu;
+use xroce::engine::qp_attr::{Mtu, QpCap, QpType};
 use xroce::engine::sim::{
     connect_engines, sim_configs, EngineEndpoint, LinkConfig, PairParams, Sim, SimLink,
 };
 use xroce::engine::work::{SendWr, WrOpcode};
-use xroce::engine::{Engine, EngineConfig};
+use xroce::engine::{Engine, EngineConfig, QpCreate, QPN_BASE};
 
 fn sim_with(f: impl Fn(&mut EngineConfig)) -> Sim<Mutex<Engine>> {
     let (mut ca, mut cb) = sim_configs();
@@ -196,7 +196,34 @@ fn destroyed_qp_entries_never_touch_a_reused_slot() {
         assert_eq!(ga.poll_timeout(), None, "a destroyed QP's timer");
         assert!(ga.poll_transmit(2_000_000, &mut buf).is_none());
     }
-    // A new pair: A's QP takes the freed slot, its old number.
+    // QPNs go round the block: create and destroy QPs on A up to the
+    // block's last QPN; the next QP takes the freed first slot again, with
+    // its old number.
+    assert_eq!(a.qpn & 0xffff, QPN_BASE, "A's QP had the block's first QPN");
+    let last_qpn = a.qpn | 0xffff;
+    {
+        let mut ga = sim.a.lock().unwrap();
+        let mut n = 0;
+        loop {
+            let q = ga
+                .create_qp(QpCreate {
+                    qp_type: QpType::Rc,
+                    pd: 1,
+                    send_cq: a.cq,
+                    recv_cq: a.cq,
+                    srq: None,
+                    cap: QpCap::default(),
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            ga.destroy_qp(q).unwrap();
+            n += 1;
+            if q == last_qpn {
+                break;
+            }
+        }
+        assert_eq!(n, 0xffff - QPN_BASE, "every other QPN of the block, once");
+    }
     let (a2, b2) = connect_engines(&sim, &p);
     assert_eq!(a2.qpn, a.qpn);
     let mut ga = sim.a.lock().unwrap();

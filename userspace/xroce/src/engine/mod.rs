@@ -491,7 +491,17 @@ pub struct Engine {
     mrs: Arc<MrTable>,
     qps: Vec<Option<Box<QpCtx>>>,
     qpn_map: QpnMap,
-    free_qps: Vec<usize>,
+    /// The slot `create_qp` tries first. QPNs are handed out in a cycle
+    /// through the block, as rxe's pool and NICs do: a destroyed QP's
+    /// number comes back only after every other one was used, so a late
+    /// packet for it finds no QP (dropped) rather than a new QP that took
+    /// its number. Handing a freed number out at once let a UD datagram
+    /// of a closed UCX endpoint (UCX keeps sending to a closed peer for
+    /// minutes, UD_LINGER_TIMEOUT; UD accepts any sender with the Q_Key)
+    /// reach the next UCX worker's new UD QP, which failed UCX's
+    /// connection asserts or crashed it on an endpoint id of another
+    /// worker.
+    next_slot: usize,
     sched: schedule::Schedule,
     due: Vec<usize>,
     completions: Vec<Completion>,
@@ -531,7 +541,7 @@ impl Engine {
             cfg,
             mrs,
             qps: vec![None], // GSI_SLOT
-            free_qps: Vec::new(),
+            next_slot: GSI_SLOT + 1,
             sched: schedule::Schedule::default(),
             due: Vec::new(),
             completions: Vec::with_capacity(64),
@@ -697,17 +707,29 @@ impl Engine {
 
     /// `ibv_create_qp`: returns the new QP's number.
     pub fn create_qp(&mut self, c: QpCreate) -> Result<u32> {
-        let idx = match self.free_qps.pop() {
-            Some(i) => i,
-            None => {
-                if self.qps.len() > qpn_block::QPNS_PER_BLOCK as usize {
-                    return Err(VerbsError::NoResources("QP numbers"));
-                }
-                self.qps.push(None);
-                self.qps.len() - 1
-            }
-        };
+        let idx = self
+            .take_slot()
+            .ok_or(VerbsError::NoResources("QP numbers"))?;
         Ok(self.install_qp(idx, c))
+    }
+
+    /// The first free slot from `next_slot` on, wrapping past the block's
+    /// last QPN to its first (slot 1); `next_slot` moves past it. Slots
+    /// are added as the cycle first reaches them.
+    fn take_slot(&mut self) -> Option<usize> {
+        let last = qpn_block::QPNS_PER_BLOCK as usize; // slot of the last QPN
+        for _ in 0..last {
+            let idx = self.next_slot;
+            self.next_slot = if idx == last { GSI_SLOT + 1 } else { idx + 1 };
+            if idx == self.qps.len() {
+                self.qps.push(None);
+                return Some(idx);
+            }
+            if self.qps[idx].is_none() {
+                return Some(idx);
+            }
+        }
+        None
     }
 
     /// Create the device's GSI QP (QP1, UD): returns [`GSI_QPN`]. Its Q_Key
@@ -757,9 +779,6 @@ impl Engine {
                     self.inflight -= u64::from(qp.counted_inflight);
                 }
                 self.sched.reset_slot(idx);
-                if idx != GSI_SLOT {
-                    self.free_qps.push(idx);
-                }
                 Ok(())
             }
             _ => Err(VerbsError::NoSuchQp(qpn)),

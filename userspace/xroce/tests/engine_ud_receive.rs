@@ -1,3 +1,5 @@
+//! The UD receive side.
+//!
 //! The 40 bytes in front of a UD receive's payload, for frames built here
 //! with header fields the engine never sends itself (TTL 1 as
 //! ibv_ud_pingpong's AH asks, an identification, DSCP/ECN, a flow label):
@@ -5,6 +7,9 @@
 //! wire, for IPv6 the IPv6 header exactly as on the wire (rxe_resp.c
 //! copies the received header; RoCEv2 annex A17.4.5.2), with the GRH flag
 //! and the header's family in the completion.
+//!
+//! A datagram that arrives late for a destroyed UD QP reaches no QP: the
+//! next QP does not get the freed number.
 
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -162,4 +167,68 @@ fn internet_checksum(h: &[u8]) -> u16 {
         s = (s & 0xffff) + (s >> 16);
     }
     !(s as u16)
+}
+
+#[test]
+fn a_late_datagram_for_a_destroyed_qp_reaches_no_other_qp() {
+    let (dev, old_qp, _old_cq, _old_mr) = receiver();
+    let old_qpn = old_qp.qp_num();
+    drop(old_qp);
+    // The next UD QP of the device, receive posted, same Q_Key (UCX gives
+    // every UD QP the same one).
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(8).unwrap();
+    let mut init = QpInitAttr::rc(&cq);
+    init.qp_type = QpType::Ud;
+    let qp = dev.create_qp(&pd, &init).unwrap();
+    assert_ne!(qp.qp_num(), old_qpn, "a freed QPN was handed out at once");
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qkey: QKEY,
+        port_num: 1,
+        ..Default::default()
+    };
+    qp.modify(
+        &a,
+        QpAttrMask::STATE | QpAttrMask::QKEY | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    qp.modify(&a, QpAttrMask::STATE).unwrap();
+    let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    qp.post_recv(&RecvWr {
+        wr_id: 8,
+        sg_list: vec![mr.sge(0, 64)],
+    })
+    .unwrap();
+    let ip = dev.lock().config().ip;
+    let late = ud_frame(
+        &dev,
+        "10.0.0.9".parse().unwrap(),
+        ip.into(),
+        old_qpn,
+        |_| {},
+    );
+    let unknown = dev.lock().stats().rx_unknown_qp;
+    dev.handle_frame(&late, 1_000_000);
+    assert!(
+        cq.poll_one().unwrap().is_none(),
+        "the new QP got the old QP's datagram"
+    );
+    assert_eq!(
+        dev.lock().stats().rx_unknown_qp,
+        unknown + 1,
+        "counted as for no QP"
+    );
+    // The new QP's own datagrams arrive.
+    let own = ud_frame(
+        &dev,
+        "10.0.0.9".parse().unwrap(),
+        ip.into(),
+        qp.qp_num(),
+        |_| {},
+    );
+    let (wc, got) = deliver(&dev, &cq, &mr, &own);
+    assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, 8));
+    assert_eq!(&got[GRH_LEN..GRH_LEN + 4], PAYLOAD);
 }
