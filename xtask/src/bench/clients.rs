@@ -1,15 +1,23 @@
 //! The stacks HPC and AI jobs move data with, each over xroce against its
-//! own TCP transport on the same veth pair (issue 23, item 4): UCX's
-//! `ucx_perftest` UCP tag_bw (1 MiB) and tag_lat (8 B) with `UCX_TLS=rc`
-//! (rc_verbs over xroce's drop-in libibverbs, both ends under `xroce run`)
-//! against `UCX_TLS=tcp`, in alternating rounds, medians. Each program
-//! runs in an IPC namespace of its own (`unshare --ipc`): UCX takes two
-//! processes of one IPC namespace for one host and would move the data
-//! through shared memory instead of the network. The XDP program `xroce
-//! run` attached is detached before each TCP run, so TCP crosses the pair
-//! as it would without xroce.
+//! own TCP transport on the same veth pair (issue 23, item 4), in
+//! alternating rounds, medians:
+//!
+//! - UCX's `ucx_perftest` UCP tag_bw (1 MiB) and tag_lat (8 B) with
+//!   `UCX_TLS=rc` (rc_verbs over xroce's drop-in libibverbs, both ends
+//!   under `xroce run`) against `UCX_TLS=tcp`;
+//! - Open MPI's MPI_Allreduce of 16 MiB, 4 ranks (2 per host), with pml
+//!   ucx over xroce (`UCX_TLS=rc,sm,self`) against Open MPI's own TCP
+//!   (pml ob1, btl tcp); both use shared memory between the two ranks of
+//!   a host. The program (allreduce_time.c) checks every element.
+//!
+//! Each host runs in an IPC namespace of its own (`unshare --ipc`): UCX
+//! takes two processes of one IPC namespace for one host and would move
+//! the data through shared memory instead of the network. The XDP program
+//! `xroce run` attached is detached before each TCP run, so TCP crosses
+//! the pair as it would without xroce.
 
 use std::{
+    path::{Path, PathBuf},
     process::{Command, Stdio},
     thread,
     time::Duration,
@@ -40,11 +48,27 @@ pub struct UcxFigure {
     pub ratio: f64,
 }
 
+/// MPI_Allreduce over both transports.
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct MpiFigure {
+    /// e.g. "MPI_Allreduce 16777216 B, 4 ranks on 2 hosts".
+    pub test: String,
+    /// Seconds per call, every round in order.
+    pub xroce_ucx_rounds: Vec<f64>,
+    pub tcp_rounds: Vec<f64>,
+    pub xroce_ucx_s: f64,
+    pub tcp_s: f64,
+    /// xroce's time over TCP's: goal <= 1.0.
+    pub ratio: f64,
+}
+
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct Clients {
     pub ucx_tag_bw_1mib: UcxFigure,
     pub ucx_tag_lat_8b: UcxFigure,
+    pub mpi_allreduce_16mib: MpiFigure,
 }
 
 /// On a pair of its own: UCX keeps 15 characters of an IB device's name,
@@ -65,10 +89,158 @@ pub fn measure(mtu: u32) -> Result<Clients> {
         &["-n", "20000", "-w", "1000"],
         Column::P50Lat,
     )?;
+    let allreduce = mpi_figure(ns, ALLREDUCE_BYTES)?;
     Ok(Clients {
         ucx_tag_bw_1mib: bw,
         ucx_tag_lat_8b: lat,
+        mpi_allreduce_16mib: allreduce,
     })
+}
+
+/// The MPI figure's message: 16 MiB.
+const ALLREDUCE_BYTES: u64 = 16 << 20;
+/// Timed calls per run (after one that connects the ranks).
+const ALLREDUCE_CALLS: u32 = 5;
+
+fn mpi_figure(ns: &NsPair, bytes: u64) -> Result<MpiFigure> {
+    let dir = std::env::temp_dir().join(format!("xroce-bench-mpi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = (|| {
+        let exe = dir.join("allreduce_time");
+        let src = crate::util::workspace_root().join("xtask/src/bench/allreduce_time.c");
+        crate::util::run(
+            Command::new("mpicc")
+                .args(["-O2", "-Wall", "-Werror", "-o"])
+                .arg(&exe)
+                .arg(&src),
+        )?;
+        let mut xroce_rounds = Vec::new();
+        let mut tcp_rounds = Vec::new();
+        for _ in 0..ROUNDS {
+            xroce_rounds.push(mpirun(ns, &dir, &exe, Transport::XroceRc, bytes)?);
+            crate::dropin::detach(ns);
+            tcp_rounds.push(mpirun(ns, &dir, &exe, Transport::Tcp, bytes)?);
+        }
+        let (x, t) = (median(&xroce_rounds), median(&tcp_rounds));
+        eprintln!(
+            "MPI_Allreduce {bytes} B, 4 ranks: pml ucx over xroce {xroce_rounds:?} s, \
+             ob1/tcp {tcp_rounds:?} s"
+        );
+        Ok(MpiFigure {
+            test: format!("MPI_Allreduce {bytes} B, 4 ranks on 2 hosts"),
+            xroce_ucx_rounds: xroce_rounds,
+            tcp_rounds,
+            xroce_ucx_s: x,
+            tcp_s: t,
+            ratio: x / t,
+        })
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// The words that start `COMMAND` as host `name` in namespace `netns`:
+/// its own IPC and UTS namespaces (a host name of its own, no shared
+/// memory with the other host), under `xroce run` for xroce.
+fn host_prefix(netns: &str, iface: &str, name: &str, transport: Transport) -> Vec<String> {
+    let mut argv: Vec<String> = ["ip", "netns", "exec", netns, "unshare", "--ipc", "--uts"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    argv.extend(
+        ["--", "sh", "-c", "hostname \"$0\" && exec \"$@\"", name]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    if transport == Transport::XroceRc {
+        argv.push(xroce_bin().to_string_lossy().into_owned());
+        argv.extend(
+            ["run", "--iface", iface, "--backend", "afxdp", "--"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+    }
+    argv
+}
+
+/// Single-quoted for sh.
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// One mpirun of 4 ranks, 2 per host: mpirun runs as host a (its ranks
+/// there are its children, under its `xroce run`); its launch agent starts
+/// orted as host b. Returns the seconds per call rank 0 printed.
+fn mpirun(ns: &NsPair, dir: &Path, exe: &Path, transport: Transport, bytes: u64) -> Result<f64> {
+    let b_prefix = host_prefix(&ns.b, &ns.if_b, "hostb", transport)
+        .iter()
+        .map(|a| sh_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let agent: PathBuf = dir.join("agent.sh");
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh\n# plm_rsh_agent of the MPI bench: HOST COMMAND...\n\
+             shift\nexec {b_prefix} sh -c \"$*\"\n"
+        ),
+    )?;
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let hostfile = dir.join("hosts");
+    std::fs::write(
+        &hostfile,
+        format!("{} slots=2\n{} slots=2\n", ns.addr_a, ns.addr_b),
+    )?;
+    let subnet = format!("{}/24", Ipv4Net(ns.addr_a));
+    let argv = host_prefix(&ns.a, &ns.if_a, "hosta", transport);
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    cmd.args(["mpirun", "--allow-run-as-root", "-np", "4", "--hostfile"])
+        .arg(&hostfile)
+        .args(["--map-by", "node", "--mca", "plm_rsh_agent"])
+        .arg(&agent)
+        .args(["--mca", "oob_tcp_if_include", &subnet]);
+    match transport {
+        Transport::XroceRc => {
+            cmd.args([
+                "--mca", "pml", "ucx", "--mca", "osc", "ucx", "-x", "UCX_TLS",
+            ]);
+            cmd.env("UCX_TLS", "rc,sm,self");
+        }
+        Transport::Tcp => {
+            cmd.args(["--mca", "pml", "ob1", "--mca", "btl", "self,vader,tcp"]);
+            cmd.args(["--mca", "btl_tcp_if_include", &subnet]);
+        }
+    }
+    cmd.arg(exe)
+        .arg(bytes.to_string())
+        .arg(ALLREDUCE_CALLS.to_string())
+        .env("HOME", dir)
+        .env("SHELL", "/bin/sh");
+    let out = cmd.output().context("start mpirun")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "mpirun ({:?}) failed ({}):\n{stdout}\n{}",
+            transport_name(transport),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("allreduce_seconds ")?.trim().parse().ok())
+        .with_context(|| format!("allreduce_time printed no time:\n{stdout}"))
+}
+
+/// The /24 network of an address, as Open MPI's *_if_include take it.
+struct Ipv4Net(std::net::Ipv4Addr);
+
+impl std::fmt::Display for Ipv4Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let [a, b, c, _] = self.0.octets();
+        write!(f, "{a}.{b}.{c}.0")
+    }
 }
 
 /// Which column of ucx_perftest's CSV line (`-v`) is the figure.
@@ -103,15 +275,16 @@ fn figure(ns: &NsPair, test: &str, size: u32, iters: &[&str], col: Column) -> Re
 fn transport_name(t: Transport) -> &'static str {
     match t {
         Transport::XroceRc => "UCX_TLS=rc over xroce",
-        Transport::Tcp => "UCX_TLS=tcp",
+        Transport::Tcp => "TCP",
     }
 }
 
 #[derive(Clone, Copy, PartialEq)]
 enum Transport {
-    /// UCX_TLS=rc: rc_verbs on the xroce device, both ends under `xroce run`.
+    /// rc_verbs on the xroce device, both ends under `xroce run`.
     XroceRc,
-    /// UCX_TLS=tcp on the same interfaces, without xroce.
+    /// The client's TCP transport on the same interfaces, without xroce
+    /// (UCX_TLS=tcp; Open MPI's btl tcp).
     Tcp,
 }
 
