@@ -17,16 +17,18 @@
 //! ...) is `unsafe`: the engine's I/O thread writes the same bytes.
 //!
 //! The engine holds `Arc<MrInner>` references while it uses a region, so
-//! dropping/deregistering the user's [`MemoryRegion`] only removes its keys
-//! from the table (new accesses fail with access errors) and marks it
-//! invalid; xroce-allocated memory is freed when the last in-flight user
-//! lets go. Application memory must stay mapped until deregistration (as
-//! with any RDMA NIC); an access that was already resolved before
-//! deregistration may still complete into it.
+//! dropping/deregistering the user's [`MemoryRegion`] removes its keys from
+//! the table (new accesses fail with access errors) and marks it invalid,
+//! which every copy checks first; xroce-allocated memory is freed when the
+//! last in-flight user lets go. Application memory must stay mapped until
+//! deregistration (as with any RDMA NIC), and no longer: deregistration
+//! (and a re-registration that moves the region) returns only once every
+//! engine using the table is past any copy it had started
+//! ([`MrTable::on_quiesce`]), so the program may free the memory at once.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -187,7 +189,15 @@ impl KeySource {
 #[derive(Default)]
 pub struct MrTable {
     slots: RwLock<Slots>,
+    /// One per engine using the table: returns once that engine is past
+    /// any copy it had started (it takes and releases the engine's lock;
+    /// every copy happens under it, after a validity check); `false` once
+    /// the engine is gone (the hook is dropped then).
+    quiesce: Mutex<Vec<QuiesceHook>>,
 }
+
+/// See [`MrTable::on_quiesce`].
+pub type QuiesceHook = Box<dyn Fn() -> bool + Send + Sync>;
 
 const KEY_BITS: u32 = 16;
 const MAX_MRS: usize = (1 << (32 - KEY_BITS)) - 2;
@@ -202,7 +212,20 @@ impl MrTable {
                 keys: KeySource::Seeded(Box::new(ChaCha8Rng::seed_from_u64(seed))),
                 ..Default::default()
             }),
+            quiesce: Mutex::default(),
         }
+    }
+
+    /// Add an engine's hook: deregistration waits on it (see the module
+    /// docs). It must not be called with that engine's lock held.
+    pub fn on_quiesce(&self, hook: QuiesceHook) {
+        self.quiesce.lock().unwrap().push(hook);
+    }
+
+    /// Waits until every engine using the table is past the copies it had
+    /// started before this call (the region was marked invalid first).
+    fn quiesce(&self) {
+        self.quiesce.lock().unwrap().retain(|h| h());
     }
 
     /// Register `len` bytes at `ptr` (or, when `ptr` is `None`, memory
@@ -535,8 +558,10 @@ impl MemoryRegion {
         let translated = now.ptr != next.ptr || now.len != next.len || now.iova != next.iova;
         let inner = self.table.replace(&self.inner, next, translated)?;
         // The old inner keeps any xroce-allocated memory alive for
-        // in-flight users; the new one names the caller's memory.
+        // in-flight users; the new one names the caller's memory. The
+        // program may release the old memory once this returns.
         self.inner = inner;
+        self.table.quiesce();
         Ok(())
     }
 
@@ -568,6 +593,8 @@ fn check_wrap(ptr: *mut u8, iova: u64, len: usize) -> Result<()> {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         self.table.remove(&self.inner);
+        // ibv_dereg_mr's promise: no access to the memory after it returns.
+        self.table.quiesce();
     }
 }
 

@@ -463,7 +463,7 @@ impl QpCtx {
             env.scratch.resize(payload_len, 0);
         }
         if payload_len > 0 && !w.read_payload(offset, &mut env.scratch[..payload_len]) {
-            // Cannot happen for checked SGLs; treat as a local error.
+            // An MR of the WR was deregistered while it was being sent.
             self.fail_front(env, super::completion::WcStatus::LocProtErr);
             return None;
         }

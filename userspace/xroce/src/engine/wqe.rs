@@ -46,7 +46,8 @@ pub(crate) fn resolve_sgl(
     Ok((out, total))
 }
 
-/// Copy `dst.len()` bytes starting at byte `offset` of the SGL into `dst`.
+/// Copy `dst.len()` bytes starting at byte `offset` of the SGL into `dst`;
+/// false if the SGL is shorter or an MR was deregistered.
 pub(crate) fn sgl_read(sges: &[LSge], mut offset: usize, dst: &mut [u8]) -> bool {
     let mut done = 0;
     for s in sges {
@@ -56,6 +57,9 @@ pub(crate) fn sgl_read(sges: &[LSge], mut offset: usize, dst: &mut [u8]) -> bool
         if offset >= s.len {
             offset -= s.len;
             continue;
+        }
+        if !s.mr.is_valid() {
+            return false;
         }
         let n = (s.len - offset).min(dst.len() - done);
         s.mr.read_at(s.off + offset, &mut dst[done..done + n]);

@@ -267,20 +267,31 @@ impl Device {
         next_pd: Arc<AtomicU32>,
         group: Option<Arc<Group>>,
     ) -> Self {
-        Self {
-            shared: Arc::new(DeviceShared {
-                engine: Mutex::new(Locked {
-                    engine: Engine::new(cfg, mrs.clone()),
-                    cqs: Vec::new(),
-                    draining: Vec::new(),
-                }),
-                mrs,
-                next_pd,
-                doorbell: std::sync::RwLock::new(None),
-                on_async: std::sync::RwLock::new(None),
-                live_qps: AtomicUsize::new(0),
-                group,
+        let shared = Arc::new(DeviceShared {
+            engine: Mutex::new(Locked {
+                engine: Engine::new(cfg, mrs.clone()),
+                cqs: Vec::new(),
+                draining: Vec::new(),
             }),
+            mrs: mrs.clone(),
+            next_pd,
+            doorbell: std::sync::RwLock::new(None),
+            on_async: std::sync::RwLock::new(None),
+            live_qps: AtomicUsize::new(0),
+            group,
+        });
+        // Deregistration waits until this engine is past any copy it
+        // started: each happens under its lock, after a validity check.
+        let weak = Arc::downgrade(&shared);
+        mrs.on_quiesce(Box::new(move || match weak.upgrade() {
+            Some(d) => {
+                drop(d.engine.lock());
+                true
+            }
+            None => false,
+        }));
+        Self {
+            shared,
             spread: false,
         }
     }
