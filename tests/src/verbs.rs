@@ -214,6 +214,16 @@ pub fn xroce_run(ns: Option<&Netns>, args: &[&str]) -> Command {
 /// `args` and, when `with_device` is set, the device's name as its first
 /// argument; what it printed and its status.
 pub fn run_verbs_probe(name: &str, with_device: bool, args: &[&str]) -> std::process::Output {
+    run_verbs_probe_with_env(name, with_device, args, &[])
+}
+
+/// [`run_verbs_probe`] with `env` set for the program.
+pub fn run_verbs_probe_with_env(
+    name: &str,
+    with_device: bool,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
     require_verbs_header();
     let _ = ibverbs_cdylib();
     let dir = Scratch::new(name);
@@ -233,6 +243,7 @@ pub fn run_verbs_probe(name: &str, with_device: bool, args: &[&str]) -> std::pro
         cmd.arg(format!("xroce_{}", pair.if_a));
     }
     cmd.args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("run {name} under xroce run: {e}"))
 }

@@ -141,6 +141,8 @@ fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> Result<*mut ibv_ah, i32
         av,
         attr: *a,
     }));
+    crate::handles::born(&*ah as *const crate::objects::Ah);
+    crate::handles::born(&*ah as *const crate::objects::Ah);
     Ok(&mut ah.ah as *mut ibv_ah)
 }
 
@@ -157,7 +159,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         // SAFETY: an AH this library created, destroyed once.
         let a = unsafe { outer::<_, Ah>(ah) }.ok_or(libc::EINVAL)?;
         // SAFETY: as above; the Box was leaked by create_ah.
-        drop(unsafe { Box::from_raw(a as *mut Ah) });
+        crate::handles::free(unsafe { Box::from_raw(a as *mut Ah) });
         Ok(())
     })
 }

@@ -328,8 +328,13 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> Option<&'a mut Contex
     }
     let off = std::mem::offset_of!(verbs_context, context);
     // SAFETY: our ibv_context is the `context` field of the verbs_context
-    // that starts our repr(C) Context.
-    unsafe { (ctx.cast::<u8>().sub(off) as *mut Context).as_mut() }
+    // that starts our repr(C) Context (the address only; read below).
+    let c = unsafe { ctx.cast::<u8>().sub(off) } as *mut Context;
+    if !crate::handles::check(c as *const Context) {
+        return None;
+    }
+    // SAFETY: as above.
+    unsafe { c.as_mut() }
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), i32> {
@@ -400,6 +405,7 @@ fn new_context(ucontext: Arc<Ucontext>, cmd_fd: OwnedFd) -> Result<*mut ibv_cont
         cmd_fd,
         ucontext,
     }));
+    crate::handles::born(&*ctx as *const crate::context::Context);
     // SAFETY: initialising the mutex in place before anyone can see it.
     unsafe {
         libc::pthread_mutex_init(
@@ -487,7 +493,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
         }
         // SAFETY: a context we leaked in ibv_open_device, closed once.
         let c = unsafe { Box::from_raw(context(ctx).ok_or(libc::EINVAL)? as *mut Context) };
-        drop(c);
+        crate::handles::free(c);
         Ok(())
     })
 }

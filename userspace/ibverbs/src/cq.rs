@@ -169,6 +169,9 @@ pub(crate) fn to_ibv_wc(w: &Wc) -> ibv_wc {
 /// # Safety
 /// `p` is NULL or a channel this library created and has not destroyed.
 unsafe fn channel_ref<'a>(p: *mut ibv_comp_channel) -> Option<&'a Channel> {
+    if !crate::handles::check(p as *const Channel) {
+        return None;
+    }
     // SAFETY: the ibv_comp_channel is the first field of the repr(C) Channel.
     unsafe { (p as *const Channel).as_ref() }
 }
@@ -185,6 +188,7 @@ fn new_channel(ctx: *mut ibv_context) -> Result<*mut Channel, i32> {
         write_end: Arc::new(write_end),
         cqs: Mutex::new(Default::default()),
     }));
+    crate::handles::born(&*ch as *const crate::objects::Channel);
     Ok(ch)
 }
 
@@ -214,7 +218,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         }
         // SAFETY: leaked by new_channel; no CQ refers to it any more (the
         // handlers of destroyed CQs hold their own Arc of the write end).
-        drop(unsafe { Box::from_raw(channel as *mut Channel) });
+        crate::handles::free(unsafe { Box::from_raw(channel as *mut Channel) });
         Ok(())
     })
 }
@@ -367,6 +371,7 @@ fn new_cq(
         cur: Wc::default(),
         wc_flags: a.wc_flags,
     }));
+    crate::handles::born(p as *const crate::objects::Cq);
     // SAFETY: initialising the CQ's own mutex and condition variable in
     // place (they never move: the object is leaked) before anyone sees it.
     unsafe {
@@ -426,7 +431,7 @@ fn new_cq_in(ibv_ctx: *mut ibv_context, a: &CreateArgs) -> Result<*mut Cq, i32> 
 /// `p` is NULL or a live CQ of this library, not used after this returns
 /// Ok.
 unsafe fn destroy(p: *mut Cq) -> Result<(), i32> {
-    if p.is_null() {
+    if p.is_null() || !crate::handles::check(p as *const Cq) {
         return Err(libc::EINVAL);
     }
     // SAFETY (whole block): p is live until it is freed at the end; fields
@@ -457,7 +462,7 @@ unsafe fn destroy(p: *mut Cq) -> Result<(), i32> {
         });
         libc::pthread_cond_destroy(&raw mut (*p).cq.cond as *mut libc::pthread_cond_t);
         libc::pthread_mutex_destroy(&raw mut (*p).cq.mutex as *mut libc::pthread_mutex_t);
-        drop(Box::from_raw(p));
+        crate::handles::free(Box::from_raw(p));
     }
     Ok(())
 }
@@ -630,7 +635,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 /// # Safety
 /// `p` is NULL or a live CQ; `out` has room for `n` `ibv_wc`.
 unsafe fn poll_into(p: *mut Cq, n: c_int, out: *mut ibv_wc) -> c_int {
-    if p.is_null() || (n > 0 && out.is_null()) {
+    if p.is_null() || (n > 0 && out.is_null()) || !crate::handles::check(p as *const Cq) {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -694,7 +699,7 @@ unsafe fn poll_into(p: *mut Cq, n: c_int, out: *mut ibv_wc) -> c_int {
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     ffi(libc::EIO, || {
         let p = cq as *mut Cq;
-        if p.is_null() {
+        if p.is_null() || !crate::handles::check(p as *const Cq) {
             return libc::EINVAL;
         }
         // SAFETY: a live CQ of this library.

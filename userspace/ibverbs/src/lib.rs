@@ -25,6 +25,7 @@ mod config;
 mod context;
 mod cq;
 mod errno;
+mod handles;
 mod limits;
 mod mapping;
 mod mr;

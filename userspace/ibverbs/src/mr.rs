@@ -55,6 +55,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             inner,
             ucontext: c.ucontext.clone(),
         }));
+        crate::handles::born(&*pd as *const crate::objects::Pd);
         Ok(&mut pd.pd as *mut ibv_pd)
     })
 }
@@ -69,7 +70,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         p.ucontext.remove(p.pd.handle, is_pd)?;
         // SAFETY: as above; the Box was leaked by ibv_alloc_pd or
         // ibv_import_pd.
-        drop(unsafe { Box::from_raw(p as *mut Pd) });
+        crate::handles::free(unsafe { Box::from_raw(p as *mut Pd) });
         Ok(())
     })
 }
@@ -102,6 +103,7 @@ pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, pd_handle: u32) ->
             inner,
             ucontext: c.ucontext.clone(),
         }));
+        crate::handles::born(&*pd as *const crate::objects::Pd);
         Ok(&mut pd.pd as *mut ibv_pd)
     })
 }
@@ -113,7 +115,7 @@ pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
         // SAFETY: a PD this library made, not used after this call.
         if let Some(p) = unsafe { outer::<_, Pd>(pd) } {
             // SAFETY: as above.
-            drop(unsafe { Box::from_raw(p as *mut Pd) });
+            crate::handles::free(unsafe { Box::from_raw(p as *mut Pd) });
         }
     })
 }
@@ -184,6 +186,7 @@ fn reg(
         ucontext: p.ucontext.clone(),
         imported: false,
     }));
+    crate::handles::born(&*mr as *const crate::objects::Mr);
     Ok(&mut mr.mr as *mut ibv_mr)
 }
 
@@ -233,7 +236,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let region = m.ucontext.remove(m.mr.handle, is_mr)?;
         drop(region);
         // SAFETY: as above; the Box was leaked by reg or ibv_import_mr.
-        drop(unsafe { Box::from_raw(m as *mut Mr) });
+        crate::handles::free(unsafe { Box::from_raw(m as *mut Mr) });
         Ok(())
     })
 }
@@ -271,6 +274,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *mut 
             ucontext: p.ucontext.clone(),
             imported: true,
         }));
+        crate::handles::born(&*mr as *const crate::objects::Mr);
         Ok(&mut mr.mr as *mut ibv_mr)
     })
 }
@@ -282,7 +286,7 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
         // SAFETY: an MR this library made, not used after this call.
         if let Some(m) = unsafe { outer::<_, Mr>(mr) } {
             // SAFETY: as above.
-            drop(unsafe { Box::from_raw(m as *mut Mr) });
+            crate::handles::free(unsafe { Box::from_raw(m as *mut Mr) });
         }
     })
 }

@@ -23,7 +23,13 @@ use crate::ucontext::Ucontext;
 /// # Safety
 /// `p` came from this library as a `*mut C` of an `Outer` created here and
 /// not yet destroyed (rdma-core's contract for every object).
-pub(crate) unsafe fn outer<'a, C, Outer>(p: *mut C) -> Option<&'a mut Outer> {
+pub(crate) unsafe fn outer<'a, C, Outer: crate::handles::Handle>(
+    p: *mut C,
+) -> Option<&'a mut Outer> {
+    // Under XROCE_VERBS_DEBUG a dead object is reported, not touched.
+    if !crate::handles::check(p as *const Outer) {
+        return None;
+    }
     // SAFETY: the C struct is the first field of the repr(C) Outer.
     unsafe { (p as *mut Outer).as_mut() }
 }

@@ -264,6 +264,9 @@ pub(crate) fn convert_modify(
 /// # Safety
 /// `qp` is NULL or a QP this library created and has not destroyed.
 pub(crate) unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+    if !crate::handles::check(qp as *const Qp) {
+        return None;
+    }
     // SAFETY: ibv_qp is the first field of ibv_qp_ex, the first field of
     // the repr(C) Qp (the caller's contract gives a live one).
     unsafe { (qp as *const Qp).as_ref() }
@@ -380,6 +383,7 @@ fn create(r: CreateReq) -> Result<(*mut ibv_qp, ibv_qp_cap), i32> {
         srq: r.srq,
         ah_attr: Mutex::new(ibv_ah_attr::default()),
     }));
+    crate::handles::born(&*q as *const crate::objects::Qp);
     // SAFETY: initialising the QP's own mutex and condition variable (the
     // program's ibv_ack_async_event uses them) before anyone sees them.
     unsafe {
@@ -575,7 +579,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         // SAFETY: the Box was leaked by create; dropping the QueuePair
         // destroys the engine's QP.
-        drop(unsafe { Box::from_raw(q as *mut Qp) });
+        crate::handles::free(unsafe { Box::from_raw(q as *mut Qp) });
         Ok(())
     })
 }

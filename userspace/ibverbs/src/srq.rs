@@ -24,6 +24,9 @@ fn next_handle() -> u32 {
 /// # Safety
 /// `srq` is NULL or an SRQ this library created and has not destroyed.
 unsafe fn srq_ref<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
+    if !crate::handles::check(srq as *const Srq) {
+        return None;
+    }
     // SAFETY: ibv_srq is the first field of the repr(C) Srq.
     unsafe { (srq as *const Srq).as_ref() }
 }
@@ -68,6 +71,7 @@ fn create(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> Result<*mut ibv_srq,
         ctx: c as *mut Context,
         users: AtomicU32::new(0),
     }));
+    crate::handles::born(&*s as *const crate::objects::Srq);
     // SAFETY: initialising the SRQ's own mutex and condition variable
     // (ibv_ack_async_event uses them) before anyone sees them.
     unsafe {
@@ -194,7 +198,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             libc::pthread_cond_destroy(&mut s.srq.cond as *mut _ as *mut libc::pthread_cond_t);
         }
         // SAFETY: the Box was leaked by create.
-        drop(unsafe { Box::from_raw(s as *mut Srq) });
+        crate::handles::free(unsafe { Box::from_raw(s as *mut Srq) });
         Ok(())
     })
 }
