@@ -11,8 +11,12 @@
 //! the same test, wide enough for a loaded 2-core host running a debug
 //! build: the queueing delay (sampled at the bottleneck every 2 ms after a
 //! 500 ms warm-up) within 3 x the target at the median and under a third
-//! of `none`'s, its p99 between 0.75 x the target and `none`'s median, and
-//! the link's use not collapsed (against `none`'s) and no flow starved.
+//! of `none`'s, its p99 under `none`'s median, and the link's use not
+//! collapsed (against `none`'s) and no flow starved. How close the queue
+//! comes to the target (p99 >= 0.75 x the target unloaded) needs the CPU a
+//! bench has: the controllers steer the RTT, which carries host delay,
+//! and on a busy host that delay alone exceeds the target and the queue
+//! stays empty. `cargo xtask bench` reports it (xtask/src/bench/cc_delay.rs).
 //!
 //! Measured here (2-core VM, debug build, 3 runs): none p50 1953-2043 us,
 //! utilisation 0.946; TIMELY (Tlow 200 us, Thigh 500 us) p50 253-266 us,
@@ -79,17 +83,11 @@ fn timely_and_swift_hold_their_delay_targets_on_a_real_queue() {
         // in a release build, 150 us and more in a debug one, more than
         // the target with another busy thread on a 2-core host. The queue
         // sits under the target by that much (Swift's median: 96-142 us in
-        // a release build, 16-44 us in a debug one, 0 under extra load), so
-        // the lower bound is on the p99: the controller lets the queue
-        // reach its target (TIMELY with the paper's set, which host jitter
-        // pins to its floor, stayed under 115 us).
+        // a release build, 16-44 us in a debug one, 0 under extra load):
+        // only upper bounds hold on any host; the bench has the lower one.
         assert!(
             p50 <= 3.0 * target,
             "{cc}: queue delay p50 {p50} us is far over the target {target} us: {b}"
-        );
-        assert!(
-            p99 >= 0.75 * target,
-            "{cc}: queue delay p99 {p99} us: the queue never reached the target {target} us: {b}"
         );
         assert!(
             p50 < none_p50 / 3.0,

@@ -8,8 +8,10 @@
 //! the commit before sharing ([`baseline`]), xroce's WRITE against the raw
 //! AF_XDP ceiling of the same pair ([`ceiling`]), and the CPU seconds per GB
 //! of xroce and of kernel TCP ([`cpu`]), and WRITE goodput under 0.1 % and
-//! 1 % loss, go-back-N against selective repeat ([`loss`]), and UCX over
-//! xroce against UCX over TCP ([`clients`]).
+//! 1 % loss, go-back-N against selective repeat ([`loss`]), UCX and Open
+//! MPI over xroce against their TCP transports ([`clients`]), and TIMELY's
+//! and Swift's queue delay at a real bottleneck against their targets
+//! ([`cc_delay`]).
 //! Writes target/bench/report.json.
 
 use std::{
@@ -23,6 +25,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
 use xroce_report::{BenchReport, LatReport};
 
+mod cc_delay;
 mod ceiling;
 mod clients;
 mod cpu;
@@ -87,6 +90,8 @@ struct Report {
     loss: loss::Loss,
     /// UCX (ucx_perftest) over xroce vs UCX over TCP (issue 23, item 4).
     clients: clients::Clients,
+    /// TIMELY and Swift: the bottleneck's queue delay against their targets.
+    cc_delay: cc_delay::CcDelay,
     ratios: Ratios,
 }
 
@@ -127,6 +132,7 @@ pub fn bench() -> Result<()> {
         Some("multicore") => return alone(&multicore::measure()?),
         Some("latency_tail") => return alone(&latency_tail::measure(&ns)?),
         Some("clients") => return alone(&clients::measure(MTU)?),
+        Some("cc_delay") => return alone(&cc_delay::measure()?),
         Some("udp_gso") => {
             // Its best-backend line needs the AF_XDP WRITE of the full run.
             step("xroce RDMA WRITE 64 KiB, 1 QP");
@@ -139,7 +145,7 @@ pub fn bench() -> Result<()> {
         }
         Some(other) => bail!(
             "XROCE_BENCH_ONLY={other} is not a figure: use many_qps, loss, io_threads, \
-             multicore, latency_tail, udp_gso or clients (unset: every figure)"
+             multicore, latency_tail, udp_gso, clients or cc_delay (unset: every figure)"
         ),
     }
 
@@ -245,6 +251,8 @@ pub fn bench() -> Result<()> {
     let loss = loss::measure(&ns)?;
     step("UCX over xroce (UCX_TLS=rc) vs UCX over TCP: tag_bw 1 MiB, tag_lat 8 B");
     let clients = clients::measure(MTU)?;
+    step("TIMELY and Swift: queue delay at a real bottleneck against their targets");
+    let cc_delay = cc_delay::measure()?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -272,6 +280,7 @@ pub fn bench() -> Result<()> {
         io_threads,
         loss,
         clients,
+        cc_delay,
         udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,
