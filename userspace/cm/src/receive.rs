@@ -30,7 +30,7 @@ impl CmEngine {
         };
         let tid = m.header.transaction_id;
         match m.message {
-            CmMessage::Req(r) => self.on_req(from, local_gid, tid, &r),
+            CmMessage::Req(r) => self.on_req(from, local_gid, tid, &r, now_ns),
             CmMessage::Mra(r) => self.on_mra(&r, now_ns),
             CmMessage::Rej(r) => self.on_rej(&r),
             CmMessage::Rep(r) => self.on_rep(&r),
@@ -64,7 +64,7 @@ impl CmEngine {
         }
     }
 
-    fn on_req(&mut self, from: PeerAddr, local_gid: Gid, tid: u64, r: &ReqRepr) {
+    fn on_req(&mut self, from: PeerAddr, local_gid: Gid, tid: u64, r: &ReqRepr, now_ns: u64) {
         // A retransmitted REQ: answer again what we answered, never report
         // it twice.
         let dup = self
@@ -83,10 +83,19 @@ impl CmEngine {
             return;
         }
         // The peer's QP already belongs to a connection of ours: the REQ
-        // is from before a restart, or the old connection is stale.
-        if self.conns.peer_qp_in_use(from.gid, r.local_qpn) {
+        // is from after a restart, or the old connection is stale. As
+        // Linux's ib_cm: reject it, and take an old connection that is
+        // still up down (DREQ), so that the peer's next try finds none.
+        if let Some(old) = self.conns.by_peer_qp(from.gid, r.local_qpn) {
             self.stats.req_stale += 1;
             self.reject_req(from, local_gid, tid, 0, r, RejReason::StaleConn);
+            if self
+                .conns
+                .get(old)
+                .is_some_and(|c| c.state == State::Established)
+            {
+                let _ = self.disconnect(ConnId(old), &[], now_ns);
+            }
             return;
         }
         if !self.listeners.contains_key(&r.service_id) {

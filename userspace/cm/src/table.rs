@@ -150,11 +150,12 @@ impl ConnTable {
     }
 
     /// Some connection other than TIMEWAIT or SIDR holds the peer's QP.
-    pub(crate) fn peer_qp_in_use(&self, gid: Gid, qpn: u32) -> bool {
+    /// A connection of ours to QP `qpn` of `gid`, if one exists.
+    pub(crate) fn by_peer_qp(&self, gid: Gid, qpn: u32) -> Option<u32> {
         self.by_peer_qp
             .range((gid, qpn, 0)..=(gid, qpn, u32::MAX))
             .next()
-            .is_some()
+            .map(|&(_, _, id)| id)
     }
 
     /// A SIDR request `request_id` from `peer` waits for the consumer.

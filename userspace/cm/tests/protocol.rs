@@ -684,9 +684,13 @@ fn req_replayed_into_timewait_is_a_stale_connection() {
     assert_eq!(events, [CmEvent::Established { conn }]);
 }
 
+/// As Linux's ib_cm (cm_match_req): the REQ is rejected as stale, and the
+/// old connection, still established here, is taken down with a DREQ so
+/// that the peer's next try finds none (after a restart the peer's QPs
+/// start at the same numbers again).
 #[test]
 fn req_from_a_qp_already_connected_is_rejected_stale() {
-    let (mut sim, a_conn, _) = established();
+    let (mut sim, a_conn, b_conn) = established();
     // The same QP asks again (say, after a restart of the peer's CM).
     let now = sim.now;
     let again = sim.a.connect(&params(), now).unwrap();
@@ -707,7 +711,32 @@ fn req_from_a_qp_already_connected_is_rejected_stale() {
         sim.a.poll_event(),
         Some(CmEvent::Rejected { conn, reason: RejReason::StaleConn, .. }) if conn == again
     ));
+    // B's old connection sends its DREQ right after the REJ.
+    assert_eq!(sim.b.state(b_conn), Some(State::DreqSent));
+    let dreq = sim
+        .wire
+        .iter()
+        .find_map(|(_, from_a, t)| match parse(&t.mad).message {
+            CmMessage::Dreq(d) if !from_a => Some((d.local_comm_id, d.remote_comm_id)),
+            _ => None,
+        })
+        .expect("no DREQ for the stale connection");
+    assert_eq!(dreq, (b_conn.0, a_conn.0));
     assert!(sim.b.poll_event().is_none());
+    // A's side of it hears of the disconnect; its answer ends it at B.
+    sim.step();
+    assert!(matches!(
+        sim.a.poll_event(),
+        Some(CmEvent::DisconnectRequest { conn, .. }) if conn == a_conn
+    ));
+    let now = sim.now;
+    sim.a.disconnect(a_conn, &[], now).unwrap();
+    sim.step();
+    sim.step();
+    assert_eq!(
+        sim.b.poll_event(),
+        Some(CmEvent::Disconnected { conn: b_conn })
+    );
 }
 
 #[test]
