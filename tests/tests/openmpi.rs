@@ -84,14 +84,64 @@ fn mpi_case(b: Backend, name: &str, slots: &[(Side, u32)], env: &[(&str, &str)])
     let _turn = serial();
     let h = TwoHosts::new(b);
     let exe = build_program(&h.dir.0);
+    attach_if_shared(&h, slots);
     let mut c = Cases::new(&format!("openmpi/{}", b.as_str()));
     c.case(name, || {
         let ranks: u32 = slots.iter().map(|(_, n)| n).sum();
-        let f = mpirun(&h, &exe, slots, env);
+        let mut f = mpirun(&h, &exe, slots, env);
+        if let Some(sign) = ucx_ud_connection_race(&f) {
+            // Once: a second hit, or any other failure, fails the case.
+            eprintln!(
+                "openmpi/{}: {name}: UCX's UD connection race ({sign}; \
+                 openucx/ucx#6040), the job runs once more",
+                b.as_str()
+            );
+            f = mpirun(&h, &exe, slots, env);
+        }
         let uid = if b == Backend::Udp { NOBODY } else { "0" };
         check(&f, ranks, uid)
     });
     c.finish();
+}
+
+/// What UCX 1.13's UD transport does when two of its connection requests
+/// cross in a way it mishandles, a bug of UCX's own (openucx/ucx#6040,
+/// open upstream, reported on NICs with the same message): the rank
+/// aborts on `ud_ep.c:891 Assertion 'ep->dest_ep_id ==
+/// ctl->conn_rep.src_ep_id'`, or dies of SIGSEGV inside
+/// `uct_ud_ep_process_rx` handing UCP a message for the wrong endpoint.
+/// The window opens as the ranks of a job connect all at once, and it is
+/// wide on a loaded 2-core host (about 1 in 6 4-rank runs here). Returns
+/// the sign seen, if the run failed with it.
+fn ucx_ud_connection_race(f: &Finished) -> Option<&'static str> {
+    if f.success() {
+        return None;
+    }
+    let text = format!("{}{}", f.stderr, f.stdout);
+    if text.contains("ud_ep.c:891") && text.contains("ep->dest_ep_id == ctl->conn_rep.src_ep_id") {
+        return Some("UD CREP assertion");
+    }
+    if text.contains("Caught signal 11") && text.contains("uct_ud_ep_process_rx") {
+        return Some("SIGSEGV in uct_ud_ep_process_rx");
+    }
+    None
+}
+
+/// Several processes on one device over UDP: only with xroce's XDP
+/// program do frames from the other host reach every one of them (each on
+/// its QPN block's port); attaching it takes root, once.
+fn attach_if_shared(h: &TwoHosts, slots: &[(Side, u32)]) {
+    if h.backend != Backend::Udp || slots.iter().all(|(_, n)| *n <= 1) {
+        return;
+    }
+    for (side, _) in slots {
+        h.ns(*side).exec(&[
+            &workspace_bin("xroce").to_string_lossy(),
+            "attach",
+            "--iface",
+            &h.iface,
+        ]);
+    }
 }
 
 /// mpi_collectives built with mpicc into `dir`.
@@ -161,19 +211,6 @@ fn set_mode(path: &Path, mode: u32) {
 /// it is killed.
 fn mpirun(h: &TwoHosts, exe: &Path, slots: &[(Side, u32)], env: &[(&str, &str)]) -> Finished {
     let unprivileged = h.backend == Backend::Udp;
-    if unprivileged && slots.iter().any(|(_, n)| *n > 1) {
-        // Several processes on one device over UDP: only with xroce's XDP
-        // program do frames from the other host reach every one of them
-        // (each on its QPN block's port); attaching it takes root, once.
-        for (side, _) in slots {
-            h.ns(*side).exec(&[
-                &workspace_bin("xroce").to_string_lossy(),
-                "attach",
-                "--iface",
-                &h.iface,
-            ]);
-        }
-    }
     let agent = write_agent(h, unprivileged);
     let hostfile = h.dir.0.join("hosts");
     let hosts: String = slots
@@ -293,4 +330,37 @@ fn trouble_spots_errors_but_not_the_notes() {
             "[1.0] [hosta:1:0] ib_device.c:560 UCX  ERROR IB Async event on xroce_x: local work queue catastrophic error on QPN 0x11",
         ]
     );
+}
+
+#[test]
+fn only_ucx_ud_connection_race_signs_are_retried() {
+    use std::os::unix::process::ExitStatusExt;
+    let run = |code: i32, stderr: &str| Finished {
+        what: "mpirun".into(),
+        status: Some(std::process::ExitStatus::from_raw(code << 8)),
+        secs: 1.0,
+        stdout: String::new(),
+        stderr: stderr.into(),
+    };
+    let assertion = "[hosta:1:a:2]       ud_ep.c:891  Assertion `ep->dest_ep_id == ctl->conn_rep.src_ep_id' failed: ep=0x1 [id=0 dest_ep_id=2 flags=0x0] crep [neth->dest=412 dst_ep_id=0 src_ep_id=1]";
+    assert_eq!(
+        ucx_ud_connection_race(&run(134, assertion)),
+        Some("UD CREP assertion")
+    );
+    let segv = "[hostb:8123 :0:8123] Caught signal 11 (Segmentation fault: address not mapped to object at address 0x7f44bad45000)\n 4  /lib/x86_64-linux-gnu/ucx/libuct_ib.so.0(uct_ud_ep_process_rx+0x246) [0x7f963227b046]";
+    assert_eq!(
+        ucx_ud_connection_race(&run(139, segv)),
+        Some("SIGSEGV in uct_ud_ep_process_rx")
+    );
+    // Anything else fails at once: another crash, an xroce error, a
+    // success that printed the sign.
+    assert_eq!(
+        ucx_ud_connection_race(&run(139, "Caught signal 11\n ibv_poll_cq")),
+        None
+    );
+    assert_eq!(
+        ucx_ud_connection_race(&run(1, "xroce libibverbs: bad QP state (errno 22)")),
+        None
+    );
+    assert_eq!(ucx_ud_connection_race(&run(0, assertion)), None);
 }
