@@ -26,6 +26,13 @@ const PAYLOAD: &[u8] = b"ping";
 fn receiver() -> (Device, QueuePair, CompletionQueue, MemoryRegion) {
     let (_, cfg) = sim_configs();
     let dev = Device::new(cfg);
+    let (qp, cq, mr) = ud_qp(&dev, 7);
+    (dev, qp, cq, mr)
+}
+
+/// A UD QP of `dev` up to RTR with [`QKEY`], and a receive `wr_id` of 64
+/// bytes posted at offset 0 of the returned MR (filled with 0xee).
+fn ud_qp(dev: &Device, wr_id: u64) -> (QueuePair, CompletionQueue, MemoryRegion) {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(8).unwrap();
     let mut init = QpInitAttr::rc(&cq);
@@ -48,11 +55,11 @@ fn receiver() -> (Device, QueuePair, CompletionQueue, MemoryRegion) {
     // SAFETY: no work request uses the MR yet.
     unsafe { mr.write(0, &[0xee; 64]) }.unwrap();
     qp.post_recv(&RecvWr {
-        wr_id: 7,
+        wr_id,
         sg_list: vec![mr.sge(0, 64)],
     })
     .unwrap();
-    (dev, qp, cq, mr)
+    (qp, cq, mr)
 }
 
 /// A UD SEND of [`PAYLOAD`] from QP 0x99 to `dest_qp` at `dst`, whose IP
@@ -176,31 +183,8 @@ fn a_late_datagram_for_a_destroyed_qp_reaches_no_other_qp() {
     drop(old_qp);
     // The next UD QP of the device, receive posted, same Q_Key (UCX gives
     // every UD QP the same one).
-    let pd = dev.alloc_pd();
-    let cq = dev.create_cq(8).unwrap();
-    let mut init = QpInitAttr::rc(&cq);
-    init.qp_type = QpType::Ud;
-    let qp = dev.create_qp(&pd, &init).unwrap();
+    let (qp, cq, mr) = ud_qp(&dev, 8);
     assert_ne!(qp.qp_num(), old_qpn, "a freed QPN was handed out at once");
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        qkey: QKEY,
-        port_num: 1,
-        ..Default::default()
-    };
-    qp.modify(
-        &a,
-        QpAttrMask::STATE | QpAttrMask::QKEY | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    qp.modify(&a, QpAttrMask::STATE).unwrap();
-    let mr = pd.reg_mr(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    qp.post_recv(&RecvWr {
-        wr_id: 8,
-        sg_list: vec![mr.sge(0, 64)],
-    })
-    .unwrap();
     let ip = dev.lock().config().ip;
     let late = ud_frame(
         &dev,

@@ -10,16 +10,10 @@ use std::time::Duration;
 use xroce::verbs::sim::sim_configs;
 use xroce::verbs::*;
 
-#[test]
-fn dereg_returns_only_once_the_engine_is_past_its_copy() {
-    let (cfg, _) = sim_configs();
-    let dev = Device::new(cfg);
-    let pd = dev.alloc_pd();
-    let mr = pd
-        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-        .unwrap();
-    // The engine in the middle of a copy into the region: it holds its lock.
-    let engine = dev.lock();
+/// Drops `mr` in another thread while `engine` (a held engine lock: an
+/// engine in the middle of a copy) lives: the drop must not return before
+/// `engine` is released, and must return after.
+fn assert_dereg_waits(mr: MemoryRegion, engine: DeviceGuard<'_>, why: &str) {
     let (done_tx, done_rx) = mpsc::channel();
     let dereg = std::thread::spawn(move || {
         drop(mr);
@@ -28,7 +22,7 @@ fn dereg_returns_only_once_the_engine_is_past_its_copy() {
     assert_eq!(
         done_rx.recv_timeout(Duration::from_millis(300)),
         Err(mpsc::RecvTimeoutError::Timeout),
-        "ibv_dereg_mr returned while the engine was copying into the region"
+        "{why}"
     );
     drop(engine);
     done_rx
@@ -38,24 +32,30 @@ fn dereg_returns_only_once_the_engine_is_past_its_copy() {
 }
 
 #[test]
+fn dereg_returns_only_once_the_engine_is_past_its_copy() {
+    let (cfg, _) = sim_configs();
+    let dev = Device::new(cfg);
+    let pd = dev.alloc_pd();
+    let mr = pd
+        .reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+        .unwrap();
+    assert_dereg_waits(
+        mr,
+        dev.lock(),
+        "ibv_dereg_mr returned while the engine was copying into the region",
+    );
+}
+
+#[test]
 fn every_engine_of_a_group_is_waited_for() {
     let (a, b) = sim_configs();
     let group = Device::group(vec![a, b]);
     let pd = group[0].alloc_pd();
     let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
     // The second engine shares the MR table and is mid-copy.
-    let engine = group[1].lock();
-    let (done_tx, done_rx) = mpsc::channel();
-    let dereg = std::thread::spawn(move || {
-        drop(mr);
-        done_tx.send(()).unwrap();
-    });
-    assert_eq!(
-        done_rx.recv_timeout(Duration::from_millis(300)),
-        Err(mpsc::RecvTimeoutError::Timeout),
-        "ibv_dereg_mr did not wait for the group's other engine"
+    assert_dereg_waits(
+        mr,
+        group[1].lock(),
+        "ibv_dereg_mr did not wait for the group's other engine",
     );
-    drop(engine);
-    done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
-    dereg.join().unwrap();
 }
