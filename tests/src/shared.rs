@@ -1,7 +1,8 @@
 //! Helpers for tests where several processes share one xroce device: what
 //! a namespace shows of the QPN-block holders (abstract Unix names
 //! `@xroce/<ifindex>/...` in its /proc/net/unix) and of their UDP sockets
-//! (4791 for block 0, 24791..=25045 for the others), read from inside the
+//! (`qpn_block::udp_port`: 4791 for block 0, 24791.. for users' others,
+//! 960..=1023 for root's), read from inside the
 //! namespace; server/client pairs whose two sides may be on any node, even
 //! the same one; programs run as an unprivileged user.
 
@@ -79,8 +80,7 @@ pub fn wait_blocks(ns: &Netns, n: usize, timeout: Duration) -> Result<Vec<String
 
 /// Whether `port` is one a QPN block receives on.
 pub fn is_block_port(port: u16) -> bool {
-    port == qpn_block::udp_port(0)
-        || (qpn_block::udp_port(1)..=qpn_block::udp_port(qpn_block::COUNT - 1)).contains(&port)
+    (0..qpn_block::COUNT).any(|b| qpn_block::udp_port(b) == port)
 }
 
 /// Local ports of the UDP sockets (v4 and v6) bound in the namespace on a

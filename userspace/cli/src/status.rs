@@ -5,9 +5,10 @@
 //! --qps each QP's state (`qp_table`), like `ss -i` or `rdma res show qp`.
 //!
 //! Where it looks: rtnetlink and the program's id for the XDP program
-//! (`xroce::xdp::query`); the abstract Unix names the processes hold
-//! (`@xroce/<ifindex>/block/<b>`, `@xroce/<ifindex>/afxdp`) and who holds
-//! them (`xroce::device::holders`); the engines' published counters
+//! (`xroce::xdp::query`); the holds of the processes (abstract Unix names
+//! `@xroce/<ifindex>/block/<b>` for users' blocks, flocks in
+//! /run/xroce-holds for root's) and who holds them
+//! (`xroce::device::holders`); the engines' published counters
 //! (/run/xroce) for their QPs.
 
 use std::{collections::BTreeMap, ffi::CStr, time::Duration};

@@ -12,6 +12,11 @@
 //! addresses `udp_port(b)` itself. The ICRC is always computed as if the
 //! destination port were 4791, so the rewrite does not disturb it.
 //! QP1 (the GSI QP) belongs to block 0.
+//!
+//! Blocks [`ROOT_FIRST`] and up are root's alone: they are held through
+//! locks only root can take and receive on privileged ports, so another
+//! local user can squat every block and port open to users without
+//! keeping root's xroce from a block (`xroce::device::block`).
 
 /// Bits of a QPN below the block number.
 pub const SHIFT: u32 = 16;
@@ -19,9 +24,23 @@ pub const SHIFT: u32 = 16;
 /// Number of blocks, hence of processes one device can serve at once.
 pub const COUNT: u32 = 1 << (24 - SHIFT);
 
-/// The UDP port of block `b >= 1` is `PORT_BASE + b` (24791 ..= 25045):
-/// below the kernel's ephemeral range, so no connect() takes it.
+/// The UDP port of block `1 <= b < ROOT_FIRST` is `PORT_BASE + b` (24791
+/// ..= 24981): below the kernel's ephemeral range, so no connect() takes it.
 pub const PORT_BASE: u16 = 24790;
+
+/// The first of the blocks only root may hold (64 of them).
+pub const ROOT_FIRST: u32 = 192;
+
+/// The UDP port of root's block `b` is `ROOT_PORT_BASE + b - ROOT_FIRST`
+/// (960 ..= 1023): below 1024, so no unprivileged process can bind it
+/// first (net.ipv4.ip_unprivileged_port_start).
+pub const ROOT_PORT_BASE: u16 = 960;
+
+/// Whether only root may hold block `block`.
+#[inline(always)]
+pub const fn is_root_only(block: u32) -> bool {
+    block >= ROOT_FIRST
+}
 
 /// The first QPN of a block that a QP gets (rxe also starts above the
 /// special QPs 0 and 1; the same offset in every block).
@@ -41,6 +60,8 @@ pub const fn of_qpn(qpn: u32) -> u32 {
 pub const fn udp_port(block: u32) -> u16 {
     if block == 0 {
         crate::ROCEV2_UDP_PORT
+    } else if is_root_only(block) {
+        ROOT_PORT_BASE + (block - ROOT_FIRST) as u16
     } else {
         PORT_BASE + block as u16
     }
@@ -82,8 +103,19 @@ mod tests {
         assert_eq!(of_qpn(0xff_ffff), 255);
         assert_eq!(udp_port(0), 4791);
         assert_eq!(udp_port(1), 24791);
-        assert_eq!(udp_port(COUNT - 1), 25045);
-        assert!(udp_port(COUNT - 1) < 32768, "below the ephemeral range");
+        assert_eq!(udp_port(ROOT_FIRST - 1), 24981);
+        assert!(
+            udp_port(ROOT_FIRST - 1) < 32768,
+            "below the ephemeral range"
+        );
+        assert_eq!(udp_port(ROOT_FIRST), 960);
+        assert_eq!(udp_port(COUNT - 1), 1023, "root's ports are privileged");
+        let mut taken = [false; 1 << 16];
+        for b in 0..COUNT {
+            let port = udp_port(b) as usize;
+            assert!(!taken[port], "block {b}: port {port} is another block's");
+            taken[port] = true;
+        }
     }
 
     /// One's-complement sum of 16-bit words, folded and inverted.

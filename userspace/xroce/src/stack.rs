@@ -158,7 +158,10 @@ impl Stack {
         let iface = cfg.iface.as_str();
         let ifindex =
             xdp::if_index(iface).map_err(|_| NetDeviceError::NoSuchInterface(iface.into()))?;
-        let block = QpnBlock::claim(ifindex).map_err(NetDeviceError::from)?;
+        // A block whose UDP port another process bound is skipped.
+        let block = QpnBlock::claim_run(ifindex, 1, crate::device::udp_port_free(iface, ifindex))
+            .map_err(NetDeviceError::from)?
+            .remove(0);
         // Frames from other hosts reach a block other than 0 only through
         // the XDP program (it moves them to the block's port): attach it
         // where we may.

@@ -8,6 +8,18 @@ use crate::io::{
     PacketIo,
 };
 
+/// Whether the UDP sockets a backend on interface `iface` (index
+/// `ifindex`) binds for a port are free: its first IPv4 address and, if it
+/// has IPv6 addresses, `[::]` there, as [`NetDevice::open_udp`] binds
+/// them. For choosing a QPN block before the device is opened: one whose
+/// port another user's process bound is skipped.
+pub fn udp_port_free(iface: &str, ifindex: u32) -> impl Fn(u16) -> bool {
+    let (v4, v6) = super::interface_addrs(iface).unwrap_or_default();
+    let ipv4 = v4.first().copied();
+    let ipv6_ifindex = (!v6.is_empty()).then_some(ifindex);
+    move |port| crate::io::udp::port_free(ipv4, ipv6_ifindex, port)
+}
+
 impl NetDevice {
     /// Opens a packet-I/O backend on this device for RoCE path MTU
     /// `path_mtu`: AF_XDP on every RX queue (multi-buffer when a frame of

@@ -2,18 +2,27 @@
 //! of it ([`xroce_common::qpn_block`]), and at most one holds its AF_XDP
 //! sockets.
 //!
-//! A hold is an abstract Unix socket bound to a name made of the device's
-//! ifindex and the block (`@xroce/<ifindex>/block/<b>`, `.../afxdp`): bind
-//! is atomic, so two processes never get the same block; the kernel frees
-//! the name the moment the process exits, however it ends (SIGKILL
-//! included), so nothing is left to clean; abstract names belong to the
-//! network namespace, as the device does; and no privilege is needed.
-//! `ss -xl | grep xroce` lists the holders.
+//! Who may hold what: any user a block below [`qpn_block::ROOT_FIRST`];
+//! root alone the blocks from there up, the AF_XDP sockets and the right
+//! to attach the XDP program (both need root anyway).
+//!
+//! A user's block is an abstract Unix socket bound to a name made of the
+//! device's ifindex and the block (`@xroce/<ifindex>/block/<b>`): bind is
+//! atomic, so two processes never get the same block; the kernel frees the
+//! name the moment the process exits, however it ends (SIGKILL included);
+//! abstract names belong to the network namespace, as the device does; and
+//! no privilege is needed. `ss -xl | grep xroce` lists them. They carry no
+//! permissions either, so root's holds are locks only root can take
+//! ([`super::root_lock`]): a local user who binds every name and UDP port
+//! open to users cannot keep root's xroce from a block or from AF_XDP.
+//! A block whose UDP port another socket has is skipped.
 
 use std::os::fd::OwnedFd;
 
 use nix::sys::socket::{bind, connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
 use xroce_common::qpn_block;
+
+use super::root_lock::{self, RootLock};
 
 /// What a hold is on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -25,25 +34,48 @@ pub enum Hold {
     Attaching,
 }
 
-fn name(ifindex: u32, hold: Hold) -> String {
-    match hold {
-        Hold::Block(b) => format!("xroce/{ifindex}/block/{b}"),
-        Hold::AfXdp => format!("xroce/{ifindex}/afxdp"),
-        Hold::Attaching => format!("xroce/{ifindex}/attaching"),
+impl Hold {
+    /// Whether only root may take it ([`root_lock`]), else it is an
+    /// abstract name anyone may bind.
+    fn is_root_only(self) -> bool {
+        match self {
+            Hold::Block(b) => qpn_block::is_root_only(b),
+            Hold::AfXdp | Hold::Attaching => true,
+        }
+    }
+
+    /// Its root lock's name.
+    fn lock_name(self) -> String {
+        match self {
+            Hold::Block(b) => format!("block.{b}"),
+            Hold::AfXdp => "afxdp".into(),
+            Hold::Attaching => "attaching".into(),
+        }
+    }
+
+    /// The hold of a root lock's name.
+    pub(super) fn of_lock_name(what: &str) -> Option<Hold> {
+        match what {
+            "afxdp" => Some(Hold::AfXdp),
+            "attaching" => Some(Hold::Attaching),
+            w => Some(Hold::Block(w.strip_prefix("block.")?.parse().ok()?)),
+        }
     }
 }
 
-/// The device (ifindex) and hold of an abstract name as /proc/net/unix
-/// shows it (`@xroce/<ifindex>/...`); None for any other name.
+/// The abstract name of a user's block.
+fn name(ifindex: u32, block: u32) -> String {
+    format!("xroce/{ifindex}/block/{block}")
+}
+
+/// The device (ifindex) and block of an abstract name as /proc/net/unix
+/// shows it (`@xroce/<ifindex>/block/<b>`); None for any other name.
 pub(super) fn parse_name(shown: &str) -> Option<(u32, Hold)> {
     let (ifindex, what) = shown.strip_prefix("@xroce/")?.split_once('/')?;
-    let hold = match what {
-        "afxdp" => Hold::AfXdp,
-        "attaching" => Hold::Attaching,
-        w => Hold::Block(w.strip_prefix("block/")?.parse().ok()?),
-    };
+    let block = what.strip_prefix("block/")?.parse().ok()?;
     let ifindex = ifindex.parse().ok()?;
-    (format!("@{}", name(ifindex, hold)) == shown).then_some((ifindex, hold))
+    (format!("@{}", name(ifindex, block)) == shown && !qpn_block::is_root_only(block))
+        .then_some((ifindex, Hold::Block(block)))
 }
 
 fn unix_socket() -> nix::Result<OwnedFd> {
@@ -55,39 +87,63 @@ fn unix_socket() -> nix::Result<OwnedFd> {
     )
 }
 
-/// Binds the abstract name of `hold`: Ok(None) if another process holds it.
-fn take(ifindex: u32, hold: Hold) -> std::io::Result<Option<OwnedFd>> {
+/// What keeps a hold: a bound name or a root lock.
+#[derive(Debug)]
+enum Held {
+    Name { _socket: OwnedFd },
+    Lock { _lock: RootLock },
+}
+
+/// Takes `hold`: Ok(None) if another process holds it.
+fn take(ifindex: u32, hold: Hold) -> std::io::Result<Option<Held>> {
+    if hold.is_root_only() {
+        return Ok(
+            root_lock::try_take(ifindex, &hold.lock_name())?.map(|l| Held::Lock { _lock: l })
+        );
+    }
+    let Hold::Block(block) = hold else {
+        unreachable!("only blocks are names")
+    };
     let fd = unix_socket()?;
-    let addr = UnixAddr::new_abstract(name(ifindex, hold).as_bytes())?;
+    let addr = UnixAddr::new_abstract(name(ifindex, block).as_bytes())?;
     match bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr) {
-        Ok(()) => Ok(Some(fd)),
+        Ok(()) => Ok(Some(Held::Name { _socket: fd })),
         Err(nix::Error::EADDRINUSE) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
 
-/// Whether a process holds `hold` (its name is bound).
-fn held(ifindex: u32, hold: Hold) -> bool {
+/// Whether a process holds user block `block` (its name is bound).
+fn name_bound(ifindex: u32, block: u32) -> bool {
     let Ok(fd) = unix_socket() else {
         return false;
     };
-    let Ok(addr) = UnixAddr::new_abstract(name(ifindex, hold).as_bytes()) else {
+    let Ok(addr) = UnixAddr::new_abstract(name(ifindex, block).as_bytes()) else {
         return false;
     };
     // A datagram connect succeeds exactly when the name is bound.
     connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).is_ok()
 }
 
+/// Whether the calling process may hold root's blocks.
+fn may_hold_root_blocks() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
 /// Why no block could be had.
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
     #[error(
-        "all {} QPN blocks of interface index {ifindex} are held: {} processes use this \
-         device already",
-        qpn_block::COUNT,
-        qpn_block::COUNT
+        "all {blocks} QPN blocks of interface index {ifindex} that {who} may hold are held, \
+         or their UDP ports are bound: `xroce status` and `ss -uaxp` show by whom{hint}"
     )]
-    Full { ifindex: u32 },
+    Full {
+        ifindex: u32,
+        blocks: u32,
+        who: &'static str,
+        hint: &'static str,
+    },
     #[error("claiming a QPN block: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -97,46 +153,64 @@ pub enum BlockError {
 pub struct QpnBlock {
     ifindex: u32,
     block: u32,
-    hold: Option<OwnedFd>,
+    hold: Option<Held>,
 }
 
 impl QpnBlock {
     /// Takes the lowest free block of device `ifindex` (in the calling
-    /// thread's network namespace).
+    /// thread's network namespace): a user's first, then, for root, root's
+    /// own.
     pub fn claim(ifindex: u32) -> Result<Self, BlockError> {
-        for block in 0..qpn_block::COUNT {
-            if let Some(hold) = take(ifindex, Hold::Block(block))? {
-                return Ok(Self {
-                    ifindex,
-                    block,
-                    hold: Some(hold),
-                });
-            }
-        }
-        Err(BlockError::Full { ifindex })
+        Ok(Self::claim_run(ifindex, 1, |_| true)?.remove(0))
     }
 
     /// Takes the lowest run of `n` consecutive free blocks of device
-    /// `ifindex`: a device whose QPs are spread over `n` I/O threads
+    /// `ifindex` whose UDP ports `port_free` finds free (the backend binds
+    /// them; [`crate::io::udp::port_free`]), all a user's or all root's: a
+    /// device whose QPs are spread over `n` I/O threads
     /// (`xroce::runtime::shards`), one block each.
-    pub fn claim_run(ifindex: u32, n: u32) -> Result<Vec<Self>, BlockError> {
+    pub fn claim_run(
+        ifindex: u32,
+        n: u32,
+        port_free: impl Fn(u16) -> bool,
+    ) -> Result<Vec<Self>, BlockError> {
         let n = n.max(1);
-        'first: for first in 0..=qpn_block::COUNT.saturating_sub(n) {
-            let mut run = Vec::new();
-            for block in first..first + n {
-                match take(ifindex, Hold::Block(block))? {
-                    Some(hold) => run.push(Self {
-                        ifindex,
-                        block,
-                        hold: Some(hold),
-                    }),
-                    // Dropping `run` gives back what it took.
-                    None => continue 'first,
+        let root = may_hold_root_blocks();
+        let ranges = [
+            Some(0..qpn_block::ROOT_FIRST),
+            root.then_some(qpn_block::ROOT_FIRST..qpn_block::COUNT),
+        ];
+        for range in ranges.into_iter().flatten() {
+            'first: for first in range.start..=range.end.saturating_sub(n) {
+                let mut run = Vec::new();
+                for block in first..first + n {
+                    match take(ifindex, Hold::Block(block))? {
+                        Some(hold) if port_free(qpn_block::udp_port(block)) => run.push(Self {
+                            ifindex,
+                            block,
+                            hold: Some(hold),
+                        }),
+                        // Dropping `run` (and `hold`) gives back what it took.
+                        _ => continue 'first,
+                    }
                 }
+                return Ok(run);
             }
-            return Ok(run);
         }
-        Err(BlockError::Full { ifindex })
+        Err(BlockError::Full {
+            ifindex,
+            blocks: if root {
+                qpn_block::COUNT
+            } else {
+                qpn_block::ROOT_FIRST
+            },
+            who: if root { "root" } else { "a user" },
+            hint: if root {
+                ""
+            } else {
+                "; root's processes have blocks of their own"
+            },
+        })
     }
 
     pub fn block(&self) -> u32 {
@@ -154,28 +228,45 @@ impl QpnBlock {
         self.hold = None;
     }
 
-    /// The blocks of this device other processes hold now.
+    /// The blocks of this device other processes hold now (root's only
+    /// when we are root: no one else may see them).
     pub fn others(&self) -> Vec<u32> {
-        (0..qpn_block::COUNT)
-            .filter(|&b| b != self.block && held(self.ifindex, Hold::Block(b)))
-            .collect()
+        let mut others: Vec<u32> = (0..qpn_block::ROOT_FIRST)
+            .filter(|&b| b != self.block && name_bound(self.ifindex, b))
+            .collect();
+        others.extend(
+            root_lock::held()
+                .into_iter()
+                .filter(|(ifindex, _, _)| *ifindex == self.ifindex)
+                .filter_map(|(_, what, _)| match Hold::of_lock_name(&what)? {
+                    Hold::Block(b) if b != self.block => Some(b),
+                    _ => None,
+                }),
+        );
+        others.sort_unstable();
+        others
     }
 
     /// Takes the device's AF_XDP hold, if no other process has it: only
     /// one process can own the sockets of an RX queue (a second would have
     /// to share the first one's UMEM, fill and completion rings).
+    /// Root's alone (PermissionDenied for anyone else).
     pub fn claim_afxdp(&self) -> std::io::Result<Option<AfXdpHold>> {
-        Ok(take(self.ifindex, Hold::AfXdp)?.map(|fd| AfXdpHold { _hold: fd }))
+        Ok(take(self.ifindex, Hold::AfXdp)?.map(|hold| AfXdpHold { _hold: hold }))
     }
 }
 
 /// Waits up to `timeout` to be the only process attaching the XDP program
 /// to device `ifindex`; the returned descriptor holds that until dropped.
-pub(crate) fn attaching(ifindex: u32, timeout: std::time::Duration) -> std::io::Result<OwnedFd> {
+/// Root's alone.
+pub(crate) fn attaching(
+    ifindex: u32,
+    timeout: std::time::Duration,
+) -> std::io::Result<impl Sized + std::fmt::Debug> {
     let until = std::time::Instant::now() + timeout;
     loop {
-        if let Some(fd) = take(ifindex, Hold::Attaching)? {
-            return Ok(fd);
+        if let Some(hold) = take(ifindex, Hold::Attaching)? {
+            return Ok(hold);
         }
         if std::time::Instant::now() >= until {
             return Err(std::io::Error::new(
@@ -190,7 +281,7 @@ pub(crate) fn attaching(ifindex: u32, timeout: std::time::Duration) -> std::io::
 /// This process owns the device's AF_XDP sockets (released on drop or exit).
 #[derive(Debug)]
 pub struct AfXdpHold {
-    _hold: OwnedFd,
+    _hold: Held,
 }
 
 #[cfg(test)]
@@ -224,7 +315,7 @@ mod tests {
         let second = QpnBlock::claim(ifindex).unwrap();
         drop(first);
         // Block 0 is free again but 1 is held: the run starts at 2.
-        let run = QpnBlock::claim_run(ifindex, 2).unwrap();
+        let run = QpnBlock::claim_run(ifindex, 2, |_| true).unwrap();
         assert_eq!(run.iter().map(QpnBlock::block).collect::<Vec<_>>(), [2, 3]);
         assert_eq!(
             QpnBlock::claim(ifindex).unwrap().block(),
@@ -232,5 +323,28 @@ mod tests {
             "0 was given back"
         );
         drop(second);
+    }
+
+    /// Root (the tests run as root) goes to its own blocks when every
+    /// user's block is held; a block whose port is taken is skipped.
+    #[test]
+    fn root_has_blocks_no_user_can_squat() {
+        let ifindex = 0x7ff2_0000 + std::process::id() % 0x1000;
+        let squatted: Vec<OwnedFd> = (0..qpn_block::ROOT_FIRST)
+            .map(|b| match take(ifindex, Hold::Block(b)).unwrap() {
+                Some(Held::Name { _socket }) => _socket,
+                other => panic!("block {b}: {other:?}"),
+            })
+            .collect();
+        let root = QpnBlock::claim(ifindex).unwrap();
+        assert_eq!(root.block(), qpn_block::ROOT_FIRST);
+        assert_eq!(root.udp_port(), 960);
+        let next = QpnBlock::claim_run(ifindex, 1, |port| port != 961).unwrap();
+        assert_eq!(next[0].block(), qpn_block::ROOT_FIRST + 2, "961's skipped");
+        assert!(root.others().contains(&(qpn_block::ROOT_FIRST + 2)));
+        assert_eq!(root.others().len(), squatted.len() + 1);
+        drop(squatted);
+        let free_port = QpnBlock::claim_run(ifindex, 1, |port| port != 4791).unwrap();
+        assert_eq!(free_port[0].block(), 1, "block 0's port is taken");
     }
 }

@@ -37,8 +37,10 @@ mod gid;
 mod holders;
 mod interface;
 mod neighbour;
+mod root_lock;
 pub mod sysfs;
 
+pub use backend::udp_port_free;
 pub(crate) use block::attaching;
 pub use block::{AfXdpHold, BlockError, Hold, QpnBlock};
 pub use gid::{gid_table, guid_from_mac, link_local_gid};

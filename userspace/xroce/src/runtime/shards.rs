@@ -455,7 +455,11 @@ impl ShardedDevice {
         }
         let ifindex = crate::xdp::if_index(iface)
             .map_err(|_| NetDeviceError::NoSuchInterface(iface.into()))?;
-        let blocks = QpnBlock::claim_run(ifindex, cfg.shards as u32)?;
+        let blocks = QpnBlock::claim_run(
+            ifindex,
+            cfg.shards as u32,
+            crate::device::udp_port_free(iface, ifindex),
+        )?;
         let base_block = blocks[0].block();
         let net = NetDevice::open(iface, NetDeviceConfig::default())?;
         if let Attachment::Ours { .. } = net.attachment() {

@@ -83,6 +83,8 @@ mod sockaddr;
 mod socket;
 mod tx;
 
+pub use socket::port_free;
+
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     os::fd::OwnedFd,

@@ -127,6 +127,42 @@ pub(super) fn open_socket(
     })
 }
 
+/// Whether a backend could bind `port` now as [`UdpBackend::open`] would:
+/// on `ipv4`, and on `[::]` of interface `ipv6_ifindex` (IPv6-only). A
+/// process of another user that bound it first makes the bind fail with
+/// EADDRINUSE, which is all this looks for: other failures are left to the
+/// real bind to report.
+pub fn port_free(ipv4: Option<std::net::Ipv4Addr>, ipv6_ifindex: Option<u32>, port: u16) -> bool {
+    let in_use = |family, ifindex: Option<u32>, at: SocketAddr| {
+        let Ok(fd) = socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC, None) else {
+            return false;
+        };
+        let raw = fd.as_raw_fd();
+        if family == AddressFamily::Inet6 {
+            let _ = setsockopt(&fd, sockopt::Ipv6V6Only, &true);
+        }
+        if let Some(ifindex) = ifindex {
+            let _ = raw_sockopt::set_int(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_BINDTOIFINDEX,
+                ifindex as libc::c_int,
+            );
+        }
+        bind(raw, &SockaddrStorage::from(at)) == Err(nix::Error::EADDRINUSE)
+    };
+    let v4 =
+        ipv4.is_some_and(|a| in_use(AddressFamily::Inet, None, SocketAddr::new(a.into(), port)));
+    let v6 = ipv6_ifindex.is_some_and(|i| {
+        in_use(
+            AddressFamily::Inet6,
+            Some(i),
+            SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
+        )
+    });
+    !v4 && !v6
+}
+
 impl UdpBackend {
     /// Binds the sockets `cfg` asks for and prepares the batch buffers:
     /// an IPv4 `cfg.local` gets an IPv4 socket; with

@@ -1,0 +1,270 @@
+//! Holds only root can take: an exclusive flock on a file in
+//! [`HOLDS_DIR`], a folder only root may enter. The abstract Unix names of
+//! [`super::block`] carry no permissions, so any local user could bind
+//! them first; these cannot be taken, or even seen, by another user.
+//!
+//! A file is named after the network namespace (the inode of
+//! /proc/thread-self/ns/net), the device's ifindex and the hold. The lock
+//! dies with its process however it ends; the holder unlinks the file when
+//! it lets go, and what a SIGKILLed holder leaves (unlocked) the next
+//! taker removes.
+
+use std::{
+    fs::{self, File},
+    io,
+    os::{
+        fd::AsRawFd,
+        unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+    },
+    path::{Path, PathBuf},
+};
+
+/// Where root's holds live (0700, root's).
+pub(crate) const HOLDS_DIR: &str = "/run/xroce-holds";
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The calling thread's network namespace, as its inode number.
+fn netns_id() -> io::Result<u64> {
+    Ok(fs::metadata("/proc/thread-self/ns/net")?.ino())
+}
+
+/// File name of hold `what` of device `ifindex` in namespace `netns`.
+fn file_name(netns: u64, ifindex: u32, what: &str) -> String {
+    format!("{netns}.{ifindex}.{what}")
+}
+
+/// (ifindex, hold) of a file of namespace `netns`; None for another's.
+fn parse_file_name(netns: u64, name: &str) -> Option<(u32, &str)> {
+    let (ns, rest) = name.split_once('.')?;
+    let (ifindex, what) = rest.split_once('.')?;
+    (ns.parse::<u64>().ok()? == netns).then_some((ifindex.parse().ok()?, what))
+}
+
+/// Makes [`HOLDS_DIR`] (0700) and refuses one that is not root's alone:
+/// whoever could write into it could take or fake root's holds.
+fn make_dir() -> io::Result<()> {
+    let dir = Path::new(HOLDS_DIR);
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{HOLDS_DIR} is not a folder of root's; remove it"),
+        ));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// Locks `path` if no one holds it and it is still the file at `path`
+/// (whoever let go last may have unlinked it after we opened it).
+/// Ok(None) when another process holds it; NotFound when the file (or
+/// the folder) went meanwhile.
+fn lock_existing(file: File, path: &Path) -> io::Result<Option<RootLock>> {
+    // SAFETY: flock on a descriptor `file` owns; no memory involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    let same =
+        fs::symlink_metadata(path).is_ok_and(|m| m.ino() == file.metadata().map_or(0, |f| f.ino()));
+    if !same {
+        return Err(io::ErrorKind::NotFound.into());
+    }
+    Ok(Some(RootLock {
+        file,
+        path: path.to_path_buf(),
+    }))
+}
+
+/// Removes the files of holders that died without letting go: each is
+/// taken as a hold and released, so one a process holds is left alone.
+fn sweep_stale() {
+    let Ok(entries) = fs::read_dir(HOLDS_DIR) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let opened = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path);
+        if let Ok(file) = opened {
+            // Dropping the lock unlinks the file.
+            drop(lock_existing(file, &path));
+        }
+    }
+}
+
+/// A root-only hold, released (and its file removed) on drop.
+#[derive(Debug)]
+pub(crate) struct RootLock {
+    file: File,
+    path: PathBuf,
+}
+
+/// Takes hold `what` of device `ifindex`: Ok(None) if another process has
+/// it. Only root may (PermissionDenied otherwise, saying so).
+pub(crate) fn try_take(ifindex: u32, what: &str) -> io::Result<Option<RootLock>> {
+    if !is_root() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("only root may hold {what} of a device ({HOLDS_DIR})"),
+        ));
+    }
+    let path = Path::new(HOLDS_DIR).join(file_name(netns_id()?, ifindex, what));
+    sweep_stale();
+    // A holder that lets go unlinks the file: one we opened just before
+    // that is no longer the hold, so look again. Bounded: each retry
+    // means another process took and released the hold meanwhile.
+    for _ in 0..1000 {
+        make_dir()?;
+        let file = match fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            // The folder went with the last hold's release.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            r => r?,
+        };
+        match lock_existing(file, &path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            r => return r,
+        }
+    }
+    Err(io::Error::other(format!(
+        "{}: taken and released too often to lock",
+        path.display()
+    )))
+}
+
+impl Drop for RootLock {
+    fn drop(&mut self) {
+        // Unlinked while still locked, so no one locks a file that is
+        // about to go; then the folder, if that was the last hold.
+        let _ = fs::remove_file(&self.path);
+        let _ = fs::remove_dir(HOLDS_DIR);
+        let _ = &self.file;
+    }
+}
+
+/// pid of each exclusive flock in a /proc/locks table, by (device, inode);
+/// the device as /proc/locks prints it, "MAJ:MIN" in hexadecimal.
+fn flock_owners(table: &str) -> Vec<(String, u64, u32)> {
+    table
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // "N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END"; a
+            // waiter's line has "->" after "N:".
+            if f.get(1) != Some(&"FLOCK") || f.get(3) != Some(&"WRITE") {
+                return None;
+            }
+            let (dev, inode) = f.get(5)?.rsplit_once(':')?;
+            Some((
+                dev.to_string(),
+                inode.parse().ok()?,
+                f.get(4)?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Every root hold of the calling thread's network namespace that a
+/// process holds now, with that process: (ifindex, hold, pid). Empty for
+/// anyone but root, who alone may look into [`HOLDS_DIR`].
+pub(crate) fn held() -> Vec<(u32, String, u32)> {
+    let (Ok(netns), Ok(entries)) = (netns_id(), fs::read_dir(HOLDS_DIR)) else {
+        return Vec::new();
+    };
+    let owners = flock_owners(&fs::read_to_string("/proc/locks").unwrap_or_default());
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some((ifindex, what)) = name.to_str().and_then(|n| parse_file_name(netns, n)) else {
+            continue;
+        };
+        let Ok(meta) = e.metadata() else { continue };
+        let dev = format!(
+            "{:02x}:{:02x}",
+            libc::major(meta.dev()),
+            libc::minor(meta.dev())
+        );
+        if let Some(&(_, _, pid)) = owners
+            .iter()
+            .find(|(d, inode, _)| *d == dev && *inode == meta.ino())
+        {
+            out.push((ifindex, what.to_string(), pid));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_names_round_trip_within_their_namespace() {
+        let name = file_name(4026531840, 7, "block.200");
+        assert_eq!(parse_file_name(4026531840, &name), Some((7, "block.200")));
+        assert_eq!(parse_file_name(4026531841, &name), None);
+        assert_eq!(parse_file_name(4026531840, "junk"), None);
+    }
+
+    #[test]
+    fn only_exclusive_flocks_are_owners() {
+        let table = "1: FLOCK  ADVISORY  WRITE 13492 fe:00:10013323 0 EOF\n\
+            2: FLOCK  ADVISORY  READ 13493 fe:00:10133506 0 EOF\n\
+            3: POSIX  ADVISORY  WRITE 13494 fe:00:10133507 0 EOF\n\
+            3: -> FLOCK  ADVISORY  WRITE 13495 fe:00:10013323 0 EOF\n";
+        assert_eq!(
+            flock_owners(table),
+            [("fe:00".to_string(), 10013323, 13492)]
+        );
+    }
+
+    /// What a SIGKILLed holder leaves (an unlocked file) goes with the next
+    /// take; a held one stays.
+    #[test]
+    fn a_dead_holders_file_is_swept_a_live_ones_kept() {
+        let ifindex = 0x7fc0_0000 + std::process::id() % 0x1000;
+        let live = try_take(ifindex, "block.200").unwrap().unwrap();
+        let stale = Path::new(HOLDS_DIR).join(file_name(netns_id().unwrap(), ifindex, "afxdp"));
+        fs::write(&stale, "").unwrap();
+        let other = try_take(ifindex, "block.201").unwrap().unwrap();
+        assert!(!stale.exists(), "swept");
+        assert!(live.path.exists() && other.path.exists());
+    }
+
+    /// Root's holds are exclusive, seen with their pid, and leave no file.
+    #[test]
+    fn a_hold_is_exclusive_listed_and_removed_on_release() {
+        let ifindex = 0x7fd0_0000 + std::process::id() % 0x1000;
+        let a = try_take(ifindex, "afxdp").unwrap().expect("free");
+        assert!(try_take(ifindex, "afxdp").unwrap().is_none(), "exclusive");
+        assert!(held().contains(&(ifindex, "afxdp".into(), std::process::id())));
+        let path = a.path.clone();
+        drop(a);
+        assert!(!path.exists(), "the file goes with the hold");
+        assert!(!held().iter().any(|h| h.0 == ifindex));
+        assert!(try_take(ifindex, "afxdp").unwrap().is_some(), "free again");
+    }
+}
