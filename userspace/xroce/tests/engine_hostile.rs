@@ -11,7 +11,10 @@
 //!   IBV_EVENT_QP_ACCESS_ERR;
 //! - READs and atomics count together against `max_dest_rd_atomic` (one
 //!   beyond is an invalid request), and `max_rd_atomic` bounds both
-//!   together at the requester.
+//!   together at the requester;
+//! - WRITEs and READs reaching past an MR (its end, its start, 2^64, a
+//!   2 GiB READ) are remote access errors and the memory around the MR
+//!   stays untouched.
 
 use std::sync::Mutex;
 
@@ -415,4 +418,100 @@ fn max_rd_atomic_bounds_reads_and_atomics_together() {
         [1, 2, 3, 4].map(|id| (id, WcStatus::Success)),
         "{done:?}"
     );
+}
+
+/// Requests reaching past an MR (across its end, below its start, an
+/// address range that wraps 2^64, a 2 GiB READ) are each a remote access
+/// error, NAKed at their PSN with the QP to ERR, and the bytes around the
+/// region (an MR over the middle page of three) stay as they were.
+#[test]
+fn requests_beyond_the_mr_touch_nothing_around_it() {
+    use xroce::engine::memory::AccessFlags;
+    const PSN: u32 = 900;
+    const PAGE: usize = 4096;
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    let write = |va: u64, len: u32| {
+        let mut t = request(0, Opcode::RC_RDMA_WRITE_ONLY, PSN);
+        t.reth = Some(RethRepr {
+            va,
+            rkey: 0,
+            dma_len: len,
+        });
+        t
+    };
+    let read = |va: u64, len: u32| {
+        let mut t = request(0, Opcode::RC_RDMA_READ_REQUEST, PSN);
+        t.reth = Some(RethRepr {
+            va,
+            rkey: 0,
+            dma_len: len,
+        });
+        t
+    };
+    // (what, the va from the region's address, the request; its QPN,
+    // R_Key and va are filled in per case).
+    type Case = (&'static str, fn(u64) -> u64, TransportRepr);
+    let cases: [Case; 5] = [
+        (
+            "WRITE across the end",
+            |a| a + PAGE as u64 - 100,
+            write(0, 256),
+        ),
+        ("WRITE below the start", |a| a - 64, write(0, 128)),
+        ("WRITE wrapping 2^64", |_| u64::MAX - 15, write(0, 256)),
+        ("READ of 2 GiB", |a| a, read(0, 1 << 31)),
+        ("READ wrapping 2^64", |_| u64::MAX - 100, read(0, 256)),
+    ];
+    for (seed, (what, va_of, mut t)) in (40..).zip(cases) {
+        let p = PairParams {
+            psn_a: PSN,
+            ..Default::default()
+        };
+        let (mut sim, _a, b) = pair(seed, &p);
+        let before = pattern(seed, 3 * PAGE);
+        let mut around = before.clone();
+        let mr = {
+            let eng = lk(&sim.b);
+            // SAFETY: `around` outlives `mr` (dropped at the end of this
+            // iteration, before it) and nothing else touches it meanwhile.
+            unsafe {
+                MemoryRegion::register_user(
+                    eng.memory(),
+                    1,
+                    around.as_mut_ptr().add(PAGE),
+                    PAGE,
+                    around.as_ptr().add(PAGE) as u64,
+                    access,
+                )
+            }
+            .unwrap()
+        };
+        t.bth.dest_qp = b.qpn;
+        let reth = t.reth.as_mut().unwrap();
+        reth.va = va_of(mr.addr());
+        reth.rkey = mr.rkey();
+        let payload = vec![
+            0xee;
+            if t.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY {
+                reth.dma_len as usize
+            } else {
+                0
+            }
+        ];
+        let out = to_b(&mut sim, &frame(t, &payload));
+        assert_eq!(
+            naks(&out),
+            [(PSN, NakCode::RemoteAccessError)],
+            "{what}: {:?}",
+            summary(&out)
+        );
+        assert!(read_responses(&out).is_empty(), "{what}: READ data sent");
+        assert_eq!(
+            lk(&sim.b).query_qp(b.qpn).unwrap().qp_state,
+            QpState::Err,
+            "{what}"
+        );
+        drop(mr);
+        assert!(around == before, "{what}: memory around the MR changed");
+    }
 }
