@@ -99,6 +99,16 @@ impl CmEngine {
             return;
         }
         if !self.listeners.contains_key(&r.service_id) {
+            // A peer with a connection to this service up asks again (a
+            // second connection, as perftest -R's data QP after its
+            // control QP): its consumer may be listening anew right now.
+            // Unanswered, the REQ comes again after its timeout and finds
+            // the listener; a REJ would end the peer's attempt for a race
+            // of microseconds.
+            if self.conns.peer_established_on(from.gid, r.service_id) {
+                self.stats.req_no_listener_held += 1;
+                return;
+            }
             self.stats.req_no_listener += 1;
             // As Linux: no comm ID was ever allocated for it.
             self.reject_req(from, local_gid, tid, 0, r, RejReason::InvalidServiceId);

@@ -21,6 +21,9 @@ pub struct CmStats {
     pub duplicates: u64,
     /// REQ for a service nobody listens on (answered with REJ 8).
     pub req_no_listener: u64,
+    /// REQ for a service nobody listens on from a peer with a connection
+    /// to it up: left unanswered, its retransmission may find a listener.
+    pub req_no_listener_held: u64,
     /// REQ from a peer QP that already has a live connection with us
     /// (answered with REJ 10, stale connection).
     pub req_stale: u64,

@@ -158,6 +158,15 @@ impl ConnTable {
             .map(|&(_, _, id)| id)
     }
 
+    /// Whether a connection of ours with peer `gid` to service
+    /// `service_id` is established (looked up through the peer's QPs).
+    pub(crate) fn peer_established_on(&self, gid: Gid, service_id: u64) -> bool {
+        self.by_peer_qp
+            .range((gid, 0, 0)..=(gid, u32::MAX, u32::MAX))
+            .filter_map(|&(_, _, id)| self.get(id))
+            .any(|c| c.service_id == service_id && c.state == State::Established)
+    }
+
     /// A SIDR request `request_id` from `peer` waits for the consumer.
     pub(crate) fn has_sidr_req(&self, request_id: u32, peer: PeerAddr) -> bool {
         self.by_sidr_req.contains_key(&(request_id, peer))

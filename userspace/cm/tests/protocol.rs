@@ -363,6 +363,54 @@ fn req_for_an_unknown_service_is_rejected_with_reason_8() {
     assert_eq!(sim.a.live_connections() + sim.b.live_connections(), 0);
 }
 
+/// perftest -R: a second connection to the same service right after the
+/// first is up, while the server listens anew. A REQ that finds no
+/// listener from a peer with a connection to that service established is
+/// left unanswered (counted), and its retransmission finds the listener.
+#[test]
+fn a_second_req_waits_for_a_listener_coming_back() {
+    let (mut sim, _a_conn, _b_conn) = established();
+    sim.b.unlisten(SID).unwrap();
+    let now = sim.now;
+    let second = sim
+        .a
+        .connect(
+            &ConnectParams {
+                qpn: 0x41,
+                ..params()
+            },
+            now,
+        )
+        .unwrap();
+    sim.step();
+    sim.step();
+    assert_eq!(
+        (sim.b.stats().req_no_listener_held, sim.b.stats().req_no_listener),
+        (1, 0)
+    );
+    assert!(sim.a.poll_event().is_none(), "no REJ");
+    sim.b.listen(SID, 0).unwrap();
+    let mut requested = false;
+    sim.run(
+        |sim, at_a, e| match (at_a, e) {
+            (false, CmEvent::ConnectRequest { conn, .. }) => {
+                requested = true;
+                let now = sim.now;
+                sim.b
+                    .accept(*conn, &RepParams::new(0x51, 0x300), now)
+                    .unwrap();
+            }
+            (true, CmEvent::ConnectResponse { conn, .. }) => sim.a.establish(*conn, &[]).unwrap(),
+            _ => {}
+        },
+        100_000,
+    );
+    assert!(requested, "the retransmitted REQ reached the new listener");
+    assert_eq!(sim.a.state(second), Some(State::Established));
+    // (A peer without such a connection still gets REJ 8 at once:
+    // req_for_an_unknown_service_is_rejected_with_reason_8.)
+}
+
 #[test]
 fn req_naming_a_foreign_gid_is_rejected_with_reason_12() {
     let mut b = engine(B_GID, B_GUID, 1);
