@@ -1,7 +1,8 @@
 /*
  * What a UD receive finds in front of its payload, and what its completion
  * says: two of these programs in two namespaces send each other datagrams
- * from a normal UD QP (number 0x11 in each process) until each heard the
+ * from a normal UD QP (number 0x11 in each process: the test sets
+ * XROCE_QPN_OFFSET=0) until each heard the
  * other, and print for the first datagram received its 40-byte GRH area
  * in hex, the completion's sl, wc_flags, byte_len and src_qp. The test
  * (tests/tests/verbs_ud_grh.rs) checks them against RoCEv2 over IPv4:

@@ -121,8 +121,19 @@ fn ipv4_grh_and_completion(b: Backend) {
     let t = Topology::direct(b, 1500);
     let exe = exe.to_string_lossy().to_string();
     let (server, client) = (t.server(), t.client());
+    // The probes address each other's UD QP by the well-known number
+    // 0x11: QPNs from the start of the block, not at random.
     let side = |me: xroce_tests::programs::Node<'_>, peer: Ipv4Addr| {
-        t.start(me, &exe, &[me.addr.to_string(), peer.to_string()])
+        let args = [me.addr.to_string(), peer.to_string()];
+        let mut cmd = t.command(me, &exe, &args);
+        cmd.env("XROCE_QPN_OFFSET", "0");
+        let what = format!(
+            "[{} in {}] {exe} {}",
+            b.as_str(),
+            me.ns.name,
+            args.join(" ")
+        );
+        xroce_tests::programs::Proc::spawn(cmd, what, &t.dir.0)
     };
     let ps = side(server, client.addr);
     let pc = side(client, server.addr);

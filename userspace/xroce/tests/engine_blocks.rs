@@ -1,8 +1,9 @@
 //! QPN blocks (a device shared by several processes, one engine each): an
 //! engine numbers its QPs inside its own block, moves data with a peer of
 //! another block as with any other, hands out its QPNs in a cycle through
-//! the block (a freed number comes back after all the others), and
-//! refuses QP1 outside block 0.
+//! the block (a freed number comes back after all the others), starting
+//! where its offset says and wrapping within the block, and refuses QP1
+//! outside block 0.
 
 use xroce::engine::{EngineConfig, QPN_BASE};
 use xroce::verbs::sim::{
@@ -96,6 +97,55 @@ fn qpns_cycle_through_the_block_and_stay_in_it() {
         "live q2 and q3 are skipped"
     );
     drop((q2, q3));
+}
+
+/// With an offset (what a process draws at random, so that a restarted
+/// program does not reuse its predecessor's QPNs), numbers start there,
+/// wrap from the block's last QPN to its first, stay in the block, and
+/// packets find their QP across the wrap.
+#[test]
+fn an_offset_starts_the_numbers_anywhere_in_the_block() {
+    let (mut ca, mut cb): (EngineConfig, EngineConfig) = sim_configs();
+    ca.qpn_block = 7;
+    ca.qpn_offset = 0xffff - QPN_BASE; // the block's last QPN first
+    cb.qpn_offset = 12345;
+    let mut sim = Sim::new(
+        Device::with_seed(ca, derive_seed(6, 1)),
+        Device::with_seed(cb, derive_seed(6, 2)),
+        SimLink::new(LinkConfig::default(), 6),
+    );
+    let pd = sim.a.alloc_pd();
+    let cq = sim.a.create_cq(16).unwrap();
+    let q1 = sim.a.create_qp(&pd, &QpInitAttr::rc(&cq)).unwrap();
+    assert_eq!(q1.qp_num(), (7 << 16) + 0xffff, "starts at the offset");
+    let (a, b) = connect_pair(&sim, &PairParams::default());
+    assert_eq!(a.qp.qp_num(), (7 << 16) + QPN_BASE, "wrapped to the first");
+    assert_eq!(b.qp.qp_num(), QPN_BASE + 12345);
+    let msg = pattern(11, 3000);
+    // SAFETY: nothing is posted on a.mr yet.
+    unsafe { a.mr.write(0, &msg) }.unwrap();
+    b.qp.post_recv(&RecvWr {
+        wr_id: 1,
+        sg_list: vec![b.mr.sge(0, 4096)],
+    })
+    .unwrap();
+    a.qp.post_send(&SendWr::new(2, WrOpcode::Send, vec![a.mr.sge(0, 3000)]))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [Wc::default(); 8];
+    let ok = sim.run_until(sim.now + 10 * SEC, |_| {
+        let n = b.cq.poll(&mut buf).unwrap();
+        got.extend_from_slice(&buf[..n]);
+        !got.is_empty()
+    });
+    assert!(ok, "no completion at b");
+    assert_eq!(
+        (got[0].status, got[0].src_qp),
+        (WcStatus::Success, (7 << 16) + QPN_BASE)
+    );
+    // SAFETY: receive 1 has completed.
+    assert_eq!(unsafe { b.mr.to_vec(0, 3000) }.unwrap(), msg);
+    drop(q1);
 }
 
 #[test]

@@ -132,17 +132,21 @@ pub const GSI_QKEY: u32 = 0x8001_0000;
 const GSI_SLOT: usize = 0;
 
 /// Maps QP numbers to slots of `Engine::qps` and back: slot 0 is QP1, slot
-/// `i >= 1` is QPN `first + i - 1`, where `first` is the first QPN of the
-/// engine's QPN block ([`EngineConfig::qpn_block`]).
+/// `i >= 1` is the block's QPN number `(i - 1 + offset) mod QPNS_PER_BLOCK`
+/// counted from `first`, the first QPN of the engine's QPN block
+/// ([`EngineConfig::qpn_block`], [`EngineConfig::qpn_offset`]): slots fill
+/// from 1 up, the numbers they carry start anywhere in the block.
 #[derive(Clone, Copy, Debug)]
 struct QpnMap {
     first: u32,
+    offset: u32,
 }
 
 impl QpnMap {
-    fn new(block: u32) -> Self {
+    fn new(block: u32, offset: u32) -> Self {
         Self {
             first: (block << qpn_block::SHIFT) + QPN_BASE,
+            offset: offset % qpn_block::QPNS_PER_BLOCK,
         }
     }
 
@@ -151,18 +155,19 @@ impl QpnMap {
         if idx == GSI_SLOT {
             GSI_QPN
         } else {
-            (idx - 1) as u32 + self.first
+            ((idx - 1) as u32 + self.offset) % qpn_block::QPNS_PER_BLOCK + self.first
         }
     }
 
     /// The slot QP number `qpn` lives in, if it is one of this block's.
     fn slot(self, qpn: u32) -> Option<usize> {
+        let n = qpn_block::QPNS_PER_BLOCK;
         match qpn {
             GSI_QPN => Some(GSI_SLOT),
             q => q
                 .checked_sub(self.first)
-                .filter(|&i| i < qpn_block::QPNS_PER_BLOCK)
-                .map(|i| i as usize + 1),
+                .filter(|&i| i < n)
+                .map(|i| ((i + n - self.offset) % n) as usize + 1),
         }
     }
 }
@@ -244,6 +249,37 @@ pub struct EngineConfig {
     /// The QPN block this engine's process holds on its device
     /// ([`xroce_common::qpn_block`]): its QPs are numbered in it.
     pub qpn_block: u32,
+    /// Where in the block the QP numbers start (0: at its first QPN,
+    /// `0x11`), then cycling through it. A process draws it at random
+    /// ([`random_qpn_offset`]): a restarted program would otherwise reuse
+    /// its predecessor's QPNs at once, which its peers' CM still holds
+    /// connected and rejects as stale (REJ 10), where a NIC's or rxe's
+    /// device-wide numbering moves on.
+    pub qpn_offset: u32,
+}
+
+/// An offset for [`EngineConfig::qpn_offset`]: `XROCE_QPN_OFFSET` if set
+/// (decimal or 0x hex; 0 numbers a process's QPs from 0x11 as before, for
+/// programs that rely on a well-known QPN), else from the kernel's random
+/// numbers (0 if it has none to give).
+pub fn random_qpn_offset() -> u32 {
+    if let Ok(v) = std::env::var("XROCE_QPN_OFFSET") {
+        let parsed = match v.strip_prefix("0x") {
+            Some(h) => u32::from_str_radix(h, 16),
+            None => v.parse(),
+        };
+        if let Ok(n) = parsed {
+            return n % qpn_block::QPNS_PER_BLOCK;
+        }
+        eprintln!("xroce: XROCE_QPN_OFFSET={v:?} is not a number; QPNs start at random");
+    }
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), libc::GRND_NONBLOCK) };
+    if n != b.len() as isize {
+        return 0;
+    }
+    u32::from_ne_bytes(b) % qpn_block::QPNS_PER_BLOCK
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -289,6 +325,7 @@ impl Default for EngineConfig {
             cnp_interval_ns: 50_000,
             cc: None,
             qpn_block: 0,
+            qpn_offset: 0,
         }
     }
 }
@@ -537,7 +574,7 @@ impl Engine {
     pub fn new(cfg: EngineConfig, mrs: Arc<MrTable>) -> Self {
         let window = f64::from(cfg_window(&cfg));
         Self {
-            qpn_map: QpnMap::new(cfg.qpn_block),
+            qpn_map: QpnMap::new(cfg.qpn_block, cfg.qpn_offset),
             cfg,
             mrs,
             qps: vec![None], // GSI_SLOT
