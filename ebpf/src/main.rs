@@ -22,6 +22,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use xroce_common::{
+    capture::{CaptureMeta, CONFIG_SNAPLEN, MAX_COPY},
     config_flags,
     congestion::{congestion_point, DropReason, EcnConfig, Verdict, VirtualQueue},
     ecn::{ipv4_ce_update, ipv6_ecn, Ecn},
@@ -45,6 +46,10 @@ static RXQ_COUNTERS: btf_maps::PerCpuArray<RxQueueCounters, { MAX_QUEUES as usiz
 
 #[btf_map(name = "XROCE_XSKS")]
 static XSKS: btf_maps::XskMap<{ MAX_QUEUES as usize }> = btf_maps::XskMap::new();
+
+/// Copies of the frames for `xroce capture` (one perf buffer per CPU).
+#[btf_map(name = "XROCE_CAPTURE")]
+static CAPTURE: btf_maps::PerfEventArray = btf_maps::PerfEventArray::new();
 
 #[btf_map(name = "XROCE_CONFIG")]
 static CONFIG: btf_maps::Array<u32, { CONFIG_SLOTS as usize }> = btf_maps::Array::new();
@@ -96,6 +101,7 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
     let action = match classify(&ctx) {
         Class::Other => xdp_action::XDP_PASS,
         Class::Drop(reason) => {
+            copy_to_capture(&ctx);
             count(reason);
             if reason.is_malformed() {
                 count(Counter::Malformed);
@@ -104,6 +110,8 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
         }
         Class::Roce { block, dport_at } => {
             count(Counter::Roce);
+            // As it arrived: before steer rewrites the port or redirects.
+            copy_to_capture(&ctx);
             steer(&ctx, block, dport_at)
         }
     };
@@ -266,6 +274,28 @@ fn roce<const L3: usize, const L4: usize, const V6: bool>(ctx: &XdpContext, l3: 
         block: qpn_block::of_qpn(dest_qpn),
         dport_at: L4 + 2,
     }
+}
+
+/// While a capture runs, copies the frame (up to its snap length) after a
+/// [`CaptureMeta`] into this CPU's perf buffer. A full buffer loses the
+/// copy (the reader learns how many), never the frame.
+#[inline(always)]
+fn copy_to_capture(ctx: &XdpContext) {
+    let snaplen = CONFIG.get(CONFIG_SNAPLEN).copied().unwrap_or(0);
+    if snaplen == 0 {
+        return;
+    }
+    // SAFETY: the helpers read the context the kernel passed us.
+    let (frame_len, ts_ns) = unsafe { (bpf_xdp_get_buff_len(ctx.ctx) as u32, bpf_ktime_get_ns()) };
+    let meta = CaptureMeta {
+        ts_ns,
+        frame_len,
+        rx_queue: ctx.rx_queue_index(),
+    };
+    let copy = frame_len.min(snaplen).min(MAX_COPY);
+    // The upper 32 bits of the flags ask bpf_xdp_output for `copy` bytes of
+    // the frame after `meta`.
+    CAPTURE.output(ctx, &meta, copy);
 }
 
 /// Hands a RoCEv2 frame for QPN block `block` to the process holding it:

@@ -1,61 +1,73 @@
-//! `xroce capture --iface IF -w FILE`: receive the RoCEv2 frames xroce's XDP
-//! program steers to AF_XDP, on every RX queue of the interface (or one,
-//! `--queue`), and write them as a pcap file that `xroce decode`, tshark
-//! and Wireshark read; tcpdump's `-w`, `-c`, `-s`, `-U` and
-//! `--time-stamp-precision`. SIGINT, SIGTERM and SIGHUP end it with the
-//! file flushed and complete.
+//! `xroce capture --iface IF -w FILE`: every RoCEv2 frame xroce's XDP
+//! program sees arrive on the interface, and every frame the xroce
+//! processes of the device send, in one pcapng (or pcap) file in time
+//! order, while the traffic runs as it would without the capture.
 //!
-//! Frames redirected to an AF_XDP socket go to that socket alone (the
-//! kernel, tcpdump included, never sees them), so the capture stands in
-//! for the device's AF_XDP owner: it takes the same holds an xroce process
-//! takes (QPN block 0 and the AF_XDP sockets, `device::block`) and refuses,
-//! naming the holders, when a process has either: capturing then would
-//! take that process's frames. xroce processes started during the capture
-//! get other blocks and run over UDP, which the XDP program keeps serving.
+//! Nothing is taken from anyone: the XDP program copies each frame it
+//! receives into a per-CPU perf buffer before it redirects or passes it
+//! (`bpf_xdp_output`, as xdpdump does; `xroce_common::capture`), and each
+//! sending process copies its transmitted frames to the capture's Unix
+//! socket (`xroce::capture_tap`), since frames sent over AF_XDP (and
+//! through the kernel) never pass XDP. Processes that start or stop during
+//! the capture are seen as they come and go. A copy the capture cannot
+//! take in time (a full perf buffer, a full socket) is lost to the file,
+//! never to the traffic, and counted.
+//!
+//! Holds: the device's capture hold (one capture at a time: the perf
+//! buffers take one reader per CPU) and one of root's QPN blocks, so that
+//! the device's last process does not detach a program it attached for
+//! itself while the capture reads it. It attaches the program itself if
+//! none is there (and detaches it at the end if no one else uses it).
 
 use std::{
+    cmp::Reverse,
+    collections::BinaryHeap,
     fs,
+    net::IpAddr,
+    os::fd::{AsRawFd, BorrowedFd},
     path::PathBuf,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context};
 use xroce::{
-    capture::{PcapWriter, WriteOptions, DEFAULT_SNAPLEN},
-    device::{AfXdpHold, Hold, QpnBlock},
-    io::{
-        afxdp::{rx_queue_count, XskConfig, XskMultiQueue},
-        PacketIo,
-    },
-    xdp,
+    capture::{Direction, FileFormat, PcapWriter, WriteOptions, DEFAULT_SNAPLEN},
+    capture_tap::TapListener,
+    device::{claim_capture, QpnBlock},
+    xdp::{self, capture_ring::CaptureRings},
 };
+use xroce_common::capture::{CaptureMeta, MAX_COPY, META_LEN};
 use xroce_report::CaptureReport;
 
 const AFTER_HELP: &str = "\
-What is captured: the RoCEv2 frames (UDP port 4791) that xroce's XDP program hands to \
-AF_XDP on this interface, i.e. what an xroce process holding QPN block 0 would receive \
-(incoming only, nothing this host sends). The program must be attached \
-(`xroce attach --iface IF`). Those frames go to the capture alone: it refuses to start \
-while an xroce process uses the device's AF_XDP sockets or QPN block 0, and names it. \
-Timestamps are taken when the frames are read.
+What is captured: the RoCEv2 frames (UDP port 4791) that arrive on the interface, as \
+xroce's XDP program sees them (before it steers them), and the frames the xroce processes \
+of this device send (each process copies what it transmits while a capture runs), in time \
+order. The running traffic keeps every frame: copies the capture cannot keep up with are \
+lost to the file and counted (rx_lost, tx_lost). Frames between two processes of this host \
+appear once, as sent. Needs root; attaches the XDP program if none is attached.
+
+pcapng files (the default) mark each frame inbound or outbound; `--format pcap` writes \
+classic pcap without directions.
 
 Examples:
-  xroce capture -i eth1 -w roce.pcap -c 1000     then: xroce decode roce.pcap; tshark -r roce.pcap
+  xroce capture -i eth1 -w roce.pcapng -c 1000     then: xroce decode roce.pcapng; tshark -r roce.pcapng
+  xroce capture -i eth1 --qpn 0x11 --peer 10.0.0.2 -w qp.pcapng
   xroce capture -i eth1 -w - | tshark -r - -V
   xroce capture -i eth1 --seconds 5 --json";
 
 #[derive(clap::Args, Debug)]
 #[command(after_help = AFTER_HELP)]
 pub struct CaptureArgs {
-    /// Interface with xroce's XDP program attached
+    /// Interface of the xroce device
     #[arg(long, short = 'i')]
     pub iface: String,
-    /// Capture this RX queue only (default: every RX queue)
-    #[arg(long)]
-    pub queue: Option<u32>,
-    /// Write the frames to FILE as pcap (`-`: stdout), as tcpdump -w
+    /// Write the frames to FILE (`-`: stdout), as tcpdump -w
     #[arg(short = 'w', long = "write", value_name = "FILE")]
     pub write: Option<PathBuf>,
+    /// File format: pcapng (with each frame's direction) or classic pcap
+    #[arg(long, value_enum, default_value_t = Format::Pcapng)]
+    pub format: Format,
     /// Stop after N frames (tcpdump -c)
     #[arg(short = 'c', long)]
     pub count: Option<u64>,
@@ -65,6 +77,15 @@ pub struct CaptureArgs {
     /// Bytes kept of each frame; 0 means 262144 (tcpdump -s)
     #[arg(short = 's', long, default_value_t = DEFAULT_SNAPLEN)]
     pub snaplen: u32,
+    /// Only frames to this destination QP (BTH DestQP; decimal or 0x hex)
+    #[arg(long, value_parser = parse_qpn)]
+    pub qpn: Option<u32>,
+    /// Only frames with this BTH opcode (decimal or 0x hex, e.g. 0x0a for RC RDMA WRITE ONLY)
+    #[arg(long, value_parser = parse_u8)]
+    pub opcode: Option<u8>,
+    /// Only frames from or to this IP address
+    #[arg(long)]
+    pub peer: Option<IpAddr>,
     /// Timestamp precision in the file
     #[arg(long = "time-stamp-precision", value_enum, default_value_t = Precision::Micro)]
     pub precision: Precision,
@@ -82,84 +103,195 @@ pub enum Precision {
     Nano,
 }
 
-/// The processes (PID and name) holding `hold` of device `ifindex`.
-fn who(ifindex: u32, hold: Hold) -> String {
-    let found: Vec<String> = xroce::device::holders()
-        .into_iter()
-        .filter(|h| h.ifindex == ifindex && h.hold == hold)
-        .map(|h| match h.pid {
-            Some(pid) => format!("PID {pid} ({})", xroce::device::command_name(pid)),
-            None => "a process we may not look into".into(),
-        })
-        .collect();
-    match found.as_slice() {
-        [] => "another process".into(),
-        h => h.join(", "),
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Pcapng,
+    Pcap,
+}
+
+fn parse_u32(s: &str) -> Result<u32, String> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse(),
     }
+    .map_err(|e| format!("{s:?}: {e}"))
 }
 
-/// Takes QPN block 0 and the AF_XDP hold of the device, as the AF_XDP
-/// owner does, or says who has them. (The names are `device::block`'s.)
-fn take_device(iface: &str, ifindex: u32) -> anyhow::Result<(QpnBlock, AfXdpHold)> {
-    let block = QpnBlock::claim(ifindex).context("claim QPN block 0 of the device")?;
-    if block.block() != 0 {
-        bail!(
-            "{iface}: {} uses this xroce device (QPN block 0); its RoCEv2 frames would go to \
-             the capture instead. Capture before or after it, or in transit (tcpdump on a \
-             bridge between the hosts)",
-            who(ifindex, Hold::Block(0))
-        );
+fn parse_qpn(s: &str) -> Result<u32, String> {
+    let q = parse_u32(s)?;
+    if q > 0xff_ffff {
+        return Err(format!("{s}: a QPN has 24 bits"));
     }
-    let Some(hold) = block
-        .claim_afxdp()
-        .context("claim the device's AF_XDP sockets")?
-    else {
-        bail!(
-            "{iface}: {} owns this xroce device's AF_XDP sockets; a capture would take its \
-             RoCEv2 frames. Capture before or after it, or in transit (tcpdump on a bridge \
-             between the hosts)",
-            who(ifindex, Hold::AfXdp)
-        );
-    };
-    Ok((block, hold))
+    Ok(q)
 }
 
-/// Sockets on `queues`, with AF_XDP multi-buffer where the kernel and
-/// driver take it (frames larger than a 4 KiB chunk, path MTU 4096),
-/// else without.
-fn open_sockets(iface: &str, queues: &[u32]) -> anyhow::Result<XskMultiQueue> {
-    let mb = XskConfig {
-        multi_buffer: true,
-        multi_buffer_max_frame: 16384,
-        ..XskConfig::default()
-    };
-    XskMultiQueue::open_queues(iface, queues.iter().copied(), mb)
-        .or_else(|e| {
-            eprintln!(
-                "xroce: {iface}: no AF_XDP multi-buffer ({e}); frames over {} bytes are dropped",
-                XskConfig::default().chunk_capacity()
-            );
-            XskMultiQueue::open_queues(iface, queues.iter().copied(), XskConfig::default())
-        })
-        .with_context(|| {
-            format!(
-                "open AF_XDP sockets on {iface} queues {queues:?} (is xroce's XDP program \
-                 attached? `xroce attach --iface {iface}`)"
-            )
-        })
+fn parse_u8(s: &str) -> Result<u8, String> {
+    u8::try_from(parse_u32(s)?).map_err(|_| format!("{s}: an opcode is one byte"))
 }
 
-fn is_interrupted(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::Interrupted {
-                return true;
+/// What the filters look at in a frame: the IP addresses and the BTH's
+/// opcode and destination QP. None if the frame is not RoCEv2 over UDP.
+#[derive(Debug, PartialEq, Eq)]
+struct Fields {
+    src: IpAddr,
+    dst: IpAddr,
+    opcode: u8,
+    dest_qp: u32,
+}
+
+/// [`Fields`] of an Ethernet frame (802.1Q/802.1ad tags skipped), from its
+/// headers alone, so that a frame cut short after its BTH still matches.
+fn fields(f: &[u8]) -> Option<Fields> {
+    let mut at = 12;
+    let mut ethertype = u16::from_be_bytes(f.get(at..at + 2)?.try_into().ok()?);
+    while ethertype == 0x8100 || ethertype == 0x88a8 {
+        at += 4;
+        ethertype = u16::from_be_bytes(f.get(at..at + 2)?.try_into().ok()?);
+    }
+    let l3 = at + 2;
+    let (src, dst, l4) = match ethertype {
+        0x0800 => {
+            let ihl = usize::from(f.get(l3)? & 0x0f) * 4;
+            if *f.get(l3 + 9)? != 17 || ihl < 20 {
+                return None;
             }
+            let a: [u8; 4] = f.get(l3 + 12..l3 + 16)?.try_into().ok()?;
+            let b: [u8; 4] = f.get(l3 + 16..l3 + 20)?.try_into().ok()?;
+            (IpAddr::from(a), IpAddr::from(b), l3 + ihl)
         }
-        cur = err.source();
+        0x86dd => {
+            if *f.get(l3 + 6)? != 17 {
+                return None;
+            }
+            let a: [u8; 16] = f.get(l3 + 8..l3 + 24)?.try_into().ok()?;
+            let b: [u8; 16] = f.get(l3 + 24..l3 + 40)?.try_into().ok()?;
+            (IpAddr::from(a), IpAddr::from(b), l3 + 40)
+        }
+        _ => return None,
+    };
+    let bth = f.get(l4 + 8..l4 + 20)?;
+    Some(Fields {
+        src,
+        dst,
+        opcode: bth[0],
+        dest_qp: u32::from_be_bytes([0, bth[5], bth[6], bth[7]]),
+    })
+}
+
+/// The filters asked for; a frame passes when it matches every one.
+struct Filter {
+    qpn: Option<u32>,
+    opcode: Option<u8>,
+    peer: Option<IpAddr>,
+}
+
+impl Filter {
+    fn any(&self) -> bool {
+        self.qpn.is_some() || self.opcode.is_some() || self.peer.is_some()
     }
-    false
+
+    fn pass(&self, frame: &[u8]) -> bool {
+        if !self.any() {
+            return true;
+        }
+        let Some(f) = fields(frame) else {
+            return false;
+        };
+        self.qpn.is_none_or(|q| f.dest_qp == q)
+            && self.opcode.is_none_or(|o| f.opcode == o)
+            && self.peer.is_none_or(|p| f.src == p || f.dst == p)
+    }
+}
+
+/// A copied frame waiting for its turn in the file; ordered by time,
+/// then arrival.
+#[derive(Debug)]
+struct Pending {
+    /// CLOCK_MONOTONIC nanoseconds (both sources use it).
+    ts_ns: u64,
+    /// Arrival order among equal timestamps.
+    order: u64,
+    direction: Direction,
+    orig_len: u32,
+    frame: Vec<u8>,
+}
+
+impl Pending {
+    fn key(&self) -> (u64, u64) {
+        (self.ts_ns, self.order)
+    }
+}
+
+impl PartialEq for Pending {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+
+impl Eq for Pending {}
+
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.key().cmp(&other.key())
+    }
+}
+
+/// Frames from the two sources merged in time order: a frame is written
+/// once nothing older can still come (copies arrive within a batch of
+/// their taking: [`REORDER_WINDOW`]).
+struct Reorder {
+    heap: BinaryHeap<Reverse<Pending>>,
+    order: u64,
+}
+
+/// How late a copy may arrive after a newer one and still be put in order:
+/// a sending process's batch, a perf buffer read a poll later.
+const REORDER_WINDOW: Duration = Duration::from_millis(50);
+
+/// The longest the capture waits without looking at the rings.
+const POLL_EVERY: Duration = Duration::from_millis(20);
+
+impl Reorder {
+    fn push(&mut self, ts_ns: u64, direction: Direction, orig_len: u32, frame: Vec<u8>) {
+        self.order += 1;
+        self.heap.push(Reverse(Pending {
+            ts_ns,
+            order: self.order,
+            direction,
+            orig_len,
+            frame,
+        }));
+    }
+
+    /// The oldest frame, if it is older than `before_ns`.
+    fn pop_before(&mut self, before_ns: u64) -> Option<Pending> {
+        if self.heap.peek()?.0.ts_ns < before_ns {
+            self.heap.pop().map(|Reverse(p)| p)
+        } else {
+            None
+        }
+    }
+}
+
+fn clock_ns(clock: nix::time::ClockId) -> u64 {
+    nix::time::clock_gettime(clock).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    })
+}
+
+/// The clock both sources stamp with (bpf_ktime_get_ns, the taps).
+fn monotonic_ns() -> u64 {
+    clock_ns(nix::time::ClockId::CLOCK_MONOTONIC)
+}
+
+fn realtime_ns() -> u64 {
+    clock_ns(nix::time::ClockId::CLOCK_REALTIME)
 }
 
 /// Where the frames go.
@@ -170,11 +302,12 @@ enum Sink {
 }
 
 impl Sink {
-    fn write(&mut self, ts: Duration, frame: &[u8]) -> std::io::Result<()> {
+    fn write(&mut self, ts: Duration, p: &Pending) -> std::io::Result<()> {
+        let dir = Some(p.direction);
         match self {
             Sink::None => Ok(()),
-            Sink::File(w) => w.write(ts, frame),
-            Sink::Stdout(w) => w.write(ts, frame),
+            Sink::File(w) => w.write_with(ts, &p.frame, p.orig_len, dir),
+            Sink::Stdout(w) => w.write_with(ts, &p.frame, p.orig_len, dir),
         }
     }
 
@@ -196,165 +329,408 @@ impl Sink {
     }
 }
 
+/// The program's copies of received frames (its perf rings).
+struct RxCopies {
+    rings: CaptureRings,
+}
+
+impl RxCopies {
+    fn open(iface: &str) -> anyhow::Result<Self> {
+        // 16 MiB in all, 256 KiB to 2 MiB per CPU: the capture reads them
+        // every millisecond or so while copies stream, and a WRITE stream
+        // fills about 1 MB/ms.
+        let cpus = aya::util::online_cpus().map_or(1, |c| c.len().max(1));
+        let per_cpu = ((16 << 20) / cpus).clamp(256 << 10, 2 << 20);
+        let rings = CaptureRings::open(iface, per_cpu).with_context(|| {
+            format!(
+                "{iface}: open the capture's rings (an xroce older than this one attached the \
+                 program? `xroce detach --iface {iface}` and attach again)"
+            )
+        })?;
+        Ok(Self { rings })
+    }
+
+    /// Moves every copy waiting in the rings to `out`.
+    fn drain(&mut self, snaplen: u32, out: &mut impl FnMut(CaptureMeta, Vec<u8>)) {
+        self.rings.drain(&mut |sample| {
+            let Some(meta) = CaptureMeta::parse(sample) else {
+                return;
+            };
+            // The sample ends in padding: the copy is as long as the
+            // program made it.
+            let copied = meta.frame_len.min(snaplen).min(MAX_COPY) as usize;
+            let end = (META_LEN + copied).min(sample.len());
+            out(meta, sample[META_LEN..end].to_vec());
+        });
+    }
+
+    fn lost(&self) -> u64 {
+        self.rings.lost()
+    }
+}
+
+/// Turns the program's copying off when the capture ends, however it ends.
+struct CopyingOn<'a>(&'a str);
+
+impl Drop for CopyingOn<'_> {
+    fn drop(&mut self) {
+        let _ = xdp::set_capture_snaplen(self.0, 0);
+    }
+}
+
+/// Waits up to `timeout` for any of `fds` to become readable.
+fn wait_readable(fds: &[i32], timeout: Duration) -> std::io::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let mut pfds: Vec<PollFd> = fds
+        .iter()
+        // SAFETY: the descriptors belong to objects that outlive this call.
+        .map(|&fd| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, PollFlags::POLLIN))
+        .collect();
+    let ms =
+        PollTimeout::try_from(timeout.as_millis().min(60_000) as u32).unwrap_or(PollTimeout::MAX);
+    match poll(&mut pfds, ms) {
+        Ok(_) | Err(nix::Error::EINTR) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
     let iface = args.iface.as_str();
     let to_stdout = args.write.as_deref() == Some(std::path::Path::new("-"));
     if to_stdout && args.json {
         bail!("-w - and --json both want stdout: write the capture to a file with --json");
     }
+    let snaplen = if args.snaplen == 0 {
+        DEFAULT_SNAPLEN
+    } else {
+        args.snaplen
+    };
+    let filter = Filter {
+        qpn: args.qpn,
+        opcode: args.opcode,
+        peer: args.peer,
+    };
     let options = WriteOptions {
-        snaplen: args.snaplen,
+        snaplen,
         nanosecond: args.precision == Precision::Nano,
+        format: match args.format {
+            Format::Pcapng => FileFormat::PcapNg,
+            Format::Pcap => FileFormat::Pcap,
+        },
+        if_name: Some(iface.to_string()),
+        ..WriteOptions::default()
     };
     let ifindex = xdp::if_index(iface)?;
-    let (block, hold) = take_device(iface, ifindex)?;
-    // Frames of block 0 (ours now) to the AF_XDP sockets; a previous owner
-    // may have left its own block there.
-    xdp::set_xsk_block(iface, 0).with_context(|| {
-        format!("is xroce's XDP program attached to {iface}? `xroce attach --iface {iface}`")
-    })?;
-    let queues: Vec<u32> = match args.queue {
-        Some(q) => vec![q],
-        None => (0..rx_queue_count(iface)).collect(),
+    let Some(capture_hold) = claim_capture(ifindex)
+        .with_context(|| format!("{iface}: take the device's capture hold (needs root)"))?
+    else {
+        bail!("{iface}: another xroce capture runs on this device");
     };
+    // A user of the device, so that its last process leaves the program.
+    let mut block = QpnBlock::claim_root(ifindex)?;
+    let attached_here = !xdp::is_attached(iface);
+    if attached_here {
+        xdp::attach(iface, xdp::Mode::Native)
+            .or_else(|_| xdp::attach(iface, xdp::Mode::Skb))
+            .with_context(|| format!("attach xroce's XDP program to {iface}"))?;
+        xdp::mark_process_attached(iface)?;
+        eprintln!("xroce: {iface}: attached the XDP program for the capture");
+    }
+    let mut rx = RxCopies::open(iface)?;
+    let mut tx = TapListener::bind(ifindex)
+        .with_context(|| format!("{iface}: open the socket the sending processes copy to"))?;
+    // Enough of each frame for the filters to read its headers.
+    let copy = if filter.any() {
+        snaplen.max(128)
+    } else {
+        snaplen
+    };
+    xdp::set_capture_snaplen(iface, copy)?;
+    let copying = CopyingOn(iface);
+
     let mut sink = match &args.write {
         None => Sink::None,
         Some(_) if to_stdout => Sink::Stdout(PcapWriter::new(
             std::io::BufWriter::with_capacity(1 << 20, std::io::stdout()),
-            options,
+            options.clone(),
         )?),
         Some(path) => Sink::File(
-            PcapWriter::create(path, options)
+            PcapWriter::create(path, options.clone())
                 .with_context(|| format!("create {}", path.display()))?,
         ),
     };
     // A reader of -w - sees the header before any frame arrives.
     sink.flush()?;
     crate::stop::install_signal_handlers();
-    let mut io = open_sockets(iface, &queues)?;
-    let snaplen = if args.snaplen == 0 {
-        DEFAULT_SNAPLEN
-    } else {
-        args.snaplen
-    };
+    // Running processes look for the capture's socket every 20 ms
+    // (capture_tap): give them that long before saying we listen.
+    std::thread::sleep(Duration::from_millis(60));
     // tcpdump's line: scripts (and our tests) wait for it before sending.
     eprintln!(
-        "xroce: listening on {iface} (RX queues {queues:?}), RoCEv2 frames only, \
-         snapshot length {snaplen} bytes"
+        "xroce: listening on {iface}, RoCEv2 frames both ways, snapshot length {snaplen} bytes"
     );
 
     let start = Instant::now();
+    let realtime_offset = realtime_ns().saturating_sub(monotonic_ns());
     let deadline = args.seconds.map(|s| start + Duration::from_secs_f64(s));
     let wanted = args.count.unwrap_or(u64::MAX);
     let packet_buffered = args.packet_buffered || to_stdout;
-    let (mut frames, mut bytes) = (0u64, 0u64);
+    let mut fds: Vec<i32> = rx.rings.fds();
+    fds.push(tx.as_raw_fd());
+    let mut order = Reorder {
+        heap: BinaryHeap::new(),
+        order: 0,
+    };
+    let (mut frames, mut bytes, mut rx_frames, mut tx_frames, mut filtered_out) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut finishing = false;
+    // The last round found ring copies and no datagram.
+    let mut busy = false;
     let stopped_by = loop {
-        if crate::stop::stop_requested() {
-            break "signal";
-        }
-        if frames >= wanted {
-            break "count";
-        }
         let now = Instant::now();
-        let wait = match deadline {
-            Some(d) if now >= d => break "seconds",
-            Some(d) => (d - now).min(Duration::from_millis(100)),
-            None => Duration::from_millis(100),
+        let stop = if crate::stop::stop_requested() {
+            Some("signal")
+        } else if frames >= wanted {
+            Some("count")
+        } else {
+            deadline.filter(|d| now >= *d).map(|_| "seconds")
         };
-        let mut write_error = None;
-        let before = frames;
-        let r = io.recv_batch(wait, &mut |frame| {
-            // Frames of the last batch beyond -c are read but not kept.
-            if frames >= wanted || write_error.is_some() {
-                return;
+        if let Some(why) = stop {
+            if finishing {
+                break why;
             }
-            frames += 1;
-            bytes += frame.len() as u64;
-            let ts = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
-            if let Err(e) = sink.write(ts, frame) {
-                write_error = Some(e);
+            // One last look at both sources, then everything is written.
+            finishing = true;
+        } else {
+            // The rings wake us only when a quarter full: a look every
+            // 20 ms brings a trickle of copies in well within the reorder
+            // window.
+            let wait = deadline.map_or(POLL_EVERY, |d| (d - now).min(POLL_EVERY));
+            if let Err(e) = wait_readable(&fds, wait) {
+                return Err(e).context("wait for copies");
+            }
+            // While copies stream, take them a millisecond's worth at a
+            // time: the rings wake us only when a quarter full, and the
+            // capture's CPU is the traffic's on a small host.
+            if busy {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let rx_before = rx_frames + filtered_out;
+        rx.drain(copy, &mut |meta, frame| {
+            if filter.pass(&frame) {
+                rx_frames += 1;
+                order.push(meta.ts_ns, Direction::Inbound, meta.frame_len, frame);
+            } else {
+                filtered_out += 1;
             }
         });
-        match r {
-            Ok(_) => {}
-            Err(e) if crate::stop::stop_requested() || is_interrupted(&e) => continue,
-            Err(e) => return Err(e).context(format!("receive on {iface}")),
-        }
-        let mut result = match write_error {
-            Some(e) => Err(e),
-            None if packet_buffered && frames > before => sink.flush(),
-            None => Ok(()),
+        let rx_copies = rx_frames + filtered_out - rx_before;
+        let datagrams = tx
+            .recv(Duration::ZERO, &mut |r| {
+                if filter.pass(r.frame) {
+                    tx_frames += 1;
+                    let dir = if r.outbound {
+                        Direction::Outbound
+                    } else {
+                        Direction::Inbound
+                    };
+                    order.push(r.ts_ns, dir, r.orig_len, r.frame.to_vec());
+                } else {
+                    filtered_out += 1;
+                }
+            })
+            .context("read the sending processes' copies")?;
+        // Only the rings can wait: the senders' socket holds a few
+        // datagrams (net.unix.max_dgram_qlen), so while they stream it is
+        // read at once.
+        busy = rx_copies > 0 && datagrams == 0;
+        let horizon = if finishing {
+            u64::MAX
+        } else {
+            monotonic_ns().saturating_sub(REORDER_WINDOW.as_nanos() as u64)
         };
-        if let Err(e) = result.as_mut() {
+        let before = frames;
+        let mut result = Ok(());
+        while frames < wanted {
+            let Some(p) = order.pop_before(horizon) else {
+                break;
+            };
+            frames += 1;
+            bytes += u64::from(p.orig_len);
+            let ts = Duration::from_nanos(p.ts_ns.saturating_add(realtime_offset));
+            result = sink.write(ts, &p);
+            if result.is_err() {
+                break;
+            }
+        }
+        if result.is_ok() && packet_buffered && frames > before {
+            result = sink.flush();
+        }
+        if let Err(e) = result {
             if to_stdout && e.kind() == std::io::ErrorKind::BrokenPipe {
                 break "pipe";
             }
+            return Err(e)
+                .with_context(|| format!("write {}", args.write.as_ref().unwrap().display()));
         }
-        result.with_context(|| format!("write {}", args.write.as_ref().unwrap().display()))?;
     };
     let seconds = start.elapsed().as_secs_f64();
+    drop(copying);
     if stopped_by != "pipe" {
         sink.flush()
             .with_context(|| format!("write {}", args.write.as_ref().unwrap().display()))?;
     }
-    let stats = io.xsk_stats()?;
-    let queue_frames: Vec<u64> = io
-        .sockets_mut()
-        .iter_mut()
-        .map(|s| PacketIo::stats(s).rx_frames)
-        .collect();
     let (written, truncated) = sink.counts();
-    // Sockets closed and holds given back before we look for other users.
+    let (rx_lost, tx_lost) = (rx.lost(), tx.lost());
     drop(sink);
-    drop(io);
-    drop(hold);
-    let mut block = block;
+    drop(rx);
+    drop(tx);
     block.release();
-    // An attachment a process made for itself goes with the device's last
-    // user (as io::Stack does); that can be us.
+    drop(capture_hold);
+    // A program attached for the capture, or by a process that has left
+    // since, goes with the device's last user.
     if xdp::is_process_attached(iface) && block.others().is_empty() {
         xdp::detach(iface).with_context(|| format!("detach the XDP program from {iface}"))?;
-        eprintln!("xroce: {iface}: detached the XDP program its last user attached");
+        if !attached_here {
+            eprintln!("xroce: {iface}: detached the XDP program its last user attached");
+        }
     }
     let file = args.write.as_ref().map(|p| p.display().to_string());
+    let out = CaptureReport {
+        iface: iface.into(),
+        frames,
+        bytes,
+        rx_frames,
+        tx_frames,
+        rx_lost,
+        tx_lost,
+        filtered_out,
+        file,
+        format: match args.format {
+            Format::Pcapng => "pcapng",
+            Format::Pcap => "pcap",
+        }
+        .into(),
+        frames_written: written,
+        frames_truncated: truncated,
+        snaplen,
+        nanosecond: options.nanosecond,
+        seconds,
+        stopped_by: stopped_by.into(),
+    };
     if args.json {
-        let out = CaptureReport {
-            iface: iface.into(),
-            queues,
-            queue_frames,
-            frames,
-            bytes,
-            file,
-            frames_written: written,
-            frames_truncated: truncated,
-            snaplen,
-            nanosecond: options.nanosecond,
-            seconds,
-            stopped_by: stopped_by.into(),
-            rx_dropped: stats.rx_dropped,
-            rx_ring_full: stats.rx_ring_full,
-            rx_invalid_descs: stats.rx_invalid_descs,
-        };
         println!("{}", serde_json::to_string(&out)?);
     } else {
-        let per_queue = queues
-            .iter()
-            .zip(&queue_frames)
-            .map(|(q, n)| format!("queue {q}: {n}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let to = match &file {
+        let to = match &out.file {
             Some(f) => format!(", {written} written to {f}"),
             None => String::new(),
         };
         // On stderr, as tcpdump's: stdout may be the capture itself.
         eprintln!(
             "xroce: {frames} RoCEv2 frames ({bytes} bytes) captured on {iface} in {seconds:.1}s \
-             (stopped by {stopped_by}; {per_queue}){to}; socket drops: {} (ring full {})",
-            stats.rx_dropped, stats.rx_ring_full
+             ({rx_frames} in, {tx_frames} out; stopped by {stopped_by}){to}; copies lost: \
+             {rx_lost} in, {tx_lost} out; {filtered_out} filtered out"
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(ipv6: bool, vlan: bool) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        if vlan {
+            f.extend_from_slice(&[0x81, 0x00, 0, 5]);
+        }
+        if ipv6 {
+            f.extend_from_slice(&[0x86, 0xdd]);
+            let mut ip = vec![0u8; 40];
+            ip[0] = 0x60;
+            ip[6] = 17;
+            ip[8..24].copy_from_slice(&"fe80::1".parse::<std::net::Ipv6Addr>().unwrap().octets());
+            ip[24..40].copy_from_slice(&"fe80::2".parse::<std::net::Ipv6Addr>().unwrap().octets());
+            f.extend_from_slice(&ip);
+        } else {
+            f.extend_from_slice(&[0x08, 0x00]);
+            let mut ip = vec![0u8; 20];
+            ip[0] = 0x45;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
+            ip[16..20].copy_from_slice(&[10, 0, 0, 2]);
+            f.extend_from_slice(&ip);
+        }
+        f.extend_from_slice(&[0xc0, 0x00, 0x12, 0xb7, 0, 40, 0, 0]);
+        // BTH: opcode 0x0a, DestQP 0x010011.
+        f.extend_from_slice(&[0x0a, 0, 0xff, 0xff, 0, 0x01, 0x00, 0x11, 0, 0, 0, 7]);
+        f
+    }
+
+    #[test]
+    fn fields_are_read_over_ipv4_ipv6_and_vlan_tags() {
+        for (v6, vlan) in [(false, false), (true, false), (false, true), (true, true)] {
+            let f = fields(&frame(v6, vlan)).unwrap_or_else(|| panic!("{v6} {vlan}"));
+            assert_eq!((f.opcode, f.dest_qp), (0x0a, 0x010011));
+            assert_eq!(f.src.is_ipv6(), v6);
+        }
+        assert_eq!(
+            fields(&frame(false, false)[..40]),
+            None,
+            "cut before the BTH"
+        );
+    }
+
+    #[test]
+    fn filters_match_every_condition() {
+        let f = frame(false, false);
+        let all = |qpn, opcode, peer: Option<&str>| {
+            Filter {
+                qpn,
+                opcode,
+                peer: peer.map(|p| p.parse().unwrap()),
+            }
+            .pass(&f)
+        };
+        assert!(all(None, None, None));
+        assert!(all(Some(0x010011), Some(0x0a), Some("10.0.0.1")));
+        assert!(all(None, None, Some("10.0.0.2")), "destination too");
+        assert!(!all(Some(0x11), None, None));
+        assert!(!all(None, Some(0x06), None));
+        assert!(!all(None, None, Some("10.0.0.3")));
+        assert!(!Filter {
+            qpn: Some(1),
+            opcode: None,
+            peer: None
+        }
+        .pass(&[0u8; 10]));
+    }
+
+    #[test]
+    fn copies_come_out_in_time_order_within_the_window() {
+        let mut r = Reorder {
+            heap: BinaryHeap::new(),
+            order: 0,
+        };
+        r.push(30, Direction::Inbound, 1, vec![3]);
+        r.push(10, Direction::Outbound, 1, vec![1]);
+        r.push(20, Direction::Inbound, 1, vec![2]);
+        r.push(20, Direction::Outbound, 1, vec![22]);
+        assert_eq!(r.pop_before(10), None, "nothing older than 10");
+        let out: Vec<u8> = std::iter::from_fn(|| r.pop_before(25))
+            .map(|p| p.frame[0])
+            .collect();
+        assert_eq!(out, [1, 2, 22], "by time, then arrival");
+        assert_eq!(r.pop_before(u64::MAX).map(|p| p.frame), Some(vec![3]));
+    }
+
+    #[test]
+    fn qpns_and_opcodes_parse_as_users_write_them() {
+        assert_eq!(parse_qpn("0x11"), Ok(0x11));
+        assert_eq!(parse_qpn("17"), Ok(17));
+        assert!(parse_qpn("0x1000000").is_err());
+        assert_eq!(parse_u8("0x0a"), Ok(10));
+        assert!(parse_u8("300").is_err());
+    }
 }

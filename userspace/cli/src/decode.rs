@@ -6,20 +6,35 @@
 //!
 //! Reads pcap (microsecond or nanosecond timestamps, either byte order) and
 //! pcapng through [`xroce::capture`], with link types Ethernet, Linux cooked
-//! SLL / SLL2 and raw IP. The report logic ([`decode_capture_bytes`],
-//! [`Report`]) is I/O free so tests can run it on the reference captures.
+//! SLL / SLL2 and raw IP. When a pcapng marks frames as received or sent
+//! (`epb_flags`), the report counts each direction and its per-frame lines
+//! say which one ([`DIRECTION_HELP`]). The report logic
+//! ([`decode_capture_bytes`], [`Report`]) is I/O free so tests can run it on
+//! the reference captures.
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use xroce::capture::{Capture, CaptureError, LINKTYPE_ETHERNET};
+use xroce::capture::{Capture, CaptureError, Direction, LINKTYPE_ETHERNET};
 use xroce_report::{CmLine, DecodeReport, Problem, QpTraffic};
 use xroce_wire::cm::{ib_mtu_bytes, CmMadRepr, CmMessage};
 use xroce_wire::rdma_cm::{split_service_id, CmaHeader};
 use xroce_wire::{icrc, mad, parse_frame, Error as WireError, Gid, Opcode, Syndrome};
 
+/// How the output shows the direction of a frame; `xroce decode --help`
+/// prints it.
+pub const DIRECTION_HELP: &str = "\
+Direction: a pcapng capture may mark each frame as received or sent (its
+epb_flags, as dumpcap and `xroce capture -w` write them). The text
+report then counts both on its first line (\"N frames (I in, O out)\") and
+each per-frame line says \"frame N (in)\" for a received frame or
+\"frame N (out)\" for a sent one; --json gives frames_in and frames_out,
+and a \"direction\": \"in\" or \"out\" on each cm and problems entry.
+Frames without a mark (classic pcap, or pcapng without flags) show neither.";
+
 #[derive(clap::Args, Debug)]
+#[command(after_help = DIRECTION_HELP)]
 pub struct DecodeArgs {
     /// pcap or pcapng file to decode
     pub file: PathBuf,
@@ -95,16 +110,35 @@ fn to_ethernet(link: u32, pkt: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     }
 }
 
+/// "in" or "out" as the JSON report carries it.
+fn direction_text(direction: Option<Direction>) -> Option<String> {
+    direction.map(|d| d.as_str().to_owned())
+}
+
+/// " (in)", " (out)" or nothing, after "frame N" in the text report.
+fn direction_mark(direction: Option<&str>) -> String {
+    direction.map(|d| format!(" ({d})")).unwrap_or_default()
+}
+
 impl Report {
-    fn malformed(&mut self, frame: u64, reason: String) {
-        self.counts.malformed += 1;
+    fn problem(&mut self, frame: u64, direction: Option<Direction>, reason: String) {
         if self.counts.problems.len() < MAX_LISTED_MALFORMED {
-            self.counts.problems.push(Problem { frame, reason });
+            self.counts.problems.push(Problem {
+                frame,
+                reason,
+                direction: direction_text(direction),
+            });
         }
     }
 
-    /// Account one Ethernet frame (number `n`, 1-based).
-    pub fn add_frame(&mut self, n: u64, frame: &[u8]) {
+    fn malformed(&mut self, frame: u64, direction: Option<Direction>, reason: String) {
+        self.counts.malformed += 1;
+        self.problem(frame, direction, reason);
+    }
+
+    /// Account one Ethernet frame (number `n`, 1-based), received or sent
+    /// if the capture says.
+    pub fn add_frame(&mut self, n: u64, frame: &[u8], direction: Option<Direction>) {
         let (repr, payload) = match parse_frame(frame) {
             Ok(x) => x,
             Err(e) if e.is_not_roce() => {
@@ -114,7 +148,7 @@ impl Report {
             Err(e) => {
                 // A UDP/4791 frame we cannot decode is RoCE traffic gone wrong.
                 self.counts.roce += 1;
-                self.malformed(n, e.to_string());
+                self.malformed(n, direction, e.to_string());
                 return;
             }
         };
@@ -123,14 +157,9 @@ impl Report {
             Ok(()) => self.counts.icrc_ok += 1,
             Err(e @ WireError::BadIcrc { .. }) => {
                 self.counts.icrc_bad += 1;
-                if self.counts.problems.len() < MAX_LISTED_MALFORMED {
-                    self.counts.problems.push(Problem {
-                        frame: n,
-                        reason: e.to_string(),
-                    });
-                }
+                self.problem(n, direction, e.to_string());
             }
-            Err(e) => self.malformed(n, e.to_string()),
+            Err(e) => self.malformed(n, direction, e.to_string()),
         }
         let t = &repr.transport;
         let op = t.bth.opcode;
@@ -140,8 +169,9 @@ impl Report {
                 Ok(m) => self.counts.cm.push(CmLine {
                     frame: n,
                     message: cm_line(&m),
+                    direction: direction_text(direction),
                 }),
-                Err(e) => self.malformed(n, format!("GSI MAD: {e}")),
+                Err(e) => self.malformed(n, direction, format!("GSI MAD: {e}")),
             }
         }
         if op == Opcode::CNP {
@@ -213,9 +243,21 @@ impl Report {
     /// Human-readable report.
     pub fn to_text(&self, name: &str) -> String {
         let mut s = String::new();
+        let directions = match (self.counts.frames_in, self.counts.frames_out) {
+            (None, None) => String::new(),
+            (i, o) => {
+                let (i, o) = (i.unwrap_or(0), o.unwrap_or(0));
+                let unmarked = self.counts.frames.saturating_sub(i + o);
+                if unmarked > 0 {
+                    format!(" ({i} in, {o} out, {unmarked} unmarked)")
+                } else {
+                    format!(" ({i} in, {o} out)")
+                }
+            }
+        };
         let _ = writeln!(
             s,
-            "{name}: {} frames, {} RoCEv2, {} other",
+            "{name}: {} frames{directions}, {} RoCEv2, {} other",
             self.counts.frames, self.counts.roce, self.counts.not_roce
         );
         let _ = writeln!(
@@ -256,15 +298,17 @@ impl Report {
             for CmLine {
                 frame: n,
                 message: l,
+                direction: d,
             } in &self.counts.cm
             {
-                let _ = writeln!(s, "  frame {n}: {l}");
+                let _ = writeln!(s, "  frame {n}{}: {l}", direction_mark(d.as_deref()));
             }
         }
         if !self.counts.problems.is_empty() {
             let _ = writeln!(s, "\nproblems (first {MAX_LISTED_MALFORMED}):");
             for m in &self.counts.problems {
-                let _ = writeln!(s, "  frame {}: {}", m.frame, m.reason);
+                let mark = direction_mark(m.direction.as_deref());
+                let _ = writeln!(s, "  frame {}{mark}: {}", m.frame, m.reason);
             }
         }
         s
@@ -401,6 +445,16 @@ pub fn decode_capture_bytes(data: &[u8]) -> Result<Report, CaptureError> {
         let p = p?;
         rep.counts.frames += 1;
         rep.counts.bytes += p.data.len() as u64;
+        if let Some(d) = p.direction {
+            // Once a frame is marked, both directions are counted, zero or not.
+            let c = &mut rep.counts;
+            let (frames_in, frames_out) =
+                (c.frames_in.get_or_insert(0), c.frames_out.get_or_insert(0));
+            match d {
+                Direction::Inbound => *frames_in += 1,
+                Direction::Outbound => *frames_out += 1,
+            }
+        }
         let Some(frame) = to_ethernet(p.link_type, &p.data) else {
             rep.counts.not_roce += 1;
             continue;
@@ -413,6 +467,7 @@ pub fn decode_capture_bytes(data: &[u8]) -> Result<Report, CaptureError> {
                 rep.counts.roce += 1;
                 rep.malformed(
                     n,
+                    p.direction,
                     format!(
                         "captured {} of {} bytes (snaplen)",
                         p.data.len(),
@@ -422,7 +477,7 @@ pub fn decode_capture_bytes(data: &[u8]) -> Result<Report, CaptureError> {
             }
             continue;
         }
-        rep.add_frame(n, &frame);
+        rep.add_frame(n, &frame, p.direction);
     }
     Ok(rep)
 }
@@ -698,7 +753,7 @@ mod tests {
                 }
             }
             rep.counts.frames += 1;
-            rep.add_frame(n, &pkt);
+            rep.add_frame(n, &pkt, None);
         }
         assert_eq!(rep.psn_gaps(), 1);
         let q = &rep
@@ -772,5 +827,146 @@ mod tests {
         assert!(cut > 0);
         assert!(rep.counts.malformed <= cut && rep.counts.malformed > 0);
         assert!(rep.counts.problems[0].reason.ends_with("bytes (snaplen)"));
+    }
+
+    /// `frames` as a pcapng written by xroce's own writer, each with its
+    /// direction (or none).
+    fn write_pcapng(frames: &[(std::time::Duration, Vec<u8>, Option<Direction>)]) -> Vec<u8> {
+        let options = xroce::capture::WriteOptions {
+            nanosecond: true,
+            format: xroce::capture::FileFormat::PcapNg,
+            if_name: Some("eth1".into()),
+            ..Default::default()
+        };
+        let mut w = xroce::capture::PcapWriter::new(Vec::new(), options).unwrap();
+        for (ts, f, d) in frames {
+            w.write_with(*ts, f, f.len() as u32, *d).unwrap();
+        }
+        w.into_inner()
+    }
+
+    /// rping's capture as the client (10.77.0.11) would record it: what it
+    /// sent is out, the rest in.
+    fn rping_as_client() -> Vec<(std::time::Duration, Vec<u8>, Option<Direction>)> {
+        let data = std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data/cm/rping.pcap"),
+        )
+        .unwrap();
+        let client = Gid::from_ipv4([10, 77, 0, 11]);
+        packets(&data)
+            .into_iter()
+            .map(|(ts, f)| {
+                let from_client = parse_frame(&f).is_ok_and(|(r, _)| r.ip.src_gid() == client);
+                let d = if from_client {
+                    Direction::Outbound
+                } else {
+                    Direction::Inbound
+                };
+                (ts, f, Some(d))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pcapng_directions_are_counted_and_marked() {
+        let frames = rping_as_client();
+        let sent = frames
+            .iter()
+            .filter(|f| f.2 == Some(Direction::Outbound))
+            .count() as u64;
+        let rep = decode_capture_bytes(&write_pcapng(&frames)).unwrap();
+        let n = frames.len() as u64;
+        assert!(sent > 0 && sent < n);
+        assert_eq!(rep.counts.frames, n);
+        assert_eq!(
+            (rep.counts.frames_in, rep.counts.frames_out),
+            (Some(n - sent), Some(sent))
+        );
+        assert_eq!(rep.counts.malformed, 0, "{:?}", rep.counts.problems);
+        let cm: Vec<(u64, Option<&str>)> = rep
+            .counts
+            .cm
+            .iter()
+            .map(|c| (c.frame, c.direction.as_deref()))
+            .collect();
+        // REQ and RTU from the client, REP from the server, then the
+        // client's DREQ and the server's DREP.
+        assert_eq!(
+            cm,
+            [
+                (1, Some("out")),
+                (2, Some("in")),
+                (3, Some("out")),
+                (124, Some("out")),
+                (125, Some("in"))
+            ]
+        );
+
+        let text = rep.to_text("rping.pcapng");
+        assert!(
+            text.starts_with(&format!(
+                "rping.pcapng: {n} frames ({} in, {sent} out), ",
+                n - sent
+            )),
+            "{text}"
+        );
+        assert!(text.contains("  frame 1 (out): CM REQ "), "{text}");
+        assert!(text.contains("  frame 2 (in): CM REP "), "{text}");
+
+        let json = serde_json::to_value(rep.to_report()).unwrap();
+        assert_eq!(json["frames_in"], n - sent);
+        assert_eq!(json["frames_out"], sent);
+        assert_eq!(json["cm"][0]["direction"], "out");
+        assert_eq!(json["cm"][1]["direction"], "in");
+        // What --json prints reads back as the same report.
+        let back: DecodeReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, rep.to_report());
+
+        // Without directions the report is the classic pcap's.
+        let unmarked: Vec<_> = frames
+            .iter()
+            .map(|(t, f, _)| (*t, f.clone(), None))
+            .collect();
+        let plain = decode_capture_bytes(&write_pcapng(&unmarked))
+            .unwrap()
+            .to_report();
+        let pcap_frames: Vec<_> = frames.iter().map(|(t, f, _)| (*t, f.clone())).collect();
+        let mut classic = decode_capture_bytes(&write_pcap(
+            pcap_file::pcap::PcapHeader {
+                ts_resolution: pcap_file::TsResolution::NanoSecond,
+                ..Default::default()
+            },
+            &pcap_frames,
+        ))
+        .unwrap()
+        .to_report();
+        assert_eq!(plain, classic);
+        let text = serde_json::to_string(&classic).unwrap();
+        assert!(
+            !text.contains("direction") && !text.contains("frames_in"),
+            "{text}"
+        );
+        classic.frames_in = Some(0);
+        assert_ne!(plain, classic);
+    }
+
+    /// A problem frame says its direction; frames without one are counted
+    /// as unmarked beside those with one.
+    #[test]
+    fn problems_say_their_direction() {
+        let mut frames = rping_as_client();
+        // Break the REQ's ICRC (sent) and leave the REP (received) unmarked.
+        let n = frames[0].1.len();
+        frames[0].1[n - 6] ^= 0x55;
+        frames[1].2 = None;
+        let rep = decode_capture_bytes(&write_pcapng(&frames)).unwrap();
+        assert_eq!(rep.counts.icrc_bad, 1);
+        assert_eq!(rep.counts.problems[0].frame, 1);
+        assert_eq!(rep.counts.problems[0].direction.as_deref(), Some("out"));
+        assert_eq!(rep.counts.cm[1].direction, None);
+        let text = rep.to_text("x");
+        assert!(text.contains(", 1 unmarked), "), "{text}");
+        assert!(text.contains("  frame 1 (out): ICRC mismatch"), "{text}");
+        assert!(text.contains("  frame 2: CM REP "), "{text}");
     }
 }

@@ -110,7 +110,7 @@ fn collect(only: Option<&str>, qps: bool) -> anyhow::Result<(StatusReport, Optio
                     p.udp_ports.push(qpn_block::udp_port(b));
                 }
                 Hold::AfXdp => p.afxdp = true,
-                Hold::Attaching => {}
+                Hold::Attaching | Hold::Capture => {}
             }
         }
         if xdp.is_none() && by_pid.is_empty() && unattributed_blocks.is_empty() {

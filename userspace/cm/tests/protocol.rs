@@ -385,7 +385,10 @@ fn a_second_req_waits_for_a_listener_coming_back() {
     sim.step();
     sim.step();
     assert_eq!(
-        (sim.b.stats().req_no_listener_held, sim.b.stats().req_no_listener),
+        (
+            sim.b.stats().req_no_listener_held,
+            sim.b.stats().req_no_listener
+        ),
         (1, 0)
     );
     assert!(sim.a.poll_event().is_none(), "no REJ");

@@ -29,6 +29,9 @@ pub mod names {
     pub const FAULT_RNG: &str = "XROCE_FAULT_RNG";
     /// Per-RX-queue counters ([`crate::RxQueueCounters`]).
     pub const RXQ_COUNTERS: &str = "XROCE_RXQ";
+    /// Perf event array the program copies frames to while a capture runs
+    /// ([`crate::capture`]).
+    pub const CAPTURE: &str = "XROCE_CAPTURE";
     /// Directory under bpffs where xroce before 2026-12 pinned one
     /// interface's maps and link (`<PIN_ROOT>/<iface>/`). Nothing is pinned
     /// now (the program is found through the interface); only cleaned.
@@ -38,7 +41,8 @@ pub mod names {
 }
 
 /// Slots in the `XROCE_CONFIG` array (slot 0: [`config_flags`]; slot 1:
-/// [`qpn_block::CONFIG_XSK_BLOCK`]).
+/// [`qpn_block::CONFIG_XSK_BLOCK`]; slot 2: [`qpn_block::CONFIG_XSK_BLOCKS`];
+/// slot 3: [`capture::CONFIG_SNAPLEN`]).
 pub const CONFIG_SLOTS: u32 = 4;
 
 /// Largest number of QPNs the XDP QPN filter can hold.
@@ -223,6 +227,49 @@ pub const fn opcode_is_known(opcode: u8) -> bool {
 }
 
 /// Flags in slot 0 of the `XROCE_CONFIG` array map.
+/// What the XDP program copies to `xroce capture` while one runs: each
+/// RoCEv2 frame it sees (received), before it redirects, passes or drops
+/// it, as a perf event sample of a [`capture::CaptureMeta`] followed by the
+/// frame's first bytes (`bpf_xdp_output`, as xdpdump does). Copying takes
+/// nothing from the frame's way.
+pub mod capture {
+    /// Slot of `XROCE_CONFIG`: 0 when no capture runs, else the most bytes
+    /// of a frame to copy (the capture's snap length).
+    pub const CONFIG_SNAPLEN: u32 = 3;
+
+    /// Most bytes one sample can carry after the meta: the helper's
+    /// context-length field is 20 bits, and a perf sample's size 16.
+    pub const MAX_COPY: u32 = 65000;
+
+    /// In front of each copied frame.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct CaptureMeta {
+        /// bpf_ktime_get_ns: CLOCK_MONOTONIC.
+        pub ts_ns: u64,
+        /// The whole frame's length (what follows may be less).
+        pub frame_len: u32,
+        pub rx_queue: u32,
+    }
+
+    /// Bytes of [`CaptureMeta`] in a sample.
+    pub const META_LEN: usize = 16;
+    const _: () = assert!(core::mem::size_of::<CaptureMeta>() == META_LEN);
+
+    impl CaptureMeta {
+        /// The meta at the start of a sample (native byte order, as the
+        /// program wrote it), if the sample is long enough.
+        pub fn parse(sample: &[u8]) -> Option<Self> {
+            let b = sample.get(..META_LEN)?;
+            Some(Self {
+                ts_ns: u64::from_ne_bytes(b[0..8].try_into().ok()?),
+                frame_len: u32::from_ne_bytes(b[8..12].try_into().ok()?),
+                rx_queue: u32::from_ne_bytes(b[12..16].try_into().ok()?),
+            })
+        }
+    }
+}
+
 pub mod config_flags {
     /// Only redirect frames whose destination QPN is in `XROCE_QPNS`.
     pub const QPN_FILTER: u32 = 1;

@@ -13,6 +13,12 @@ use crate::required;
 pub struct DecodeReport {
     /// Frames in the capture.
     pub frames: u64,
+    /// Frames the capture marks as received, and as sent (pcapng
+    /// `epb_flags`); absent when it marks none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frames_in: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frames_out: Option<u64>,
     /// RoCEv2 frames (UDP port 4791), decodable or not.
     pub roce: u64,
     pub not_roce: u64,
@@ -73,6 +79,9 @@ pub struct Problem {
     /// 1-based frame number in the capture (as Wireshark counts).
     pub frame: u64,
     pub reason: String,
+    /// "in" (received) or "out" (sent), when the capture says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
 }
 
 /// One connection-management MAD.
@@ -83,6 +92,9 @@ pub struct CmLine {
     pub frame: u64,
     /// What it says, e.g. "CM REQ tid=... ".
     pub message: String,
+    /// "in" (received) or "out" (sent), when the capture says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direction: Option<String>,
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //!   program marking and dropping on its departure clock).
 pub mod bottleneck;
 pub mod capture;
+pub mod capture_tap;
 pub mod cc;
 pub mod connect;
 pub mod device;

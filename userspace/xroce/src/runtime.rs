@@ -249,6 +249,7 @@ fn run(
             idle_wait(device, config.max_wait)
         };
         if !wait.is_zero() && !pollfds.is_empty() {
+            io.before_sleep();
             bell.asleep.store(true, Ordering::SeqCst);
             let rung = sleep(&mut pollfds, wait);
             bell.asleep.store(false, Ordering::SeqCst);

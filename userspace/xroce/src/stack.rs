@@ -246,6 +246,9 @@ impl Stack {
                     .map_err(backend_err)?,
             ),
         };
+        // What we send never passes the XDP program: a running `xroce
+        // capture` gets copies from us (capture_tap).
+        let io: Box<dyn PacketIo> = Box::new(crate::capture_tap::Tapped::new(io, ifindex));
         let backend = io.name();
         let device = Device::new(engine);
         let runtime = Runtime::start(

@@ -11,7 +11,8 @@
 //! 1 % loss, go-back-N against selective repeat ([`loss`]), UCX and Open
 //! MPI over xroce against their TCP transports ([`clients`]), and TIMELY's
 //! and Swift's queue delay at a real bottleneck against their targets
-//! ([`cc_delay`]).
+//! ([`cc_delay`]), and what a running `xroce capture` costs the traffic it
+//! records ([`capture`]).
 //! Writes target/bench/report.json.
 
 use std::{
@@ -25,6 +26,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_json::Value;
 use xroce_report::{BenchReport, LatReport};
 
+mod capture;
 mod cc_delay;
 mod ceiling;
 mod clients;
@@ -92,6 +94,9 @@ struct Report {
     clients: clients::Clients,
     /// TIMELY and Swift: the bottleneck's queue delay against their targets.
     cc_delay: cc_delay::CcDelay,
+    /// WRITE and SEND latency with a capture on both ends vs without
+    /// (issue 28).
+    capture: capture::CaptureCost,
     ratios: Ratios,
 }
 
@@ -133,6 +138,7 @@ pub fn bench() -> Result<()> {
         Some("latency_tail") => return alone(&latency_tail::measure(&ns)?),
         Some("clients") => return alone(&clients::measure(MTU)?),
         Some("cc_delay") => return alone(&cc_delay::measure()?),
+        Some("capture") => return alone(&capture::measure(&ns)?),
         Some("udp_gso") => {
             // Its best-backend line needs the AF_XDP WRITE of the full run.
             step("xroce RDMA WRITE 64 KiB, 1 QP");
@@ -145,7 +151,7 @@ pub fn bench() -> Result<()> {
         }
         Some(other) => bail!(
             "XROCE_BENCH_ONLY={other} is not a figure: use many_qps, loss, io_threads, \
-             multicore, latency_tail, udp_gso, clients or cc_delay (unset: every figure)"
+             multicore, latency_tail, udp_gso, clients, cc_delay or capture (unset: every figure)"
         ),
     }
 
@@ -253,6 +259,8 @@ pub fn bench() -> Result<()> {
     let clients = clients::measure(MTU)?;
     step("TIMELY and Swift: queue delay at a real bottleneck against their targets");
     let cc_delay = cc_delay::measure()?;
+    step("WRITE 64 KiB and SEND 8 B latency with a capture on both ends vs without");
+    let capture = capture::measure(&ns)?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -281,6 +289,7 @@ pub fn bench() -> Result<()> {
         loss,
         clients,
         cc_delay,
+        capture,
         udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,

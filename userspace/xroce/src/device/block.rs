@@ -32,6 +32,9 @@ pub enum Hold {
     /// Held while a process attaches the XDP program (two at once would
     /// each load one, and the loser's clean-up would unpin the winner's).
     Attaching,
+    /// Held by `xroce capture`: one at a time, as the program's perf
+    /// buffers take one reader per CPU.
+    Capture,
 }
 
 impl Hold {
@@ -40,7 +43,7 @@ impl Hold {
     fn is_root_only(self) -> bool {
         match self {
             Hold::Block(b) => qpn_block::is_root_only(b),
-            Hold::AfXdp | Hold::Attaching => true,
+            Hold::AfXdp | Hold::Attaching | Hold::Capture => true,
         }
     }
 
@@ -50,6 +53,7 @@ impl Hold {
             Hold::Block(b) => format!("block.{b}"),
             Hold::AfXdp => "afxdp".into(),
             Hold::Attaching => "attaching".into(),
+            Hold::Capture => "capture".into(),
         }
     }
 
@@ -58,6 +62,7 @@ impl Hold {
         match what {
             "afxdp" => Some(Hold::AfXdp),
             "attaching" => Some(Hold::Attaching),
+            "capture" => Some(Hold::Capture),
             w => Some(Hold::Block(w.strip_prefix("block.")?.parse().ok()?)),
         }
     }
@@ -164,6 +169,28 @@ impl QpnBlock {
         Ok(Self::claim_run(ifindex, 1, |_| true)?.remove(0))
     }
 
+    /// Takes the lowest free block of root's ([`qpn_block::ROOT_FIRST`] and
+    /// up): a process that must count as a user of the device (so that the
+    /// last process does not detach the XDP program under it) without
+    /// taking a block others would use.
+    pub fn claim_root(ifindex: u32) -> Result<Self, BlockError> {
+        for block in qpn_block::ROOT_FIRST..qpn_block::COUNT {
+            if let Some(hold) = take(ifindex, Hold::Block(block))? {
+                return Ok(Self {
+                    ifindex,
+                    block,
+                    hold: Some(hold),
+                });
+            }
+        }
+        Err(BlockError::Full {
+            ifindex,
+            blocks: qpn_block::COUNT - qpn_block::ROOT_FIRST,
+            who: "root",
+            hint: "",
+        })
+    }
+
     /// Takes the lowest run of `n` consecutive free blocks of device
     /// `ifindex` whose UDP ports `port_free` finds free (the backend binds
     /// them; [`crate::io::udp::port_free`]), all a user's or all root's: a
@@ -258,6 +285,18 @@ impl QpnBlock {
 
 /// Waits up to `timeout` to be the only process attaching the XDP program
 /// to device `ifindex`; the returned descriptor holds that until dropped.
+/// The capture's hold of device `ifindex` (root's alone): None while
+/// another capture runs.
+pub fn claim_capture(ifindex: u32) -> std::io::Result<Option<CaptureHold>> {
+    Ok(take(ifindex, Hold::Capture)?.map(|hold| CaptureHold { _hold: hold }))
+}
+
+/// This process captures the device (released on drop or exit).
+#[derive(Debug)]
+pub struct CaptureHold {
+    _hold: Held,
+}
+
 /// Root's alone.
 pub(crate) fn attaching(
     ifindex: u32,

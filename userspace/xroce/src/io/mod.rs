@@ -179,6 +179,10 @@ pub trait PacketIo: Send {
     fn rx_pressure(&self) -> bool {
         false
     }
+
+    /// The I/O thread is about to sleep (nothing to do for a while): a
+    /// backend holding something back sends it now.
+    fn before_sleep(&mut self) {}
 }
 
 /// A boxed backend is a backend (for code generic over `impl PacketIo`).
@@ -215,6 +219,9 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn rx_pressure(&self) -> bool {
         (**self).rx_pressure()
+    }
+    fn before_sleep(&mut self) {
+        (**self).before_sleep()
     }
 }
 

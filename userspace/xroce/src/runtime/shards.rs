@@ -527,6 +527,13 @@ impl ShardedDevice {
                 None,
             ),
         };
+        // Each shard copies what it sends to a running `xroce capture`
+        // (capture_tap); frames it hands to a sibling shard stay in the
+        // process and are not copied.
+        let ios: Vec<Box<dyn PacketIo>> = ios
+            .into_iter()
+            .map(|io| Box::new(crate::capture_tap::Tapped::new(io, ifindex)) as Box<dyn PacketIo>)
+            .collect();
         let backend = ios[0].name();
         // One group: MRs, PDs and CQs shared by the shards (verbs::device).
         let devices = Device::group(shard_configs(&engine, base_block, cfg.shards));

@@ -27,6 +27,7 @@ use xroce_common::{
 };
 use xroce_netlink::xdp::{flags as xdp_flags, set_xdp};
 
+pub mod capture_ring;
 mod find;
 mod libxdp;
 
@@ -384,6 +385,18 @@ pub fn set_xsk_block(iface: &str, block: u32) -> Result<(), XdpError> {
         .map_err(bpf_err("config map"))?;
     config
         .set(qpn_block::CONFIG_XSK_BLOCK, block, 0)
+        .map_err(bpf_err("write XDP config"))
+}
+
+/// Tells the program to copy each RoCEv2 frame it sees, up to `snaplen`
+/// bytes, to the capture's perf buffers (`xroce_common::capture`); 0 stops
+/// the copies.
+pub fn set_capture_snaplen(iface: &str, snaplen: u32) -> Result<(), XdpError> {
+    let map = open_map(iface, names::CONFIG)?;
+    let mut config = aya::maps::Array::<MapData, u32>::try_from(aya::maps::Map::Array(map))
+        .map_err(bpf_err("config map"))?;
+    config
+        .set(xroce_common::capture::CONFIG_SNAPLEN, snaplen, 0)
         .map_err(bpf_err("write XDP config"))
 }
 
