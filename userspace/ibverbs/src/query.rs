@@ -4,11 +4,10 @@
 //! An xroce device looks like Linux's rxe on the same interface: a channel
 //! adapter with one Ethernet port, RoCE v2 only, a 1024-entry GID table
 //! whose index 0 is the link-local GID made from the MAC and index 1 the
-//! IPv4-mapped address (`-g 1` / `-x 1` works as on rxe), one P_Key
-//! (0xffff), the port ACTIVE while the interface has carrier. Unlike rxe,
-//! the table lists no IPv6 addresses of the interface: the engine speaks
-//! RoCEv2 over IPv4 only, and every GID shown must work as a source GID. The device
-//! limits are the engine's ([`crate::limits`]), reported here and
+//! IPv4-mapped address (`-g 1` / `-x 1` works as on rxe), then the
+//! interface's IPv6 addresses (every GID shown works as a source GID), one
+//! P_Key (0xffff), the port ACTIVE while the interface has carrier. The
+//! device limits are the engine's ([`crate::limits`]), reported here and
 //! enforced by the verbs that create and post.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
