@@ -78,9 +78,10 @@ pub struct PingpongArgs {
     /// Service level (accepted, ignored)
     #[arg(long, short = 'l', default_value_t = 0)]
     pub sl: u8,
-    /// GID index (accepted, ignored: the GID is the interface's IPv4-mapped one)
+    /// GID index of the source address, as ibv_rc_pingpong's -g (default:
+    /// the interface's IPv4-mapped GID; an IPv6 one runs RoCEv2 over IPv6)
     #[arg(long, short = 'g')]
-    pub gid_idx: Option<i32>,
+    pub gid_idx: Option<u32>,
     /// Check the received data (the client sends rc_pingpong's -c pattern,
     /// the server checks every byte of every message)
     #[arg(long, short = 'c')]
@@ -135,7 +136,15 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
     if args.size == 0 {
         bail!("--size must be at least 1");
     }
-    let local_ip = first_ipv4(&args.iface)?;
+    let local_ip = match args.gid_idx {
+        Some(_) => crate::perf::flags::gid_source(
+            &args.iface,
+            "-g",
+            args.gid_idx,
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        )?,
+        None => IpAddr::V4(first_ipv4(&args.iface)?),
+    };
     let stack = Stack::open_with(
         &StackOptions {
             iface: args.iface.clone(),
@@ -145,7 +154,7 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             line_rate_bps: 100_000_000_000,
             busy_poll: args.busy_poll,
         },
-        IpAddr::V4(local_ip),
+        local_ip,
     )?;
     let pd = stack.device.alloc_pd();
     let cq = stack
@@ -182,13 +191,15 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
     print_dest("local", &me);
 
     let connect = |rem: &PingpongDest| -> anyhow::Result<()> {
-        let Some(peer_ip) = gid_ipv4(&rem.gid) else {
+        // IPv4-mapped: RoCEv2 over IPv4; any other GID: over IPv6.
+        let peer_ip = IpAddr::from(rem.gid);
+        if peer_ip.is_unspecified() {
             bail!(
-                "peer's GID {} is not IPv4-mapped; use the RoCEv2 IPv4 GID there (rxe: -g 1)",
+                "peer's GID {} is no RoCEv2 address; use a RoCEv2 GID there (rxe: -g 1)",
                 gid_text(&rem.gid)
             );
-        };
-        let mac = stack.neighbour(IpAddr::V4(peer_ip))?;
+        }
+        let mac = stack.neighbour(peer_ip)?;
         let local = QpAttr {
             qp_access_flags: AccessFlags::LOCAL_WRITE,
             path_mtu: stack.path_mtu,
@@ -206,7 +217,7 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             psn: rem.psn,
             av: AddressVector {
                 dest_mac: mac,
-                dest_ip: peer_ip.into(),
+                dest_ip: peer_ip,
                 ..Default::default()
             },
         };
@@ -233,7 +244,10 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             rem
         }
         None => {
-            let listener = TcpListener::bind(("0.0.0.0", args.port))
+            // Both families where the host has IPv6 (a peer may come over
+            // either), else IPv4.
+            let listener = TcpListener::bind(("::", args.port))
+                .or_else(|_| TcpListener::bind(("0.0.0.0", args.port)))
                 .with_context(|| format!("listen on TCP port {}", args.port))?;
             let (server, rem) = pingpong::PingpongServer::accept(&listener, ACCEPT_TIMEOUT)?;
             connect(&rem)?;

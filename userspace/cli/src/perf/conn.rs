@@ -12,7 +12,7 @@
 //!    (server -> client) as blobs.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener},
+    net::{IpAddr, SocketAddr, TcpListener},
     time::Duration,
 };
 
@@ -385,12 +385,10 @@ impl Conn {
                 self.qps.len()
             );
         }
-        let peer_ip = match IpAddr::from(remote[0].gid) {
-            IpAddr::V4(v4) if !v4.is_unspecified() => IpAddr::V4(v4),
-            _ => tcp_peer,
-        };
-        let IpAddr::V4(dest_ip) = peer_ip else {
-            bail!("peer {peer_ip} is not IPv4");
+        let dest_ip = match IpAddr::from(remote[0].gid) {
+            IpAddr::V4(v4) if v4.is_unspecified() => tcp_peer,
+            IpAddr::V6(v6) if v6.is_unspecified() => tcp_peer,
+            a => a,
         };
         let peer_mac = peer_mac(stack, dest_ip, remote[0].mac)?;
         let theirs = Mtu::from_bytes(remote[0].mtu).unwrap_or(Mtu::Mtu1024);
@@ -406,7 +404,7 @@ impl Conn {
                 ud.push(UdAddress {
                     av: AddressVector {
                         dest_mac: peer_mac,
-                        dest_ip: dest_ip.into(),
+                        dest_ip,
                         ..Default::default()
                     },
                     remote_qpn: r.qpn,
@@ -432,8 +430,8 @@ impl Conn {
 
 /// The MAC of `ip` on our link; the one the peer announced if the
 /// neighbour table has none (same link, ARP filtered).
-pub fn peer_mac(stack: &Stack, ip: Ipv4Addr, announced: [u8; 6]) -> anyhow::Result<[u8; 6]> {
-    match stack.neighbour(IpAddr::V4(ip)) {
+pub fn peer_mac(stack: &Stack, ip: IpAddr, announced: [u8; 6]) -> anyhow::Result<[u8; 6]> {
+    match stack.neighbour(ip) {
         Ok(mac) => Ok(mac),
         Err(_) if announced != [0; 6] => Ok(announced),
         Err(e) => Err(e),
@@ -450,7 +448,7 @@ pub fn connect_qp(
     dest_qpn: u32,
     rq_psn: u32,
     dest_mac: [u8; 6],
-    dest_ip: Ipv4Addr,
+    dest_ip: IpAddr,
 ) -> anyhow::Result<()> {
     let local = QpAttr {
         qp_access_flags: ALL_ACCESS,
@@ -471,7 +469,7 @@ pub fn connect_qp(
         psn: rq_psn,
         av: AddressVector {
             dest_mac,
-            dest_ip: dest_ip.into(),
+            dest_ip,
             ..Default::default()
         },
     };

@@ -117,10 +117,22 @@ pub fn gid_table(iface: &str) -> anyhow::Result<Vec<Ipv6Addr>> {
 
 /// The source address RoCE runs from: GID `-x N`'s, else `default`.
 pub fn source_ip(args: &PerfArgs, default: IpAddr) -> anyhow::Result<IpAddr> {
-    let Some(n) = args.gid_index else {
+    gid_source(&args.iface, "-x", args.gid_index, default)
+}
+
+/// The address of GID `index` of `iface`'s table (the flag that named it
+/// is `flag`), else `default`: an IPv4-mapped GID is RoCEv2 over IPv4, any
+/// other over IPv6.
+pub fn gid_source(
+    iface: &str,
+    flag: &str,
+    index: Option<u32>,
+    default: IpAddr,
+) -> anyhow::Result<IpAddr> {
+    let Some(n) = index else {
         return Ok(default);
     };
-    let table = gid_table(&args.iface)?;
+    let table = gid_table(iface)?;
     let listing = || {
         table
             .iter()
@@ -131,32 +143,14 @@ pub fn source_ip(args: &PerfArgs, default: IpAddr) -> anyhow::Result<IpAddr> {
     };
     let Some(gid) = table.get(n as usize) else {
         bail!(
-            "-x {n}: {} has no GID index {n}; valid: {}",
-            args.iface,
+            "{flag} {n}: {iface} has no GID index {n}; valid: {}",
             listing()
         );
     };
-    match gid.to_ipv4_mapped() {
-        Some(v4) => Ok(IpAddr::V4(v4)),
-        None => {
-            let v4: Vec<String> = table
-                .iter()
-                .enumerate()
-                .filter(|(_, g)| g.to_ipv4_mapped().is_some())
-                .map(|(i, _)| i.to_string())
-                .collect();
-            bail!(
-                "-x {n}: GID {} is IPv6; bench and lat run RoCEv2 over IPv4: use -x {} (table: {})",
-                show_gid(gid),
-                if v4.is_empty() {
-                    "N after adding an IPv4 address".to_string()
-                } else {
-                    v4.join(" or -x ")
-                },
-                listing()
-            )
-        }
-    }
+    Ok(match gid.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(*gid),
+    })
 }
 
 fn show_gid(g: &Ipv6Addr) -> String {

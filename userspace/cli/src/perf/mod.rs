@@ -15,7 +15,7 @@
 
 mod bw;
 pub mod conn;
-mod flags;
+pub(crate) mod flags;
 mod lat;
 mod pattern;
 mod perftest;
@@ -167,7 +167,7 @@ pub struct PerfArgs {
     pub port: u16,
     /// GID index of the source address, as perftest's -x: the table the
     /// drop-in libibverbs shows (0 link-local, 1 the IPv4 address, then
-    /// IPv6 ones); bench and lat run RoCEv2 over IPv4, so 1
+    /// IPv6 ones): RoCEv2 over IPv4 from 1, over IPv6 from the others
     #[arg(long = "gid-index", short = 'x', value_name = "N")]
     pub gid_index: Option<u32>,
     /// All sizes 2..2^23 (perftest's -a), one report row per size (client;

@@ -44,13 +44,17 @@ impl From<&PerfArgs> for StackOptions {
     }
 }
 
-/// xroce's stack ([`xroce::stack::Stack`]) opened from the CLI's flags.
-pub struct Stack(XStack);
+/// xroce's stack ([`xroce::stack::Stack`]) opened from the CLI's flags,
+/// and the address (IPv4 or IPv6) this side speaks RoCEv2 from.
+pub struct Stack {
+    inner: XStack,
+    local_ip: IpAddr,
+}
 
 impl Deref for Stack {
     type Target = XStack;
     fn deref(&self) -> &XStack {
-        &self.0
+        &self.inner
     }
 }
 
@@ -77,10 +81,17 @@ impl Stack {
         local_ip: IpAddr,
         io_threads: usize,
     ) -> anyhow::Result<Stack> {
-        let IpAddr::V4(ip) = local_ip else {
-            bail!(
-                "{local_ip}: the engine speaks RoCEv2 over IPv4 only for now; use an IPv4 address"
-            );
+        // An IPv6 address must be the interface's; the engine's IPv4 one
+        // is then the interface's first, if it has one.
+        let ip = match local_ip {
+            IpAddr::V4(ip) => Some(ip),
+            IpAddr::V6(a) => {
+                let (_, v6) = xroce::device::interface_addrs(&opts.iface)?;
+                if !v6.contains(&a) {
+                    bail!("{a} is not an address of {} (-d/--iface)", opts.iface);
+                }
+                None
+            }
         };
         let path_mtu = opts
             .mtu
@@ -92,7 +103,7 @@ impl Stack {
         let stack = XStack::open(&StackConfig {
             iface: opts.iface.clone(),
             backend: Some(opts.backend),
-            local_ip: Some(ip),
+            local_ip: ip,
             path_mtu,
             cc: opts.cc,
             line_rate_bps: opts.line_rate_bps,
@@ -106,17 +117,25 @@ impl Stack {
             StackError::MtuTooLarge { fits, .. } => anyhow::anyhow!("--mtu: {e} (--mtu {fits})"),
             e => anyhow::Error::new(e),
         })?;
-        Ok(Stack(stack))
+        Ok(Stack {
+            inner: stack,
+            local_ip,
+        })
+    }
+
+    /// The GID of the address this side speaks from (IPv4-mapped or IPv6).
+    pub fn gid(&self) -> xroce_wire::Gid {
+        xroce_wire::Gid::from(self.local_ip)
     }
 
     /// MAC to reach `peer` on this link (ARP/NDP).
     pub fn neighbour(&self, peer: IpAddr) -> anyhow::Result<[u8; 6]> {
-        Ok(self.0.neighbour(peer, Duration::from_secs(3))?)
+        Ok(self.inner.neighbour(peer, Duration::from_secs(3))?)
     }
 
     /// Fails if the I/O thread stopped on an error.
     pub fn check_running(&self) -> anyhow::Result<()> {
-        if !self.0.is_running() {
+        if !self.inner.is_running() {
             bail!("the {} packet I/O thread stopped", self.backend);
         }
         Ok(())

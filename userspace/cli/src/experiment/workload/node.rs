@@ -321,13 +321,13 @@ impl PairConn {
         let IpAddr::V4(ip) = peer else {
             bail!("peer {peer} is not IPv4");
         };
-        let mac = peer_mac(stack, ip, theirs[0].mac)?;
+        let mac = peer_mac(stack, ip.into(), theirs[0].mac)?;
         let mtu = match Mtu::from_bytes(theirs[0].mtu) {
             Some(m) if m.bytes() < stack.path_mtu.bytes() => m,
             _ => stack.path_mtu,
         };
         for ((qp, &psn), r) in self.qps.iter().zip(&self.psns).zip(theirs) {
-            connect_qp(qp, psn, mtu, 16, r.qpn, r.psn, mac, ip)?;
+            connect_qp(qp, psn, mtu, 16, r.qpn, r.psn, mac, ip.into())?;
         }
         Ok(mtu)
     }

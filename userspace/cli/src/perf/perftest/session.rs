@@ -246,12 +246,14 @@ impl Test {
         let Some(gid) = r0.gid else {
             bail!("the peer sent no GID; run it with a RoCE GID (rxe: -x 1)");
         };
-        let IpAddr::V4(ip) = IpAddr::from(gid) else {
+        // IPv4-mapped or IPv6: both are RoCEv2 GIDs (perftest -x picks).
+        let ip = IpAddr::from(gid);
+        if ip.is_unspecified() {
             bail!(
-                "the peer's GID {} is not IPv4-mapped; use its RoCEv2 IPv4 GID (perftest -x)",
+                "the peer's GID {} is no RoCEv2 address; use a RoCEv2 GID (perftest -x)",
                 gid.hex()
             );
-        };
+        }
         let mac = peer_mac(&self.stack, ip, [0; 6])?;
         for ((qp, my), r) in self.qps.iter().zip(&self.my).zip(&self.rem) {
             let max_rd = r.out_reads.clamp(1, OUT_READS) as u8;
