@@ -541,6 +541,15 @@ fn frame_len(ctx: &XdpContext) -> usize {
     unsafe { bpf_xdp_get_buff_len(ctx.ctx) as usize }
 }
 
+/// The program's license as the kernel reads it: it lets only
+/// GPL-compatible programs call bpf_perf_event_output (the capture's
+/// copies, `copy_to_capture`), so the XDP object is offered under MIT or
+/// GPL, as aya-template's are. Without it libbpf (libxdp's loads) declares
+/// none and the verifier refuses the call; aya's loader said GPL for us.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
