@@ -430,24 +430,18 @@ fn requests_beyond_the_mr_touch_nothing_around_it() {
     const PSN: u32 = 900;
     const PAGE: usize = 4096;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
-    let write = |va: u64, len: u32| {
-        let mut t = request(0, Opcode::RC_RDMA_WRITE_ONLY, PSN);
+    // A request of `len` bytes; QPN, R_Key and va are set per case.
+    let with_len = |opcode: Opcode, len: u32| {
+        let mut t = request(0, opcode, PSN);
         t.reth = Some(RethRepr {
-            va,
+            va: 0,
             rkey: 0,
             dma_len: len,
         });
         t
     };
-    let read = |va: u64, len: u32| {
-        let mut t = request(0, Opcode::RC_RDMA_READ_REQUEST, PSN);
-        t.reth = Some(RethRepr {
-            va,
-            rkey: 0,
-            dma_len: len,
-        });
-        t
-    };
+    let write = |len: u32| with_len(Opcode::RC_RDMA_WRITE_ONLY, len);
+    let read = |len: u32| with_len(Opcode::RC_RDMA_READ_REQUEST, len);
     // (what, the va from the region's address, the request; its QPN,
     // R_Key and va are filled in per case).
     type Case = (&'static str, fn(u64) -> u64, TransportRepr);
@@ -455,12 +449,12 @@ fn requests_beyond_the_mr_touch_nothing_around_it() {
         (
             "WRITE across the end",
             |a| a + PAGE as u64 - 100,
-            write(0, 256),
+            write(256),
         ),
-        ("WRITE below the start", |a| a - 64, write(0, 128)),
-        ("WRITE wrapping 2^64", |_| u64::MAX - 15, write(0, 256)),
-        ("READ of 2 GiB", |a| a, read(0, 1 << 31)),
-        ("READ wrapping 2^64", |_| u64::MAX - 100, read(0, 256)),
+        ("WRITE below the start", |a| a - 64, write(128)),
+        ("WRITE wrapping 2^64", |_| u64::MAX - 15, write(256)),
+        ("READ of 2 GiB", |a| a, read(1 << 31)),
+        ("READ wrapping 2^64", |_| u64::MAX - 100, read(256)),
     ];
     for (seed, (what, va_of, mut t)) in (40..).zip(cases) {
         let p = PairParams {
