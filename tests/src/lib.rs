@@ -75,6 +75,15 @@ pub struct Netns {
     guard: xroce_netns::Netns,
 }
 
+impl Drop for Netns {
+    /// What a root hold of an xroce process the test killed (SIGKILL)
+    /// left in /run/xroce-holds goes with the test's namespace: nothing
+    /// else would remove it until the next xroce takes a hold.
+    fn drop(&mut self) {
+        xroce::device::sweep_stale_holds();
+    }
+}
+
 impl Netns {
     pub fn new(name: String) -> Self {
         let guard = xroce_netns::Netns::create(name.clone())

@@ -38,6 +38,8 @@ mod holders;
 mod interface;
 mod neighbour;
 mod root_lock;
+
+pub use root_lock::sweep_stale as sweep_stale_holds;
 pub mod sysfs;
 
 pub use backend::udp_port_free;

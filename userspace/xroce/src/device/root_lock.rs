@@ -91,7 +91,9 @@ fn lock_existing(file: File, path: &Path) -> io::Result<Option<RootLock>> {
 
 /// Removes the files of holders that died without letting go: each is
 /// taken as a hold and released, so one a process holds is left alone.
-fn sweep_stale() {
+/// (Root only: no one else may look into [`HOLDS_DIR`]; the folder goes
+/// too once empty.)
+pub fn sweep_stale() {
     let Ok(entries) = fs::read_dir(HOLDS_DIR) else {
         return;
     };
@@ -107,6 +109,7 @@ fn sweep_stale() {
             drop(lock_existing(file, &path));
         }
     }
+    let _ = fs::remove_dir(HOLDS_DIR);
 }
 
 /// A root-only hold, released (and its file removed) on drop.
