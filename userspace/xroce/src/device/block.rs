@@ -130,12 +130,6 @@ fn name_bound(ifindex: u32, block: u32) -> bool {
     connect(std::os::fd::AsRawFd::as_raw_fd(&fd), &addr).is_ok()
 }
 
-/// Whether the calling process may hold root's blocks.
-fn may_hold_root_blocks() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Why no block could be had.
 #[derive(Debug, thiserror::Error)]
 pub enum BlockError {
@@ -202,7 +196,8 @@ impl QpnBlock {
         port_free: impl Fn(u16) -> bool,
     ) -> Result<Vec<Self>, BlockError> {
         let n = n.max(1);
-        let root = may_hold_root_blocks();
+        // Root's blocks are root's alone.
+        let root = crate::xdp::is_root();
         let ranges = [
             Some(0..qpn_block::ROOT_FIRST),
             root.then_some(qpn_block::ROOT_FIRST..qpn_block::COUNT),

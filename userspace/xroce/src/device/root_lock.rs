@@ -22,11 +22,6 @@ use std::{
 /// Where root's holds live (0700, root's).
 pub(crate) const HOLDS_DIR: &str = "/run/xroce-holds";
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// The calling thread's network namespace, as its inode number.
 fn netns_id() -> io::Result<u64> {
     Ok(fs::metadata("/proc/thread-self/ns/net")?.ino())
@@ -122,7 +117,7 @@ pub(crate) struct RootLock {
 /// Takes hold `what` of device `ifindex`: Ok(None) if another process has
 /// it. Only root may (PermissionDenied otherwise, saying so).
 pub(crate) fn try_take(ifindex: u32, what: &str) -> io::Result<Option<RootLock>> {
-    if !is_root() {
+    if !crate::xdp::is_root() {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!("only root may hold {what} of a device ({HOLDS_DIR})"),
