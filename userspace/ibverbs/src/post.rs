@@ -506,7 +506,7 @@ mod tests {
 pub(crate) mod sim_tests {
     use super::*;
     use std::sync::Mutex;
-    use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+    use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
     use xroce::verbs::{CompletionQueue, MemoryRegion, Wc, WcFlags, WcStatus};
 
     use crate::objects::PendingWrs;
@@ -552,7 +552,7 @@ pub(crate) mod sim_tests {
     }
 
     fn pair_with(p: &PairParams) -> (Sim, Side, Side) {
-        let sim = Sim::pair(LinkConfig::default(), 7);
+        let sim = sim_pair(LinkConfig::default(), 7);
         let (a, b) = connect_pair(&sim, p);
         (sim, wrap(a), wrap(b))
     }

@@ -218,7 +218,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         // SAFETY: the program's request list and bad_wr slot.
         unsafe {
             post_recv_list(wr, bad_wr, max_sge, "post_srq_recv", |rw| {
-                s.inner.post_recv(rw)
+                Ok(s.inner.post_recv(rw)?)
             })
         }
     })

@@ -609,6 +609,29 @@ impl PcapWriter<std::io::BufWriter<std::fs::File>> {
     }
 }
 
+/// Records every frame `link` carries (both directions, before loss or
+/// marking) into a classic pcap file at `path`, with the simulated
+/// timestamps in nanoseconds, for `xroce decode`, tshark or Wireshark.
+/// A write error stops the recording; the run goes on.
+pub fn record_sim_link(
+    link: &mut xroce_transport::engine::sim::SimLink,
+    path: impl AsRef<Path>,
+) -> std::io::Result<()> {
+    let options = WriteOptions {
+        nanosecond: true,
+        ..Default::default()
+    };
+    let mut writer = Some(PcapWriter::create(path, options)?);
+    link.tap_frames(move |now_ns, frame| {
+        if let Some(w) = &mut writer {
+            if w.write(Duration::from_nanos(now_ns), frame).is_err() {
+                writer = None;
+            }
+        }
+    });
+    Ok(())
+}
+
 /// One classic pcap record: its 16-byte header and the bytes kept.
 fn write_pcap_record(
     out: &mut impl Write,

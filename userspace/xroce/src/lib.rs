@@ -1,9 +1,8 @@
 //! xroce: RDMA semantics in userspace over AF_XDP or a kernel UDP socket.
 //!
 //! - [`verbs`]: the ibv_*-like API: PDs, MRs, CQs, QPs, work requests.
-//! - [`engine`]: the sans-I/O transport: RC (requester, responder, completer,
-//!   selective repeat), UC and UD, IPv4 and IPv6.
-//! - [`cc`]: congestion control (reaction point) behind one trait.
+//! - [`engine`] and [`cc`]: the sans-I/O transport and its congestion
+//!   control, from the `xroce-transport` crate (re-exported here).
 //! - [`io`]: packet I/O backends (AF_XDP, kernel UDP, in-memory channel).
 //! - [`runtime`]: the thread that drives an engine from a backend.
 //! - [`stack`]: one interface opened for RDMA (device, engine, backend, thread).
@@ -15,13 +14,13 @@
 //!   programs) and finds the XDP program and its maps through the interface.
 //! - [`bottleneck`]: a port that really queues (tbf at the link rate, a TC
 //!   program marking and dropping on its departure clock).
+pub use xroce_transport::{cc, engine};
+
 pub mod bottleneck;
 pub mod capture;
 pub mod capture_tap;
-pub mod cc;
 pub mod connect;
 pub mod device;
-pub mod engine;
 pub mod io;
 pub mod runtime;
 pub mod stack;

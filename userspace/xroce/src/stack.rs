@@ -211,7 +211,7 @@ impl Stack {
             line_rate_bps: cfg.line_rate_bps,
             cc: Some(cfg.cc_factory()),
             qpn_block: block.block(),
-            qpn_offset: crate::engine::random_qpn_offset(),
+            qpn_offset: crate::device::random_qpn_offset(),
             ..EngineConfig::default()
         };
         let backend_err = |source| StackError::Backend {

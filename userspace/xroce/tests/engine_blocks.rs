@@ -11,8 +11,7 @@ use xroce::verbs::sim::{
 };
 use xroce::verbs::*;
 
-mod common;
-use common::pattern;
+use xroce::engine::sim::pattern;
 
 const SEC: u64 = 1_000_000_000;
 

@@ -6,7 +6,7 @@
 //! the responder when no receive WQE carries it; C9-222.1.1).
 
 use xroce::engine::AsyncEvent;
-use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 
 const MS: u64 = 1_000_000;
@@ -58,7 +58,7 @@ fn empty_sge() -> Sge {
 }
 
 fn pair(seed: u64, qp_type: QpType) -> (Sim, Endpoint, Endpoint) {
-    let sim = Sim::pair(LinkConfig::default(), seed);
+    let sim = sim_pair(LinkConfig::default(), seed);
     let p = PairParams {
         qp_type,
         ..Default::default()
@@ -367,7 +367,7 @@ fn invalid_requests_raise_the_request_error_event() {
         .into_iter()
         .enumerate()
     {
-        let sim = Sim::pair(LinkConfig::default(), 20 + i as u64);
+        let sim = sim_pair(LinkConfig::default(), 20 + i as u64);
         // Case 0: both QPs allow remote WRITEs only.
         let p = PairParams {
             access: match i {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use xroce::cc::CongestionControl;
 use xroce::engine::timers;
 use xroce::verbs::sim::{
-    connect_pair, sim_configs, Endpoint, LinkConfig, PairParams, Sim, SimLink,
+    connect_pair, sim_configs, sim_pair, Endpoint, LinkConfig, PairParams, Sim, SimLink,
 };
 use xroce::verbs::*;
 
@@ -48,7 +48,7 @@ fn write_wr(id: u64, a: &Endpoint, len: usize, remote_addr: u64, rkey: u32) -> S
 
 #[test]
 fn bad_rkey_is_remote_access_error_and_flushes() {
-    let mut sim = Sim::pair(LinkConfig::default(), 1);
+    let mut sim = sim_pair(LinkConfig::default(), 1);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     b.qp.post_recv(&RecvWr {
         wr_id: 9,
@@ -87,7 +87,7 @@ fn bad_rkey_is_remote_access_error_and_flushes() {
 #[test]
 fn out_of_bounds_and_missing_permission() {
     // READ past the end of the MR.
-    let mut sim = Sim::pair(LinkConfig::default(), 2);
+    let mut sim = sim_pair(LinkConfig::default(), 2);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let wr = SendWr::new(
         1,
@@ -103,7 +103,7 @@ fn out_of_bounds_and_missing_permission() {
 
     // WRITE to an MR without REMOTE_WRITE, atomic to one without REMOTE_ATOMIC.
     for (i, atomic) in [false, true].into_iter().enumerate() {
-        let mut sim = Sim::pair(LinkConfig::default(), 3 + i as u64);
+        let mut sim = sim_pair(LinkConfig::default(), 3 + i as u64);
         let (a, b) = connect_pair(&sim, &PairParams::default());
         let ro =
             b.pd.reg_mr(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
@@ -129,7 +129,7 @@ fn out_of_bounds_and_missing_permission() {
     }
 
     // Misaligned atomic: invalid request.
-    let mut sim = Sim::pair(LinkConfig::default(), 5);
+    let mut sim = sim_pair(LinkConfig::default(), 5);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let wr = SendWr::new(
         1,
@@ -148,7 +148,7 @@ fn out_of_bounds_and_missing_permission() {
 
 #[test]
 fn local_protection_errors() {
-    let mut sim = Sim::pair(LinkConfig::default(), 6);
+    let mut sim = sim_pair(LinkConfig::default(), 6);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     // A good WRITE first, then a bad lkey: the good one completes, the bad
     // one completes in order with LOC_PROT_ERR.
@@ -171,7 +171,7 @@ fn local_protection_errors() {
     assert_eq!(a.qp.state(), QpState::Err);
 
     // SGE out of the MR's bounds; READ into an MR without LOCAL_WRITE.
-    let mut sim = Sim::pair(LinkConfig::default(), 7);
+    let mut sim = sim_pair(LinkConfig::default(), 7);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let ro = a.pd.reg_mr(4096, AccessFlags::empty()).unwrap();
     a.qp.post_send(&SendWr::new(
@@ -185,7 +185,7 @@ fn local_protection_errors() {
     .unwrap();
     let w = wait_wcs(&mut sim, &a.cq, 1, 100 * MS);
     assert_eq!(w[0].status, WcStatus::LocProtErr);
-    let mut sim = Sim::pair(LinkConfig::default(), 8);
+    let mut sim = sim_pair(LinkConfig::default(), 8);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let mut oob = a.mr.sge(a.mr.len() - 8, 16);
     oob.length = 16;
@@ -198,7 +198,7 @@ fn local_protection_errors() {
 
 #[test]
 fn rnr_then_success_once_posted() {
-    let mut sim = Sim::pair(LinkConfig::default(), 9);
+    let mut sim = sim_pair(LinkConfig::default(), 9);
     let p = PairParams {
         rnr_retry: 7,
         min_rnr_timer: 14,
@@ -229,7 +229,7 @@ fn rnr_then_success_once_posted() {
 
 #[test]
 fn rnr_retry_exhausted() {
-    let mut sim = Sim::pair(LinkConfig::default(), 10);
+    let mut sim = sim_pair(LinkConfig::default(), 10);
     let p = PairParams {
         rnr_retry: 2,
         min_rnr_timer: 1,
@@ -248,7 +248,7 @@ fn rnr_retry_exhausted() {
 
 #[test]
 fn peer_gone_retry_exceeded_within_timeout() {
-    let mut sim = Sim::pair(LinkConfig::default(), 11);
+    let mut sim = sim_pair(LinkConfig::default(), 11);
     let p = PairParams {
         timeout: 10,
         retry_cnt: 3,
@@ -274,7 +274,7 @@ fn peer_gone_retry_exceeded_within_timeout() {
 
 #[test]
 fn qp_to_err_mid_transfer_flushes() {
-    let mut sim = Sim::pair(
+    let mut sim = sim_pair(
         LinkConfig {
             rate_bps: 10_000_000_000,
             ..Default::default()
@@ -330,7 +330,7 @@ fn qp_to_err_mid_transfer_flushes() {
 
 #[test]
 fn state_machine_rejects_illegal_transitions() {
-    let sim = Sim::pair(LinkConfig::default(), 13);
+    let sim = sim_pair(LinkConfig::default(), 13);
     let pd = sim.a.alloc_pd();
     let cq = sim.a.create_cq(16).unwrap();
     let qp = sim.a.create_qp(&pd, &QpInitAttr::rc(&cq)).unwrap();
@@ -342,10 +342,10 @@ fn state_machine_rejects_illegal_transitions() {
     assert!(
         matches!(
             e,
-            VerbsError::IllegalTransition {
+            VerbsError::Transport(TransportError::IllegalTransition {
                 from: QpState::Reset,
                 to: QpState::Rts
-            }
+            })
         ),
         "{e}"
     );
@@ -354,7 +354,10 @@ fn state_machine_rejects_illegal_transitions() {
     let e = qp
         .post_send(&SendWr::new(1, WrOpcode::Send, vec![]))
         .unwrap_err();
-    assert!(matches!(e, VerbsError::BadQpState(QpState::Reset)));
+    assert!(matches!(
+        e,
+        VerbsError::Transport(TransportError::BadQpState(QpState::Reset))
+    ));
     attr.qp_state = QpState::Init;
     qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::ACCESS_FLAGS)
         .unwrap();
@@ -362,7 +365,13 @@ fn state_machine_rejects_illegal_transitions() {
     let e = qp
         .modify(&attr, QpAttrMask::STATE | QpAttrMask::AV)
         .unwrap_err();
-    assert!(matches!(e, VerbsError::MissingAttributes { .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            VerbsError::Transport(TransportError::MissingAttributes { .. })
+        ),
+        "{e}"
+    );
     assert_eq!(qp.state(), QpState::Init);
     // UD needs a Q_Key to leave RESET.
     let mut init = QpInitAttr::rc(&cq);
@@ -375,10 +384,10 @@ fn state_machine_rejects_illegal_transitions() {
     assert!(
         matches!(
             e,
-            VerbsError::MissingAttributes {
+            VerbsError::Transport(TransportError::MissingAttributes {
                 missing: "QKEY",
                 ..
-            }
+            })
         ),
         "{e}"
     );
@@ -389,7 +398,7 @@ fn state_machine_rejects_illegal_transitions() {
 
 #[test]
 fn cq_overflow_is_an_error() {
-    let mut sim = Sim::pair(LinkConfig::default(), 14);
+    let mut sim = sim_pair(LinkConfig::default(), 14);
     let p = PairParams {
         cq_depth: 2,
         ..Default::default()
@@ -417,7 +426,7 @@ fn cq_overflow_is_an_error() {
 
 #[test]
 fn cq_wait_with_eventfd() {
-    let mut sim = Sim::pair(LinkConfig::default(), 15);
+    let mut sim = sim_pair(LinkConfig::default(), 15);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     assert!(a.cq.event_fd().is_some());
     assert!(!a.cq.wait(Duration::from_millis(1)).unwrap());
@@ -434,7 +443,7 @@ fn cq_wait_with_eventfd() {
 
 #[test]
 fn dereg_while_in_flight_is_safe() {
-    let mut sim = Sim::pair(
+    let mut sim = sim_pair(
         LinkConfig {
             rate_bps: 1_000_000_000,
             ..Default::default()
@@ -456,7 +465,7 @@ fn dereg_while_in_flight_is_safe() {
 
 #[test]
 fn srq_feeds_two_qps_and_fences_order_reads() {
-    let mut sim = Sim::pair(LinkConfig::lossy(0.02), 17);
+    let mut sim = sim_pair(LinkConfig::lossy(0.02), 17);
     let p = PairParams {
         max_rd_atomic: 1,
         ..Default::default()
@@ -692,7 +701,7 @@ fn pacing_follows_cc_rate_and_ce_marks_produce_rate_limited_cnps() {
 
 #[test]
 fn sqd_holds_new_work_until_rts() {
-    let mut sim = Sim::pair(LinkConfig::default(), 19);
+    let mut sim = sim_pair(LinkConfig::default(), 19);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let mut attr = QpAttr {
         qp_state: QpState::Sqd,
@@ -716,7 +725,7 @@ fn sqd_holds_new_work_until_rts() {
 
 #[test]
 fn receive_buffer_too_small() {
-    let mut sim = Sim::pair(LinkConfig::default(), 20);
+    let mut sim = sim_pair(LinkConfig::default(), 20);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     b.qp.post_recv(&RecvWr {
         wr_id: 7,
@@ -735,7 +744,7 @@ fn receive_buffer_too_small() {
 fn bidirectional_traffic_under_loss() {
     // Both QPs are requester and responder at once: WRITEs and READs in
     // both directions with 5 % loss, duplication and reordering.
-    let mut sim = Sim::pair(LinkConfig::lossy(0.05), 21);
+    let mut sim = sim_pair(LinkConfig::lossy(0.05), 21);
     let p = PairParams {
         psn_a: 0xff_ff00,
         psn_b: 0xff_fff0,
@@ -792,7 +801,7 @@ fn bidirectional_traffic_under_loss() {
 
 #[test]
 fn sixteen_qps_share_a_device_under_loss() {
-    let mut sim = Sim::pair(LinkConfig::lossy(0.02), 22);
+    let mut sim = sim_pair(LinkConfig::lossy(0.02), 22);
     let p = PairParams {
         mr_len: 256 * 1024,
         timeout: 6,
@@ -882,7 +891,7 @@ fn ud_qp(dev: &Device, pd: &ProtectionDomain, cq: &CompletionQueue, qkey: u32) -
 
 #[test]
 fn ud_datagrams_to_two_qps_with_qkey_check() {
-    let mut sim = Sim::pair(LinkConfig::default(), 23);
+    let mut sim = sim_pair(LinkConfig::default(), 23);
     let (ca, cb) = sim_configs();
     let (pd_a, pd_b) = (sim.a.alloc_pd(), sim.b.alloc_pd());
     let (cq_a, cq_b) = (sim.a.create_cq(64).unwrap(), sim.b.create_cq(64).unwrap());
@@ -973,8 +982,8 @@ fn ud_datagrams_to_two_qps_with_qkey_check() {
 #[test]
 fn sim_link_records_a_pcap_the_codec_reads_back() {
     let path = std::env::temp_dir().join(format!("xroce-sim-{}.pcap", std::process::id()));
-    let mut sim = Sim::pair(LinkConfig::default(), 24);
-    sim.link.record_pcap(&path).unwrap();
+    let mut sim = sim_pair(LinkConfig::default(), 24);
+    xroce::capture::record_sim_link(&mut sim.link, &path).unwrap();
     let (a, b) = connect_pair(&sim, &PairParams::default());
     a.qp.post_send(&write_wr(1, &a, 5000, b.mr.addr(), b.mr.rkey()))
         .unwrap();
@@ -1004,7 +1013,7 @@ fn sim_link_records_a_pcap_the_codec_reads_back() {
 #[test]
 fn foreign_source_and_pkey_are_dropped() {
     use xroce_wire::{emit_frame, BthRepr, FrameRepr, Gid, Opcode, TransportRepr};
-    let sim = Sim::pair(LinkConfig::default(), 25);
+    let sim = sim_pair(LinkConfig::default(), 25);
     let p = PairParams {
         psn_a: 77,
         ..Default::default()

@@ -36,15 +36,14 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use proptest::prelude::*;
 use xroce::engine::AsyncEvent;
-use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 use xroce_wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, FrameRepr, Gid,
     HeaderSet, Opcode, RethRepr, Syndrome, TransportRepr,
 };
 
-mod common;
-use common::pattern;
+use xroce::engine::sim::pattern;
 
 const MS: u64 = 1_000_000;
 
@@ -411,7 +410,7 @@ fn track_catches_lost_duplicated_and_invented_completions() {
 /// A connected pair with traffic posted (signalled and unsignalled) and
 /// some packets in flight, over a lossy link.
 fn setup(seed: u64) -> (Sim, Side, Side) {
-    let mut sim = Sim::pair(LinkConfig::lossy(0.05), seed);
+    let mut sim = sim_pair(LinkConfig::lossy(0.05), seed);
     let p = PairParams {
         mr_len: 1 << 16,
         psn_a: 0xff_fff0,
@@ -914,7 +913,7 @@ fn data_run(
     recvs_first: bool,
     mut ops: Vec<DataOp>,
 ) -> Result<(), TestCaseError> {
-    let mut sim = Sim::pair(link, seed);
+    let mut sim = sim_pair(link, seed);
     let p = PairParams {
         mtu,
         psn_a,
@@ -1158,7 +1157,7 @@ fn error_run(
     err_at: Option<(bool, u16)>,
     ops: Vec<ErrOp>,
 ) -> Result<(), TestCaseError> {
-    let mut sim = Sim::pair(LinkConfig::lossy(loss), seed);
+    let mut sim = sim_pair(LinkConfig::lossy(loss), seed);
     let p = PairParams {
         timeout,
         retry_cnt,
@@ -1545,13 +1544,18 @@ fn modify_checked(v: &mut VSide, attr: &QpAttr, mask: QpAttrMask) {
     let got = v.s.ep.qp.modify(attr, mask);
     let agree = match (&want, &got) {
         (Ok(_), Ok(())) => true,
-        (Err(ModifyErr::Illegal), Err(VerbsError::IllegalTransition { from, to })) => {
-            *from == cur && *to == st
-        }
-        (Err(ModifyErr::Missing), Err(VerbsError::MissingAttributes { from, to, .. })) => {
-            *from == cur && *to == st
-        }
-        (Err(ModifyErr::Invalid(n)), Err(VerbsError::InvalidAttribute(m, _))) => n == m,
+        (
+            Err(ModifyErr::Illegal),
+            Err(VerbsError::Transport(TransportError::IllegalTransition { from, to })),
+        ) => *from == cur && *to == st,
+        (
+            Err(ModifyErr::Missing),
+            Err(VerbsError::Transport(TransportError::MissingAttributes { from, to, .. })),
+        ) => *from == cur && *to == st,
+        (
+            Err(ModifyErr::Invalid(n)),
+            Err(VerbsError::Transport(TransportError::InvalidAttribute(m, _))),
+        ) => n == m,
         _ => false,
     };
     assert!(
@@ -1741,17 +1745,17 @@ fn verbs_run(actions: Vec<Action>, seed: u64) {
                     || (key_ok && local_len.is_some_and(|l| addr_off + len as u64 <= l as u64));
                 let want = match v.state {
                     s @ (QpState::Reset | QpState::Init | QpState::Rtr) => {
-                        Err(VerbsError::BadQpState(s))
+                        Err(VerbsError::Transport(TransportError::BadQpState(s)))
                     }
                     _ if flags.contains(SendFlags::INLINE)
                         && !opc.is_read_or_atomic()
                         && resolves
                         && len > 256 =>
                     {
-                        Err(VerbsError::InlineTooLarge {
+                        Err(VerbsError::Transport(TransportError::InlineTooLarge {
                             got: len as usize,
                             max: 256,
-                        })
+                        }))
                     }
                     _ => Ok(()),
                 };
@@ -1775,7 +1779,9 @@ fn verbs_run(actions: Vec<Action>, seed: u64) {
                     sge.lkey ^= 1;
                 }
                 let want = match v.state {
-                    QpState::Reset => Err(VerbsError::BadQpState(QpState::Reset)),
+                    QpState::Reset => Err(VerbsError::Transport(TransportError::BadQpState(
+                        QpState::Reset,
+                    ))),
                     _ => Ok(()),
                 };
                 let got = v.s.recv(vec![sge]).map(|_| ());
@@ -1828,7 +1834,7 @@ proptest! {
         pkts in proptest::collection::vec((any::<u8>(), any::<bool>(), any::<u32>(), 0usize..5000, any::<u8>(), any::<u32>()), 1..40),
         bufs in proptest::collection::vec(0usize..3000, 0..8),
     ) {
-        let sim = Sim::pair(LinkConfig::default(), 1);
+        let sim = sim_pair(LinkConfig::default(), 1);
         let pd = sim.b.alloc_pd();
         let cq = sim.b.create_cq(16).unwrap();
         let mr = pd.reg_mr(1 << 16, AccessFlags::all()).unwrap();
@@ -1903,7 +1909,7 @@ fn traced_run(seed: u64) -> (Vec<u64>, Vec<(u32, u32)>) {
     };
     // Declared first, dropped last: the engine may hold references to it.
     let mut mem = [vec![0u64; 4096], vec![0u64; 4096]];
-    let mut sim = Sim::pair(link, seed);
+    let mut sim = sim_pair(link, seed);
     sim.link.record_trace();
     let (a, b) = connect_pair(
         &sim,
@@ -2029,7 +2035,7 @@ fn same_seed_same_run() {
 /// reported as a second local protection error.
 #[test]
 fn after_a_local_error_the_next_bad_wr_is_flushed() {
-    let mut sim = Sim::pair(LinkConfig::default(), 3);
+    let mut sim = sim_pair(LinkConfig::default(), 3);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let mut a = Side::new(a, "A", 1 << 32);
     let mut b = Side::new(b, "B", 2 << 32);
@@ -2066,7 +2072,7 @@ fn after_a_local_error_the_next_bad_wr_is_flushed() {
 /// exhausts its retries), the second is flushed.
 #[test]
 fn a_nak_for_a_later_psn_is_not_the_status_of_an_unanswered_read() {
-    let sim = Sim::pair(LinkConfig::default(), 4);
+    let sim = sim_pair(LinkConfig::default(), 4);
     let p = PairParams {
         retry_cnt: 0,
         ..Default::default()

@@ -302,13 +302,15 @@ fn one_gsi_qp_per_device_and_frames_to_a_missing_one_are_unknown() {
     bring_up(&gsi_a, GSI_QKEY);
     assert_eq!(
         p.a.create_gsi_qp(&sa.pd, &ud_init(&sa.cq)).unwrap_err(),
-        VerbsError::AlreadyExists("the device's GSI QP (QP1)")
+        VerbsError::Transport(TransportError::AlreadyExists("the device's GSI QP (QP1)"))
     );
     let mut rc = ud_init(&sb.cq);
     rc.qp_type = QpType::Rc;
     assert_eq!(
         p.b.create_gsi_qp(&sb.pd, &rc).unwrap_err(),
-        VerbsError::InvalidArgument("the GSI QP (QP1) is a UD QP")
+        VerbsError::Transport(TransportError::InvalidArgument(
+            "the GSI QP (QP1) is a UD QP"
+        ))
     );
 
     // B has no QP1 (and its first normal QP is 0x11, not 1): counted as

@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use xroce::verbs::sim::{connect_pair, sim_configs, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, sim_configs, sim_pair, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 use xroce_wire::{parse_frame_checked, Gid, IpRepr, Opcode};
 
@@ -32,9 +32,9 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 
 #[test]
 fn rc_write_send_read_over_ipv6() {
-    let mut sim = Sim::pair(LinkConfig::default(), 6);
+    let mut sim = sim_pair(LinkConfig::default(), 6);
     let pcap = std::env::temp_dir().join(format!("xroce-ipv6-{}.pcap", std::process::id()));
-    sim.link.record_pcap(&pcap).unwrap();
+    xroce::capture::record_sim_link(&mut sim.link, &pcap).unwrap();
     let p = PairParams {
         ipv6: true,
         psn_a: 0xff_fff0, // across the 24-bit wrap
@@ -144,7 +144,7 @@ fn rc_write_send_read_over_ipv6() {
 /// works on IPv6 GIDs, not only IPv4 ones).
 #[test]
 fn ipv6_frames_from_another_address_are_dropped() {
-    let mut sim = Sim::pair(LinkConfig::default(), 7);
+    let mut sim = sim_pair(LinkConfig::default(), 7);
     let p = PairParams {
         ipv6: true,
         ..Default::default()

@@ -6,7 +6,7 @@
 //! ACK timeout, with every message delivered exactly once.
 
 use xroce::engine::timers;
-use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 
 const MS: u64 = 1_000_000;
@@ -64,7 +64,7 @@ fn post_recvs(b: &Endpoint, n: u64, len: usize) {
 
 #[test]
 fn consecutive_timeouts_double_and_retry_cnt_still_counts_expiries() {
-    let mut sim = Sim::pair(LinkConfig::default(), 21);
+    let mut sim = sim_pair(LinkConfig::default(), 21);
     let p = PairParams {
         timeout: 12, // 16.8 ms
         retry_cnt: 3,
@@ -117,7 +117,7 @@ fn consecutive_timeouts_double_and_retry_cnt_still_counts_expiries() {
 
 #[test]
 fn the_back_off_is_capped_at_eight_timeouts() {
-    let mut sim = Sim::pair(LinkConfig::default(), 22);
+    let mut sim = sim_pair(LinkConfig::default(), 22);
     let p = PairParams {
         timeout: 10, // 4.2 ms: no probe (the probe is for long timeouts)
         retry_cnt: 6,
@@ -142,7 +142,7 @@ fn the_back_off_is_capped_at_eight_timeouts() {
 
 #[test]
 fn after_recovery_data_arrives_once_and_the_timeout_starts_over() {
-    let mut sim = Sim::pair(LinkConfig::default(), 23);
+    let mut sim = sim_pair(LinkConfig::default(), 23);
     let p = PairParams {
         timeout: 12,
         retry_cnt: 7,
@@ -216,7 +216,7 @@ fn lose_one(lose_ack: bool, delay_ns: u64) -> u64 {
         delay_ns,
         ..Default::default()
     };
-    let mut sim = Sim::pair(link, 24);
+    let mut sim = sim_pair(link, 24);
     // perftest's and xroce lat's timeout: 67 ms.
     let p = PairParams {
         timeout: 14,

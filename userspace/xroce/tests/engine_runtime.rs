@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use xroce::verbs::sim::{connect_pair, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
 use xroce::verbs::*;
 
 struct Counting;
@@ -45,7 +45,7 @@ static GLOBAL: Counting = Counting;
 
 #[test]
 fn steady_state_allocates_per_work_request_not_per_packet() {
-    let sim = Sim::pair(LinkConfig::default(), 1);
+    let sim = sim_pair(LinkConfig::default(), 1);
     let p = PairParams {
         mtu: Mtu::Mtu1024,
         mr_len: 256 * 1024,
@@ -99,7 +99,7 @@ fn steady_state_allocates_per_work_request_not_per_packet() {
 
 #[test]
 fn io_threads_drive_devices_while_app_threads_post_and_wait() {
-    let sim = Sim::pair(LinkConfig::default(), 2);
+    let sim = sim_pair(LinkConfig::default(), 2);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     // The doorbell tells the I/O side that new work was posted.

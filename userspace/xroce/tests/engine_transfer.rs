@@ -5,11 +5,10 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use xroce::verbs::sim::{connect_pair, Endpoint, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 
-mod common;
-use common::pattern;
+use xroce::engine::sim::pattern;
 
 const SEC: u64 = 1_000_000_000;
 
@@ -56,7 +55,7 @@ fn run(
 
 #[test]
 fn basic_every_opcode_no_loss() {
-    let mut sim = Sim::pair(LinkConfig::default(), 1);
+    let mut sim = sim_pair(LinkConfig::default(), 1);
     let (a, b) = connect_pair(&sim, &PairParams::default());
     let msg = pattern(7, 3000);
     // SAFETY: no WR is posted on a.mr yet (the sim engine runs only inside sim.run_until).
@@ -263,7 +262,7 @@ fn stress(s: Stress) -> (u64, u64) {
     if let Some(d) = s.dup {
         link.dup = d;
     }
-    let mut sim = Sim::pair(link, s.seed);
+    let mut sim = sim_pair(link, s.seed);
     let psn_a = (1 << 24) - 1 - rng.random_range(0..64u32);
     let psn_b = (1 << 24) - 1 - rng.random_range(0..64u32);
     let p = PairParams {
@@ -573,7 +572,7 @@ fn stress_heavy_duplication_one_rd_atomic() {
 
 fn uc_run(loss: f64, seed: u64) -> usize {
     let link = LinkConfig::lossy(loss);
-    let mut sim = Sim::pair(link, seed);
+    let mut sim = sim_pair(link, seed);
     let p = PairParams {
         qp_type: QpType::Uc,
         psn_a: 0xff_fff0,

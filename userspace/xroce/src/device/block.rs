@@ -318,6 +318,24 @@ pub struct AfXdpHold {
     _hold: Held,
 }
 
+/// An offset for `EngineConfig::qpn_offset`: `XROCE_QPN_OFFSET` if set
+/// (decimal or 0x hex; 0 numbers a process's QPs from 0x11 as before, for
+/// programs that rely on a well-known QPN), else a random one, so that a
+/// restarted program does not reuse its predecessor's QPNs at once.
+pub fn random_qpn_offset() -> u32 {
+    if let Ok(v) = std::env::var("XROCE_QPN_OFFSET") {
+        let parsed = match v.strip_prefix("0x") {
+            Some(h) => u32::from_str_radix(h, 16),
+            None => v.parse(),
+        };
+        if let Ok(n) = parsed {
+            return n % qpn_block::QPNS_PER_BLOCK;
+        }
+        eprintln!("xroce: XROCE_QPN_OFFSET={v:?} is not a number; QPNs start at random");
+    }
+    rand::random::<u32>() % qpn_block::QPNS_PER_BLOCK
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,7 +44,9 @@ pub mod sysfs;
 
 pub use backend::udp_port_free;
 pub(crate) use block::attaching;
-pub use block::{claim_capture, AfXdpHold, BlockError, CaptureHold, Hold, QpnBlock};
+pub use block::{
+    claim_capture, random_qpn_offset, AfXdpHold, BlockError, CaptureHold, Hold, QpnBlock,
+};
 pub use gid::{gid_table, guid_from_mac, link_local_gid};
 pub use holders::{command_name, holders, Holder};
 pub(crate) use interface::{ifreq_named, ioctl_socket};

@@ -478,7 +478,7 @@ impl ShardedDevice {
             mac: net.mac(),
             ip,
             ipv6: net.ipv6().to_vec(),
-            qpn_offset: crate::engine::random_qpn_offset(),
+            qpn_offset: crate::device::random_qpn_offset(),
             ..cfg.engine.clone()
         };
         let (ios, afxdp) = match cfg.backend {

@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use super::error::{Result, TransportError, VerbsError};
 use crate::engine::completion::{CqId, Wc, WcFlags, WcStatus};
-use crate::engine::error::{Result, VerbsError};
 
 pub struct CqInner {
     ring: Mutex<VecDeque<Wc>>,
@@ -205,9 +205,10 @@ impl CompletionQueue {
     pub fn resize(&self, depth: usize) -> Result<()> {
         let r = self.inner.ring.lock().unwrap();
         if depth == 0 || depth < r.len() {
-            return Err(VerbsError::InvalidArgument(
+            return Err(TransportError::InvalidArgument(
                 "a CQ cannot shrink below the completions it holds",
-            ));
+            )
+            .into());
         }
         self.inner.depth.store(depth, Ordering::Relaxed);
         Ok(())

@@ -43,10 +43,10 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use super::cq::{CompletionQueue, CqInner};
+use super::error::{Result, TransportError};
 use super::pd::ProtectionDomain;
 use super::qp::{QpInitAttr, QueuePair};
 use crate::engine::completion::{Completion, CqId};
-use crate::engine::error::{Result, VerbsError};
 use crate::engine::memory::MrTable;
 use crate::engine::sim::EngineHost;
 use crate::engine::{AsyncEvent, Engine, EngineConfig, EngineStats, QpCreate};
@@ -435,7 +435,7 @@ impl Device {
 
     fn add_cq(&self, depth: usize, with_eventfd: bool) -> Result<CompletionQueue> {
         if depth == 0 {
-            return Err(VerbsError::InvalidArgument("CQ depth must be at least 1"));
+            return Err(TransportError::InvalidArgument("CQ depth must be at least 1").into());
         }
         let inner = Arc::new(CqInner::new(depth, with_eventfd)?);
         let Some(group) = &self.shared.group else {
@@ -486,21 +486,21 @@ impl Device {
         &self,
         pd: &ProtectionDomain,
         init: &QpInitAttr,
-        create: fn(&mut Engine, QpCreate) -> Result<u32>,
+        create: fn(&mut Engine, QpCreate) -> Result<u32, TransportError>,
     ) -> Result<QueuePair> {
         if !self.same_group(&pd.dev) {
-            return Err(VerbsError::InvalidArgument("PD belongs to another device"));
+            return Err(TransportError::InvalidArgument("PD belongs to another device").into());
         }
         if let Some(s) = &init.srq {
             if s.inner.pd() != pd.id {
-                return Err(VerbsError::InvalidArgument("SRQ belongs to another PD"));
+                return Err(TransportError::InvalidArgument("SRQ belongs to another PD").into());
             }
         }
         let home = self.qp_home();
         let qpn = {
             let mut g = home.lock();
             if !g.g.owns_cq(&init.send_cq) || !g.g.owns_cq(&init.recv_cq) {
-                return Err(VerbsError::InvalidArgument("CQ belongs to another device"));
+                return Err(TransportError::InvalidArgument("CQ belongs to another device").into());
             }
             create(
                 &mut g,

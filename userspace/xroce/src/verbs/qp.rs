@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::cq::CompletionQueue;
 use super::device::Device;
+use super::error::{Result, VerbsError};
 use super::srq::SharedReceiveQueue;
-use crate::engine::error::{Result, VerbsError};
 pub use crate::engine::qp_attr::{
     check_modify, check_modify_for, AddressVector, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
     RemoteQp, MAX_RD_ATOMIC,
@@ -73,6 +73,7 @@ impl QueuePair {
     /// makes no new ones.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let r = self.dev.lock().modify_qp(self.qpn, attr, mask);
+        let r = r.map_err(VerbsError::from);
         if r.is_ok() {
             if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
                 let [send, recv] = &self._cqs;
@@ -89,7 +90,7 @@ impl QueuePair {
     /// connection setup ([`crate::engine::Engine::set_selective_repeat`]):
     /// an RC QP, connected, before anything is posted.
     pub fn set_selective_repeat(&self, on: bool) -> Result<()> {
-        self.dev.lock().set_selective_repeat(self.qpn, on)
+        Ok(self.dev.lock().set_selective_repeat(self.qpn, on)?)
     }
     /// This QP's counters.
     pub fn stats(&self) -> Option<crate::engine::QpStats> {
@@ -101,7 +102,7 @@ impl QueuePair {
     }
     /// `ibv_query_qp`.
     pub fn query(&self) -> Result<QpAttr> {
-        self.dev.lock().query_qp(self.qpn)
+        Ok(self.dev.lock().query_qp(self.qpn)?)
     }
     pub fn state(&self) -> QpState {
         self.query().map(|a| a.qp_state).unwrap_or(QpState::Err)
@@ -109,6 +110,7 @@ impl QueuePair {
     /// `ibv_post_send` for one WR.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
         let r = self.dev.lock().post_send(self.qpn, wr);
+        let r = r.map_err(VerbsError::from);
         if r.is_ok() {
             self.dev.ring();
         }
@@ -119,6 +121,7 @@ impl QueuePair {
     /// buffer needs no registration, as rdma-core promises for inline.
     pub fn post_send_inline(&self, wr: &SendWr, data: &[u8]) -> Result<()> {
         let r = self.dev.lock().post_send_inline(self.qpn, wr, data);
+        let r = r.map_err(VerbsError::from);
         if r.is_ok() {
             self.dev.ring();
         }
@@ -131,20 +134,21 @@ impl QueuePair {
             let mut g = self.dev.lock();
             wrs.iter()
                 .enumerate()
-                .try_for_each(|(i, wr)| g.post_send(self.qpn, wr).map_err(|e| (i, e)))
+                .try_for_each(|(i, wr)| g.post_send(self.qpn, wr).map_err(|e| (i, e.into())))
         };
         self.dev.ring();
         r
     }
     /// `ibv_post_recv` for one WR.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        self.dev.lock().post_recv(self.qpn, wr)
+        Ok(self.dev.lock().post_recv(self.qpn, wr)?)
     }
     /// Move the QP to RESET -> INIT -> RTR -> RTS in one call for a peer
     /// described by `remote` (qpn, psn, address); `local` holds the rest
     /// (access flags, MTU, timers, rd_atomic limits, this side's sq_psn).
     pub fn connect(&self, local: &QpAttr, remote: &RemoteQp) -> Result<()> {
         let r = self.dev.lock().connect_qp(self.qpn, local, remote);
+        let r = r.map_err(VerbsError::from);
         self.dev.ring();
         r
     }

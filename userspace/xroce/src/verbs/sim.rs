@@ -14,18 +14,16 @@ pub use crate::engine::sim::{
 /// Two verbs devices joined by a [`SimLink`], in simulated time.
 pub type Sim = crate::engine::sim::Sim<Device>;
 
-impl Sim {
-    /// Two devices with default configs (10.0.0.1 / 10.0.0.2), everything
-    /// random drawn from `seed`: the link's impairments and both devices'
-    /// MR keys (see [`crate::engine::sim`]).
-    pub fn pair(link: LinkConfig, seed: u64) -> Self {
-        let (ca, cb) = sim_configs();
-        Self::new(
-            Device::with_seed(ca, derive_seed(seed, 1)),
-            Device::with_seed(cb, derive_seed(seed, 2)),
-            SimLink::new(link, seed),
-        )
-    }
+/// Two devices with default configs (10.0.0.1 / 10.0.0.2), everything
+/// random drawn from `seed`: the link's impairments and both devices'
+/// MR keys (see [`crate::engine::sim`]).
+pub fn sim_pair(link: LinkConfig, seed: u64) -> Sim {
+    let (ca, cb) = sim_configs();
+    Sim::new(
+        Device::with_seed(ca, derive_seed(seed, 1)),
+        Device::with_seed(cb, derive_seed(seed, 2)),
+        SimLink::new(link, seed),
+    )
 }
 
 /// One connected endpoint: PD, CQ, QP and a data MR.

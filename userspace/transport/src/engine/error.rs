@@ -1,10 +1,12 @@
-//! The error of a verb call the engine refuses (post, modify, create);
-//! failures of the work itself are a completion's [`super::completion::WcStatus`].
+//! Why the engine refuses a call (post, modify, create); failures of the
+//! work itself are a completion's [`super::completion::WcStatus`]. The
+//! verbs layer above wraps it with its own errors (a CQ overflow, a failed
+//! syscall).
 
 use super::qp_attr::QpState;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub enum VerbsError {
+pub enum TransportError {
     #[error("illegal QP state transition {from:?} -> {to:?} (IBTA 10.3.1); move the QP through RESET -> INIT -> RTR -> RTS")]
     IllegalTransition { from: QpState, to: QpState },
     #[error("modify QP {from:?} -> {to:?} is missing required attributes {missing}; set them in the attribute mask")]
@@ -12,12 +14,6 @@ pub enum VerbsError {
         from: QpState,
         to: QpState,
         missing: &'static str,
-    },
-    #[error("attribute {name} is not allowed in modify QP {from:?} -> {to:?}")]
-    AttributeNotAllowed {
-        from: QpState,
-        to: QpState,
-        name: &'static str,
     },
     #[error("invalid value for {0}: {1}")]
     InvalidAttribute(&'static str, String),
@@ -31,10 +27,6 @@ pub enum VerbsError {
     InlineTooLarge { got: usize, max: usize },
     #[error("unknown QP number {0:#x}")]
     NoSuchQp(u32),
-    #[error("completion queue overflowed: completions were lost; the attached QPs were moved to ERR (recreate the CQ with a larger depth)")]
-    CqOverflow,
-    #[error("the QP type {0} is not supported by this engine yet")]
-    Unsupported(&'static str),
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
     #[error("out of resources: {0}")]
@@ -43,8 +35,6 @@ pub enum VerbsError {
     AlreadyExists(&'static str),
     #[error("the object is still in use: {0}")]
     Busy(&'static str),
-    #[error("system call failed: {0}")]
-    Os(String),
 }
 
-pub type Result<T, E = VerbsError> = core::result::Result<T, E>;
+pub type Result<T, E = TransportError> = core::result::Result<T, E>;

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use super::error::{Result, VerbsError};
+use super::error::{Result, TransportError};
 use super::memory::AccessFlags;
 
 /// `ibv_qp_type`: RC, UC and UD are implemented (UD: SEND / SEND_WITH_IMM
@@ -216,7 +216,7 @@ fn req(mask: QpAttrMask, need: QpAttrMask, from: QpState, to: QpState) -> Result
         .find(|(m, _)| missing.contains(*m))
         .map(|(_, n)| *n)
         .unwrap_or("(other)");
-    Err(VerbsError::MissingAttributes {
+    Err(TransportError::MissingAttributes {
         from,
         to,
         missing: first,
@@ -267,7 +267,7 @@ pub fn check_modify_for(
         | (QpState::Sqd, QpState::Sqd)
         | (QpState::Sqd, QpState::Rts)
         | (QpState::Sqe, QpState::Rts) => QpAttrMask::empty(),
-        (from, to) => return Err(VerbsError::IllegalTransition { from, to }),
+        (from, to) => return Err(TransportError::IllegalTransition { from, to }),
     };
     let need = if t == QpType::Ud {
         match (cur, to) {
@@ -287,55 +287,55 @@ pub fn check_modify_for(
     };
     req(mask, need, cur, to)?;
     if mask.contains(QpAttrMask::TIMEOUT) && attr.timeout > 31 {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "timeout",
             format!("{} > 31", attr.timeout),
         ));
     }
     if mask.contains(QpAttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "retry_cnt",
             format!("{} > 7", attr.retry_cnt),
         ));
     }
     if mask.contains(QpAttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "rnr_retry",
             format!("{} > 7", attr.rnr_retry),
         ));
     }
     if mask.contains(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "min_rnr_timer",
             format!("{} > 31", attr.min_rnr_timer),
         ));
     }
     if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > MAX_RD_ATOMIC {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "max_rd_atomic",
             format!("{} > {MAX_RD_ATOMIC}", attr.max_rd_atomic),
         ));
     }
     if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > MAX_RD_ATOMIC {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "max_dest_rd_atomic",
             format!("{} > {MAX_RD_ATOMIC}", attr.max_dest_rd_atomic),
         ));
     }
     if mask.contains(QpAttrMask::DEST_QPN) && attr.dest_qp_num > 0xff_ffff {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "dest_qp_num",
             "exceeds 24 bits".into(),
         ));
     }
     if mask.contains(QpAttrMask::RQ_PSN) && attr.rq_psn > 0xff_ffff {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "rq_psn",
             "exceeds 24 bits".into(),
         ));
     }
     if mask.contains(QpAttrMask::SQ_PSN) && attr.sq_psn > 0xff_ffff {
-        return Err(VerbsError::InvalidAttribute(
+        return Err(TransportError::InvalidAttribute(
             "sq_psn",
             "exceeds 24 bits".into(),
         ));
@@ -355,7 +355,7 @@ mod tests {
         };
         assert!(matches!(
             check_modify(QpState::Reset, &a, QpAttrMask::STATE),
-            Err(VerbsError::MissingAttributes { .. })
+            Err(TransportError::MissingAttributes { .. })
         ));
         assert_eq!(
             check_modify(
@@ -368,7 +368,7 @@ mod tests {
         a.qp_state = QpState::Rts;
         assert!(matches!(
             check_modify(QpState::Init, &a, QpAttrMask::all()),
-            Err(VerbsError::IllegalTransition { .. })
+            Err(TransportError::IllegalTransition { .. })
         ));
         a.qp_state = QpState::Err;
         assert_eq!(
@@ -381,7 +381,7 @@ mod tests {
         a.retry_cnt = 8;
         assert!(matches!(
             check_modify(QpState::Rtr, &a, QpAttrMask::all()),
-            Err(VerbsError::InvalidAttribute("retry_cnt", _))
+            Err(TransportError::InvalidAttribute("retry_cnt", _))
         ));
     }
 }

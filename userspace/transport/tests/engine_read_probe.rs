@@ -9,13 +9,12 @@
 
 use std::sync::Mutex;
 
-use xroce::engine::completion::{Completion, WcStatus};
-use xroce::engine::sim::{connect_engines, EngineHost, LinkConfig, PairParams, Sim};
-use xroce::engine::work::{SendWr, WrOpcode};
-use xroce::engine::Engine;
+use xroce_transport::engine::completion::{Completion, WcStatus};
+use xroce_transport::engine::sim::{connect_engines, EngineHost, LinkConfig, PairParams, Sim};
+use xroce_transport::engine::work::{SendWr, WrOpcode};
+use xroce_transport::engine::Engine;
 
-mod common;
-use common::pattern;
+use xroce_transport::engine::sim::pattern;
 
 const MS: u64 = 1_000_000;
 const READ: usize = 4096;

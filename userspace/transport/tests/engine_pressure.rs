@@ -4,19 +4,18 @@
 //! a receiver under pressure (`Engine::set_rx_pressure`) slows its senders
 //! through CNPs and DCQCN.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 
-use xroce::cc::{Dcqcn, DcqcnConfig};
-use xroce::engine::completion::{Completion, WcStatus};
-use xroce::engine::memory::MrTable;
-use xroce::engine::qp_attr::Mtu;
-use xroce::engine::sim::{
+use xroce_transport::cc::{Dcqcn, DcqcnConfig};
+use xroce_transport::engine::completion::{Completion, WcStatus};
+use xroce_transport::engine::memory::MrTable;
+use xroce_transport::engine::qp_attr::Mtu;
+use xroce_transport::engine::sim::pattern;
+use xroce_transport::engine::sim::{
     connect_engines, sim_configs, EngineEndpoint, LinkConfig, PairParams, Sim, SimLink,
 };
-use xroce::engine::work::{SendWr, WrOpcode};
-use xroce::engine::{Engine, EngineConfig};
+use xroce_transport::engine::work::{SendWr, WrOpcode};
+use xroce_transport::engine::{Engine, EngineConfig};
 
 const MSG: usize = 4096;
 
@@ -74,7 +73,7 @@ fn device_inflight_is_bounded_and_shared_fairly_by_1024_qps() {
     let eps: Vec<_> = (0..QPS).map(|_| connect_engines(&sim, &p)).collect();
     let mut sent = Vec::with_capacity(QPS);
     for (q, (a, _)) in eps.iter().enumerate() {
-        let data = common::pattern(q as u64, PER_QP * MSG);
+        let data = pattern(q as u64, PER_QP * MSG);
         // SAFETY: nothing is posted on this MR yet.
         unsafe { a.mr.write(0, &data).unwrap() };
         sent.push(data);
@@ -84,7 +83,7 @@ fn device_inflight_is_bounded_and_shared_fairly_by_1024_qps() {
         for (q, (a, b)) in eps.iter().enumerate() {
             for s in 0..PER_QP {
                 let mut wr = write((q * PER_QP + s) as u64, a, b, s);
-                wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+                wr.flags |= xroce_transport::engine::work::SendFlags::SIGNALED;
                 ga.post_send(a.qpn, &wr).unwrap();
             }
         }
@@ -186,13 +185,10 @@ fn a_slow_path_shrinks_the_device_window_to_its_target_delay() {
         let mut ga = sim.a.lock().unwrap();
         for (q, (a, b)) in eps.iter().enumerate() {
             // SAFETY: nothing is posted on this MR yet.
-            unsafe {
-                a.mr.write(0, &common::pattern(q as u64, PER_QP * MSG))
-                    .unwrap()
-            };
+            unsafe { a.mr.write(0, &pattern(q as u64, PER_QP * MSG)).unwrap() };
             for s in 0..PER_QP {
                 let mut wr = write((q * PER_QP + s) as u64, a, b, s);
-                wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+                wr.flags |= xroce_transport::engine::work::SendFlags::SIGNALED;
                 ga.post_send(a.qpn, &wr).unwrap();
             }
         }
@@ -230,7 +226,7 @@ fn a_slow_path_shrinks_the_device_window_to_its_target_delay() {
         let mut got = vec![0; PER_QP * MSG];
         // SAFETY: every WRITE to it has completed.
         unsafe { b.mr.read(0, &mut got).unwrap() };
-        assert!(got == common::pattern(q as u64, PER_QP * MSG), "QP {q}");
+        assert!(got == pattern(q as u64, PER_QP * MSG), "QP {q}");
     }
 }
 
@@ -261,7 +257,7 @@ fn a_failed_qp_gives_its_budget_back() {
         }
         for s in 0..16 {
             let mut wr = write(100 + s as u64, &a2, &b2, s);
-            wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+            wr.flags |= xroce_transport::engine::work::SendFlags::SIGNALED;
             ga.post_send(a2.qpn, &wr).unwrap();
         }
     }
@@ -312,7 +308,7 @@ fn stream(sim: &mut Sim<Mutex<Engine>>, a: &EngineEndpoint, b: &EngineEndpoint, 
         let mut ga = s.a.lock().unwrap();
         while posted < completed + depth {
             let mut wr = write(posted, a, b, (posted % 4) as usize);
-            wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+            wr.flags |= xroce_transport::engine::work::SendFlags::SIGNALED;
             ga.post_send(a.qpn, &wr).unwrap();
             posted += 1;
         }
@@ -394,7 +390,7 @@ fn a_big_write_does_not_hold_small_ones_on_other_qps_behind_it() {
     };
     let (a1, b1) = connect_engines(&sim, &p);
     let (a2, b2) = connect_engines(&sim, &p);
-    let big_data = common::pattern(7, BIG);
+    let big_data = pattern(7, BIG);
     // SAFETY: nothing is posted on this MR yet.
     unsafe { a1.mr.write(0, &big_data).unwrap() };
     let mut big = SendWr::new(
@@ -405,19 +401,19 @@ fn a_big_write_does_not_hold_small_ones_on_other_qps_behind_it() {
         },
         vec![a1.mr.sge(0, BIG)],
     );
-    big.flags |= xroce::engine::work::SendFlags::SIGNALED;
+    big.flags |= xroce_transport::engine::work::SendFlags::SIGNALED;
     sim.a.lock().unwrap().post_send(a1.qpn, &big).unwrap();
     // Let the big WRITE get going (a few hundred packets).
     let t0 = sim.now;
     sim.run_until(t0 + 300_000, |_| false);
-    let small_data = common::pattern(9, 16 * MSG);
+    let small_data = pattern(9, 16 * MSG);
     // SAFETY: nothing is posted on this part of the MR yet.
     unsafe { a2.mr.write(0, &small_data).unwrap() };
     {
         let mut ga = sim.a.lock().unwrap();
         for s in 0..16 {
             let mut wr = write(100 + s as u64, &a2, &b2, s);
-            wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+            wr.flags |= xroce_transport::engine::work::SendFlags::SIGNALED;
             ga.post_send(a2.qpn, &wr).unwrap();
         }
     }
@@ -498,7 +494,7 @@ fn a_slowly_paced_flow_is_acknowledged_before_any_probe() {
         ..Default::default()
     };
     let (a, b) = connect_engines(&sim, &p);
-    let data = common::pattern(3, LEN);
+    let data = pattern(3, LEN);
     // SAFETY: nothing is posted on this MR yet.
     unsafe { a.mr.write(0, &data).unwrap() };
     let mut wr = SendWr::new(
@@ -509,7 +505,7 @@ fn a_slowly_paced_flow_is_acknowledged_before_any_probe() {
         },
         vec![a.mr.sge(0, LEN)],
     );
-    wr.flags |= xroce::engine::work::SendFlags::SIGNALED;
+    wr.flags |= xroce_transport::engine::work::SendFlags::SIGNALED;
     sim.a.lock().unwrap().post_send(a.qpn, &wr).unwrap();
     let mut wcs = Vec::new();
     let finished = sim.run_until(sim.now + 2_000_000_000, |s| {

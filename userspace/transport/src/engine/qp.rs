@@ -22,7 +22,7 @@ use xroce_wire::{FrameRepr, Syndrome};
 /// for this much credit whatever its size, so `poll_timeout` can say when the
 /// next one may go without building it, and back-to-back bursts stay within
 /// `pacing_burst_bytes` (see [`Pacer`]).
-pub(crate) fn pacing_frame_bytes(mtu: u32) -> usize {
+pub fn pacing_frame_bytes(mtu: u32) -> usize {
     mtu as usize + xroce_wire::MAX_OVERHEAD
 }
 

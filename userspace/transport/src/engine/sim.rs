@@ -131,6 +131,9 @@ pub fn derive_seed(seed: u64, stream: u64) -> u64 {
 }
 
 /// FNV-1a (64 bit) over `parts`: a fixed, platform-independent digest.
+/// What [`SimLink::tap_frames`] calls with each frame and its time (ns).
+pub type FrameTap = Box<dyn FnMut(u64, &[u8]) + Send>;
+
 fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for p in parts {
@@ -154,7 +157,7 @@ pub struct SimLink {
     pub stats: LinkStats,
     /// Drop everything (peer gone).
     pub cut: bool,
-    pcap: Option<crate::capture::PcapWriter<std::io::BufWriter<std::fs::File>>>,
+    tap: Option<FrameTap>,
     trace: Option<Vec<u64>>,
 }
 
@@ -171,7 +174,7 @@ impl SimLink {
             pool: Vec::new(),
             stats: LinkStats::default(),
             cut: false,
-            pcap: None,
+            tap: None,
             trace: None,
         }
     }
@@ -199,26 +202,12 @@ impl SimLink {
         }
     }
 
-    /// Record every frame put on the link (both directions, before loss or
-    /// marking) into a classic pcap file with simulated timestamps
-    /// (nanoseconds, Ethernet), for `xroce decode`, tshark or Wireshark.
-    pub fn record_pcap(&mut self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
-        let options = crate::capture::WriteOptions {
-            nanosecond: true,
-            ..Default::default()
-        };
-        self.pcap = Some(crate::capture::PcapWriter::create(path, options)?);
-        Ok(())
-    }
-
-    fn pcap_write(&mut self, frame: &[u8], now: u64) {
-        if let Some(w) = &mut self.pcap {
-            if w.write(std::time::Duration::from_nanos(now), frame)
-                .is_err()
-            {
-                self.pcap = None;
-            }
-        }
+    /// From now on hand every frame put on the link (both directions,
+    /// before loss or marking) to `tap` with its simulated time in
+    /// nanoseconds: a pcap writer (`xroce::capture::record_sim_link`), a
+    /// test's own check.
+    pub fn tap_frames(&mut self, tap: impl FnMut(u64, &[u8]) + Send + 'static) {
+        self.tap = Some(Box::new(tap));
     }
 
     fn enqueue(&mut self, to_b: bool, at: u64, frame: &[u8]) {
@@ -236,7 +225,9 @@ impl SimLink {
 
     /// Put a frame on the link at `now`.
     pub fn send(&mut self, to_b: bool, frame: &[u8], now: u64) {
-        self.pcap_write(frame, now);
+        if let Some(tap) = &mut self.tap {
+            tap(now, frame);
+        }
         self.trace_frame(false, to_b, now, frame);
         self.stats.sent += 1;
         self.stats.bytes += frame.len() as u64;
@@ -579,6 +570,22 @@ pub fn connect_engines(
     b.connect_qp(eb.qpn, &p.local_attr(p.psn_b), &ra)
         .expect("connect b");
     (ea, eb)
+}
+
+/// Deterministic bytes for `seed`: what a transfer must deliver exactly,
+/// for tests and experiments that check their data.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    // xorshift64*: cheap even in debug builds.
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        v.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    v.truncate(len);
+    v
 }
 
 #[cfg(test)]

@@ -18,21 +18,20 @@
 
 use std::sync::Mutex;
 
-use xroce::engine::completion::{Completion, WcStatus};
-use xroce::engine::memory::MemoryRegion;
-use xroce::engine::qp_attr::QpState;
-use xroce::engine::sim::{
+use xroce_transport::engine::completion::{Completion, WcStatus};
+use xroce_transport::engine::memory::MemoryRegion;
+use xroce_transport::engine::qp_attr::QpState;
+use xroce_transport::engine::sim::{
     connect_engines, sim_configs, EngineEndpoint, EngineHost, LinkConfig, PairParams, Sim,
 };
-use xroce::engine::work::{SendWr, WrOpcode};
-use xroce::engine::{AsyncEvent, Engine};
+use xroce_transport::engine::work::{SendWr, WrOpcode};
+use xroce_transport::engine::{AsyncEvent, Engine};
 use xroce_wire::{
     emit_frame, parse_frame_checked, AtomicEthRepr, BthRepr, FrameRepr, Gid, NakCode, Opcode,
     RethRepr, Syndrome, TransportRepr,
 };
 
-mod common;
-use common::pattern;
+use xroce_transport::engine::sim::pattern;
 
 const MS: u64 = 1_000_000;
 
@@ -426,7 +425,7 @@ fn max_rd_atomic_bounds_reads_and_atomics_together() {
 /// region (an MR over the middle page of three) stay as they were.
 #[test]
 fn requests_beyond_the_mr_touch_nothing_around_it() {
-    use xroce::engine::memory::AccessFlags;
+    use xroce_transport::engine::memory::AccessFlags;
     const PSN: u32 = 900;
     const PAGE: usize = 4096;
     let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;

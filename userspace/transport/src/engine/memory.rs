@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use rand::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::error::{Result, VerbsError};
+use super::error::{Result, TransportError};
 use super::work::Sge;
 
 bitflags::bitflags! {
@@ -242,7 +242,7 @@ impl MrTable {
             Some(i) => i as usize,
             None => {
                 if s.entries.len() >= MAX_MRS {
-                    return Err(VerbsError::NoResources("memory region keys"));
+                    return Err(TransportError::NoResources("memory region keys"));
                 }
                 s.entries.push(None);
                 s.entries.len() - 1
@@ -294,7 +294,7 @@ impl MrTable {
                     .and_then(Option::as_ref)
                     .is_some_and(|m| Arc::ptr_eq(m, old))
             })
-            .ok_or(VerbsError::InvalidArgument(
+            .ok_or(TransportError::InvalidArgument(
                 "the memory region is not registered",
             ))?;
         let (mut lkey, mut rkey) = (old.lkey, old.rkey);
@@ -487,7 +487,7 @@ impl MemoryRegion {
     /// without locks, as an RDMA NIC does.
     pub unsafe fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         if offset.checked_add(src.len()).is_none_or(|e| e > self.len()) {
-            return Err(VerbsError::InvalidArgument(
+            return Err(TransportError::InvalidArgument(
                 "write outside the memory region",
             ));
         }
@@ -502,7 +502,7 @@ impl MemoryRegion {
     /// [`MemoryRegion::write`]).
     pub unsafe fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         if offset.checked_add(dst.len()).is_none_or(|e| e > self.len()) {
-            return Err(VerbsError::InvalidArgument(
+            return Err(TransportError::InvalidArgument(
                 "read outside the memory region",
             ));
         }
@@ -528,7 +528,9 @@ impl MemoryRegion {
         self.inner
             .atomic_at(offset)
             .map(|a| a.load(Ordering::SeqCst))
-            .ok_or(VerbsError::InvalidArgument("unaligned or out-of-range u64"))
+            .ok_or(TransportError::InvalidArgument(
+                "unaligned or out-of-range u64",
+            ))
     }
     /// What the region is now, as a starting point for [`Self::rereg`].
     pub fn current(&self) -> Rereg {
@@ -574,7 +576,7 @@ fn check_access(access: AccessFlags) -> Result<()> {
     if access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
         && !access.contains(AccessFlags::LOCAL_WRITE)
     {
-        return Err(VerbsError::InvalidArgument(
+        return Err(TransportError::InvalidArgument(
             "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
         ));
     }
@@ -583,7 +585,7 @@ fn check_access(access: AccessFlags) -> Result<()> {
 
 fn check_wrap(ptr: *mut u8, iova: u64, len: usize) -> Result<()> {
     if (ptr as u64).checked_add(len as u64).is_none() || iova.checked_add(len as u64).is_none() {
-        return Err(VerbsError::InvalidArgument(
+        return Err(TransportError::InvalidArgument(
             "the memory region wraps around the address space",
         ));
     }

@@ -9,16 +9,15 @@ use std::sync::Mutex;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use xroce::engine::completion::{Completion, WcFlags, WcOpcode, WcStatus};
-use xroce::engine::qp_attr::Mtu;
-use xroce::engine::sim::{
+use xroce_transport::engine::completion::{Completion, WcFlags, WcOpcode, WcStatus};
+use xroce_transport::engine::qp_attr::Mtu;
+use xroce_transport::engine::sim::{
     connect_engines, EngineEndpoint, EngineHost, LinkConfig, PairParams, Sim,
 };
-use xroce::engine::work::{RecvWr, SendWr, WrOpcode};
-use xroce::engine::{Engine, EngineStats};
+use xroce_transport::engine::work::{RecvWr, SendWr, WrOpcode};
+use xroce_transport::engine::{Engine, EngineStats};
 
-mod common;
-use common::pattern;
+use xroce_transport::engine::sim::pattern;
 
 const SEC: u64 = 1_000_000_000;
 /// Source data on A / READ source on B, then destinations.

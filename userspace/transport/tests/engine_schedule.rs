@@ -4,14 +4,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use xroce::engine::completion::{Completion, WcStatus};
-use xroce::engine::memory::MrTable;
-use xroce::engine::qp_attr::{Mtu, QpCap, QpType};
-use xroce::engine::sim::{
+use xroce_transport::engine::completion::{Completion, WcStatus};
+use xroce_transport::engine::memory::MrTable;
+use xroce_transport::engine::qp_attr::{Mtu, QpCap, QpType};
+use xroce_transport::engine::sim::{
     connect_engines, sim_configs, EngineEndpoint, LinkConfig, PairParams, Sim, SimLink,
 };
-use xroce::engine::work::{SendWr, WrOpcode};
-use xroce::engine::{Engine, EngineConfig, QpCreate, QPN_BASE};
+use xroce_transport::engine::work::{SendWr, WrOpcode};
+use xroce_transport::engine::{Engine, EngineConfig, QpCreate, QPN_BASE};
 
 fn sim_with(f: impl Fn(&mut EngineConfig)) -> Sim<Mutex<Engine>> {
     let (mut ca, mut cb) = sim_configs();

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::error::{Result, VerbsError};
+use super::error::{Result, TransportError};
 use super::memory::MrTable;
 use super::work::RecvWr;
 use super::wqe::RecvWqe;
@@ -80,7 +80,7 @@ impl Srq {
     /// `ibv_post_srq_recv` (one WR); its SGEs are resolved in `mrs` now.
     pub fn post_recv(&self, mrs: &MrTable, wr: &RecvWr) -> Result<()> {
         if wr.sg_list.len() > self.max_sge {
-            return Err(VerbsError::TooManySge {
+            return Err(TransportError::TooManySge {
                 got: wr.sg_list.len(),
                 max: self.max_sge,
             });
@@ -88,7 +88,7 @@ impl Srq {
         let e = RecvWqe::new(mrs, self.pd, wr);
         let mut q = self.q.lock().unwrap();
         if q.len() >= self.max_wr.load(Ordering::Relaxed) {
-            return Err(VerbsError::QueueFull("shared receive queue"));
+            return Err(TransportError::QueueFull("shared receive queue"));
         }
         q.push_back(e);
         Ok(())
@@ -98,7 +98,7 @@ impl Srq {
     /// when taking a WQE leaves fewer than `limit` posted (0 disarms).
     pub fn set_limit(&self, limit: usize) -> Result<()> {
         if limit > self.max_wr.load(Ordering::Relaxed) {
-            return Err(VerbsError::InvalidArgument(
+            return Err(TransportError::InvalidArgument(
                 "SRQ limit above the SRQ's max_wr",
             ));
         }
@@ -125,7 +125,7 @@ impl Srq {
     pub fn resize(&self, max_wr: usize) -> Result<()> {
         let q = self.q.lock().unwrap();
         if max_wr < q.len() || max_wr == 0 {
-            return Err(VerbsError::InvalidArgument(
+            return Err(TransportError::InvalidArgument(
                 "SRQ max_wr below the WQEs posted",
             ));
         }

@@ -106,13 +106,14 @@ use std::sync::Arc;
 
 use crate::cc::{CongestionControl, NoCc};
 use completion::{Completion, CqId};
-use error::{Result, VerbsError};
+use error::{Result, TransportError};
 use memory::MrTable;
 use qp_attr::{check_modify_for, QpAttr, QpAttrMask, QpCap, QpState, QpType, RemoteQp};
 use srq::Srq;
 use work::{RecvWr, SendWr};
 use xroce_common::qpn_block;
 
+pub use qp::pacing_frame_bytes;
 pub(crate) use qp::QpCtx;
 
 /// First QP number handed out in QPN block 0 (rxe also starts above the
@@ -251,35 +252,11 @@ pub struct EngineConfig {
     pub qpn_block: u32,
     /// Where in the block the QP numbers start (0: at its first QPN,
     /// `0x11`), then cycling through it. A process draws it at random
-    /// ([`random_qpn_offset`]): a restarted program would otherwise reuse
+    /// (`xroce::device::random_qpn_offset`): a restarted program would otherwise reuse
     /// its predecessor's QPNs at once, which its peers' CM still holds
     /// connected and rejects as stale (REJ 10), where a NIC's or rxe's
     /// device-wide numbering moves on.
     pub qpn_offset: u32,
-}
-
-/// An offset for [`EngineConfig::qpn_offset`]: `XROCE_QPN_OFFSET` if set
-/// (decimal or 0x hex; 0 numbers a process's QPs from 0x11 as before, for
-/// programs that rely on a well-known QPN), else from the kernel's random
-/// numbers (0 if it has none to give).
-pub fn random_qpn_offset() -> u32 {
-    if let Ok(v) = std::env::var("XROCE_QPN_OFFSET") {
-        let parsed = match v.strip_prefix("0x") {
-            Some(h) => u32::from_str_radix(h, 16),
-            None => v.parse(),
-        };
-        if let Ok(n) = parsed {
-            return n % qpn_block::QPNS_PER_BLOCK;
-        }
-        eprintln!("xroce: XROCE_QPN_OFFSET={v:?} is not a number; QPNs start at random");
-    }
-    let mut b = [0u8; 4];
-    // SAFETY: getrandom writes at most b.len() bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), libc::GRND_NONBLOCK) };
-    if n != b.len() as isize {
-        return 0;
-    }
-    u32::from_ne_bytes(b) % qpn_block::QPNS_PER_BLOCK
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -746,7 +723,7 @@ impl Engine {
     pub fn create_qp(&mut self, c: QpCreate) -> Result<u32> {
         let idx = self
             .take_slot()
-            .ok_or(VerbsError::NoResources("QP numbers"))?;
+            .ok_or(TransportError::NoResources("QP numbers"))?;
         Ok(self.install_qp(idx, c))
     }
 
@@ -774,16 +751,18 @@ impl Engine {
     /// that, whatever INIT sets (as rxe); there is one per device.
     pub fn create_gsi_qp(&mut self, c: QpCreate) -> Result<u32> {
         if c.qp_type != QpType::Ud {
-            return Err(VerbsError::InvalidArgument("the GSI QP (QP1) is a UD QP"));
+            return Err(TransportError::InvalidArgument(
+                "the GSI QP (QP1) is a UD QP",
+            ));
         }
         if self.qps[GSI_SLOT].is_some() {
-            return Err(VerbsError::AlreadyExists("the device's GSI QP (QP1)"));
+            return Err(TransportError::AlreadyExists("the device's GSI QP (QP1)"));
         }
         // QP1 traffic reaches the process of QPN block 0 only (see
         // xroce_common::qpn_block): in another process a GSI QP would
         // send requests whose answers never come back to it.
         if self.cfg.qpn_block != 0 {
-            return Err(VerbsError::Busy(
+            return Err(TransportError::Busy(
                 "QP1 of a shared device belongs to the process holding QPN block 0",
             ));
         }
@@ -809,7 +788,10 @@ impl Engine {
 
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<()> {
-        let idx = self.qpn_map.slot(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let idx = self
+            .qpn_map
+            .slot(qpn)
+            .ok_or(TransportError::NoSuchQp(qpn))?;
         match self.qps.get_mut(idx) {
             Some(slot @ Some(_)) => {
                 if let Some(qp) = slot.take() {
@@ -818,7 +800,7 @@ impl Engine {
                 self.sched.reset_slot(idx);
                 Ok(())
             }
-            _ => Err(VerbsError::NoSuchQp(qpn)),
+            _ => Err(TransportError::NoSuchQp(qpn)),
         }
     }
 
@@ -827,12 +809,15 @@ impl Engine {
         qpn: u32,
         f: impl FnOnce(&mut QpCtx, &mut Env<'_>) -> Result<R>,
     ) -> Result<R> {
-        let idx = self.qpn_map.slot(qpn).ok_or(VerbsError::NoSuchQp(qpn))?;
+        let idx = self
+            .qpn_map
+            .slot(qpn)
+            .ok_or(TransportError::NoSuchQp(qpn))?;
         let (qps, mut env) = self.split();
         let qp = qps
             .get_mut(idx)
             .and_then(|q| q.as_deref_mut())
-            .ok_or(VerbsError::NoSuchQp(qpn))?;
+            .ok_or(TransportError::NoSuchQp(qpn))?;
         let r = f(qp, &mut env);
         qp.after_event(&mut env);
         self.reschedule(idx);
@@ -911,7 +896,7 @@ impl Engine {
     pub fn set_selective_repeat(&mut self, qpn: u32, on: bool) -> Result<()> {
         self.with_qp(qpn, |qp, _| {
             if qp.qp_type != QpType::Rc {
-                return Err(VerbsError::InvalidAttribute(
+                return Err(TransportError::InvalidAttribute(
                     "selective_repeat",
                     "RC QPs only".into(),
                 ));
@@ -921,7 +906,7 @@ impl Engine {
                 && qp.resp.out.is_empty()
                 && qp.resp.in_msg == qp::InMsg::None;
             if !idle {
-                return Err(VerbsError::InvalidAttribute(
+                return Err(TransportError::InvalidAttribute(
                     "selective_repeat",
                     "the QP is not idle".into(),
                 ));

@@ -1,7 +1,7 @@
 //! Posting work: `ibv_post_send` / `ibv_post_recv` checks and WQE creation.
 
 use super::completion::WcStatus;
-use super::error::{Result, VerbsError};
+use super::error::{Result, TransportError};
 use super::memory::AccessFlags;
 use super::qp::QpCtx;
 use super::qp_attr::{QpState, QpType};
@@ -21,13 +21,13 @@ impl QpCtx {
     ) -> Result<()> {
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err => {}
-            s => return Err(VerbsError::BadQpState(s)),
+            s => return Err(TransportError::BadQpState(s)),
         }
         if self.sq.len() >= self.cap.max_send_wr as usize {
-            return Err(VerbsError::QueueFull("send queue"));
+            return Err(TransportError::QueueFull("send queue"));
         }
         if wr.sg_list.len() > self.cap.max_send_sge as usize {
-            return Err(VerbsError::TooManySge {
+            return Err(TransportError::TooManySge {
                 got: wr.sg_list.len(),
                 max: self.cap.max_send_sge as usize,
             });
@@ -35,18 +35,18 @@ impl QpCtx {
         if self.qp_type == QpType::Uc
             && (wr.opcode.is_read_or_atomic() || matches!(wr.opcode, WrOpcode::SendWithInv { .. }))
         {
-            return Err(VerbsError::InvalidArgument(
+            return Err(TransportError::InvalidArgument(
                 "UC QPs carry only SEND, SEND_WITH_IMM, RDMA_WRITE and RDMA_WRITE_WITH_IMM",
             ));
         }
         if self.qp_type == QpType::Ud {
             if !matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm { .. }) {
-                return Err(VerbsError::InvalidArgument(
+                return Err(TransportError::InvalidArgument(
                     "UD QPs carry only SEND and SEND_WITH_IMM",
                 ));
             }
             if wr.ud.is_none() {
-                return Err(VerbsError::InvalidArgument(
+                return Err(TransportError::InvalidArgument(
                     "a UD send needs a destination (SendWr::ud)",
                 ));
             }
@@ -55,7 +55,7 @@ impl QpCtx {
                 None => wr.sg_list.iter().map(|s| s.length as u64).sum(),
             };
             if total > self.mtu as u64 {
-                return Err(VerbsError::InvalidArgument(
+                return Err(TransportError::InvalidArgument(
                     "UD messages are limited to one path MTU",
                 ));
             }
@@ -85,12 +85,12 @@ impl QpCtx {
         };
         if let Some(data) = inline_data {
             if writes_local {
-                return Err(VerbsError::InvalidArgument(
+                return Err(TransportError::InvalidArgument(
                     "inline data is for SEND and RDMA WRITE, not READ or atomics",
                 ));
             }
             if data.len() > self.cap.max_inline_data as usize {
-                return Err(VerbsError::InlineTooLarge {
+                return Err(TransportError::InlineTooLarge {
                     got: data.len(),
                     max: self.cap.max_inline_data as usize,
                 });
@@ -108,7 +108,7 @@ impl QpCtx {
                 w.len = total as u32;
                 if inline {
                     if total > self.cap.max_inline_data as usize {
-                        return Err(VerbsError::InlineTooLarge {
+                        return Err(TransportError::InlineTooLarge {
                             got: total,
                             max: self.cap.max_inline_data as usize,
                         });
@@ -137,18 +137,18 @@ impl QpCtx {
 
     pub(crate) fn post_recv(&mut self, env: &mut Env<'_>, wr: &RecvWr) -> Result<()> {
         if self.srq.is_some() {
-            return Err(VerbsError::InvalidArgument(
+            return Err(TransportError::InvalidArgument(
                 "this QP uses a shared receive queue: post to the SRQ",
             ));
         }
         if self.state == QpState::Reset {
-            return Err(VerbsError::BadQpState(self.state));
+            return Err(TransportError::BadQpState(self.state));
         }
         if self.rq.len() >= self.cap.max_recv_wr as usize {
-            return Err(VerbsError::QueueFull("receive queue"));
+            return Err(TransportError::QueueFull("receive queue"));
         }
         if wr.sg_list.len() > self.cap.max_recv_sge as usize {
-            return Err(VerbsError::TooManySge {
+            return Err(TransportError::TooManySge {
                 got: wr.sg_list.len(),
                 max: self.cap.max_recv_sge as usize,
             });
