@@ -6,6 +6,7 @@ use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, NakCode, Opcode, Syndrome, T
 
 use super::completion::WcStatus;
 use super::qp::QpCtx;
+use super::timers::Timer;
 use super::wqe::sgl_write;
 use super::Env;
 
@@ -95,7 +96,7 @@ impl QpCtx {
         if self.psn_outstanding() {
             self.arm_rto(now);
         } else {
-            self.req.rto_deadline = None;
+            self.req.timers.cancel(Timer::Retransmit);
             self.req.rto_after_probe = None;
         }
         if psn_lt(self.req.psn, self.req.comp_psn) {
@@ -291,7 +292,7 @@ impl QpCtx {
                     self.retry_if_new(env);
                     return;
                 }
-                if self.req.rnr_until.is_some() {
+                if self.req.timers.is_armed(Timer::RnrBackoff) {
                     return;
                 }
                 if self.req.rnr_left == 0 {
@@ -301,8 +302,11 @@ impl QpCtx {
                 if self.req.rnr_left != 7 {
                     self.req.rnr_left -= 1;
                 }
-                self.req.rnr_until = Some(now + u64::from(xroce_wire::rnr_timer_us(timer)) * 1_000);
-                self.req.rto_deadline = None;
+                self.req.timers.arm(
+                    Timer::RnrBackoff,
+                    now + u64::from(xroce_wire::rnr_timer_us(timer)) * 1_000,
+                );
+                self.req.timers.cancel(Timer::Retransmit);
                 self.req.rto_after_probe = None;
                 // Stop sending now; the retry starts when the timer fires.
                 let cp = self.req.comp_psn;

@@ -5,6 +5,7 @@
 use super::codec;
 use super::qp::{QpCtx, RespItem};
 use super::qp_attr::{QpState, QpType};
+use super::timers::Timer;
 use super::Env;
 use xroce_wire::{FrameRepr, Opcode, Service};
 
@@ -191,7 +192,7 @@ impl QpCtx {
     fn budget_allows(&mut self, env: &Env<'_>) -> bool {
         if self.qp_type != QpType::Rc
             || self.req.psn != self.req.max_psn
-            || self.req.rnr_until.is_some()
+            || self.req.timers.is_armed(Timer::RnrBackoff)
         {
             return true;
         }
@@ -233,10 +234,9 @@ impl QpCtx {
                 t = Some(t.map_or(x, |t: u64| t.min(x)));
             }
         };
-        m(self.req.rto_deadline);
-        m(self.req.rnr_until);
+        m(self.req.timers.earliest());
         let req_ready = (self.req.idx < self.sq.len() || self.sr_retx_pending())
-            && self.req.rnr_until.is_none();
+            && !self.req.timers.is_armed(Timer::RnrBackoff);
         let read_ready = matches!(self.resp.out.front(), Some(RespItem::Read { .. }));
         if req_ready || read_ready {
             // Rate 0 holds the data until the controller changes its rate,
@@ -260,12 +260,13 @@ impl QpCtx {
         if self.cc.next_timer_ns().is_some_and(|t| t <= now) {
             self.cc.on_timer(now);
         }
-        if self.req.rnr_until.is_some_and(|t| t <= now) {
-            self.req.rnr_until = None;
-            self.start_retry(env);
-        }
-        if self.req.rto_deadline.is_some_and(|t| t <= now) {
-            self.on_retransmit_timeout(env, now);
+        for timer in Timer::ALL {
+            if self.req.timers.take_due(timer, now) {
+                match timer {
+                    Timer::RnrBackoff => self.start_retry(env),
+                    Timer::Retransmit => self.on_retransmit_timeout(env, now),
+                }
+            }
         }
     }
 }

@@ -63,8 +63,7 @@ impl QpCtx {
         self.req.idx = 0;
         self.req.offset = 0;
         self.req.rd_atomic_outstanding = 0;
-        self.req.rto_deadline = None;
-        self.req.rnr_until = None;
+        self.req.timers.cancel_all();
         self.cnp_due = false;
     }
 

@@ -11,7 +11,7 @@ use super::completion::{Completion, CqId, Wc, WcFlags, WcOpcode, WcStatus};
 use super::memory::MrInner;
 use super::qp_attr::{QpAttr, QpCap, QpState, QpType};
 use super::srq::Srq;
-use super::timers;
+use super::timers::{self, TimerTable};
 use super::wqe::{RecvWqe, SendWqe};
 use super::{Env, QpCreate};
 use crate::cc::{CongestionControl, Pacer};
@@ -41,8 +41,8 @@ pub(crate) struct ReqState {
     pub comp_psn: u32,
     pub noack: u32,
     pub rd_atomic_outstanding: u32,
-    pub rnr_until: Option<u64>,
-    pub rto_deadline: Option<u64>,
+    /// The RNR back-off and retransmission deadlines.
+    pub timers: TimerTable,
     pub retry_left: u8,
     pub rnr_left: u8,
     pub started_retry: bool,
@@ -50,7 +50,7 @@ pub(crate) struct ReqState {
     pub rtt_sample: Option<(u32, u64)>,
     /// Retransmission timer (requester.rs): consecutive expiries without
     /// progress (the timeout doubles with each, capped), the RTO deadline
-    /// that follows a tail-loss probe armed in `rto_deadline`, and the
+    /// that follows a tail-loss probe armed in `timers`, and the
     /// smoothed round-trip time the probe waits a few of.
     pub rto_backoff: u8,
     pub rto_after_probe: Option<u64>,

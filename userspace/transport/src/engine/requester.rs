@@ -19,6 +19,7 @@ use xroce_wire::{
 use super::codec;
 use super::qp::QpCtx;
 use super::qp_attr::QpState;
+use super::timers::Timer;
 use super::work::{SendFlags, WrOpcode};
 use super::Env;
 
@@ -114,16 +115,16 @@ impl QpCtx {
     /// for a tail-loss probe and then, unchanged, at the full timeout.
     pub(crate) fn arm_rto(&mut self, now: u64) {
         let Some(rto) = self.backed_off_rto_ns() else {
-            self.req.rto_deadline = None;
+            self.req.timers.cancel(Timer::Retransmit);
             self.req.rto_after_probe = None;
             return;
         };
         let probe = self.probe_ns(rto).filter(|_| self.req.rto_backoff == 0);
         if let Some(probe) = probe {
-            self.req.rto_deadline = Some(now + probe);
+            self.req.timers.arm(Timer::Retransmit, now + probe);
             self.req.rto_after_probe = Some(now + rto);
         } else {
-            self.req.rto_deadline = Some(now + rto);
+            self.req.timers.arm(Timer::Retransmit, now + rto);
             self.req.rto_after_probe = None;
         }
     }
@@ -140,7 +141,7 @@ impl QpCtx {
     fn send_tail_probe(&mut self, env: &Env<'_>) {
         // During a go-back-N retry, or while an RNR NAK holds the
         // requester, the probe has nothing to add.
-        if self.req.psn != self.req.max_psn || self.req.rnr_until.is_some() {
+        if self.req.psn != self.req.max_psn || self.req.timers.is_armed(Timer::RnrBackoff) {
             return;
         }
         if self.sr_has_holes() {
@@ -162,13 +163,13 @@ impl QpCtx {
 
     pub(crate) fn on_retransmit_timeout(&mut self, env: &mut Env<'_>, now: u64) {
         if !self.psn_outstanding() && self.sq.front().is_none_or(|w| !w.started) {
-            self.req.rto_deadline = None;
+            self.req.timers.cancel(Timer::Retransmit);
             self.req.rto_after_probe = None;
             return;
         }
         if let Some(at) = self.req.rto_after_probe.take() {
             if at > now {
-                self.req.rto_deadline = Some(at);
+                self.req.timers.arm(Timer::Retransmit, at);
                 self.send_tail_probe(env);
                 // Selective repeat: probe again while nothing moves (a
                 // probe costs one packet; the re-sent hole may be lost
@@ -176,7 +177,7 @@ impl QpCtx {
                 let again = self.sr.is_some().then(|| self.backed_off_rto_ns());
                 if let Some(p) = again.flatten().and_then(|rto| self.probe_ns(rto)) {
                     if now + p < at {
-                        self.req.rto_deadline = Some(now + p);
+                        self.req.timers.arm(Timer::Retransmit, now + p);
                         self.req.rto_after_probe = Some(at);
                     }
                 }
@@ -213,7 +214,7 @@ impl QpCtx {
         now: u64,
         buf: &mut [u8],
     ) -> Option<usize> {
-        if self.req.rnr_until.is_some() {
+        if self.req.timers.is_armed(Timer::RnrBackoff) {
             return None;
         }
         let idx = self.req.idx;
@@ -496,7 +497,7 @@ impl QpCtx {
             if last_pkt {
                 self.uc_complete_sent(env);
             }
-        } else if self.req.rto_deadline.is_none() {
+        } else if !self.req.timers.is_armed(Timer::Retransmit) {
             self.arm_rto(now);
         }
         env.stats.tx_data_packets += 1;

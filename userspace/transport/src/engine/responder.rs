@@ -33,22 +33,27 @@ use super::Env;
 /// is dropped beyond it).
 const MAX_OUT: usize = 64;
 
-/// Resolves the R_Key of an RDMA WRITE or READ whose RETH is `r` for a QP
-/// of PD `pd`: the MR and the offset of `r.va` in it, `None` on an R_Key,
-/// bounds or permission violation. A DMA length of 0 names no memory, so
-/// neither its R_Key nor its VA is checked (IBTA C9-88; rxe's check_rkey):
-/// no MR, offset 0.
-pub(super) fn resolve_rkey(
+/// Resolves the remote address a request names, for a QP of PD `pd`: the
+/// R_Key, VA and DMA length of an RDMA WRITE or READ's RETH (or an
+/// atomic's AtomicETH as `r`), of which `len` bytes from `r.va` are
+/// accessed now (the whole DMA length, or one selective-repeat packet's
+/// part). Gives the MR and the offset of `r.va` in it, `None` on an R_Key,
+/// PD, bounds or permission violation. A DMA length of 0 names no memory,
+/// so neither its R_Key nor its VA is checked (IBTA C9-88; rxe's
+/// check_rkey): no MR, offset 0. The one place the engine checks an
+/// R_Key.
+pub(super) fn resolve_remote(
     env: &Env<'_>,
     pd: u32,
     r: &RethRepr,
+    len: u64,
     need: AccessFlags,
 ) -> Option<(RemoteMr, usize)> {
     if r.dma_len == 0 {
         return Some((None, 0));
     }
     let mr = env.mrs.by_rkey(r.rkey)?;
-    let off = mr.check(pd, r.va, u64::from(r.dma_len), need).ok()?;
+    let off = mr.check(pd, r.va, len, need).ok()?;
     Some((Some(mr), off))
 }
 
@@ -237,8 +242,13 @@ impl QpCtx {
                     env.stats.dup_read_unmatched += 1;
                     return;
                 };
-                let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_READ)
-                else {
+                let Some((mr, off)) = resolve_remote(
+                    env,
+                    self.pd,
+                    &r,
+                    u64::from(r.dma_len),
+                    AccessFlags::REMOTE_READ,
+                ) else {
                     env.stats.dup_read_unmatched += 1;
                     return;
                 };
@@ -565,7 +575,13 @@ impl QpCtx {
                 self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
                 return;
             };
-            let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_WRITE) else {
+            let Some((mr, off)) = resolve_remote(
+                env,
+                self.pd,
+                &r,
+                u64::from(r.dma_len),
+                AccessFlags::REMOTE_WRITE,
+            ) else {
                 self.write_access_error(env, t, with_imm);
                 return;
             };
@@ -646,7 +662,13 @@ impl QpCtx {
             self.too_many_rd_atomic(env, t.bth.psn);
             return;
         }
-        let Some((mr, off)) = resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_READ) else {
+        let Some((mr, off)) = resolve_remote(
+            env,
+            self.pd,
+            &r,
+            u64::from(r.dma_len),
+            AccessFlags::REMOTE_READ,
+        ) else {
             self.class_c(
                 env,
                 t.bth.psn,
@@ -693,16 +715,14 @@ impl QpCtx {
             self.class_c(env, t.bth.psn, Syndrome::Nak(NakCode::InvalidRequest), None);
             return;
         }
-        let Some(mr) = env.mrs.by_rkey(a.rkey) else {
-            self.class_c(
-                env,
-                t.bth.psn,
-                Syndrome::Nak(NakCode::RemoteAccessError),
-                None,
-            );
-            return;
+        let target = RethRepr {
+            va: a.va,
+            rkey: a.rkey,
+            dma_len: 8,
         };
-        let Ok(off) = mr.check(self.pd, a.va, 8, AccessFlags::REMOTE_ATOMIC) else {
+        let Some((Some(mr), off)) =
+            resolve_remote(env, self.pd, &target, 8, AccessFlags::REMOTE_ATOMIC)
+        else {
             self.class_c(
                 env,
                 t.bth.psn,

@@ -62,6 +62,7 @@ use xroce_wire::{psn_add, psn_diff, psn_lt, psn_sub, NakCode, Opcode, Syndrome, 
 use super::completion::WcStatus;
 use super::memory::AccessFlags;
 use super::qp::{InMsg, QpCtx};
+use super::timers::Timer;
 use super::Env;
 
 /// PSNs a [`PsnRing`] tracks from its base (the SACK block's reach).
@@ -328,21 +329,13 @@ impl QpCtx {
             // names no memory and needs no valid R_Key or VA (C9-88).
             return Ok(());
         }
-        let Some(mr) = env.mrs.by_rkey(r.rkey) else {
-            return Err(NakCode::RemoteAccessError);
-        };
         // Each packet's RETH names its own part: check that much.
-        let Ok(off) = mr.check(
-            self.pd,
-            r.va,
-            payload.len() as u64,
-            AccessFlags::REMOTE_WRITE,
-        ) else {
+        let access = AccessFlags::REMOTE_WRITE;
+        let Some((Some(mr), off)) =
+            super::responder::resolve_remote(env, self.pd, &r, payload.len() as u64, access)
+        else {
             return Err(NakCode::RemoteAccessError);
         };
-        if !mr.is_valid() {
-            return Err(NakCode::RemoteAccessError);
-        }
         mr.write_at(off, payload);
         Ok(())
     }
@@ -571,7 +564,7 @@ impl QpCtx {
         now: u64,
         buf: &mut [u8],
     ) -> Option<usize> {
-        if self.req.rnr_until.is_some() || !self.sr_retx_pending() {
+        if self.req.timers.is_armed(Timer::RnrBackoff) || !self.sr_retx_pending() {
             return None;
         }
         loop {

@@ -126,8 +126,13 @@ impl QpCtx {
         if first {
             // A zero-length WRITE needs no valid R_Key or VA (C9-88).
             let ok = t.reth.and_then(|r| {
-                let (mr, off) =
-                    super::responder::resolve_rkey(env, self.pd, &r, AccessFlags::REMOTE_WRITE)?;
+                let (mr, off) = super::responder::resolve_remote(
+                    env,
+                    self.pd,
+                    &r,
+                    u64::from(r.dma_len),
+                    AccessFlags::REMOTE_WRITE,
+                )?;
                 Some(WriteCtx {
                     mr,
                     off,
