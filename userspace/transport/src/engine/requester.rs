@@ -21,6 +21,7 @@ use super::qp::QpCtx;
 use super::qp_attr::QpState;
 use super::timers::Timer;
 use super::work::{SendFlags, WrOpcode};
+use super::wqe::SendWqe;
 use super::Env;
 
 /// Consecutive retransmission timeouts double the timeout at most this many
@@ -214,16 +215,41 @@ impl QpCtx {
         now: u64,
         buf: &mut [u8],
     ) -> Option<usize> {
+        let window = self.req_may_send(env, now)?;
+        let idx = self.req.idx;
+        self.start_wqe(idx);
+        let w = &self.sq[idx];
+        let k = psn_diff(self.req.psn, w.first_psn) as u32;
+        let offset = self.req.offset;
+        let plan = plan_packet(w, k, offset, self.mtu, self.sr.is_some());
+        let f = self.request_frame(env, now, &plan, window);
+        let ack_req = f.transport.bth.ack_req;
+        let len = plan.payload_len;
+        if env.scratch.len() < len {
+            env.scratch.resize(len, 0);
+        }
+        if len > 0 && !self.sq[idx].read_payload(offset, &mut env.scratch[..len]) {
+            // An MR of the WR was deregistered while it was being sent.
+            self.fail_front(env, super::completion::WcStatus::LocProtErr);
+            return None;
+        }
+        let n = xroce_wire::emit_frame(&f, &env.scratch[..len], buf).ok()?;
+        self.after_request_sent(env, now, &plan, ack_req, n);
+        Some(n)
+    }
+
+    /// Whether the requester may send now (no RNR back-off, room in the
+    /// window, the next WQE not held by SQD, a local error, a fence or the
+    /// READ/atomic limit, the pacer open): the window in PSNs if so.
+    fn req_may_send(&mut self, env: &Env<'_>, now: u64) -> Option<u32> {
         if self.req.timers.is_armed(Timer::RnrBackoff) {
             return None;
         }
-        let idx = self.req.idx;
-        let w = self.sq.get(idx)?;
+        let w = self.sq.get(self.req.idx)?;
         let window = self.req_window(env);
         if psn_diff(self.req.psn, self.req.comp_psn) >= window as i32 {
             return None;
         }
-        let mtu = self.mtu;
         if !w.started {
             if self.state == QpState::Sqd || w.local_err.is_some() {
                 return None;
@@ -237,192 +263,48 @@ impl QpCtx {
                 return None;
             }
         }
-        if !self.pacer_open(now) {
-            return None;
-        }
-        let first_psn_new = self.req.psn;
+        self.pacer_open(now).then_some(window)
+    }
+
+    /// The WQE at `idx` starts at the current PSN if it has not yet.
+    fn start_wqe(&mut self, idx: usize) {
+        let (psn, mtu) = (self.req.psn, self.mtu);
         let w = &mut self.sq[idx];
-        if !w.started {
-            w.started = true;
-            w.first_psn = first_psn_new;
-            w.npkts = if w.op.is_atomic() {
-                1
-            } else {
-                w.len.div_ceil(mtu).max(1)
-            };
-            w.last_psn = psn_add(w.first_psn, w.npkts - 1);
-            if w.op.is_read_or_atomic() {
-                self.req.rd_atomic_outstanding += 1;
-            }
+        if w.started {
+            return;
         }
-        let w = &self.sq[idx];
-        let sr = self.sr.is_some();
-        let k = psn_diff(self.req.psn, w.first_psn) as u32;
-        let offset = self.req.offset;
-        let se = w.flags.contains(SendFlags::SOLICITED);
-        let last_pkt;
-        let mut payload_len = 0usize;
-        let mut consumed = 1u32;
-        // Headers the opcode's first/last packet carries (set below).
-        let mut reth = None;
-        let mut imm = None;
-        let mut ieth = None;
-        let mut atomic = None;
-        let opcode = match w.op {
-            WrOpcode::RdmaRead { remote_addr, rkey } => {
-                reth = Some(RethRepr {
-                    va: remote_addr + offset as u64,
-                    rkey,
-                    dma_len: w.len.saturating_sub(offset as u32),
-                });
-                consumed = w.npkts - k;
-                last_pkt = true;
-                Opcode::RC_RDMA_READ_REQUEST
-            }
-            WrOpcode::AtomicCmpAndSwp {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            } => {
-                atomic = Some(AtomicEthRepr {
-                    va: remote_addr,
-                    rkey,
-                    swap_add: swap,
-                    compare,
-                });
-                last_pkt = true;
-                Opcode::RC_COMPARE_SWAP
-            }
-            WrOpcode::AtomicFetchAndAdd {
-                remote_addr,
-                rkey,
-                add,
-            } => {
-                atomic = Some(AtomicEthRepr {
-                    va: remote_addr,
-                    rkey,
-                    swap_add: add,
-                    compare: 0,
-                });
-                last_pkt = true;
-                Opcode::RC_FETCH_ADD
-            }
-            _ => {
-                payload_len = (w.len as usize).saturating_sub(offset).min(mtu as usize);
-                let first = k == 0;
-                last_pkt = k + 1 >= w.npkts;
-                let (only_op, first_op, mid_op, last_op) = match w.op {
-                    WrOpcode::Send => (
-                        Opcode::RC_SEND_ONLY,
-                        Opcode::RC_SEND_FIRST,
-                        Opcode::RC_SEND_MIDDLE,
-                        Opcode::RC_SEND_LAST,
-                    ),
-                    WrOpcode::SendWithImm { imm: i } => {
-                        imm = last_pkt.then_some(i);
-                        (
-                            Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
-                            Opcode::RC_SEND_FIRST,
-                            Opcode::RC_SEND_MIDDLE,
-                            Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
-                        )
-                    }
-                    WrOpcode::SendWithInv { invalidate_rkey } => {
-                        ieth = last_pkt.then_some(invalidate_rkey);
-                        (
-                            Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
-                            Opcode::RC_SEND_FIRST,
-                            Opcode::RC_SEND_MIDDLE,
-                            Opcode::RC_SEND_LAST_WITH_INVALIDATE,
-                        )
-                    }
-                    WrOpcode::RdmaWrite { remote_addr, rkey } if sr => {
-                        // Selective repeat: a RETH in every packet (its own
-                        // address, the message's length), see selective.rs.
-                        reth = Some(RethRepr {
-                            va: remote_addr + offset as u64,
-                            rkey,
-                            dma_len: w.len,
-                        });
-                        (
-                            Opcode::RC_RDMA_WRITE_ONLY,
-                            Opcode::RC_RDMA_WRITE_FIRST,
-                            Opcode::RC_RDMA_WRITE_FIRST,
-                            Opcode::RC_RDMA_WRITE_ONLY,
-                        )
-                    }
-                    WrOpcode::RdmaWriteWithImm {
-                        remote_addr,
-                        rkey,
-                        imm: i,
-                    } if sr => {
-                        reth = Some(RethRepr {
-                            va: remote_addr + offset as u64,
-                            rkey,
-                            dma_len: w.len,
-                        });
-                        imm = last_pkt.then_some(i);
-                        (
-                            Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-                            Opcode::RC_RDMA_WRITE_FIRST,
-                            Opcode::RC_RDMA_WRITE_FIRST,
-                            Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-                        )
-                    }
-                    WrOpcode::RdmaWrite { remote_addr, rkey } => {
-                        reth = first.then_some(RethRepr {
-                            va: remote_addr,
-                            rkey,
-                            dma_len: w.len,
-                        });
-                        (
-                            Opcode::RC_RDMA_WRITE_ONLY,
-                            Opcode::RC_RDMA_WRITE_FIRST,
-                            Opcode::RC_RDMA_WRITE_MIDDLE,
-                            Opcode::RC_RDMA_WRITE_LAST,
-                        )
-                    }
-                    WrOpcode::RdmaWriteWithImm {
-                        remote_addr,
-                        rkey,
-                        imm: i,
-                    } => {
-                        reth = first.then_some(RethRepr {
-                            va: remote_addr,
-                            rkey,
-                            dma_len: w.len,
-                        });
-                        imm = last_pkt.then_some(i);
-                        (
-                            Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-                            Opcode::RC_RDMA_WRITE_FIRST,
-                            Opcode::RC_RDMA_WRITE_MIDDLE,
-                            Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
-                        )
-                    }
-                    _ => unreachable!(),
-                };
-                match (first, last_pkt) {
-                    (true, true) => only_op,
-                    (true, false) => first_op,
-                    (false, true) => last_op,
-                    (false, false) => mid_op,
-                }
-            }
+        w.started = true;
+        w.first_psn = psn;
+        w.npkts = if w.op.is_atomic() {
+            1
+        } else {
+            w.len.div_ceil(mtu).max(1)
         };
-        let window_fill =
-            psn_diff(psn_add(self.req.psn, consumed), self.req.comp_psn) >= window as i32;
+        w.last_psn = psn_add(w.first_psn, w.npkts - 1);
+        if w.op.is_read_or_atomic() {
+            self.req.rd_atomic_outstanding += 1;
+        }
+    }
+
+    /// The frame of `plan` at the current PSN: the QP's headers (a UD WR's
+    /// own destination), the opcode's extension headers, SE and AckReq.
+    fn request_frame(
+        &self,
+        env: &Env<'_>,
+        now: u64,
+        plan: &PacketPlan,
+        window: u32,
+    ) -> xroce_wire::FrameRepr {
         let ud = self.qp_type == super::qp_attr::QpType::Ud;
         let uc = ud || self.qp_type == super::qp_attr::QpType::Uc;
         let mut f = if ud {
             // One packet per message to the WR's own destination.
-            let d = w.ud.expect("checked at post");
+            let d = self.sq[self.req.idx].ud.expect("checked at post");
             let sport =
                 d.av.udp_sport
                     .unwrap_or_else(|| xroce_wire::rocev2_src_port(0, self.qpn, d.remote_qpn));
             let tmpl = codec::template(env.cfg, &d.av, d.remote_qpn, sport);
-            let mut f = codec::packet(&tmpl, in_service(opcode, Service::Ud), self.req.psn);
+            let mut f = codec::packet(&tmpl, in_service(plan.opcode, Service::Ud), self.req.psn);
             let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
                 self.attr.qkey
             } else {
@@ -434,53 +316,64 @@ impl QpCtx {
             });
             f
         } else if uc {
-            codec::packet(&self.tmpl, in_service(opcode, Service::Uc), self.req.psn)
+            codec::packet(
+                &self.tmpl,
+                in_service(plan.opcode, Service::Uc),
+                self.req.psn,
+            )
         } else {
-            codec::packet(&self.tmpl, opcode, self.req.psn)
+            codec::packet(&self.tmpl, plan.opcode, self.req.psn)
         };
         let t = &mut f.transport;
-        t.reth = reth;
-        t.imm_data = imm;
-        t.invalidate_rkey = ieth;
-        t.atomic_eth = atomic;
+        t.reth = plan.reth;
+        t.imm_data = plan.imm;
+        t.invalidate_rkey = plan.ieth;
+        t.atomic_eth = plan.atomic;
         // IBTA 9.2.3: the solicited-event bit goes on the last packet only.
-        t.bth.solicited = se && last_pkt;
+        t.bth.solicited = plan.solicited && plan.last_pkt;
+        let next = psn_add(self.req.psn, plan.consumed);
+        let window_fill = psn_diff(next, self.req.comp_psn) >= window as i32;
         // The last packet of the message's chunk of room in the device
         // budget asks too: its ACK frees the room (see `budget_allows`).
-        let chunk_end = self
-            .reserved_end
-            .is_some_and(|r| psn_add(self.req.psn, consumed) == r);
+        let chunk_end = self.reserved_end.is_some_and(|r| next == r);
         let ack_due = self.req.unrequested_since.is_some_and(|t| {
             env.cfg.ack_req_interval_ns > 0 && now.saturating_sub(t) >= env.cfg.ack_req_interval_ns
         });
         t.bth.ack_req = !uc
-            && (last_pkt
+            && (plan.last_pkt
                 || self.req.noack + 1 >= env.cfg.ack_every
                 || window_fill
                 || chunk_end
                 || ack_due);
-        let ack_req = t.bth.ack_req;
-        if env.scratch.len() < payload_len {
-            env.scratch.resize(payload_len, 0);
-        }
-        if payload_len > 0 && !w.read_payload(offset, &mut env.scratch[..payload_len]) {
-            // An MR of the WR was deregistered while it was being sent.
-            self.fail_front(env, super::completion::WcStatus::LocProtErr);
-            return None;
-        }
-        let n = xroce_wire::emit_frame(&f, &env.scratch[..payload_len], buf).ok()?;
-        // Advance.
+        f
+    }
+
+    /// Bookkeeping after the packet of `plan` (`n` bytes) went out: PSNs,
+    /// the WQE cursor, AckReq spacing, RTT sample, UC completion, the
+    /// retransmission timer, counters and the pacer.
+    fn after_request_sent(
+        &mut self,
+        env: &mut Env<'_>,
+        now: u64,
+        plan: &PacketPlan,
+        ack_req: bool,
+        n: usize,
+    ) {
+        let uc = matches!(
+            self.qp_type,
+            super::qp_attr::QpType::Ud | super::qp_attr::QpType::Uc
+        );
         let sent_psn = self.req.psn;
         let retransmission = psn_lt(sent_psn, self.req.max_psn);
-        self.req.psn = psn_add(self.req.psn, consumed);
+        self.req.psn = psn_add(self.req.psn, plan.consumed);
         if psn_lt(self.req.max_psn, self.req.psn) {
             self.req.max_psn = self.req.psn;
         }
-        if last_pkt {
+        if plan.last_pkt {
             self.req.idx += 1;
             self.req.offset = 0;
         } else {
-            self.req.offset += payload_len;
+            self.req.offset += plan.payload_len;
         }
         self.req.noack = if ack_req { 0 } else { self.req.noack + 1 };
         self.req.unrequested_since = if ack_req {
@@ -494,7 +387,7 @@ impl QpCtx {
         if uc {
             // UC: nothing is acknowledged; a WQE completes once sent.
             self.req.comp_psn = self.req.psn;
-            if last_pkt {
+            if plan.last_pkt {
                 self.uc_complete_sent(env);
             }
         } else if !self.req.timers.is_armed(Timer::Retransmit) {
@@ -508,8 +401,181 @@ impl QpCtx {
             self.qstats.retransmitted += 1;
         }
         self.paced_send(now, n);
-        Some(n)
     }
+}
+
+/// What the next packet of a WQE is: its opcode, the extension headers it
+/// carries, its payload and the PSNs it consumes.
+pub(crate) struct PacketPlan {
+    opcode: Opcode,
+    reth: Option<RethRepr>,
+    imm: Option<u32>,
+    ieth: Option<u32>,
+    atomic: Option<AtomicEthRepr>,
+    payload_len: usize,
+    /// PSNs it takes: 1, or a READ request's response packets.
+    consumed: u32,
+    last_pkt: bool,
+    solicited: bool,
+}
+
+/// Packet `k` (at byte `offset`) of the started WQE `w` at path MTU `mtu`;
+/// `sr`: selective repeat (a RETH in every WRITE packet).
+fn plan_packet(w: &SendWqe, k: u32, offset: usize, mtu: u32, sr: bool) -> PacketPlan {
+    let mut p = PacketPlan {
+        opcode: Opcode::RC_SEND_ONLY,
+        reth: None,
+        imm: None,
+        ieth: None,
+        atomic: None,
+        payload_len: 0,
+        consumed: 1,
+        last_pkt: true,
+        solicited: w.flags.contains(SendFlags::SOLICITED),
+    };
+    match w.op {
+        WrOpcode::RdmaRead { remote_addr, rkey } => {
+            p.reth = Some(RethRepr {
+                va: remote_addr + offset as u64,
+                rkey,
+                dma_len: w.len.saturating_sub(offset as u32),
+            });
+            p.consumed = w.npkts - k;
+            p.opcode = Opcode::RC_RDMA_READ_REQUEST;
+        }
+        WrOpcode::AtomicCmpAndSwp {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            p.atomic = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: swap,
+                compare,
+            });
+            p.opcode = Opcode::RC_COMPARE_SWAP;
+        }
+        WrOpcode::AtomicFetchAndAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            p.atomic = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey,
+                swap_add: add,
+                compare: 0,
+            });
+            p.opcode = Opcode::RC_FETCH_ADD;
+        }
+        _ => plan_segment(&mut p, w, k, offset, mtu, sr),
+    }
+    p
+}
+
+/// [`plan_packet`] for SENDs and WRITEs: segment `k` of the message.
+fn plan_segment(p: &mut PacketPlan, w: &SendWqe, k: u32, offset: usize, mtu: u32, sr: bool) {
+    p.payload_len = (w.len as usize).saturating_sub(offset).min(mtu as usize);
+    let first = k == 0;
+    let last = k + 1 >= w.npkts;
+    p.last_pkt = last;
+    // A WRITE's RETH: on the first packet, or (selective repeat) on each,
+    // with that packet's own address and the message's length.
+    let write_reth = |remote_addr: u64, rkey: u32| {
+        if sr {
+            Some(RethRepr {
+                va: remote_addr + offset as u64,
+                rkey,
+                dma_len: w.len,
+            })
+        } else {
+            first.then_some(RethRepr {
+                va: remote_addr,
+                rkey,
+                dma_len: w.len,
+            })
+        }
+    };
+    use Opcode as O;
+    // (only, first, middle, last); selective repeat sends every WRITE
+    // packet as FIRST / ONLY, see selective.rs.
+    let (only, first_op, mid, last_op) = match w.op {
+        WrOpcode::Send => (
+            O::RC_SEND_ONLY,
+            O::RC_SEND_FIRST,
+            O::RC_SEND_MIDDLE,
+            O::RC_SEND_LAST,
+        ),
+        WrOpcode::SendWithImm { imm } => {
+            p.imm = last.then_some(imm);
+            (
+                O::RC_SEND_ONLY_WITH_IMMEDIATE,
+                O::RC_SEND_FIRST,
+                O::RC_SEND_MIDDLE,
+                O::RC_SEND_LAST_WITH_IMMEDIATE,
+            )
+        }
+        WrOpcode::SendWithInv { invalidate_rkey } => {
+            p.ieth = last.then_some(invalidate_rkey);
+            (
+                O::RC_SEND_ONLY_WITH_INVALIDATE,
+                O::RC_SEND_FIRST,
+                O::RC_SEND_MIDDLE,
+                O::RC_SEND_LAST_WITH_INVALIDATE,
+            )
+        }
+        WrOpcode::RdmaWrite { remote_addr, rkey } => {
+            p.reth = write_reth(remote_addr, rkey);
+            if sr {
+                (
+                    O::RC_RDMA_WRITE_ONLY,
+                    O::RC_RDMA_WRITE_FIRST,
+                    O::RC_RDMA_WRITE_FIRST,
+                    O::RC_RDMA_WRITE_ONLY,
+                )
+            } else {
+                (
+                    O::RC_RDMA_WRITE_ONLY,
+                    O::RC_RDMA_WRITE_FIRST,
+                    O::RC_RDMA_WRITE_MIDDLE,
+                    O::RC_RDMA_WRITE_LAST,
+                )
+            }
+        }
+        WrOpcode::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => {
+            p.reth = write_reth(remote_addr, rkey);
+            p.imm = last.then_some(imm);
+            let mid = if sr {
+                O::RC_RDMA_WRITE_FIRST
+            } else {
+                O::RC_RDMA_WRITE_MIDDLE
+            };
+            let last_op = if sr {
+                O::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE
+            } else {
+                O::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE
+            };
+            (
+                O::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                O::RC_RDMA_WRITE_FIRST,
+                mid,
+                last_op,
+            )
+        }
+        _ => unreachable!("READ and atomics are planned by plan_packet"),
+    };
+    p.opcode = match (first, last) {
+        (true, true) => only,
+        (true, false) => first_op,
+        (false, true) => last_op,
+        (false, false) => mid,
+    };
 }
 
 /// `rc` (a SEND or RDMA WRITE) in UC or UD, which post_send allowed.
