@@ -4,6 +4,11 @@
 //!
 //! The nested build uses the nightly toolchain (-Z build-std=core) and
 //! bpf-linker; `cargo xtask setup` installs both.
+//!
+//! `XROCE_BUILD_EBPF=0` skips it (as aya-template's AYA_BUILD_EBPF does):
+//! an empty object is embedded, so the crate checks, builds and runs its
+//! UDP backend and simulator on stable alone; loading XDP then fails with
+//! an error that says how to rebuild.
 
 use std::{
     env,
@@ -13,6 +18,7 @@ use std::{
 
 const EBPF_TARGET: &str = "bpfel-unknown-none";
 const EBPF_BIN: &str = "xroce-xdp";
+const SKIP_VAR: &str = "XROCE_BUILD_EBPF";
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
@@ -22,6 +28,13 @@ fn main() {
     // One shared target dir for every host profile (dev, release, clippy) so
     // core is built for bpfel once, not once per profile.
     let target_dir = root.join("target").join("ebpf");
+
+    println!("cargo:rerun-if-env-changed={SKIP_VAR}");
+    if env::var(SKIP_VAR).is_ok_and(|v| matches!(v.as_str(), "0" | "false" | "no")) {
+        println!("cargo:warning={SKIP_VAR}=0: the XDP program is not built; this xroce runs the UDP backend only");
+        std::fs::write(out_dir.join(EBPF_BIN), []).expect("write the empty XDP object");
+        return;
+    }
 
     for path in ["src", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", ebpf_dir.join(path).display());

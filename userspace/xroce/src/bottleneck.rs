@@ -42,9 +42,6 @@ use xroce_common::{
     congestion::EcnConfig,
 };
 
-/// The object built from ebpf/ (the XDP program and this TC program).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xroce-xdp"));
-
 #[derive(Debug, thiserror::Error)]
 pub enum BottleneckError {
     #[error("the delay bottleneck needs root (CAP_BPF and CAP_NET_ADMIN); run it with sudo")]
@@ -210,8 +207,13 @@ impl Bottleneck {
                 what: "open this thread's network namespace".into(),
                 source,
             })?;
+        let object = crate::xdp::ebpf_object().map_err(|_| {
+            BottleneckError::Config(
+                "this xroce was built with XROCE_BUILD_EBPF=0 and has no eBPF object; rebuild without it",
+            )
+        })?;
         let mut ebpf = EbpfLoader::new()
-            .load(OBJECT)
+            .load(object)
             .map_err(bpf_err("load the xroce eBPF object"))?;
         let take = |ebpf: &mut Ebpf, name: &str| {
             ebpf.take_map(name)

@@ -34,8 +34,17 @@ mod libxdp;
 pub use find::XdpAttachment;
 pub use libxdp::RUN_PRIO;
 
-/// The XDP object built from ebpf/ by build.rs.
-static XDP_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xroce-xdp"));
+/// The eBPF object built from ebpf/ by build.rs (the XDP program and the
+/// bottleneck's TC program); empty in a build with `XROCE_BUILD_EBPF=0`.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xroce-xdp"));
+
+/// The embedded eBPF object, or why this build has none.
+pub fn ebpf_object() -> Result<&'static [u8], XdpError> {
+    if EBPF_OBJECT.is_empty() {
+        return Err(XdpError::NotBuilt);
+    }
+    Ok(EBPF_OBJECT)
+}
 
 /// How the program runs on the interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +91,8 @@ pub enum XdpError {
     NoSuchInterface(String),
     #[error("attaching XDP needs root (CAP_BPF and CAP_NET_ADMIN); run it with sudo")]
     NotRoot,
+    #[error("this xroce was built with XROCE_BUILD_EBPF=0 and has no XDP program; rebuild without it (`cargo xtask setup` installs what the build needs), or use the UDP backend")]
+    NotBuilt,
     #[error("interface {0} has no xroce XDP program; run `xroce attach --iface {0}`")]
     NotAttached(String),
     #[error(
@@ -229,7 +240,7 @@ pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
     if !bpffs_outlives_us() {
         return attach_direct(iface, ifindex, mode);
     }
-    libxdp::attach(XDP_OBJECT, ifindex, mode).map_err(|errno| match errno {
+    libxdp::attach(ebpf_object()?, ifindex, mode).map_err(|errno| match errno {
         libc::EBUSY | libc::EEXIST => XdpError::OtherProgram(iface.into()),
         _ => XdpError::Bpf {
             what: format!("attach XDP to {iface} in {mode} mode through libxdp"),
@@ -302,7 +313,7 @@ fn attach_direct(iface: &str, ifindex: u32, mode: Mode) -> Result<(), XdpError> 
 /// nothing lands in bpffs: the program holds its maps once it is attached.
 fn load() -> Result<Ebpf, XdpError> {
     EbpfLoader::new()
-        .load(XDP_OBJECT)
+        .load(ebpf_object()?)
         .map_err(bpf_err("load the xroce XDP object"))
 }
 
