@@ -16,6 +16,10 @@ use crate::util::{run, step, succeeds, workspace_root};
 /// single-process figures the shared device is held to.
 pub const BEFORE_SHARED_DEVICE: &str = "ee12b18";
 
+/// The last commit whose posts took the engine lock (issue 26, item 2):
+/// what the post ring is measured against.
+pub const BEFORE_POST_RING: &str = "3842216";
+
 /// Builds `xroce` at `rev` (once) and returns the executable.
 pub fn xroce_at(rev: &str) -> Result<PathBuf> {
     let root = workspace_root();

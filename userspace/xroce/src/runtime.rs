@@ -86,8 +86,8 @@ impl Default for RuntimeConfig {
 pub struct Doorbell {
     fd: Option<Arc<EventFd>>,
     /// Set while the thread sleeps (or is about to): only then does
-    /// [`ring`](Self::ring) make a syscall. A WR posted just as the thread
-    /// decides to sleep can still wait `max_wait` (the old bound), rarely.
+    /// [`ring`](Self::ring) make a syscall. The thread looks at the post
+    /// rings after setting it, so a WR posted just before is not missed.
     asleep: Arc<AtomicBool>,
 }
 
@@ -251,7 +251,14 @@ fn run(
         if !wait.is_zero() && !pollfds.is_empty() {
             io.before_sleep();
             bell.asleep.store(true, Ordering::SeqCst);
-            let rung = sleep(&mut pollfds, wait);
+            // A WR posted while this thread was still awake rang no bell:
+            // look at the post rings after saying we sleep (SeqCst on both
+            // sides), so it is never left until `wait` ends.
+            let rung = if device.has_posted_work() {
+                Ok(true)
+            } else {
+                sleep(&mut pollfds, wait)
+            };
             bell.asleep.store(false, Ordering::SeqCst);
             if rung? {
                 // Rung: the application posted work; stay awake a while.

@@ -36,6 +36,7 @@ mod latency_tail;
 mod loss;
 mod many_qps;
 mod multicore;
+mod post_path;
 mod udp_gso;
 
 use crate::{
@@ -97,6 +98,9 @@ struct Report {
     /// WRITE and SEND latency with a capture on both ends vs without
     /// (issue 28).
     capture: capture::CaptureCost,
+    /// 8-byte WRITE rate and latency, posts through the engine lock
+    /// (before) vs through each QP's ring (issue 26, item 2).
+    post_path: post_path::PostPath,
     ratios: Ratios,
 }
 
@@ -139,6 +143,7 @@ pub fn bench() -> Result<()> {
         Some("clients") => return alone(&clients::measure(MTU)?),
         Some("cc_delay") => return alone(&cc_delay::measure()?),
         Some("capture") => return alone(&capture::measure(&ns)?),
+        Some("post_path") => return alone(&post_path::measure(&ns)?),
         Some("udp_gso") => {
             // Its best-backend line needs the AF_XDP WRITE of the full run.
             step("xroce RDMA WRITE 64 KiB, 1 QP");
@@ -151,7 +156,8 @@ pub fn bench() -> Result<()> {
         }
         Some(other) => bail!(
             "XROCE_BENCH_ONLY={other} is not a figure: use many_qps, loss, io_threads, \
-             multicore, latency_tail, udp_gso, clients, cc_delay or capture (unset: every figure)"
+             multicore, latency_tail, udp_gso, clients, cc_delay, capture or post_path \
+             (unset: every figure)"
         ),
     }
 
@@ -261,6 +267,8 @@ pub fn bench() -> Result<()> {
     let cc_delay = cc_delay::measure()?;
     step("WRITE 64 KiB and SEND 8 B latency with a capture on both ends vs without");
     let capture = capture::measure(&ns)?;
+    step("8-byte WRITE rate and latency: posts through the engine lock vs the post ring");
+    let post_path = post_path::measure(&ns)?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -290,6 +298,7 @@ pub fn bench() -> Result<()> {
         clients,
         cc_delay,
         capture,
+        post_path,
         udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,

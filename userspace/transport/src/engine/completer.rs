@@ -15,7 +15,7 @@ impl QpCtx {
     /// The completion is the report: no async event (IBTA C9-221, as rxe's
     /// completer).
     pub(crate) fn fail_front(&mut self, env: &mut Env<'_>, status: WcStatus) {
-        if let Some(w) = self.sq.pop_front() {
+        if let Some(w) = self.pop_send_wqe(env) {
             let wc = self.send_wc(&w, status);
             self.complete(env, true, wc);
         }
@@ -24,7 +24,7 @@ impl QpCtx {
 
     /// Pop the (finished) front WQE, with a completion if signaled.
     fn complete_front_ok(&mut self, env: &mut Env<'_>) {
-        let Some(w) = self.sq.pop_front() else {
+        let Some(w) = self.pop_send_wqe(env) else {
             return;
         };
         if w.op.is_read_or_atomic() {

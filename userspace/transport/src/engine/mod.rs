@@ -113,6 +113,7 @@ use srq::Srq;
 use work::{RecvWr, SendWr};
 use xroce_common::qpn_block;
 
+pub use post::{check_recv, check_send, PostLimits};
 pub use qp::pacing_frame_bytes;
 pub(crate) use qp::QpCtx;
 
@@ -497,6 +498,8 @@ pub(crate) struct Env<'a> {
     pub inflight_room: u32,
     /// The receive ring is under pressure: data packets count as CE-marked.
     pub rx_pressure: bool,
+    /// QPs whose queues gave WQEs back since [`Engine::take_retired`].
+    pub retired: &'a mut Vec<u32>,
 }
 
 /// The per-device transport engine. See the module documentation.
@@ -531,6 +534,20 @@ pub struct Engine {
     /// Unacknowledged PSNs of all QPs (the sum of their `counted_inflight`).
     inflight: u64,
     rx_pressure: bool,
+    /// QPs with a nonzero [`qp::Retired`] count, each once.
+    retired: Vec<u32>,
+}
+
+/// What [`Engine::take_retired`] reports of one QP.
+#[derive(Clone, Copy, Debug)]
+pub struct RetiredWqes {
+    pub qpn: u32,
+    /// Send and receive WQEs that left its queues.
+    pub send: u32,
+    pub recv: u32,
+    /// Its state and path MTU (bytes) now.
+    pub state: QpState,
+    pub mtu: u32,
 }
 
 /// What a new QP is made of (`ibv_qp_init_attr` with the CQs named by id).
@@ -567,6 +584,7 @@ impl Engine {
             last_tx: (usize::MAX, 0),
             window,
             window_cut_ns: 0,
+            retired: Vec::new(),
         }
     }
 
@@ -705,6 +723,7 @@ impl Engine {
                 events: &mut self.events,
                 inflight_room,
                 rx_pressure: self.rx_pressure,
+                retired: &mut self.retired,
             },
         )
     }
@@ -834,6 +853,53 @@ impl Engine {
         let t = qp.next_timeout();
         self.sched.arm(idx, t);
         self.sched.wake(idx);
+    }
+
+    /// QP `qpn`, if it lives.
+    fn qp_ref(&self, qpn: u32) -> Option<&QpCtx> {
+        let idx = self.qpn_map.slot(qpn)?;
+        self.qps.get(idx)?.as_deref().filter(|q| q.qpn == qpn)
+    }
+
+    /// What posting to QP `qpn` checks besides the room in its queues
+    /// ([`check_send`], [`check_recv`]); the MTU is the current path MTU.
+    pub fn post_limits(&self, qpn: u32) -> Result<PostLimits> {
+        let qp = self.qp_ref(qpn).ok_or(TransportError::NoSuchQp(qpn))?;
+        Ok(qp.post_limits())
+    }
+
+    /// The state of QP `qpn` (what `ibv_query_qp` reports as `qp_state`).
+    pub fn qp_state(&self, qpn: u32) -> Result<QpState> {
+        let qp = self.qp_ref(qpn).ok_or(TransportError::NoSuchQp(qpn))?;
+        Ok(qp.state)
+    }
+
+    /// Hands over, per QP, how many send and receive WQEs left its queues
+    /// (completed, flushed or discarded) since the last call, and forgets
+    /// them, with the QP's state and path MTU now; a QP that entered ERR
+    /// since is handed over too (maybe with nothing retired). A poster that
+    /// queues work outside the engine (the verbs layer's post ring) counts
+    /// the room left in a QP's queues by them and checks posts against
+    /// that state.
+    pub fn take_retired(&mut self, mut f: impl FnMut(RetiredWqes)) {
+        for qpn in self.retired.drain(..) {
+            let qp = self
+                .qpn_map
+                .slot(qpn)
+                .and_then(|i| self.qps.get_mut(i))
+                .and_then(|q| q.as_deref_mut());
+            // A QP destroyed since: nobody counts its queues any more.
+            if let Some(qp) = qp.filter(|q| q.qpn == qpn) {
+                let r = std::mem::take(&mut qp.retired);
+                f(RetiredWqes {
+                    qpn,
+                    send: r.sq,
+                    recv: r.rq,
+                    state: qp.state,
+                    mtu: qp.mtu,
+                });
+            }
+        }
     }
 
     /// `ibv_modify_qp`.

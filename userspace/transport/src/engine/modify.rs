@@ -44,7 +44,9 @@ impl QpCtx {
     /// Move to ERR and flush every outstanding WR with WR_FLUSH_ERR.
     pub(crate) fn enter_error(&mut self, env: &mut Env<'_>) {
         self.state = QpState::Err;
-        while let Some(w) = self.sq.pop_front() {
+        // A poster outside the engine learns of it (take_retired).
+        self.note_changed(env);
+        while let Some(w) = self.pop_send_wqe(env) {
             let wc = self.send_wc(&w, WcStatus::WrFlushErr);
             self.complete(env, true, wc);
         }
@@ -52,7 +54,7 @@ impl QpCtx {
             let wc = self.recv_wc(r.wr_id, WcStatus::WrFlushErr);
             self.complete(env, false, wc);
         }
-        while let Some(r) = self.rq.pop_front() {
+        while let Some(r) = self.pop_recv_wqe(env) {
             let wc = self.recv_wc(r.wr_id, WcStatus::WrFlushErr);
             self.complete(env, false, wc);
         }
@@ -67,10 +69,11 @@ impl QpCtx {
         self.cnp_due = false;
     }
 
-    fn reset(&mut self) {
+    fn reset(&mut self, env: &mut Env<'_>) {
         self.state = QpState::Reset;
         self.comm_est = false;
         self.cq_overflowed = false;
+        self.note_retired(env, self.sq.len() as u32, self.rq.len() as u32);
         self.sq.clear();
         self.rq.clear();
         self.req = ReqState::default();
@@ -102,7 +105,7 @@ impl QpCtx {
             self.req.rnr_left = attr.rnr_retry;
         }
         match (from, to) {
-            (_, QpState::Reset) => self.reset(),
+            (_, QpState::Reset) => self.reset(env),
             (_, QpState::Err) => {
                 if from != QpState::Err {
                     self.enter_error(env);

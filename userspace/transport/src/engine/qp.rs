@@ -159,8 +159,20 @@ pub(crate) struct ReadRecord {
     pub len: u32,
 }
 
+/// Send and receive WQEs that left a QP's queues since the engine's owner
+/// last asked ([`super::Engine::take_retired`]), and whether the QP is on
+/// the engine's list for it (it is also listed when it entered ERR).
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Retired {
+    pub sq: u32,
+    pub rq: u32,
+    pub listed: bool,
+}
+
 pub(crate) struct QpCtx {
     pub qpn: u32,
+    /// WQEs given back since the owner last asked.
+    pub retired: Retired,
     pub qstats: super::QpStats,
     pub qp_type: QpType,
     pub pd: u32,
@@ -208,6 +220,38 @@ pub(crate) struct QpCtx {
 }
 
 impl QpCtx {
+    /// Takes the front send WQE off the queue (done with it), counted for
+    /// [`super::Engine::take_retired`].
+    pub(crate) fn pop_send_wqe(&mut self, env: &mut Env<'_>) -> Option<SendWqe> {
+        let w = self.sq.pop_front()?;
+        self.note_retired(env, 1, 0);
+        Some(w)
+    }
+
+    /// Takes the front receive WQE off the QP's own queue, counted as
+    /// [`Self::pop_send_wqe`].
+    pub(crate) fn pop_recv_wqe(&mut self, env: &mut Env<'_>) -> Option<RecvWqe> {
+        let r = self.rq.pop_front()?;
+        self.note_retired(env, 0, 1);
+        Some(r)
+    }
+
+    pub(crate) fn note_retired(&mut self, env: &mut Env<'_>, sq: u32, rq: u32) {
+        if sq + rq > 0 {
+            self.note_changed(env);
+        }
+        self.retired.sq += sq;
+        self.retired.rq += rq;
+    }
+
+    /// Puts the QP on the engine's list for [`super::Engine::take_retired`].
+    pub(crate) fn note_changed(&mut self, env: &mut Env<'_>) {
+        if !self.retired.listed {
+            self.retired.listed = true;
+            env.retired.push(self.qpn);
+        }
+    }
+
     pub(crate) fn new(
         qpn: u32,
         c: QpCreate,
@@ -216,6 +260,7 @@ impl QpCtx {
     ) -> Self {
         Self {
             qpn,
+            retired: Retired::default(),
             qstats: super::QpStats::default(),
             qp_type: c.qp_type,
             pd: c.pd,

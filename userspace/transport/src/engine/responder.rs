@@ -148,7 +148,7 @@ impl QpCtx {
     pub(super) fn take_recv_wqe(&mut self, env: &mut Env<'_>) -> Option<RecvWqe> {
         match &self.srq {
             Some(srq) => srq.pop(env),
-            None => self.rq.pop_front(),
+            None => self.pop_recv_wqe(env),
         }
     }
 

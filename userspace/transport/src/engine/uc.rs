@@ -15,7 +15,7 @@ use super::Env;
 
 impl QpCtx {
     pub(crate) fn uc_complete_sent(&mut self, env: &mut Env<'_>) {
-        if let Some(w) = self.sq.pop_front() {
+        if let Some(w) = self.pop_send_wqe(env) {
             self.req.idx = self.req.idx.saturating_sub(1);
             if w.signaled {
                 let wc = self.send_wc(&w, WcStatus::Success);

@@ -38,6 +38,7 @@
 //! [`Device::stats`] and [`Device::poll_async_event`] (all members) and
 //! [`Device::set_async_handler`] (every member).
 
+use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -45,6 +46,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use super::cq::{CompletionQueue, CqInner};
 use super::error::{Result, TransportError};
 use super::pd::ProtectionDomain;
+use super::post_ring::{PostRing, PostedRings};
 use super::qp::{QpInitAttr, QueuePair};
 use crate::engine::completion::{Completion, CqId};
 use crate::engine::memory::MrTable;
@@ -69,10 +71,15 @@ struct Locked {
     cqs: Vec<Weak<CqInner>>,
     /// Completions being moved into CQs (kept to reuse its allocation).
     draining: Vec<Completion>,
+    /// The post ring of each live QP, by QPN: the engine's retired WQEs
+    /// give their ring room back.
+    rings: HashMap<u32, Arc<PostRing>>,
 }
 
 pub(crate) struct DeviceShared {
     engine: Mutex<Locked>,
+    /// QPs' rings with WRs posted and not yet in the engine.
+    posted: PostedRings,
     pub(crate) mrs: Arc<MrTable>,
     /// Shared by the members of a group (one PD id space).
     next_pd: Arc<AtomicU32>,
@@ -133,10 +140,16 @@ pub struct DeviceGuard<'a> {
 }
 
 impl DeviceGuard<'_> {
+    /// Forgets the post ring of a destroyed QP.
+    pub(crate) fn forget_ring(&mut self, qpn: u32) {
+        self.g.rings.remove(&qpn);
+    }
+
     /// Move the completions produced so far into their CQs now, where
     /// pollers see them, instead of when the guard is dropped (eventfds
     /// are still written then). For long batches.
     pub fn deliver_completions(&mut self) {
+        self.g.release_room();
         if self.g.engine.has_completions() {
             self.g.deliver_completions(&mut self.signal);
         }
@@ -176,6 +189,17 @@ impl Drop for DeviceGuard<'_> {
 }
 
 impl Locked {
+    /// Gives the post rings the room of the WQEs the engine retired, before
+    /// their completions become visible.
+    fn release_room(&mut self) {
+        let rings = &self.rings;
+        self.engine.take_retired(|r| {
+            if let Some(ring) = rings.get(&r.qpn) {
+                ring.retire(&r);
+            }
+        });
+    }
+
     /// Move the engine's completions into their CQs, in order. A full CQ
     /// loses the completion and its QP goes to ERR, whose flush completions
     /// are delivered (or lost) in turn. CQs to signal go to `signal`.
@@ -272,7 +296,9 @@ impl Device {
                 engine: Engine::new(cfg, mrs.clone()),
                 cqs: Vec::new(),
                 draining: Vec::new(),
+                rings: HashMap::new(),
             }),
+            posted: PostedRings::default(),
             mrs: mrs.clone(),
             next_pd,
             doorbell: std::sync::RwLock::new(None),
@@ -405,11 +431,40 @@ impl Device {
     }
 
     /// Lock the engine (batch I/O; see the module docs).
+    /// Locks the engine, first moving every WR posted into the QPs' rings
+    /// into it (so whatever the caller does comes after those posts).
     pub fn lock(&self) -> DeviceGuard<'_> {
+        let mut g = self.shared.engine.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.posted.drain_into(&mut g.engine);
         DeviceGuard {
-            g: self.shared.engine.lock().unwrap_or_else(|e| e.into_inner()),
+            g,
             on_async: &self.shared.on_async,
             signal: Vec::new(),
+        }
+    }
+
+    /// Whether WRs wait in a post ring for the engine (the I/O thread looks
+    /// before it sleeps: a post that rang no doorbell because it ran awake
+    /// is not left behind).
+    pub fn has_posted_work(&self) -> bool {
+        self.shared.posted.has_work()
+    }
+
+    /// WRs the engine refused when they arrived from a post ring (a modify
+    /// to RESET racing a post).
+    pub fn late_post_refusals(&self) -> u64 {
+        self.shared.posted.late_refusals()
+    }
+
+    /// After a post into `ring`: list it for the engine and wake the I/O
+    /// thread. A device no I/O thread drives (the simulator, tests) has no
+    /// doorbell: the poster moves the WRs into the engine itself, so they
+    /// are there when the post returns, as an I/O thread would soon have
+    /// them.
+    pub(crate) fn posted(&self, ring: &Arc<PostRing>) {
+        self.shared.posted.mark(ring);
+        if !self.ring() {
+            drop(self.lock());
         }
     }
 
@@ -497,12 +552,12 @@ impl Device {
             }
         }
         let home = self.qp_home();
-        let qpn = {
+        let (qpn, ring) = {
             let mut g = home.lock();
             if !g.g.owns_cq(&init.send_cq) || !g.g.owns_cq(&init.recv_cq) {
                 return Err(TransportError::InvalidArgument("CQ belongs to another device").into());
             }
-            create(
+            let qpn = create(
                 &mut g,
                 QpCreate {
                     qp_type: init.qp_type,
@@ -513,7 +568,10 @@ impl Device {
                     cap: init.cap,
                     sq_sig_all: init.sq_sig_all,
                 },
-            )?
+            )?;
+            let ring = Arc::new(PostRing::new(qpn, g.post_limits(qpn)?));
+            g.g.rings.insert(qpn, ring.clone());
+            (qpn, ring)
         };
         if qpn != crate::engine::GSI_QPN {
             // The load QPs are spread by: QP1 stays on the first member
@@ -523,6 +581,7 @@ impl Device {
         Ok(QueuePair {
             dev: home,
             qpn,
+            ring,
             _cqs: [init.send_cq.clone(), init.recv_cq.clone()],
         })
     }
@@ -565,15 +624,20 @@ impl Device {
             .find_map(|d| d.lock().poll_async_event())
     }
 
-    pub(crate) fn ring(&self) {
+    /// Rings the I/O thread's doorbell; false if the device has none.
+    pub(crate) fn ring(&self) -> bool {
         let d = self
             .shared
             .doorbell
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        if let Some(d) = d {
-            d();
+        match d {
+            Some(d) => {
+                d();
+                true
+            }
+            None => false,
         }
     }
 }

@@ -74,6 +74,7 @@ pub mod cq;
 pub mod device;
 pub mod error;
 pub mod pd;
+mod post_ring;
 pub mod qp;
 pub mod sim;
 pub mod srq;

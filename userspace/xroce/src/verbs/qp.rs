@@ -7,12 +7,13 @@ use std::sync::Arc;
 use super::cq::CompletionQueue;
 use super::device::Device;
 use super::error::{Result, VerbsError};
+use super::post_ring::PostRing;
 use super::srq::SharedReceiveQueue;
 pub use crate::engine::qp_attr::{
     check_modify, check_modify_for, AddressVector, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
     RemoteQp, MAX_RD_ATOMIC,
 };
-use crate::engine::work::{RecvWr, SendWr};
+use crate::engine::work::{RecvWr, SendFlags, SendWr};
 
 /// `ibv_qp_init_attr`.
 #[derive(Clone)]
@@ -44,6 +45,8 @@ impl QpInitAttr {
 pub struct QueuePair {
     pub(super) dev: Device,
     pub(super) qpn: u32,
+    /// Where posts go without the engine lock.
+    pub(super) ring: Arc<PostRing>,
     /// Keep the CQs alive (and their ids theirs) while the QP may complete
     /// into them.
     pub(super) _cqs: [CompletionQueue; 2],
@@ -72,8 +75,12 @@ impl QueuePair {
     /// life. They were delivered when the guard dropped; a QP in RESET
     /// makes no new ones.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        let r = self.dev.lock().modify_qp(self.qpn, attr, mask);
-        let r = r.map_err(VerbsError::from);
+        let r = {
+            let mut g = self.dev.lock();
+            let r = g.modify_qp(self.qpn, attr, mask);
+            self.ring.refresh(&g);
+            r
+        };
         if r.is_ok() {
             if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
                 let [send, recv] = &self._cqs;
@@ -84,7 +91,7 @@ impl QueuePair {
             }
             self.dev.ring();
         }
-        r
+        Ok(r?)
     }
     /// Selective repeat towards an xroce peer that agreed to it at
     /// connection setup ([`crate::engine::Engine::set_selective_repeat`]):
@@ -107,56 +114,85 @@ impl QueuePair {
     pub fn state(&self) -> QpState {
         self.query().map(|a| a.qp_state).unwrap_or(QpState::Err)
     }
-    /// `ibv_post_send` for one WR.
+    /// `ibv_post_send` for one WR: into the QP's post ring, without the
+    /// engine lock (see `post_ring.rs`). A WR with IBV_SEND_INLINE whose
+    /// payload is named by lkeys is copied out of its MRs under the lock,
+    /// now, as inline promises.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
-        let r = self.dev.lock().post_send(self.qpn, wr);
-        let r = r.map_err(VerbsError::from);
-        if r.is_ok() {
-            self.dev.ring();
+        if wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() {
+            return self.post_send_locked(wr);
         }
-        r
+        self.ring.post_send(wr, None)?;
+        self.after_post();
+        Ok(())
+    }
+    /// Lists the ring for the engine and wakes the I/O thread; in ERR,
+    /// moves the posts into the engine now, so their flush completions
+    /// are in the CQ when the post returns.
+    fn after_post(&self) {
+        self.dev.posted(&self.ring);
+        if self.ring.in_error() {
+            drop(self.dev.lock());
+        }
+    }
+    fn post_send_locked(&self, wr: &SendWr) -> Result<()> {
+        self.ring.reserve_send(wr, None)?;
+        let r = self.dev.lock().post_send(self.qpn, wr);
+        if r.is_err() {
+            self.ring.unreserve_send();
+        }
+        r?;
+        self.dev.ring();
+        Ok(())
     }
     /// `ibv_post_send` of one WR with IBV_SEND_INLINE: `data` is the
     /// payload, copied now (`wr.sg_list` is not read), so the program's
     /// buffer needs no registration, as rdma-core promises for inline.
     pub fn post_send_inline(&self, wr: &SendWr, data: &[u8]) -> Result<()> {
-        let r = self.dev.lock().post_send_inline(self.qpn, wr, data);
-        let r = r.map_err(VerbsError::from);
-        if r.is_ok() {
-            self.dev.ring();
-        }
-        r
+        self.ring.post_send(wr, Some(data))?;
+        self.after_post();
+        Ok(())
     }
     /// `ibv_post_send` for a list: stops at the first failure and returns
-    /// its index with the error (like `bad_wr`).
+    /// its index with the error (like `bad_wr`). One doorbell.
     pub fn post_send_list(&self, wrs: &[SendWr]) -> Result<(), (usize, VerbsError)> {
-        let r = {
-            let mut g = self.dev.lock();
-            wrs.iter()
-                .enumerate()
-                .try_for_each(|(i, wr)| g.post_send(self.qpn, wr).map_err(|e| (i, e.into())))
-        };
-        self.dev.ring();
+        let r = wrs.iter().enumerate().try_for_each(|(i, wr)| {
+            if wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() {
+                return self.post_send_locked(wr).map_err(|e| (i, e));
+            }
+            self.ring.post_send(wr, None).map_err(|e| (i, e.into()))
+        });
+        self.after_post();
         r
     }
-    /// `ibv_post_recv` for one WR.
+    /// `ibv_post_recv` for one WR, into the post ring.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
-        Ok(self.dev.lock().post_recv(self.qpn, wr)?)
+        self.ring.post_recv(wr)?;
+        self.after_post();
+        Ok(())
     }
     /// Move the QP to RESET -> INIT -> RTR -> RTS in one call for a peer
     /// described by `remote` (qpn, psn, address); `local` holds the rest
     /// (access flags, MTU, timers, rd_atomic limits, this side's sq_psn).
     pub fn connect(&self, local: &QpAttr, remote: &RemoteQp) -> Result<()> {
-        let r = self.dev.lock().connect_qp(self.qpn, local, remote);
-        let r = r.map_err(VerbsError::from);
+        let r = {
+            let mut g = self.dev.lock();
+            let r = g.connect_qp(self.qpn, local, remote);
+            self.ring.refresh(&g);
+            r
+        };
         self.dev.ring();
-        r
+        Ok(r?)
     }
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let _ = self.dev.lock().destroy_qp(self.qpn);
+        {
+            let mut g = self.dev.lock();
+            let _ = g.destroy_qp(self.qpn);
+            g.forget_ring(self.qpn);
+        }
         // The load a spreading handle places new QPs by (QP1 not counted).
         if self.qpn != crate::engine::GSI_QPN {
             self.dev
