@@ -5,7 +5,7 @@
 //!
 //! `xroce run --iface IF -- PROGRAM` puts this library first on the
 //! library path; it reads its configuration from the environment
-//! ([`config`]). Each exported function is the rdma-core 44 entry point of
+//! ([`base::config`]). Each exported function is the rdma-core 44 entry point of
 //! the same name and version node (`build.rs`, `exports.txt`); the verbs
 //! rdma-core inlines in `<infiniband/verbs.h>` reach the library through
 //! the function pointers it fills in (`context->ops`, `struct
@@ -19,25 +19,17 @@
 //! used in place; the program must not touch bytes a posted work request
 //! uses until it completes.
 
-mod ah;
-mod async_event;
-mod config;
-mod context;
-mod cq;
-mod errno;
-mod handles;
-mod limits;
-mod mapping;
-mod mr;
+// Three layers; each imports only from the layers below it (an object
+// never reaches a verb, so no module circle runs through the crate):
+// 1. `abi` and `base`: the C types, errno and the panic barrier, the
+//    environment, the engine's limits, the debug handle table;
+// 2. `objects`: the Rust objects behind the C structs, devices and
+//    contexts, async-event records and pipes;
+// 3. `entry`: the exported entry points and the ops they install (the
+//    `extern "C"` functions), with what each needs alone.
+mod base;
+mod entry;
 mod objects;
-mod post;
-mod qp;
-mod query;
-mod srq;
-mod strings;
-mod ucontext;
-mod unsupported;
-mod wr_builder;
 
 // The C types of <infiniband/verbs.h>, shared with librdmacm.
 use xroce_cabi::verbs as abi;

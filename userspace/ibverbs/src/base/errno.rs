@@ -29,7 +29,7 @@ pub(crate) fn errno_of(e: &VerbsError) -> i32 {
 /// A failed verb that should also say why on stderr when
 /// XROCE_VERBS_DEBUG is set (programs only see the errno).
 pub(crate) fn fail(errno: i32, why: impl std::fmt::Display) -> i32 {
-    xroce_cabi::errno::fail("libibverbs", crate::config::debug(), errno, why)
+    xroce_cabi::errno::fail("libibverbs", crate::base::config::debug(), errno, why)
 }
 
 /// [`fail`] for a [`VerbsError`].

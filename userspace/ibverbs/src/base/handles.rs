@@ -17,34 +17,10 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-/// The objects the table knows, by what a program calls them.
+/// An object the table knows, by what a program calls it (each object
+/// type implements it).
 pub(crate) trait Handle {
     const KIND: &'static str;
-}
-
-impl Handle for crate::objects::Pd {
-    const KIND: &'static str = "PD";
-}
-impl Handle for crate::objects::Mr {
-    const KIND: &'static str = "MR";
-}
-impl Handle for crate::objects::Cq {
-    const KIND: &'static str = "CQ";
-}
-impl Handle for crate::objects::Qp {
-    const KIND: &'static str = "QP";
-}
-impl Handle for crate::objects::Srq {
-    const KIND: &'static str = "SRQ";
-}
-impl Handle for crate::objects::Ah {
-    const KIND: &'static str = "AH";
-}
-impl Handle for crate::context::Context {
-    const KIND: &'static str = "device context";
-}
-impl Handle for crate::objects::Channel {
-    const KIND: &'static str = "completion channel";
 }
 
 /// Address -> kind of every live object (debug mode only).
@@ -54,7 +30,7 @@ fn live() -> &'static Mutex<HashMap<usize, &'static str>> {
 }
 
 fn enabled() -> bool {
-    crate::config::debug()
+    crate::base::config::debug()
 }
 
 /// `p` was just handed out.

@@ -20,8 +20,9 @@ use xroce::io::wire::ipv6::NEXT_HEADER_UDP;
 use xroce::verbs::AddressVector;
 
 use crate::abi::*;
-use crate::context::{context, OpenDevice};
-use crate::errno::{fail, ffi, ffi_int, ffi_ptr, set_errno};
+use crate::base::errno::{fail, ffi, ffi_int, ffi_ptr, set_errno};
+use crate::objects::context::context;
+use crate::objects::device::OpenDevice;
 use crate::objects::{outer, Ah, Pd};
 
 /// The IPv4-mapped GID: what `-g 1` / `-x 1` names.
@@ -42,7 +43,7 @@ pub(crate) fn mapped_ipv4(gid: &[u8; 16]) -> Option<Ipv4Addr> {
     Ipv6Addr::from(*gid).to_ipv4_mapped()
 }
 
-/// The index of `gid` in a GID table ([`crate::query::gid_table`]; every
+/// The index of `gid` in a GID table ([`crate::objects::device::gid_table`]; every
 /// entry is RoCE v2).
 pub(crate) fn gid_index_of(gids: &[[u8; 16]], gid: &[u8; 16]) -> Option<u32> {
     gids.iter().position(|g| g == gid).map(|i| i as u32)
@@ -141,8 +142,8 @@ fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> Result<*mut ibv_ah, i32
         av,
         attr: *a,
     }));
-    crate::handles::born(&*ah as *const crate::objects::Ah);
-    crate::handles::born(&*ah as *const crate::objects::Ah);
+    crate::base::handles::born(&*ah as *const crate::objects::Ah);
+    crate::base::handles::born(&*ah as *const crate::objects::Ah);
     Ok(&mut ah.ah as *mut ibv_ah)
 }
 
@@ -159,7 +160,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         // SAFETY: an AH this library created, destroyed once.
         let a = unsafe { outer::<_, Ah>(ah) }.ok_or(libc::EINVAL)?;
         // SAFETY: as above; the Box was leaked by create_ah.
-        crate::handles::free(unsafe { Box::from_raw(a as *mut Ah) });
+        crate::base::handles::free(unsafe { Box::from_raw(a as *mut Ah) });
         Ok(())
     })
 }
@@ -383,7 +384,7 @@ mod tests {
     /// address and one global IPv6 address.
     fn gids() -> Vec<[u8; 16]> {
         let ll = xroce::device::link_local_gid(MAC);
-        crate::query::gid_table(MAC, Some(IP), &[ll, GLOBAL_V6])
+        crate::objects::device::gid_table(MAC, Some(IP), &[ll, GLOBAL_V6])
     }
 
     #[test]

@@ -25,10 +25,11 @@ use std::sync::{Arc, Mutex};
 use xroce::verbs::{Device, NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus};
 
 use crate::abi::*;
-use crate::async_event::{self, Kind};
-use crate::context::{context, event_pipe, Context};
-use crate::errno::{errno_of, fail, ffi, ffi_int, ffi_ptr, set_errno, verbs_fail};
-use crate::limits;
+use crate::base::errno::{errno_of, fail, ffi, ffi_int, ffi_ptr, set_errno, verbs_fail};
+use crate::base::limits;
+use crate::objects::context::{context, Context};
+use crate::objects::events::event_pipe;
+use crate::objects::events::{self, Kind};
 use crate::objects::{Channel, Cq};
 
 /// One completion event on a channel's pipe (16 bytes: smaller than
@@ -169,7 +170,7 @@ pub(crate) fn to_ibv_wc(w: &Wc) -> ibv_wc {
 /// # Safety
 /// `p` is NULL or a channel this library created and has not destroyed.
 unsafe fn channel_ref<'a>(p: *mut ibv_comp_channel) -> Option<&'a Channel> {
-    if !crate::handles::check(p as *const Channel) {
+    if !crate::base::handles::check(p as *const Channel) {
         return None;
     }
     // SAFETY: the ibv_comp_channel is the first field of the repr(C) Channel.
@@ -188,7 +189,7 @@ fn new_channel(ctx: *mut ibv_context) -> Result<*mut Channel, i32> {
         write_end: Arc::new(write_end),
         cqs: Mutex::new(Default::default()),
     }));
-    crate::handles::born(&*ch as *const crate::objects::Channel);
+    crate::base::handles::born(&*ch as *const crate::objects::Channel);
     Ok(ch)
 }
 
@@ -218,7 +219,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         }
         // SAFETY: leaked by new_channel; no CQ refers to it any more (the
         // handlers of destroyed CQs hold their own Arc of the write end).
-        crate::handles::free(unsafe { Box::from_raw(channel as *mut Channel) });
+        crate::base::handles::free(unsafe { Box::from_raw(channel as *mut Channel) });
         Ok(())
     })
 }
@@ -289,7 +290,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_uint) {
         // SAFETY: a live CQ (its mutex/cond initialised at create); the
         // counter is written under that mutex.
         unsafe {
-            async_event::ack(
+            events::ack(
                 &raw mut (*cq).mutex,
                 &raw mut (*cq).cond,
                 &raw mut (*cq).comp_events_completed,
@@ -371,7 +372,7 @@ fn new_cq(
         cur: Wc::default(),
         wc_flags: a.wc_flags,
     }));
-    crate::handles::born(p as *const crate::objects::Cq);
+    crate::base::handles::born(p as *const crate::objects::Cq);
     // SAFETY: initialising the CQ's own mutex and condition variable in
     // place (they never move: the object is leaked) before anyone sees it.
     unsafe {
@@ -384,7 +385,7 @@ fn new_cq(
             std::ptr::null(),
         );
     }
-    async_event::track(p.cast(), Kind::Cq);
+    events::track(p.cast(), Kind::Cq);
     if let Some(ch) = channel {
         let w = ch.write_end.clone();
         let rec = EventRecord { cq: p as u64, id };
@@ -431,7 +432,7 @@ fn new_cq_in(ibv_ctx: *mut ibv_context, a: &CreateArgs) -> Result<*mut Cq, i32> 
 /// `p` is NULL or a live CQ of this library, not used after this returns
 /// Ok.
 unsafe fn destroy(p: *mut Cq) -> Result<(), i32> {
-    if p.is_null() || !crate::handles::check(p as *const Cq) {
+    if p.is_null() || !crate::base::handles::check(p as *const Cq) {
         return Err(libc::EINVAL);
     }
     // SAFETY (whole block): p is live until it is freed at the end; fields
@@ -454,15 +455,15 @@ unsafe fn destroy(p: *mut Cq) -> Result<(), i32> {
             (*channel).refcnt = live.len() as c_int;
             comp_expected = (*p).events_read.load(Ordering::Relaxed);
         }
-        let async_expected = async_event::untrack(p.cast());
+        let async_expected = events::untrack(p.cast());
         let comp = &raw const (*p).cq.comp_events_completed;
         let asy = &raw const (*p).cq.async_events_completed;
-        async_event::wait_until(&raw mut (*p).cq.mutex, &raw mut (*p).cq.cond, || {
+        events::wait_until(&raw mut (*p).cq.mutex, &raw mut (*p).cq.cond, || {
             comp.read_volatile() == comp_expected && asy.read_volatile() == async_expected
         });
         libc::pthread_cond_destroy(&raw mut (*p).cq.cond as *mut libc::pthread_cond_t);
         libc::pthread_mutex_destroy(&raw mut (*p).cq.mutex as *mut libc::pthread_mutex_t);
-        crate::handles::free(Box::from_raw(p));
+        crate::base::handles::free(Box::from_raw(p));
     }
     Ok(())
 }
@@ -635,7 +636,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 /// # Safety
 /// `p` is NULL or a live CQ; `out` has room for `n` `ibv_wc`.
 unsafe fn poll_into(p: *mut Cq, n: c_int, out: *mut ibv_wc) -> c_int {
-    if p.is_null() || (n > 0 && out.is_null()) || !crate::handles::check(p as *const Cq) {
+    if p.is_null() || (n > 0 && out.is_null()) || !crate::base::handles::check(p as *const Cq) {
         set_errno(libc::EINVAL);
         return -1;
     }
@@ -699,7 +700,7 @@ unsafe fn poll_into(p: *mut Cq, n: c_int, out: *mut ibv_wc) -> c_int {
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     ffi(libc::EIO, || {
         let p = cq as *mut Cq;
-        if p.is_null() || !crate::handles::check(p as *const Cq) {
+        if p.is_null() || !crate::base::handles::check(p as *const Cq) {
             return libc::EINVAL;
         }
         // SAFETY: a live CQ of this library.

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use xroce::verbs::{AccessFlags, MemoryRegion};
 
 use crate::abi::*;
-use crate::context::context;
-use crate::errno::{fail, ffi, ffi_int, ffi_ptr, set_errno, verbs_fail};
+use crate::base::errno::{fail, ffi, ffi_int, ffi_ptr, set_errno, verbs_fail};
+use crate::objects::context::context;
+use crate::objects::ucontext::Shared;
 use crate::objects::{outer, Mr, Pd};
-use crate::ucontext::Shared;
 
 /// `IBV_ACCESS_OPTIONAL_RANGE` of verbs_api.h (a macro bindgen skips):
 /// bits 20..29, optional bits a provider may ignore.
@@ -55,7 +55,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             inner,
             ucontext: c.ucontext.clone(),
         }));
-        crate::handles::born(&*pd as *const crate::objects::Pd);
+        crate::base::handles::born(&*pd as *const crate::objects::Pd);
         Ok(&mut pd.pd as *mut ibv_pd)
     })
 }
@@ -70,7 +70,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         p.ucontext.remove(p.pd.handle, is_pd)?;
         // SAFETY: as above; the Box was leaked by ibv_alloc_pd or
         // ibv_import_pd.
-        crate::handles::free(unsafe { Box::from_raw(p as *mut Pd) });
+        crate::base::handles::free(unsafe { Box::from_raw(p as *mut Pd) });
         Ok(())
     })
 }
@@ -103,7 +103,7 @@ pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, pd_handle: u32) ->
             inner,
             ucontext: c.ucontext.clone(),
         }));
-        crate::handles::born(&*pd as *const crate::objects::Pd);
+        crate::base::handles::born(&*pd as *const crate::objects::Pd);
         Ok(&mut pd.pd as *mut ibv_pd)
     })
 }
@@ -115,7 +115,7 @@ pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
         // SAFETY: a PD this library made, not used after this call.
         if let Some(p) = unsafe { outer::<_, Pd>(pd) } {
             // SAFETY: as above.
-            crate::handles::free(unsafe { Box::from_raw(p as *mut Pd) });
+            crate::base::handles::free(unsafe { Box::from_raw(p as *mut Pd) });
         }
     })
 }
@@ -141,7 +141,7 @@ const WRITABLE_ACCESS: u32 =
 /// readable (and writable for a writable MR).
 fn check_mapped(what: &str, addr: *mut c_void, len: usize, access_bits: u32) -> Result<(), i32> {
     let writable = access_bits & WRITABLE_ACCESS != 0;
-    crate::mapping::check_user_range(addr as usize, len, writable).map_err(|e| {
+    crate::base::mapping::check_user_range(addr as usize, len, writable).map_err(|e| {
         fail(
             e,
             format_args!(
@@ -186,7 +186,7 @@ fn reg(
         ucontext: p.ucontext.clone(),
         imported: false,
     }));
-    crate::handles::born(&*mr as *const crate::objects::Mr);
+    crate::base::handles::born(&*mr as *const crate::objects::Mr);
     Ok(&mut mr.mr as *mut ibv_mr)
 }
 
@@ -236,7 +236,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let region = m.ucontext.remove(m.mr.handle, is_mr)?;
         drop(region);
         // SAFETY: as above; the Box was leaked by reg or ibv_import_mr.
-        crate::handles::free(unsafe { Box::from_raw(m as *mut Mr) });
+        crate::base::handles::free(unsafe { Box::from_raw(m as *mut Mr) });
         Ok(())
     })
 }
@@ -274,7 +274,7 @@ pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, mr_handle: u32) -> *mut 
             ucontext: p.ucontext.clone(),
             imported: true,
         }));
-        crate::handles::born(&*mr as *const crate::objects::Mr);
+        crate::base::handles::born(&*mr as *const crate::objects::Mr);
         Ok(&mut mr.mr as *mut ibv_mr)
     })
 }
@@ -286,7 +286,7 @@ pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut ibv_mr) {
         // SAFETY: an MR this library made, not used after this call.
         if let Some(m) = unsafe { outer::<_, Mr>(mr) } {
             // SAFETY: as above.
-            crate::handles::free(unsafe { Box::from_raw(m as *mut Mr) });
+            crate::base::handles::free(unsafe { Box::from_raw(m as *mut Mr) });
         }
     })
 }

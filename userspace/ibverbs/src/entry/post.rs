@@ -19,9 +19,9 @@ use std::ffi::c_int;
 use xroce::verbs::{RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 
 use crate::abi::*;
-use crate::errno::{fail, ffi_int, verbs_fail};
+use crate::base::errno::{fail, ffi_int, verbs_fail};
+use crate::objects::{lock, qp_ref};
 use crate::objects::{outer, Ah, Qp};
-use crate::qp::{lock, qp_ref};
 
 // ---------------------------------------------------------------------
 // Converting requests.
@@ -509,8 +509,8 @@ pub(crate) mod sim_tests {
     use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
     use xroce::verbs::{CompletionQueue, MemoryRegion, Wc, WcFlags, WcStatus};
 
+    use crate::entry::wr_builder::set_wr_ops;
     use crate::objects::PendingWrs;
-    use crate::wr_builder::set_wr_ops;
 
     pub(crate) struct Side {
         pub qp: Box<Qp>,

@@ -2,30 +2,27 @@
 //! `ibv_modify_qp`, `ibv_query_qp`, `ibv_destroy_qp`, `ibv_qp_to_qp_ex`,
 //! `ibv_query_qp_data_in_order`, xroce's own `xroce_create_gsi_qp`, and
 //! the conversions of their attributes.
-//! Posting is in [`crate::post`], the `ibv_wr_*` builders in
-//! [`crate::wr_builder`].
+//! Posting is in [`crate::entry::post`], the `ibv_wr_*` builders in
+//! [`crate::entry::wr_builder`].
 //!
 //! RC, UC and UD QPs are xroce [`QueuePair`](xroce::verbs::QueuePair)s.
 
 use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
 use std::sync::atomic::Ordering;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 
 use xroce::verbs::qp::check_modify_for;
 use xroce::verbs::{AccessFlags, Mtu, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType};
 
 use crate::abi::*;
-use crate::ah::av_from_ah_attr;
-use crate::async_event;
-use crate::context::{context, Context};
-use crate::errno::{fail, ffi, ffi_int, ffi_ptr, verbs_fail};
-use crate::limits::{MAX_INLINE_DATA, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE};
-use crate::objects::{outer, Cq, Pd, PendingWrs, Qp, Srq};
-use crate::wr_builder::set_wr_ops;
-
-/// The post paths context.rs installs in `context->ops`.
-pub(crate) use crate::post::{post_recv, post_send};
+use crate::base::errno::{fail, ffi, ffi_int, ffi_ptr, verbs_fail};
+use crate::base::limits::{MAX_INLINE_DATA, MAX_QP_RD_ATOM, MAX_QP_WR, MAX_SGE};
+use crate::entry::ah::av_from_ah_attr;
+use crate::entry::wr_builder::set_wr_ops;
+use crate::objects::context::{context, Context};
+use crate::objects::events;
+use crate::objects::{outer, qp_ref, Cq, Pd, PendingWrs, Qp, Srq};
 
 /// The comp_mask bits create_qp_ex honours.
 const SUPPORTED_COMP_MASK: u32 =
@@ -212,7 +209,7 @@ pub(crate) fn convert_modify(
             )
         })?;
         x.path_mtu = if m.bytes() > active.bytes() {
-            if crate::config::debug() {
+            if crate::base::config::debug() {
                 eprintln!(
                     "xroce libibverbs: modify QP: path MTU {} lowered to the interface's {}",
                     m.bytes(),
@@ -257,33 +254,6 @@ pub(crate) fn convert_modify(
 
 // ---------------------------------------------------------------------
 // Object access.
-
-/// The QP behind a program's pointer, shared: everything that changes
-/// after creation sits behind a lock or in the engine.
-///
-/// # Safety
-/// `qp` is NULL or a QP this library created and has not destroyed.
-pub(crate) unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
-    if !crate::handles::check(qp as *const Qp) {
-        return None;
-    }
-    // SAFETY: ibv_qp is the first field of ibv_qp_ex, the first field of
-    // the repr(C) Qp (the caller's contract gives a live one).
-    unsafe { (qp as *const Qp).as_ref() }
-}
-
-/// # Safety
-/// As [`qp_ref`].
-pub(crate) unsafe fn qpx_ref<'a>(qp: *mut ibv_qp_ex) -> Option<&'a Qp> {
-    // SAFETY: as qp_ref.
-    unsafe { (qp as *const Qp).as_ref() }
-}
-
-/// The QP's send-side scratch state (a panic while it was held leaves
-/// nothing half-done that matters: every user starts by clearing it).
-pub(crate) fn lock(q: &Qp) -> MutexGuard<'_, PendingWrs> {
-    q.pending.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// The context a QP was created on.
 fn qp_context(q: &Qp) -> &Context {
@@ -383,7 +353,7 @@ fn create(r: CreateReq) -> Result<(*mut ibv_qp, ibv_qp_cap), i32> {
         srq: r.srq,
         ah_attr: Mutex::new(ibv_ah_attr::default()),
     }));
-    crate::handles::born(&*q as *const crate::objects::Qp);
+    crate::base::handles::born(&*q as *const crate::objects::Qp);
     // SAFETY: initialising the QP's own mutex and condition variable (the
     // program's ibv_ack_async_event uses them) before anyone sees them.
     unsafe {
@@ -402,7 +372,7 @@ fn create(r: CreateReq) -> Result<(*mut ibv_qp, ibv_qp_cap), i32> {
         s.users.fetch_add(1, Ordering::AcqRel);
     }
     let ptr = &mut q.qp.qp_base as *mut ibv_qp;
-    async_event::track(ptr as *mut c_void, async_event::Kind::Qp);
+    events::track(ptr as *mut c_void, events::Kind::Qp);
     c.own_qp(qpn, ptr);
     Ok((ptr, cap))
 }
@@ -550,13 +520,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let q = unsafe { outer::<_, Qp>(qp) }.ok_or(libc::EINVAL)?;
         // No new events; then wait until the program acked those it read.
         qp_context(q).disown_qp(q.qp.qp_base.qp_num);
-        let reported = async_event::untrack(qp as *mut c_void);
+        let reported = events::untrack(qp as *mut c_void);
         let b = &mut q.qp.qp_base;
         // SAFETY: the QP's own mutex, condition variable and counter,
         // initialised at creation; the program's acks raise the counter.
-        unsafe {
-            async_event::wait_acked(&mut b.mutex, &mut b.cond, &b.events_completed, reported)
-        };
+        unsafe { events::wait_acked(&mut b.mutex, &mut b.cond, &b.events_completed, reported) };
         for cq in [q.qp.qp_base.send_cq, q.qp.qp_base.recv_cq] {
             // SAFETY: the CQs outlive their QPs (ibv_destroy_cq is EBUSY
             // while `users` counts this QP).
@@ -579,7 +547,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         // SAFETY: the Box was leaked by create; dropping the QueuePair
         // destroys the engine's QP.
-        crate::handles::free(unsafe { Box::from_raw(q as *mut Qp) });
+        crate::base::handles::free(unsafe { Box::from_raw(q as *mut Qp) });
         Ok(())
     })
 }
@@ -716,7 +684,7 @@ fn query(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, init: *mut ibv_qp_init_attr) -
     let out = ibv_qp_attr {
         qp_state: state,
         cur_qp_state: state,
-        path_mtu: crate::query::mtu_enum(x.path_mtu),
+        path_mtu: crate::entry::query::mtu_enum(x.path_mtu),
         path_mig_state: IBV_MIG_MIGRATED,
         qkey: x.qkey,
         rq_psn: x.rq_psn,
@@ -791,7 +759,7 @@ mod tests {
         for (e, b) in [(1, 256), (2, 512), (3, 1024), (4, 2048), (5, 4096)] {
             let m = mtu_from_ibv(e).unwrap();
             assert_eq!(m.bytes(), b);
-            assert_eq!(crate::query::mtu_enum(m), e);
+            assert_eq!(crate::entry::query::mtu_enum(m), e);
         }
         assert_eq!(mtu_from_ibv(0), None);
         assert_eq!(mtu_from_ibv(6), None);
@@ -1023,12 +991,13 @@ mod tests {
 #[cfg(test)]
 mod device_tests {
     use super::*;
-    use crate::ah::{ibv_create_ah, ibv_destroy_ah, ibv_init_ah_from_wc};
-    use crate::context::{ibv_close_device, ibv_get_device_list, ibv_open_device};
-    use crate::cq::{ibv_create_cq, ibv_destroy_cq, poll_cq};
-    use crate::mr::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_reg_mr};
-    use crate::query::{ibv_query_device, ibv_query_gid};
-    use crate::srq::{ibv_create_srq, ibv_destroy_srq, post_srq_recv};
+    use crate::entry::ah::{ibv_create_ah, ibv_destroy_ah, ibv_init_ah_from_wc};
+    use crate::entry::context::{ibv_close_device, ibv_get_device_list, ibv_open_device};
+    use crate::entry::cq::{ibv_create_cq, ibv_destroy_cq, poll_cq};
+    use crate::entry::mr::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_reg_mr};
+    use crate::entry::post::{post_recv, post_send};
+    use crate::entry::query::{ibv_query_device, ibv_query_gid};
+    use crate::entry::srq::{ibv_create_srq, ibv_destroy_srq, post_srq_recv};
     use std::time::{Duration, Instant};
 
     struct Dev {

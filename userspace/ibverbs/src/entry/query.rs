@@ -7,21 +7,21 @@
 //! IPv4-mapped address (`-g 1` / `-x 1` works as on rxe), then the
 //! interface's IPv6 addresses (every GID shown works as a source GID), one
 //! P_Key (0xffff), the port ACTIVE while the interface has carrier. The
-//! device limits are the engine's ([`crate::limits`]), reported here and
+//! device limits are the engine's ([`crate::base::limits`]), reported here and
 //! enforced by the verbs that create and post.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::io::Read;
 use std::mem::size_of;
-use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::OnceLock;
 
 use xroce::verbs::Mtu;
 
 use crate::abi::*;
-use crate::context::{context, entry_of, Context};
-use crate::errno::{ffi, ffi_int, set_errno};
-use crate::limits::*;
+use crate::base::errno::{ffi, ffi_int, set_errno};
+use crate::base::limits::*;
+use crate::objects::context::{context, Context};
+use crate::objects::device::entry_of;
 use xroce::device::guid_from_mac;
 
 use xroce::device::sysfs::{
@@ -40,15 +40,6 @@ const GID_TYPE_SYSFS_IB_ROCE_V1: u32 = 0;
 const GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
 
 // ---------------------------------------------------------------- GIDs
-
-/// The populated GID table ([`xroce::device::gid_table`], rxe's) as GID
-/// bytes; every entry is RoCE v2, the rest of the table is empty.
-pub(crate) fn gid_table(mac: [u8; 6], v4: Option<Ipv4Addr>, v6: &[Ipv6Addr]) -> Vec<[u8; 16]> {
-    xroce::device::gid_table(mac, v4, v6)
-        .iter()
-        .map(Ipv6Addr::octets)
-        .collect()
-}
 
 /// An open device's GID table: index 1 is the IPv4 address its engine uses.
 fn context_gids(c: &Context) -> Vec<[u8; 16]> {
@@ -513,7 +504,7 @@ fn fill_like_read(content: &[u8], buf: &mut [u8]) -> c_int {
 fn our_devices() -> Vec<(String, String, String)> {
     let mut n: c_int = 0;
     // SAFETY: our own exported list functions; the list is freed below.
-    let list = unsafe { crate::context::ibv_get_device_list(&mut n) };
+    let list = unsafe { crate::entry::context::ibv_get_device_list(&mut n) };
     if list.is_null() {
         return Vec::new();
     }
@@ -537,7 +528,7 @@ fn our_devices() -> Vec<(String, String, String)> {
         }
     }
     // SAFETY: the list came from ibv_get_device_list.
-    unsafe { crate::context::ibv_free_device_list(list) };
+    unsafe { crate::entry::context::ibv_free_device_list(list) };
     out
 }
 
@@ -703,7 +694,8 @@ pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::Ipv6Addr;
+    use crate::objects::device::gid_table;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     const MAC: [u8; 6] = [0x02, 0x42, 0xac, 0x11, 0x00, 0x02];
 
@@ -732,7 +724,7 @@ mod tests {
         );
         // The same entries the address checks of ah.rs accept.
         for (i, g) in t.iter().enumerate() {
-            assert_eq!(crate::ah::gid_index_of(&t, g), Some(i as u32));
+            assert_eq!(crate::entry::ah::gid_index_of(&t, g), Some(i as u32));
         }
         assert_eq!(
             gid_table(MAC, None, &[]),

@@ -7,12 +7,12 @@ use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::abi::*;
-use crate::async_event;
-use crate::context::{context, Context};
-use crate::errno::{fail, ffi_int, ffi_ptr, verbs_fail};
-use crate::limits::{MAX_SGE, MAX_SRQ_WR};
+use crate::base::errno::{fail, ffi_int, ffi_ptr, verbs_fail};
+use crate::base::limits::{MAX_SGE, MAX_SRQ_WR};
+use crate::entry::post::post_recv_list;
+use crate::objects::context::{context, Context};
+use crate::objects::events;
 use crate::objects::{outer, Pd, Srq};
-use crate::post::post_recv_list;
 
 fn next_handle() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(1);
@@ -24,7 +24,7 @@ fn next_handle() -> u32 {
 /// # Safety
 /// `srq` is NULL or an SRQ this library created and has not destroyed.
 unsafe fn srq_ref<'a>(srq: *mut ibv_srq) -> Option<&'a Srq> {
-    if !crate::handles::check(srq as *const Srq) {
+    if !crate::base::handles::check(srq as *const Srq) {
         return None;
     }
     // SAFETY: ibv_srq is the first field of the repr(C) Srq.
@@ -71,7 +71,7 @@ fn create(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> Result<*mut ibv_srq,
         ctx: c as *mut Context,
         users: AtomicU32::new(0),
     }));
-    crate::handles::born(&*s as *const crate::objects::Srq);
+    crate::base::handles::born(&*s as *const crate::objects::Srq);
     // SAFETY: initialising the SRQ's own mutex and condition variable
     // (ibv_ack_async_event uses them) before anyone sees them.
     unsafe {
@@ -84,10 +84,7 @@ fn create(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> Result<*mut ibv_srq,
             std::ptr::null(),
         );
     }
-    async_event::track(
-        &mut s.srq as *mut ibv_srq as *mut c_void,
-        async_event::Kind::Srq,
-    );
+    events::track(&mut s.srq as *mut ibv_srq as *mut c_void, events::Kind::Srq);
     c.own_srq(s.inner.id(), &mut s.srq);
     // Granted exactly as asked (srq_limit is ignored at creation, IBTA).
     a.attr.max_wr = s.inner.max_wr() as u32;
@@ -181,11 +178,11 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         // SAFETY: set at creation to the open context, which outlives the
         // SRQ (rdma-core's contract).
         unsafe { &*s.ctx }.disown_srq(s.inner.id());
-        let reported = async_event::untrack(srq as *mut c_void);
+        let reported = events::untrack(srq as *mut c_void);
         // SAFETY: the SRQ's own mutex, condition variable and counter,
         // initialised at creation; the program's acks raise the counter.
         unsafe {
-            async_event::wait_acked(
+            events::wait_acked(
                 &mut s.srq.mutex,
                 &mut s.srq.cond,
                 &s.srq.events_completed,
@@ -198,7 +195,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             libc::pthread_cond_destroy(&mut s.srq.cond as *mut _ as *mut libc::pthread_cond_t);
         }
         // SAFETY: the Box was leaked by create.
-        crate::handles::free(unsafe { Box::from_raw(s as *mut Srq) });
+        crate::base::handles::free(unsafe { Box::from_raw(s as *mut Srq) });
         Ok(())
     })
 }

@@ -9,7 +9,7 @@
 use std::ffi::{c_char, c_int, CStr};
 
 use crate::abi::*;
-use crate::errno::ffi;
+use crate::base::errno::ffi;
 
 const UNKNOWN: &CStr = c"unknown";
 

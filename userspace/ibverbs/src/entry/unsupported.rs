@@ -18,7 +18,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::atomic::AtomicBool;
 
 use crate::abi::*;
-use crate::errno::{ffi, set_errno};
+use crate::base::errno::{ffi, set_errno};
 
 const EOPNOTSUPP: c_int = libc::EOPNOTSUPP;
 
@@ -128,7 +128,7 @@ pub unsafe extern "C" fn verbs_open_device(
     _private_data: *mut c_void,
 ) -> *mut ibv_context {
     // SAFETY: forwarding the caller's device pointer to our own open.
-    unsafe { crate::context::ibv_open_device(device) }
+    unsafe { crate::entry::context::ibv_open_device(device) }
 }
 
 /// `_verbs_init_and_alloc_context`: a provider context for a kernel
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn __ioctl_final_num_attrs(num_attrs: c_uint, _link: *mut 
 #[no_mangle]
 pub unsafe extern "C" fn __verbs_log(_ctx: *mut verbs_context, level: u32, fmt: *const c_char) {
     ffi((), || {
-        if crate::config::debug() && !fmt.is_null() {
+        if crate::base::config::debug() && !fmt.is_null() {
             // SAFETY: the format string is NUL-terminated.
             let f = unsafe { CStr::from_ptr(fmt) };
             eprintln!(

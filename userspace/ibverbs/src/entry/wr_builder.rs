@@ -15,10 +15,10 @@ use std::ffi::{c_int, c_void};
 use xroce::verbs::{SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 
 use crate::abi::*;
-use crate::errno::{fail, ffi, ffi_int, verbs_fail};
+use crate::base::errno::{fail, ffi, ffi_int, verbs_fail};
+use crate::entry::post::{carries_payload, flush, gather_inline, send_flags};
+use crate::objects::{lock, qpx_ref};
 use crate::objects::{outer, Ah, InlineBytes, PendingWrs, Qp};
-use crate::post::{carries_payload, flush, gather_inline, send_flags};
-use crate::qp::{lock, qpx_ref};
 
 /// Install the `ibv_wr_*` function pointers of an extended QP.
 pub(crate) fn set_wr_ops(x: &mut ibv_qp_ex) {
@@ -440,7 +440,7 @@ unsafe extern "C" fn wr_set_inline_data_list(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::post::sim_tests::{pair, read, wait, xptr};
+    use crate::entry::post::sim_tests::{pair, read, wait, xptr};
     use xroce::verbs::WcStatus;
 
     #[test]
@@ -485,7 +485,7 @@ mod tests {
     #[test]
     fn inline_and_plain_requests_in_one_batch() {
         let (mut sim, mut a, mut b) = pair();
-        crate::post::sim_tests::recv(&mut b, 1, 64);
+        crate::entry::post::sim_tests::recv(&mut b, 1, 64);
         // SAFETY: no request uses a's MR yet.
         unsafe { a.mr.write(0, &[5u8; 16]) }.unwrap();
         let x = xptr(&mut a);

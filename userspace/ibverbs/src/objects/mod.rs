@@ -5,29 +5,36 @@
 //! back. Objects are boxed and leaked at creation and freed by the verb
 //! that destroys them; rdma-core's contract (no use after destroy) is the
 //! program's.
+//!
+//! Layer 2: imports `base` and `abi` only; the verbs (layer 3, `entry`)
+//! create, use and destroy these objects.
+
+pub(crate) mod context;
+pub(crate) mod device;
+pub(crate) mod events;
+pub(crate) mod ucontext;
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use xroce::verbs::{
     AddressVector, CompletionQueue, ProtectionDomain, QueuePair, SendWr, SharedReceiveQueue, Wc,
 };
 
 use crate::abi::*;
-use crate::context::Context;
-use crate::ucontext::Ucontext;
+use crate::base::handles::{self, Handle};
+use context::Context;
+use ucontext::Ucontext;
 
 /// Recover the Rust object from the C pointer a program passed in.
 ///
 /// # Safety
 /// `p` came from this library as a `*mut C` of an `Outer` created here and
 /// not yet destroyed (rdma-core's contract for every object).
-pub(crate) unsafe fn outer<'a, C, Outer: crate::handles::Handle>(
-    p: *mut C,
-) -> Option<&'a mut Outer> {
+pub(crate) unsafe fn outer<'a, C, Outer: Handle>(p: *mut C) -> Option<&'a mut Outer> {
     // Under XROCE_VERBS_DEBUG a dead object is reported, not touched.
-    if !crate::handles::check(p as *const Outer) {
+    if !handles::check(p as *const Outer) {
         return None;
     }
     // SAFETY: the C struct is the first field of the repr(C) Outer.
@@ -162,4 +169,53 @@ pub(crate) struct Ah {
     pub av: AddressVector,
     /// The attributes it was created from (for ibv_query_ah-like needs).
     pub attr: ibv_ah_attr,
+}
+
+impl Handle for Pd {
+    const KIND: &'static str = "PD";
+}
+impl Handle for Mr {
+    const KIND: &'static str = "MR";
+}
+impl Handle for Cq {
+    const KIND: &'static str = "CQ";
+}
+impl Handle for Qp {
+    const KIND: &'static str = "QP";
+}
+impl Handle for Srq {
+    const KIND: &'static str = "SRQ";
+}
+impl Handle for Ah {
+    const KIND: &'static str = "AH";
+}
+impl Handle for Channel {
+    const KIND: &'static str = "completion channel";
+}
+
+/// The QP behind a program's pointer, shared: everything that changes
+/// after creation sits behind a lock or in the engine.
+///
+/// # Safety
+/// `qp` is NULL or a QP this library created and has not destroyed.
+pub(crate) unsafe fn qp_ref<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+    if !handles::check(qp as *const Qp) {
+        return None;
+    }
+    // SAFETY: ibv_qp is the first field of ibv_qp_ex, the first field of
+    // the repr(C) Qp (the caller's contract gives a live one).
+    unsafe { (qp as *const Qp).as_ref() }
+}
+
+/// # Safety
+/// As [`qp_ref`].
+pub(crate) unsafe fn qpx_ref<'a>(qp: *mut ibv_qp_ex) -> Option<&'a Qp> {
+    // SAFETY: as qp_ref.
+    unsafe { (qp as *const Qp).as_ref() }
+}
+
+/// The QP's send-side scratch state (a panic while it was held leaves
+/// nothing half-done that matters: every user starts by clearing it).
+pub(crate) fn lock(q: &Qp) -> MutexGuard<'_, PendingWrs> {
+    q.pending.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use xroce::verbs::{MemoryRegion, ProtectionDomain};
 
-use crate::context::{DeviceEntry, OpenDevice};
+use crate::objects::device::{DeviceEntry, OpenDevice};
 
 /// An object a handle names.
 pub(crate) enum Shared {
