@@ -38,8 +38,8 @@ fn new_context(ucontext: Arc<Ucontext>, cmd_fd: OwnedFd) -> Result<*mut ibv_cont
         sz: std::mem::size_of::<verbs_context>(),
         ..Default::default()
     };
-    vctx.query_port = Some(crate::entry::query::query_port_ex);
-    vctx.query_device_ex = Some(crate::entry::query::query_device_ex);
+    vctx.query_port = Some(crate::entry::query::port::query_port_ex);
+    vctx.query_device_ex = Some(crate::entry::query::device::query_device_ex);
     vctx.create_cq_ex = Some(crate::entry::cq::create_cq_ex);
     vctx.create_qp_ex = Some(crate::entry::qp::create_qp_ex);
     let c = &mut vctx.context;

@@ -684,7 +684,7 @@ fn query(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, init: *mut ibv_qp_init_attr) -
     let out = ibv_qp_attr {
         qp_state: state,
         cur_qp_state: state,
-        path_mtu: crate::entry::query::mtu_enum(x.path_mtu),
+        path_mtu: crate::entry::query::port::mtu_enum(x.path_mtu),
         path_mig_state: IBV_MIG_MIGRATED,
         qkey: x.qkey,
         rq_psn: x.rq_psn,
@@ -759,7 +759,7 @@ mod tests {
         for (e, b) in [(1, 256), (2, 512), (3, 1024), (4, 2048), (5, 4096)] {
             let m = mtu_from_ibv(e).unwrap();
             assert_eq!(m.bytes(), b);
-            assert_eq!(crate::entry::query::mtu_enum(m), e);
+            assert_eq!(crate::entry::query::port::mtu_enum(m), e);
         }
         assert_eq!(mtu_from_ibv(0), None);
         assert_eq!(mtu_from_ibv(6), None);
@@ -996,7 +996,8 @@ mod device_tests {
     use crate::entry::cq::{ibv_create_cq, ibv_destroy_cq, poll_cq};
     use crate::entry::mr::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_reg_mr};
     use crate::entry::post::{post_recv, post_send};
-    use crate::entry::query::{ibv_query_device, ibv_query_gid};
+    use crate::entry::query::device::ibv_query_device;
+    use crate::entry::query::gid::ibv_query_gid;
     use crate::entry::srq::{ibv_create_srq, ibv_destroy_srq, post_srq_recv};
     use std::time::{Duration, Instant};
 
