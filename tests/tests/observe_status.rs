@@ -354,6 +354,33 @@ fn qps_and_metrics_of_a_known_write_run() {
         );
     }
 
+    // The backend's own counters are published beside the engine's (its
+    // I/O thread hands them over every half second): it received every
+    // data packet, and the kernel dropped nothing on this link.
+    let io_deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let published = xroce::stats_export::read_published(&pair.if_b);
+        let field = |name: &str| {
+            published
+                .iter()
+                .find(|p| p.pid == server.pid())
+                .and_then(|p| p.fields.iter().find(|(n, _)| n == name))
+                .map(|f| f.1)
+        };
+        let (io_rx, rx) = (field("io_rx_frames"), field("rx_frames"));
+        if let (Some(io_rx), Some(rx)) = (io_rx, rx) {
+            if io_rx >= packets && rx >= packets {
+                assert_eq!(field("io_rx_ring_full"), Some(0));
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < io_deadline,
+            "the backend's rx_frames ({io_rx:?}) never reached the engine's ({rx:?})"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // The exporter, in the server's namespace, scraped there.
     let mport = programs::next_port();
     let mut cmd = pair.b.command(&xroce);

@@ -233,6 +233,9 @@ fn run(
         _ => Vec::new(),
     };
     let mut last_activity = Instant::now();
+    // The backend's counters go to the device (for `xroce stats`) this often.
+    const IO_STATS_EVERY_NS: u64 = 500_000_000;
+    let mut io_stats_at = 0u64;
     // The last round moved no frame.
     let mut idle_round = true;
     while !stop.load(Ordering::Acquire) {
@@ -331,11 +334,16 @@ fn run(
             io.wait_writable(Duration::from_micros(50))?;
         }
         drop(engine);
+        if now.saturating_sub(io_stats_at) >= IO_STATS_EVERY_NS {
+            device.set_io_stats(io.stats());
+            io_stats_at = now;
+        }
         idle_round = received + sent + looped == 0;
         if !idle_round {
             last_activity = Instant::now();
         }
     }
+    device.set_io_stats(io.stats());
     Ok(())
 }
 

@@ -24,7 +24,7 @@ use std::{
 
 use xroce_report::QpStatus;
 
-use crate::{engine::EngineStats, verbs::Device};
+use crate::{engine::EngineStats, io::IoStats, verbs::Device};
 
 pub mod qp_line;
 
@@ -98,6 +98,11 @@ pub fn sweep_stale() {
     let _ = fs::remove_dir(EXPORT_ROOT);
 }
 
+/// What the backend's counters ([`IoStats`]) are published under: the
+/// packet I/O's own view (kernel ring drops and the like), beside the
+/// engine's.
+pub const IO_PREFIX: &str = "io_";
+
 /// Key of the line that lists the live QPs (hexadecimal QPNs).
 const QPNS: &str = "qpns";
 
@@ -105,8 +110,11 @@ const QPNS: &str = "qpns";
 /// field of [`EngineStats`] in declaration order (the list its declaration
 /// generates, so none can be left out), then `qpns` and the live QPs, then
 /// a line per QP with its state.
-fn render(s: &EngineStats, qps: &[QpStatus]) -> String {
+fn render(s: &EngineStats, io: &IoStats, qps: &[QpStatus]) -> String {
     let mut text: String = s.fields().map(|(k, v)| format!("{k} {v}\n")).collect();
+    for (k, v) in io.fields() {
+        text.push_str(&format!("{IO_PREFIX}{k} {v}\n"));
+    }
     text.push_str(QPNS);
     for q in qps {
         text.push_str(&format!(" {:#x}", q.qpn));
@@ -234,6 +242,7 @@ impl StatsExporter {
                     // Summed over a spreading handle's shards; their QPs
                     // listed together.
                     let stats = device.stats();
+                    let io = device.io_stats();
                     let mut qps: Vec<QpStatus> = device
                         .members()
                         .iter()
@@ -241,7 +250,7 @@ impl StatsExporter {
                         .map(|q| qp_line::status_of(&q))
                         .collect();
                     qps.sort_by_key(|q| q.qpn);
-                    publish(&dir, &tmp, &path, &render(&stats, &qps));
+                    publish(&dir, &tmp, &path, &render(&stats, &io, &qps));
                     // Woken early by drop (unpark), which then joins: closing
                     // a device must not wait out the period.
                     std::thread::park_timeout(Duration::from_millis(500));
@@ -400,7 +409,7 @@ mod tests {
 
     #[test]
     fn qp_lines_are_read_back_and_skipped_by_counter_readers() {
-        let text = render(&EngineStats::default(), &[qp(0x10011)]);
+        let text = render(&EngineStats::default(), &IoStats::default(), &[qp(0x10011)]);
         let line = text.lines().last().unwrap();
         assert!(line.starts_with("qp v1 {\"qpn\":65553,"), "{line}");
         // The reader before QP lines: `name value`, a value that is no
@@ -446,10 +455,13 @@ mod tests {
             fields: read,
             qpns,
             qps: read_qps,
-        } = parse(&render(&stats, &qps));
+        } = parse(&render(&stats, &IoStats::default(), &qps));
         assert_eq!(qpns, Some(vec![0x11, 0x1_0012]));
         assert_eq!(read_qps.as_deref(), Some(&qps[..]));
-        assert_eq!(parse(&render(&stats, &[])).qpns, Some(vec![]));
+        assert_eq!(
+            parse(&render(&stats, &IoStats::default(), &[])).qpns,
+            Some(vec![])
+        );
         assert_eq!(parse("tx_frames 3\n").qpns, None, "written before qpns");
         let names: Vec<_> = read.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(names, EngineStats::NAMES);

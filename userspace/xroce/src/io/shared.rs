@@ -124,16 +124,9 @@ impl PacketIo for WireAndLocal {
     }
 
     fn stats(&mut self) -> IoStats {
-        let (w, l) = (self.wire.stats(), self.local.stats());
-        IoStats {
-            rx_frames: w.rx_frames + l.rx_frames,
-            rx_bytes: w.rx_bytes + l.rx_bytes,
-            tx_frames: w.tx_frames + l.tx_frames,
-            tx_bytes: w.tx_bytes + l.tx_bytes,
-            rx_dropped: w.rx_dropped + l.rx_dropped,
-            tx_errors: w.tx_errors + l.tx_errors + self.local_overflow,
-            tx_kicks: w.tx_kicks + l.tx_kicks,
-        }
+        let mut s = self.wire.stats() + self.local.stats();
+        s.tx_errors += self.local_overflow;
+        s
     }
 
     fn poll_fds(&self) -> Vec<i32> {

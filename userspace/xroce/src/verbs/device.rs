@@ -87,6 +87,8 @@ pub(crate) struct DeviceShared {
     on_async: std::sync::RwLock<Option<AsyncHandler>>,
     /// QPs created on this engine and not yet destroyed.
     pub(crate) live_qps: AtomicUsize,
+    /// The packet backend's counters, as its I/O thread last published them.
+    io_stats: Mutex<crate::io::IoStats>,
     group: Option<Arc<Group>>,
 }
 
@@ -304,6 +306,7 @@ impl Device {
             doorbell: std::sync::RwLock::new(None),
             on_async: std::sync::RwLock::new(None),
             live_qps: AtomicUsize::new(0),
+            io_stats: Mutex::new(crate::io::IoStats::default()),
             group,
         });
         // Deregistration waits until this engine is past any copy it
@@ -612,6 +615,27 @@ impl Device {
             .iter()
             .map(|d| d.lock().stats())
             .fold(EngineStats::default(), |a, b| a + b)
+    }
+    /// Publishes the counters of the backend that drives this device (its
+    /// I/O thread does, every half second).
+    pub fn set_io_stats(&self, s: crate::io::IoStats) {
+        *self
+            .shared
+            .io_stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = s;
+    }
+    /// The backend's counters as last published; on a
+    /// [`spreading`](Self::spreading) handle the sum over every member.
+    pub fn io_stats(&self) -> crate::io::IoStats {
+        let one = |d: &Device| *d.shared.io_stats.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.spread {
+            return one(self);
+        }
+        self.members()
+            .iter()
+            .map(one)
+            .fold(crate::io::IoStats::default(), |a, b| a + b)
     }
     /// `ibv_get_async_event` without blocking (a spreading handle: from
     /// any member).

@@ -139,18 +139,10 @@ impl PacketIo for XskMultiQueue {
     }
 
     fn stats(&mut self) -> IoStats {
-        let mut t = IoStats::default();
-        for s in &mut self.sockets {
-            let x = s.folded_stats();
-            t.rx_frames += x.rx_frames;
-            t.rx_bytes += x.rx_bytes;
-            t.tx_frames += x.tx_frames;
-            t.tx_bytes += x.tx_bytes;
-            t.rx_dropped += x.rx_dropped;
-            t.tx_errors += x.tx_errors;
-            t.tx_kicks += x.tx_kicks;
-        }
-        t
+        self.sockets
+            .iter_mut()
+            .map(|s| s.folded_stats())
+            .fold(IoStats::default(), |a, b| a + b)
     }
 
     fn poll_fd(&self) -> Option<i32> {

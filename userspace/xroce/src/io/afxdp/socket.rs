@@ -281,6 +281,8 @@ impl XskSocket {
         let mut s = self.io_stats;
         if let Ok(k) = XskSocket::stats(self) {
             s.rx_dropped += k.rx_dropped + k.rx_ring_full + k.rx_invalid_descs;
+            s.rx_ring_full += k.rx_ring_full;
+            s.rx_fill_ring_empty += k.rx_fill_ring_empty_descs;
             s.tx_errors += k.tx_invalid_descs;
         }
         s
