@@ -19,7 +19,7 @@
 //! the device's interface and address: without it all 10 cases skip) and
 //! RDMA-CM between two processes on one device (each case forks a passive
 //! and an active side that connect over the interface's own address:
-//! the QP1 relay of userspace/rdmacm/src/agent/relay.rs).
+//! the QP1 relay of userspace/rdmacm/src/objects/agent/relay.rs).
 //!
 //! The unittest summary of each module is parsed; a failure names the
 //! failing, erroring and skipping cases.

@@ -1,5 +1,5 @@
 //! RDMA-CM from several processes of one device (the QP1 relay of
-//! userspace/rdmacm/src/agent/relay.rs), with Debian's unmodified rping
+//! userspace/rdmacm/src/objects/agent/relay.rs), with Debian's unmodified rping
 //! under `xroce run`, on both backends:
 //!
 //! - one device: an rping server and its client are two processes on the

@@ -9,39 +9,32 @@
 //! verbs calls. Each exported function is the rdma-core 44 entry point of
 //! the same name and version node (`build.rs`, `exports.txt`).
 //!
-//! Built: event channels ([`channel`]), ids ([`id`]), binding and address
-//! and route resolution over the kernel's routing and neighbour tables
-//! ([`address`], [`route`], [`ports`]), devices ([`devices`]), QPs and
-//! SRQs on ids ([`qp`]), rdma_getaddrinfo ([`addrinfo`]), endpoints
-//! ([`ep`]), and connections: each device's CM agent, its GSI QP (QP1)
-//! driving xroce-cm's ib_cm state machine ([`agent`]), the passive side
-//! ([`listen`]), the active side ([`connect`]), how connections end
-//! ([`teardown`]), what a connection holds and the QP moves it drives
-//! ([`conn`]), the agents' events ([`cm_events`]), and the last MADs
-//! sent at exit ([`exit`]). Not built yet: multicast and rsockets
-//! ([`unsupported`]: ENOSYS).
+//! Built: event channels ([`entry::channel`]), ids ([`entry::id`]),
+//! binding and address and route resolution over the kernel's routing and
+//! neighbour tables ([`entry::address`], [`objects::route`],
+//! [`objects::ports`]), devices ([`objects::devices`]), QPs and SRQs on
+//! ids ([`entry::qp`]), rdma_getaddrinfo ([`entry::addrinfo`]), endpoints
+//! ([`entry::ep`]), and connections: each device's CM agent, its GSI QP
+//! (QP1) driving xroce-cm's ib_cm state machine ([`objects::agent`]), the
+//! passive side ([`entry::listen`]), the active side ([`entry::connect`]),
+//! how connections end ([`entry::teardown`]), what a connection holds and
+//! the QP moves it drives ([`objects::conn`]), the agents' events
+//! ([`objects::cm_events`]), and the last MADs sent at exit
+//! ([`entry::exit`]). Not built yet: multicast and rsockets
+//! ([`entry::unsupported`]: ENOSYS).
 
-mod address;
-mod addrinfo;
-mod agent;
-mod channel;
-mod cm_events;
-mod config;
-mod conn;
-mod connect;
-mod devices;
-mod ep;
-mod errno;
-mod exit;
-mod id;
-mod listen;
-mod ports;
-mod qp;
-mod route;
-mod sockaddr;
-mod teardown;
-mod unsupported;
-mod verbs;
+// Three layers; each imports only from the layers below it (an object
+// never reaches a call, so no module circle runs through the crate):
+// 1. `abi` and `base`: the C types, libibverbs' API, errno and the panic
+//    barrier, the environment, sockaddrs;
+// 2. `objects`: devices, CM agents, channels, ids, bindings, listens and
+//    connections, and what the agents' events and destroy do to them;
+// 3. `entry`: the exported calls (the `extern "C"` functions), each with
+//    what it alone needs. A name in both `objects` and `entry` (`id`,
+//    `listen`, ...) is one subject split at that line.
+mod base;
+mod entry;
+mod objects;
 
 // The C types of <rdma/rdma_cma.h> over those of <infiniband/verbs.h>,
 // shared with libibverbs.

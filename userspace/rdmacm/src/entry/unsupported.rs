@@ -8,13 +8,13 @@ use std::ffi::{c_int, c_void};
 
 use crate::{
     abi::*,
-    errno::{ffi, set_errno},
+    base::errno::{ffi, set_errno},
 };
 
 /// -1 with errno ENOSYS, and the debug line naming the call.
 fn not_yet(call: &str) -> c_int {
     ffi(-1, || {
-        if crate::config::debug() {
+        if crate::base::config::debug() {
             eprintln!("xroce librdmacm: {call}: not implemented yet (errno ENOSYS)");
         }
         set_errno(libc::ENOSYS);

@@ -1,6 +1,6 @@
 //! At exit, the connections a program leaves open end as the kernel ends
 //! them when the process's rdma_cm file closes (DREQ, DREP or REJ:
-//! [`crate::teardown::end_connections_at_exit`]), and the MADs a program's
+//! [`crate::objects::teardown::end_connections_at_exit`]), and the MADs a program's
 //! last calls queued still leave: the DREQ of rdma_disconnect, the DREP or
 //! REJ of rdma_destroy_id. The kernel's rdma_cm sends those after the
 //! process is gone; here the process must, or its peers wait through
@@ -20,11 +20,11 @@ const EXIT_FLUSH: Duration = Duration::from_millis(500);
 /// libibverbs' own destructors (this library depends on it), while the
 /// agents' and the device's threads still run.
 extern "C" fn flush_at_exit() {
-    if !crate::agent::running_here() {
+    if !crate::objects::agent::running_here() {
         return;
     }
-    crate::teardown::end_connections_at_exit(Instant::now() + EXIT_END);
-    crate::agent::flush_all(EXIT_FLUSH);
+    crate::objects::teardown::end_connections_at_exit(Instant::now() + EXIT_END);
+    crate::objects::agent::flush_all(EXIT_FLUSH);
 }
 
 // A function pointer in .fini_array is how an

@@ -1,6 +1,7 @@
-//! The passive side: `rdma_listen`, `rdma_get_request`, `rdma_accept`,
-//! `rdma_reject`, and the connection requests (REQ, SIDR_REQ) the agents
-//! report.
+//! The passive side's objects: which ids listen where (one table for the
+//! process, each (agent, service ID) with its listeners), `rdma_listen`'s
+//! registration with the agents, and the connection requests (REQ,
+//! SIDR_REQ) the agents report. The calls are in `entry/listen.rs`.
 //!
 //! A listening id asks the agent of its device (every device for a
 //! wildcard address) to listen on rdma_cm's service ID of its port. Ids
@@ -14,30 +15,27 @@
 
 use std::{
     collections::HashMap,
-    ffi::{c_int, c_void},
+    ffi::c_int,
     net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex, OnceLock},
 };
 
-use xroce_cm::{ConnId, PeerAddr, RepParams, ReqInfo, SidrReplyParams, SidrStatus};
+use xroce_cm::{ConnId, PeerAddr, ReqInfo};
 use xroce_wire::rdma_cm::{service_id, CmaHeader, PortSpace, CMA_HEADER_LEN};
 use xroce_wire::Gid;
 
 use crate::{
     abi::*,
-    address,
-    agent::Agent,
-    conn::{self, Connection, Role, DEVICE_MAX_RD_ATOMIC, RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES},
-    devices,
-    errno::{fail, ffi_int},
-    id::{self, CmId, IdShared, Phase},
-    qp::UDP_QKEY,
+    base::errno::fail,
+    objects::{
+        address,
+        agent::Agent,
+        channel::EventDetail,
+        conn::{self, Connection, Role, DEVICE_MAX_RD_ATOMIC},
+        devices,
+        id::{self, CmId, IdShared, Phase},
+    },
 };
-
-/// Private data a REP can carry (IBTA: 196 bytes).
-const REP_PRIVATE_DATA: usize = 196;
-/// Private data a SIDR_REP can carry (136 bytes).
-const SIDR_REP_PRIVATE_DATA: usize = 136;
 
 /// One (agent, service ID) an id listens on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -77,7 +75,7 @@ pub(crate) fn port_space(ps: rdma_port_space) -> Option<PortSpace> {
 /// address (the kernel's `cma_match_private_data`).
 fn takes(l: &Listener, dst: IpAddr) -> bool {
     let b = l.addr.ip();
-    if !crate::sockaddr::is_any_addr(b) {
+    if !crate::base::sockaddr::is_any_addr(b) {
         return b == dst;
     }
     match (b, dst) {
@@ -107,7 +105,7 @@ pub(crate) fn unlisten(key: ListenKey, id: &Arc<IdShared>) {
     }
 }
 
-fn listen(cm: &CmId, id: *mut rdma_cm_id, backlog: c_int) -> Result<(), i32> {
+pub(crate) fn listen(cm: &CmId, id: *mut rdma_cm_id, backlog: c_int) -> Result<(), i32> {
     let mut st = cm.lock();
     if st.phase == Phase::Idle {
         // The kernel binds an unbound listener to the IPv4 wildcard.
@@ -181,7 +179,7 @@ pub(crate) fn on_request(
     private_data: &[u8],
 ) {
     let reject = |why: &str| {
-        if crate::config::debug() {
+        if crate::base::config::debug() {
             eprintln!(
                 "xroce librdmacm: rejecting a request from {}: {why}",
                 peer.gid.hex()
@@ -205,7 +203,7 @@ pub(crate) fn on_request(
             list?
                 .iter()
                 .find(|l| {
-                    takes(l, hdr.dst_ip) && exact != crate::sockaddr::is_any_addr(l.addr.ip())
+                    takes(l, hdr.dst_ip) && exact != crate::base::sockaddr::is_any_addr(l.addr.ip())
                 })
                 .map(|l| (l.id.clone(), l.addr.port()))
         };
@@ -221,10 +219,10 @@ pub(crate) fn on_request(
         Some(req) => (req.path.local_gid, req.path.remote_gid),
         // A loopback's SIDR_REQ comes from this device, to its own GID;
         // others name our address and the peer's.
-        None if crate::sockaddr::is_any_addr(hdr.dst_ip) => (peer.gid, peer.gid),
+        None if crate::base::sockaddr::is_any_addr(hdr.dst_ip) => (peer.gid, peer.gid),
         None => (
-            Gid(crate::sockaddr::gid_of(src.ip())),
-            Gid(crate::sockaddr::gid_of(dst.ip())),
+            Gid(crate::base::sockaddr::gid_of(src.ip())),
+            Gid(crate::base::sockaddr::gid_of(dst.ip())),
         ),
     };
     let request = match rc {
@@ -279,7 +277,7 @@ fn new_request_id(
     address::set_request_addresses(child, device, ends.src, ends.dst, ends.gids);
     let _ = address::install_path(&mut st, child);
     let mtu = device.active_mtu().unwrap_or(IBV_MTU_1024) as u8;
-    let mut detail = crate::channel::EventDetail {
+    let mut detail = EventDetail {
         listen_id: Some(l_id),
         ..Default::default()
     };
@@ -348,279 +346,12 @@ fn new_request_id(
     Ok(())
 }
 
-/// rdma-core's check of the depths a connection may ask for.
-pub(crate) fn valid_param(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Result<(), i32> {
-    // SAFETY: the program's live id.
-    let (ps, qp) = unsafe { ((*id).ps, (*id).qp) };
-    if ps != RDMA_PS_TCP {
-        return Ok(());
-    }
-    let Some(p) = param else {
-        return if qp.is_null() {
-            Err(libc::EINVAL)
-        } else {
-            Ok(())
-        };
-    };
-    let too_deep = |v: u8, max: u8| v != max && v > DEVICE_MAX_RD_ATOMIC;
-    if too_deep(p.responder_resources, RDMA_MAX_RESP_RES)
-        || too_deep(p.initiator_depth, RDMA_MAX_INIT_DEPTH)
-    {
-        return Err(libc::EINVAL);
-    }
-    Ok(())
-}
-
-/// The QP number and SRQ flag a connection announces: the id's QP, else
-/// what the program gives.
-pub(crate) fn qp_of(id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> (u32, bool) {
-    // SAFETY: the program's live id and its QP.
-    unsafe {
-        let qp = (*id).qp;
-        if !qp.is_null() {
-            return ((*qp).qp_num, !(*qp).srq.is_null());
-        }
-    }
-    param.map_or((0, false), |p| (p.qp_num, p.srq != 0))
-}
-
-/// The program's private data (`len` bytes at `data`), at most `max`.
-pub(crate) fn private_data(data: *const c_void, len: u8, max: usize) -> Result<Vec<u8>, i32> {
-    if data.is_null() || len == 0 {
-        return Ok(Vec::new());
-    }
-    if usize::from(len) > max {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: the program gives `len` readable bytes at `data`.
-    Ok(unsafe { std::slice::from_raw_parts(data as *const u8, usize::from(len)) }.to_vec())
-}
-
-fn accept(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> Result<(), i32> {
-    valid_param(id, param)?;
-    let mut st = cm.lock();
-    if st.phase != Phase::Connecting {
-        return Err(libc::EINVAL);
-    }
-    let c = st
-        .conn
-        .as_mut()
-        .filter(|c| c.role == Role::Passive)
-        .ok_or(libc::EINVAL)?;
-    let (qpn, srq) = qp_of(id, param);
-    let agent = c.agent;
-    let conn = c.conn;
-    // SAFETY: the program's live id.
-    let ud = unsafe { (*id).qp_type } == IBV_QPT_UD;
-    if ud {
-        let data = match param {
-            Some(p) => private_data(p.private_data, p.private_data_len, SIDR_REP_PRIVATE_DATA)?,
-            None => Vec::new(),
-        };
-        // Userspace's rdma_conn_param has no Q_Key: rdma_cm's UD one.
-        let reply = SidrReplyParams {
-            status: SidrStatus::Success,
-            qpn,
-            qkey: UDP_QKEY,
-            private_data: data,
-        };
-        agent
-            .with_engine(|e, _| e.sidr_reply(conn, &reply))
-            .map_err(|e| fail(libc::EINVAL, format_args!("rdma_accept: {e}")))?;
-        conn::unregister(agent, conn);
-        st.conn = None;
-        st.phase = Phase::Connected;
-        drop(st);
-        // A synchronous UD id's request event is done with.
-        if cm.lock().is_sync() {
-            // SAFETY: a synchronous id's event is its own to ack.
-            unsafe {
-                if !(*id).event.is_null() {
-                    crate::channel::ack((*id).event);
-                    (*id).event = std::ptr::null_mut();
-                }
-            }
-        }
-        return Ok(());
-    }
-    match param.map(|p| p.initiator_depth) {
-        Some(d) if d != RDMA_MAX_INIT_DEPTH => c.initiator_depth = d,
-        _ => c.initiator_depth = c.initiator_depth.min(DEVICE_MAX_RD_ATOMIC),
-    }
-    match param.map(|p| p.responder_resources) {
-        Some(r) if r != RDMA_MAX_RESP_RES => c.responder_resources = r,
-        _ => c.responder_resources = c.responder_resources.min(DEVICE_MAX_RD_ATOMIC),
-    }
-    let data = match param {
-        Some(p) => private_data(p.private_data, p.private_data_len, REP_PRIVATE_DATA)?,
-        None => Vec::new(),
-    };
-    let c = c.clone();
-    // SAFETY: the live id, under its state lock.
-    if let Err(e) = unsafe { conn::qp_to_rts(id, &c) } {
-        // SAFETY: as above.
-        unsafe { conn::qp_to_error(id) };
-        agent.with_engine(|en, _| {
-            let _ = en.reject(conn, &[]);
-        });
-        conn::unregister(agent, conn);
-        st.conn = None;
-        st.phase = Phase::Closed;
-        return Err(fail(e, "rdma_accept: cannot bring the QP to RTS"));
-    }
-    let rep = RepParams {
-        qpn,
-        starting_psn: c.rq_psn,
-        responder_resources: c.responder_resources,
-        initiator_depth: c.initiator_depth,
-        rnr_retry_count: param.map_or(7, |p| p.rnr_retry_count.min(7)),
-        srq,
-        private_data: data,
-        ..RepParams::new(qpn, c.rq_psn)
-    };
-    agent
-        .with_engine(|e, now| e.accept(conn, &rep, now))
-        .map_err(|e| fail(libc::EINVAL, format_args!("rdma_accept: {e}")))?;
-    st.phase = Phase::Accepting;
-    drop(st);
-    cm.complete()
-}
-
-fn reject(cm: &CmId, data: Vec<u8>) -> Result<(), i32> {
-    let mut st = cm.lock();
-    if st.phase != Phase::Connecting {
-        return Err(libc::EINVAL);
-    }
-    let Some(c) = st.conn.take().filter(|c| c.role == Role::Passive) else {
-        return Err(libc::EINVAL);
-    };
-    let (agent, conn) = (c.agent, c.conn);
-    let r = agent.with_engine(|e, _| e.reject(conn, &data));
-    conn::unregister(agent, conn);
-    st.phase = Phase::Closed;
-    r.map_err(|e| fail(libc::EINVAL, format_args!("rdma_reject: {e}")))
-}
-
-// ------------------------------------------------ C entry points
-
-/// `rdma_listen`.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
-    ffi_int(|| {
-        // SAFETY: the program's live id.
-        let cm = unsafe { CmId::from_c(id) }?;
-        listen(cm, id, backlog)
-    })
-}
-
-/// `rdma_get_request`: a synchronous listener's next connection request
-/// (its QP made from rdma_create_ep's attributes).
-#[no_mangle]
-pub unsafe extern "C" fn rdma_get_request(
-    listen: *mut rdma_cm_id,
-    id: *mut *mut rdma_cm_id,
-) -> c_int {
-    ffi_int(|| {
-        // SAFETY: the program's live listening id.
-        let cm = unsafe { CmId::from_c(listen) }?;
-        let (channel, attr) = {
-            let st = cm.lock();
-            if !st.is_sync() || id.is_null() {
-                return Err(libc::EINVAL);
-            }
-            (st.channel.clone(), st.qp_init_attr)
-        };
-        // SAFETY: a synchronous id's event field is its caller's.
-        unsafe {
-            if !(*listen).event.is_null() {
-                crate::channel::ack((*listen).event);
-                (*listen).event = std::ptr::null_mut();
-            }
-        }
-        let event = channel.wait_event()? as *mut rdma_cm_event;
-        // SAFETY: the live event just taken.
-        let (kind, status, new_id) = unsafe { ((*event).event, (*event).status, (*event).id) };
-        let fail_with = |e: i32| {
-            // SAFETY: as above; the listener keeps the event.
-            unsafe { (*listen).event = event };
-            Err(e)
-        };
-        if kind == RDMA_CM_EVENT_REJECTED {
-            return fail_with(libc::ECONNREFUSED);
-        }
-        if status != 0 {
-            return fail_with(-status);
-        }
-        if kind != RDMA_CM_EVENT_CONNECT_REQUEST {
-            return fail_with(libc::EINVAL);
-        }
-        if let Some(mut attr) = attr {
-            // SAFETY: the new id and the listener's PD.
-            let rc = unsafe { crate::qp::rdma_create_qp(new_id, (*listen).pd, &mut attr) };
-            if rc != 0 {
-                return fail_with(crate::errno::errno());
-            }
-        }
-        // SAFETY: the program's out-pointer and the new id.
-        unsafe {
-            *id = new_id;
-            (*new_id).event = event;
-        }
-        Ok(())
-    })
-}
-
-/// `rdma_accept`.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_accept(
-    id: *mut rdma_cm_id,
-    conn_param: *mut rdma_conn_param,
-) -> c_int {
-    ffi_int(|| {
-        // SAFETY: the program's live id and parameters.
-        let cm = unsafe { CmId::from_c(id) }?;
-        accept(cm, id, unsafe { conn_param.as_ref() })
-    })
-}
-
-/// `rdma_reject`: REJ with reason 28 (consumer) and the private data.
-#[no_mangle]
-pub unsafe extern "C" fn rdma_reject(
-    id: *mut rdma_cm_id,
-    private_data: *const c_void,
-    len: u8,
-) -> c_int {
-    ffi_int(|| {
-        // SAFETY: the program's live id.
-        let cm = unsafe { CmId::from_c(id) }?;
-        reject(cm, private_data_of(private_data, len)?)
-    })
-}
-
-/// `rdma_reject_ece`: as rdma_reject (xroce does not negotiate ECE, so
-/// there is no vendor option to refuse).
-#[no_mangle]
-pub unsafe extern "C" fn rdma_reject_ece(
-    id: *mut rdma_cm_id,
-    private_data: *const c_void,
-    len: u8,
-) -> c_int {
-    // SAFETY: the caller's arguments, passed on.
-    unsafe { rdma_reject(id, private_data, len) }
-}
-
-/// REJ carries at most 148 bytes of private data.
-fn private_data_of(data: *const c_void, len: u8) -> Result<Vec<u8>, i32> {
-    private_data(data, len, 148)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn listener(addr: &str, afonly: bool) -> Listener {
-        let id =
-            crate::id::create(std::ptr::null_mut(), std::ptr::null_mut(), RDMA_PS_TCP).unwrap();
+        let id = id::create(std::ptr::null_mut(), std::ptr::null_mut(), RDMA_PS_TCP).unwrap();
         // SAFETY: the id just made.
         let shared = unsafe { CmId::from_c(id) }.unwrap().shared.clone();
         Listener {
@@ -658,16 +389,5 @@ mod tests {
         assert!(!takes(&lo4, v6));
         let lo6 = listener("[::1]:7174", true);
         assert!(takes(&lo6, v6) && !takes(&lo6, v4));
-    }
-
-    #[test]
-    fn private_data_longer_than_the_message_allows_is_einval() {
-        let data = [7u8; 60];
-        assert_eq!(
-            private_data(data.as_ptr().cast(), 60, 56),
-            Err(libc::EINVAL)
-        );
-        assert_eq!(private_data(data.as_ptr().cast(), 56, 56), Ok(vec![7; 56]));
-        assert_eq!(private_data(std::ptr::null(), 10, 56), Ok(vec![]));
     }
 }

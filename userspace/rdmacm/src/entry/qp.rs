@@ -10,14 +10,16 @@ use std::ffi::c_int;
 
 use crate::{
     abi::*,
-    devices,
-    errno::{errno, ffi, ffi_int},
-    id::CmId,
-    verbs::*,
+    base::{
+        errno::{errno, ffi, ffi_int},
+        verbs::*,
+    },
+    objects::{
+        conn::{connected_attr, UDP_QKEY},
+        devices,
+        id::CmId,
+    },
 };
-
-/// rdma_cm's Q_Key for UD QPs (RDMA_UDP_QKEY).
-pub(crate) const UDP_QKEY: u32 = 0x0123_4567;
 
 /// The attributes moving a QP of this id to `state` before a connection
 /// exists: INIT (port, P_Key index, no remote access or the UD Q_Key), and
@@ -333,7 +335,7 @@ pub unsafe extern "C" fn rdma_init_qp_attr(
         };
         let (attr, mask) = match conn {
             Some(c) => {
-                let (a, m) = crate::conn::connected_attr(&c, state)?;
+                let (a, m) = connected_attr(&c, state)?;
                 (a, m as c_int)
             }
             None => init_attr(id, state)?,

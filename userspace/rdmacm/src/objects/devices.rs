@@ -1,6 +1,7 @@
 //! The RDMA devices of the process, opened once through libibverbs and
 //! kept open while the library is loaded (as rdma-core's librdmacm keeps
-//! them): `rdma_get_devices`, and the device behind an IP address.
+//! them), and the device behind an IP address (`rdma_get_devices` is in
+//! `entry/devices.rs`).
 //!
 //! xroce names the device of interface IF `xroce_IF`; an address belongs
 //! to a device when its interface has one and the device's GID table
@@ -12,7 +13,11 @@ use std::{
     sync::{Mutex, OnceLock},
 };
 
-use crate::{abi::*, errno::ffi_ptr, sockaddr::gid_of, verbs::*};
+use crate::{
+    abi::*,
+    base::{sockaddr::gid_of, verbs::*},
+    objects::conn,
+};
 
 /// One opened device.
 pub(crate) struct Device {
@@ -42,7 +47,7 @@ pub(crate) fn all() -> Result<&'static [Device], i32> {
     let devices = opened(&DEVICES);
     if let Ok(devices) = devices {
         // The QP1 holder serves other processes' RDMA-CM from the start.
-        SERVED.call_once(|| devices.iter().for_each(crate::conn::serve_if_qp1_holder));
+        SERVED.call_once(|| devices.iter().for_each(conn::serve_if_qp1_holder));
     }
     devices
 }
@@ -200,44 +205,10 @@ impl Device {
             // SAFETY: an open context.
             let made = unsafe { ibv_alloc_pd(self.context) };
             if made.is_null() {
-                return Err(crate::errno::errno());
+                return Err(crate::base::errno::errno());
             }
             *pd = made;
         }
         Ok(*pd)
     }
-}
-
-/// `rdma_get_devices`: a NULL-terminated array of the opened devices'
-/// contexts (NULL with ENODEV when there are none).
-#[no_mangle]
-pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
-    ffi_ptr(|| {
-        let devices = all()?;
-        let mut list: Vec<*mut ibv_context> = devices.iter().map(|d| d.context).collect();
-        list.push(std::ptr::null_mut());
-        if !num_devices.is_null() {
-            // SAFETY: the program's out-pointer.
-            unsafe { *num_devices = devices.len() as c_int };
-        }
-        // A boxed slice, so rdma_free_devices can rebuild it from its length.
-        Ok(Box::into_raw(list.into_boxed_slice()) as *mut *mut ibv_context)
-    })
-}
-
-/// `rdma_free_devices`: frees the array (the devices stay open).
-#[no_mangle]
-pub unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
-    crate::errno::ffi((), || {
-        if list.is_null() {
-            return;
-        }
-        let mut len = 1;
-        // SAFETY: a NULL-terminated array from rdma_get_devices.
-        while !unsafe { *list.add(len - 1) }.is_null() {
-            len += 1;
-        }
-        // SAFETY: the boxed slice of `len` entries rdma_get_devices leaked.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(list, len)) });
-    })
 }

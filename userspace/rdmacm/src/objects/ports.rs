@@ -39,7 +39,7 @@ pub(crate) struct BindingKey(u64);
 /// are equal.
 fn conflict(a: &Binding, addr: IpAddr, afonly: bool) -> Option<i32> {
     let covers = |wild: IpAddr, wild_afonly: bool, other: IpAddr| {
-        crate::sockaddr::is_any_addr(wild)
+        crate::base::sockaddr::is_any_addr(wild)
             && (wild.is_ipv4() == other.is_ipv4() || (wild.is_ipv6() && !wild_afonly))
     };
     if covers(a.addr, a.afonly, addr) || covers(addr, afonly, a.addr) {

@@ -1,5 +1,5 @@
-//! The active side: `rdma_connect`, `rdma_establish`, and the answers the
-//! agents report (REP, SIDR_REP).
+//! The active side: `rdma_connect`, `rdma_establish`; the answers the
+//! agents report (REP, SIDR_REP) are [`crate::objects::connect`]'s.
 //!
 //! rdma_connect sends a REQ (a SIDR_REQ for UD ids) to rdma_cm's service
 //! ID of the destination port, its private data led by the cma_hdr that
@@ -8,22 +8,25 @@
 //! reported, as rdma-core does on CONNECT_RESPONSE; without a QP the
 //! program gets CONNECT_RESPONSE and calls rdma_establish.
 
-use std::{ffi::c_int, mem::ManuallyDrop, sync::Arc};
+use std::ffi::c_int;
 
-use xroce_cm::{ConnId, ConnectParams, PathParams, RepInfo, SidrRequestParams, SidrStatus};
+use xroce_cm::{ConnId, ConnectParams, PathParams, SidrRequestParams};
 use xroce_wire::rdma_cm::{service_id, CmaHeader, CMA_HEADER_LEN, CMA_VERSION};
 use xroce_wire::Gid;
 
 use crate::{
     abi::*,
-    address,
-    channel::EventDetail,
-    conn::{self, Connection, Role, DEVICE_MAX_RD_ATOMIC, RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES},
-    devices,
-    errno::{fail, ffi_int},
-    id::{CmId, IdShared, Phase},
-    listen::{port_space, private_data, qp_of, valid_param},
-    qp::UDP_QKEY,
+    base::errno::{fail, ffi_int},
+    entry::listen::{private_data, qp_of, valid_param},
+    objects::{
+        address,
+        conn::{
+            self, Connection, Role, DEVICE_MAX_RD_ATOMIC, RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES,
+        },
+        devices,
+        id::{CmId, Phase},
+        listen::port_space,
+    },
 };
 
 /// Private data a REQ can carry (92 bytes), the cma_hdr's 36 included.
@@ -150,111 +153,6 @@ fn connect(cm: &CmId, id: *mut rdma_cm_id, param: Option<&rdma_conn_param>) -> R
     drop(st);
     cm.complete()
 }
-
-/// The REP of our REQ: the QP to RTS and the RTU out, then ESTABLISHED;
-/// without a QP, CONNECT_RESPONSE for the program's rdma_establish.
-pub(crate) fn on_connect_response(shared: &Arc<IdShared>, rep: &RepInfo, data: Vec<u8>) {
-    let mut st = shared.state.lock().unwrap();
-    let id = st.c_id();
-    let Some(c) = st.conn.as_mut().filter(|c| c.role == Role::Active) else {
-        return;
-    };
-    c.sq_psn = rep.starting_psn;
-    c.remote_qpn = rep.remote_qpn;
-    // ib_cm's view from our side: the peer's initiator depth is what we
-    // respond to, its responder resources what we may use.
-    c.responder_resources = c.responder_resources.min(rep.initiator_depth);
-    c.initiator_depth = c.initiator_depth.min(rep.responder_resources);
-    c.rnr_retry_count = rep.rnr_retry_count;
-    let c = c.clone();
-    let param = rdma_conn_param {
-        responder_resources: rep.initiator_depth,
-        initiator_depth: rep.responder_resources,
-        flow_control: 1,
-        rnr_retry_count: rep.rnr_retry_count,
-        srq: u8::from(rep.srq),
-        qp_num: rep.remote_qpn,
-        ..Default::default()
-    };
-    let mut detail = EventDetail {
-        private_data: data,
-        ..Default::default()
-    };
-    detail.param.conn = ManuallyDrop::new(param);
-    // SAFETY: the live id (the registry holds only live ids' states).
-    let has_qp = unsafe { !(*id).qp.is_null() };
-    if !has_qp {
-        st.channel
-            .post_detailed(shared, id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0, detail);
-        return;
-    }
-    // SAFETY: the live id, under its state lock.
-    let moved = unsafe { conn::qp_to_rts(id, &c) };
-    let (kind, status) = match moved {
-        Ok(()) => {
-            let r = c.agent.with_engine(|e, _| e.establish(c.conn, &[]));
-            match r {
-                Ok(()) => (RDMA_CM_EVENT_ESTABLISHED, 0),
-                Err(_) => (RDMA_CM_EVENT_CONNECT_ERROR, -libc::EINVAL),
-            }
-        }
-        Err(e) => {
-            // SAFETY: as above.
-            unsafe { conn::qp_to_error(id) };
-            c.agent.with_engine(|en, _| {
-                let _ = en.reject(c.conn, &[]);
-            });
-            conn::unregister(c.agent, c.conn);
-            st.conn = None;
-            (RDMA_CM_EVENT_CONNECT_ERROR, -e)
-        }
-    };
-    st.phase = if kind == RDMA_CM_EVENT_ESTABLISHED {
-        Phase::Connected
-    } else {
-        Phase::Closed
-    };
-    st.channel.post_detailed(shared, id, kind, status, detail);
-}
-
-/// The SIDR_REP of our SIDR_REQ: ESTABLISHED with the peer's QP, Q_Key and
-/// address vector, or UNREACHABLE with its status.
-pub(crate) fn on_sidr_response(
-    shared: &Arc<IdShared>,
-    status: SidrStatus,
-    qpn: u32,
-    qkey: u32,
-    data: Vec<u8>,
-) {
-    let mut st = shared.state.lock().unwrap();
-    let id = st.c_id();
-    let Some(c) = st.conn.take() else {
-        return;
-    };
-    conn::unregister(c.agent, c.conn);
-    let mut detail = EventDetail {
-        ud: true,
-        private_data: data,
-        ..Default::default()
-    };
-    let (kind, code) = if status == SidrStatus::Success {
-        let ah_attr = conn::ah_attr(&c.path).unwrap_or_default();
-        detail.param.ud = ManuallyDrop::new(rdma_ud_param {
-            ah_attr,
-            qp_num: qpn,
-            qkey: if qkey == 0 { UDP_QKEY } else { qkey },
-            ..Default::default()
-        });
-        st.phase = Phase::Connected;
-        (RDMA_CM_EVENT_ESTABLISHED, 0)
-    } else {
-        st.phase = Phase::Closed;
-        (RDMA_CM_EVENT_UNREACHABLE, c_int::from(status.code()))
-    };
-    st.channel.post_detailed(shared, id, kind, code, detail);
-}
-
-// ------------------------------------------------ C entry points
 
 /// `rdma_connect`.
 #[no_mangle]

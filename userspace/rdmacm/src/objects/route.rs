@@ -181,7 +181,9 @@ pub(crate) fn local_addresses() -> Vec<(String, IpAddr)> {
         // SAFETY: cur is a node of the list getifaddrs returned.
         let ifa = unsafe { &*cur };
         // SAFETY: ifa_addr is NULL or a sockaddr of the family it names.
-        if let Some(ip) = unsafe { crate::sockaddr::ip_of(ifa.ifa_addr as *const libc::sockaddr) } {
+        if let Some(ip) =
+            unsafe { crate::base::sockaddr::ip_of(ifa.ifa_addr as *const libc::sockaddr) }
+        {
             // SAFETY: ifa_name is a NUL-terminated interface name.
             let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
             out.push((name.to_string_lossy().into_owned(), ip));

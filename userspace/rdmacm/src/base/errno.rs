@@ -9,5 +9,5 @@ pub(crate) use xroce_cabi::errno::{errno, ffi, ffi_minus_one as ffi_int, ffi_ptr
 /// A failure that also says why on stderr under XROCE_RDMACM_DEBUG or
 /// XROCE_VERBS_DEBUG (programs only see the errno).
 pub(crate) fn fail(errno: i32, why: impl std::fmt::Display) -> i32 {
-    xroce_cabi::errno::fail("librdmacm", crate::config::debug(), errno, why)
+    xroce_cabi::errno::fail("librdmacm", crate::base::config::debug(), errno, why)
 }

@@ -15,7 +15,16 @@ use std::{
 
 use xroce_cm::{ConnId, PathParams};
 
-use crate::{abi::*, agent::Agent, devices, id::IdShared, verbs::ibv_modify_qp};
+use crate::{
+    abi::*,
+    base::verbs::ibv_modify_qp,
+    objects::{
+        agent::{self, Agent},
+        cm_events, devices,
+        id::IdShared,
+        ports,
+    },
+};
 
 /// rdma_cm's "as much as the device allows" for the read/atomic depths.
 pub(crate) const RDMA_MAX_RESP_RES: u8 = 0xff;
@@ -67,7 +76,7 @@ fn registry() -> &'static Mutex<Registry> {
 /// before the first agent starts.
 pub(crate) fn agent_of(device: &'static devices::Device) -> Result<&'static Agent, i32> {
     static HANDLER: std::sync::Once = std::sync::Once::new();
-    HANDLER.call_once(|| crate::agent::set_event_handler(crate::cm_events::handle));
+    HANDLER.call_once(|| agent::set_event_handler(cm_events::handle));
     Agent::of(device)
 }
 
@@ -75,7 +84,7 @@ pub(crate) fn agent_of(device: &'static devices::Device) -> Result<&'static Agen
 /// [`Agent::serve_if_qp1_holder`]).
 pub(crate) fn serve_if_qp1_holder(device: &'static devices::Device) {
     static HANDLER: std::sync::Once = std::sync::Once::new();
-    HANDLER.call_once(|| crate::agent::set_event_handler(crate::cm_events::handle));
+    HANDLER.call_once(|| agent::set_event_handler(cm_events::handle));
     Agent::serve_if_qp1_holder(device)
 }
 
@@ -114,9 +123,12 @@ pub(crate) fn live_owners() -> Vec<Arc<IdShared>> {
     registry().lock().unwrap().values().cloned().collect()
 }
 
+/// rdma_cm's Q_Key for UD QPs (RDMA_UDP_QKEY).
+pub(crate) const UDP_QKEY: u32 = 0x0123_4567;
+
 /// A fresh 24-bit starting PSN, random as the kernel's.
 pub(crate) fn random_psn() -> u32 {
-    crate::ports::random_u32() & 0x00ff_ffff
+    ports::random_u32() & 0x00ff_ffff
 }
 
 /// rdma_cm's flow label of a RoCEv2 connection: a hash of the two ports

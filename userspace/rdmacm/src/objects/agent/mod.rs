@@ -45,7 +45,7 @@ use xroce_wire::mad::GSI_QPN;
 use xroce_wire::Gid;
 
 use crate::abi::*;
-use crate::devices::Device;
+use crate::objects::devices::Device;
 use gsi::{Gsi, WrId};
 use sender::{Link, SendCounters, Sender};
 
@@ -138,7 +138,7 @@ pub(crate) struct AgentStats {
 }
 
 fn debug(what: std::fmt::Arguments<'_>) {
-    if crate::config::debug() {
+    if crate::base::config::debug() {
         eprintln!("librdmacm: {what}");
     }
 }
@@ -376,7 +376,7 @@ fn start(dev: &'static Device, gsi: Option<Gsi>) -> Result<&'static Agent, i32> 
     // SAFETY: eventfd makes a new fd or fails.
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if fd < 0 {
-        return Err(crate::errno::errno());
+        return Err(crate::base::errno::errno());
     }
     // SAFETY: the fd just made, owned from here on.
     let wake = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -560,7 +560,7 @@ fn run(agent: &'static Agent, gsi: Gsi, mut server: Option<relay::Server>, ifind
         }
         let mut link = GsiLink { gsi: &gsi, ifindex };
         sender.flush(&mut link, now, &agent.counters.send, |t| {
-            if crate::config::debug() {
+            if crate::base::config::debug() {
                 eprintln!(
                     "librdmacm: CM agent {}: sent {} to {} qpn {}",
                     agent.device.name,
@@ -581,7 +581,7 @@ fn run(agent: &'static Agent, gsi: Gsi, mut server: Option<relay::Server>, ifind
 }
 
 fn trace_local(agent: &Agent, t: &Transmit) {
-    if crate::config::debug() {
+    if crate::base::config::debug() {
         eprintln!(
             "librdmacm: CM agent {}: {} from {} to {} stays on the device",
             agent.device.name,
@@ -626,7 +626,7 @@ fn run_relayed(agent: &'static Agent) {
             let mut engine = agent.lock();
             for t in &received {
                 bump(&agent.counters.received);
-                if crate::config::debug() {
+                if crate::base::config::debug() {
                     eprintln!(
                         "librdmacm: CM agent {}: received {} from {} qpn {} to {} (relayed)",
                         agent.device.name,
@@ -648,7 +648,7 @@ fn run_relayed(agent: &'static Agent) {
             events.extend(std::iter::from_fn(|| engine.poll_event()));
         }
         for t in out {
-            if crate::config::debug() {
+            if crate::base::config::debug() {
                 eprintln!(
                     "librdmacm: CM agent {}: sent {} to {} qpn {} (relayed)",
                     agent.device.name,
@@ -765,7 +765,7 @@ fn on_completion(
                 repost.push(n);
                 return;
             };
-            if crate::config::debug() {
+            if crate::base::config::debug() {
                 eprintln!(
                     "librdmacm: CM agent {}: received {} from {} qpn {} to {}",
                     agent.device.name,

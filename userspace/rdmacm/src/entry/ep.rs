@@ -8,10 +8,13 @@ use std::ffi::c_int;
 
 use crate::{
     abi::*,
-    address::{rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route},
-    errno::{errno, ffi, ffi_int},
-    id::{self, rdma_destroy_id},
-    qp::{rdma_create_qp, rdma_destroy_qp, rdma_destroy_srq},
+    base::errno::{errno, ffi, ffi_int},
+    entry::{
+        address::{rdma_bind_addr, rdma_resolve_addr, rdma_resolve_route},
+        id::rdma_destroy_id,
+        qp::{rdma_create_qp, rdma_destroy_qp, rdma_destroy_srq},
+    },
+    objects::id,
 };
 
 /// rdma-core's resolution timeout for endpoints.

@@ -16,9 +16,9 @@ use xroce_wire::Gid;
 
 use super::grh::GRH_LEN;
 use crate::abi::*;
-use crate::devices::{Device, PORT};
-use crate::errno::fail;
-use crate::verbs::*;
+use crate::base::errno::fail;
+use crate::base::verbs::*;
+use crate::objects::devices::{Device, PORT};
 
 /// Receive buffers kept posted.
 pub(super) const RECV_BUFFERS: u32 = 64;
@@ -91,7 +91,7 @@ impl Buffers {
         // while registered.
         let mr = unsafe { ibv_reg_mr(pd, base.cast(), total, access) };
         if mr.is_null() {
-            let e = crate::errno::errno();
+            let e = crate::base::errno::errno();
             // SAFETY: the allocation leaked above, not registered.
             drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, total)) });
             return Err(e);
@@ -178,7 +178,7 @@ impl Gsi {
             send: None,
         };
         let errno_or = |what: &str| {
-            let e = crate::errno::errno();
+            let e = crate::base::errno::errno();
             fail(
                 if e == 0 { libc::EIO } else { e },
                 format_args!("CM agent of {}: {what} failed", dev.name),
@@ -388,7 +388,7 @@ impl Gsi {
         // SAFETY: our PD and a filled attr.
         let ah = unsafe { ibv_create_ah(self.pd, &mut attr) };
         if ah.is_null() {
-            return Err(crate::errno::errno());
+            return Err(crate::base::errno::errno());
         }
         Ok(ah)
     }
@@ -482,7 +482,7 @@ unsafe fn set_nonblocking(fd: RawFd) -> Result<(), i32> {
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
     // SAFETY: as above.
     if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-        return Err(crate::errno::errno());
+        return Err(crate::base::errno::errno());
     }
     Ok(())
 }

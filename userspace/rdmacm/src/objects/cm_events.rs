@@ -3,7 +3,7 @@
 
 use xroce_cm::CmEvent;
 
-use crate::{
+use crate::objects::{
     agent::Agent,
     conn, connect, listen,
     teardown::{self, Failure},
@@ -12,7 +12,7 @@ use crate::{
 /// The agents' event handler (called on an agent's thread, its engine
 /// unlocked).
 pub(crate) fn handle(agent: &'static Agent, event: CmEvent) {
-    if crate::config::debug() {
+    if crate::base::config::debug() {
         eprintln!("xroce librdmacm: CM event {event:?}");
     }
     match event {

@@ -10,7 +10,7 @@ use std::{
     ptr::null_mut,
 };
 
-use crate::{abi::*, errno::ffi};
+use crate::{abi::*, base::errno::ffi};
 
 /// A sockaddr copied into a box of its own (freed by rdma_freeaddrinfo).
 fn boxed_sockaddr(sa: *const libc::sockaddr, len: libc::socklen_t) -> *mut sockaddr {
@@ -69,7 +69,7 @@ unsafe fn getaddrinfo(
     // SAFETY: the program's hints, if any.
     let hints = unsafe { hints.as_ref() };
     if res.is_null() || (node.is_null() && service.is_null() && hints.is_none()) {
-        crate::errno::set_errno(libc::EINVAL);
+        crate::base::errno::set_errno(libc::EINVAL);
         return -1;
     }
     let flags = hints.map_or(0, |h| h.ai_flags);
