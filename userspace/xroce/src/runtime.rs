@@ -57,9 +57,15 @@ pub struct RuntimeConfig {
     /// Spin on the backend instead of sleeping in it: lowest latency, one
     /// core fully busy.
     pub busy_poll: bool,
-    /// Longest wait for frames when idle (bounds how late a freshly posted
-    /// WR is noticed when not busy-polling).
+    /// Longest wait for frames when idle on a backend the thread cannot
+    /// sleep on (no descriptors: the in-memory channel, a shard's inbox):
+    /// it bounds how late a freshly posted WR is noticed there.
     pub max_wait: Duration,
+    /// Longest sleep when idle on a backend with descriptors: the
+    /// doorbell, the sockets and the engine's next timer wake it before
+    /// that, so this only bounds how stale the published I/O counters get.
+    /// Short sleeps cost an idle device CPU (1 ms: 2.5 % of a core).
+    pub max_sleep: Duration,
     /// Keep polling without sleeping for this long after the last frame in
     /// or out: waking from a sleep costs microseconds. Not longer: a thread
     /// that spins (with sched_yield) loses the kernel's wake-up preference,
@@ -75,6 +81,7 @@ impl Default for RuntimeConfig {
         Self {
             busy_poll: false,
             max_wait: Duration::from_millis(1),
+            max_sleep: Duration::from_millis(100),
             spin_after_activity: Duration::from_micros(300),
         }
     }
@@ -249,7 +256,12 @@ fn run(
             }
             Duration::ZERO
         } else {
-            idle_wait(device, config.max_wait)
+            let longest = if pollfds.is_empty() {
+                config.max_wait
+            } else {
+                config.max_sleep
+            };
+            idle_wait(device, longest)
         };
         if !wait.is_zero() && !pollfds.is_empty() {
             io.before_sleep();
@@ -375,11 +387,11 @@ fn sleep(pollfds: &mut [PollFd], wait: Duration) -> Result<bool, IoError> {
 }
 
 /// How long to wait in the backend when there is nothing to do: until the
-/// engine's next timer, at most `max_wait`.
-fn idle_wait(device: &Device, max_wait: Duration) -> Duration {
+/// engine's next timer, at most `longest`.
+fn idle_wait(device: &Device, longest: Duration) -> Duration {
     match device.poll_timeout() {
-        Some(t) => Duration::from_nanos(t.saturating_sub(now_ns())).min(max_wait),
-        None => max_wait,
+        Some(t) => Duration::from_nanos(t.saturating_sub(now_ns())).min(longest),
+        None => longest,
     }
 }
 
@@ -483,6 +495,7 @@ mod tests {
                 busy_poll: false,
                 // Without the doorbell the WR would wait most of this.
                 max_wait: Duration::from_secs(5),
+                max_sleep: Duration::from_secs(5),
                 spin_after_activity: Duration::from_millis(1),
             },
         );
