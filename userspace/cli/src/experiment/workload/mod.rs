@@ -539,257 +539,432 @@ fn run_one(
     let receivers: Vec<Host> = std::iter::once(topo.receiver.clone())
         .chain(topo.senders[c.senders..].iter().cloned())
         .collect();
-    let result = run_in(
-        &topo.bridge_netns,
+    let result = Run {
+        bridge_netns: &topo.bridge_netns,
         c,
         cc,
         cdf,
         schedule,
         dir,
-        &exe,
-        &schedule_path,
-        &senders,
-        &receivers,
-    );
+        exe: &exe,
+        schedule_path: &schedule_path,
+        senders: &senders,
+        receivers: &receivers,
+    }
+    .run();
     drop(topo);
     result
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_in(
-    topo_bridge: &str,
-    c: &Common,
+/// One run on a topology that is up: what its steps share.
+struct Run<'a> {
+    bridge_netns: &'a str,
+    c: &'a Common,
     cc: CcKind,
-    cdf: &Cdf,
-    schedule: &[Flow],
-    dir: &Path,
-    exe: &Path,
-    schedule_path: &Path,
-    senders: &[Host],
-    receivers: &[Host],
-) -> anyhow::Result<Summary> {
-    for host in receivers.iter().chain(senders) {
-        attach(exe, host)?;
-    }
-    let line_rate = c.line_rate.as_ref().unwrap_or(&c.link_rate);
-    let delay = c.bottleneck == "delay";
-    // Dropped (tbf and the TC program removed) when this returns, before
-    // the namespaces go.
-    let mut bottlenecks = Vec::new();
-    for rx in receivers {
-        let (args, iface) = (ecn_args(c, &rx.iface), rx.iface.clone());
-        let ecn = super::in_netns(&rx.netns, move || -> anyhow::Result<_> {
-            crate::congestion::ecn(&args)?;
-            xroce::xdp::set_fault(&iface, xroce_common::fault::FaultConfig::default())?;
-            let ecn = xroce::xdp::ecn_config(&iface)?;
-            if delay {
-                // The same settings move to the bridge's port.
-                xroce::xdp::set_ecn(&iface, Default::default())?;
-            }
-            Ok(ecn)
-        })??;
-        if delay {
-            let port = rx.peer.clone();
-            bottlenecks.push(
-                super::in_netns(topo_bridge, move || {
-                    xroce::bottleneck::Bottleneck::attach(&port, ecn)
-                })?
-                .context("put the delay bottleneck on the bridge's port")?,
-            );
+    cdf: &'a Cdf,
+    schedule: &'a [Flow],
+    dir: &'a Path,
+    exe: &'a Path,
+    schedule_path: &'a Path,
+    senders: &'a [Host],
+    receivers: &'a [Host],
+}
+
+/// A node process and its log.
+type Node = (Proc, PathBuf);
+
+impl Run<'_> {
+    /// XDP and the bottlenecks, the receivers, the samplers, the senders;
+    /// then the flows run to the end, and the results are written.
+    fn run(&self) -> anyhow::Result<Summary> {
+        for host in self.receivers.iter().chain(self.senders) {
+            attach(self.exe, host)?;
         }
+        // Dropped (tbf and the TC program removed) when this returns, before
+        // the namespaces go.
+        let bottlenecks = self.program_bottlenecks()?;
+        let (mut rx_procs, listen) = self.start_receivers()?;
+        self.wait_listening(&mut rx_procs)?;
+        let mut samplers = self.start_samplers(&bottlenecks)?;
+        let mut tx_procs = self.start_senders(&listen)?;
+        self.wait_ready(&mut tx_procs, &mut rx_procs)?;
+        let t0 = self.start_flows()?;
+        let mut errors = Vec::new();
+        let (samples, active_ms) =
+            self.sample_until_done(t0, &mut samplers, &mut tx_procs, &mut errors)?;
+        let finals = stop_nodes(
+            &mut tx_procs,
+            &mut rx_procs,
+            &mut samplers,
+            active_ms,
+            &mut errors,
+        )?;
+
+        let got = results::collect(
+            self.dir,
+            self.schedule,
+            self.senders.len(),
+            self.receivers.len(),
+            self.c.link_rate.value,
+        )?;
+        errors.extend(got.errors.iter().cloned());
+        results::write_flows_csv(&self.dir.join("flows.csv"), &got.records)?;
+        let summary = self.summary(&got, &samples, &finals, active_ms, errors);
+        std::fs::write(
+            self.dir.join("summary.json"),
+            serde_json::to_string_pretty(&summary)? + "\n",
+        )
+        .context("write summary.json")?;
+        Ok(summary)
     }
-    let node_args = |cmd: &mut std::process::Command, host: &Host, index: usize| {
+
+    /// Each receiver's congestion point; with `--bottleneck delay`, a
+    /// delay bottleneck on the bridge's port toward it (returned).
+    fn program_bottlenecks(&self) -> anyhow::Result<Vec<xroce::bottleneck::Bottleneck>> {
+        let c = self.c;
+        let delay = c.bottleneck == "delay";
+        let mut bottlenecks = Vec::new();
+        for rx in self.receivers {
+            let (args, iface) = (ecn_args(c, &rx.iface), rx.iface.clone());
+            let ecn = super::in_netns(&rx.netns, move || -> anyhow::Result<_> {
+                crate::congestion::ecn(&args)?;
+                xroce::xdp::set_fault(&iface, xroce_common::fault::FaultConfig::default())?;
+                let ecn = xroce::xdp::ecn_config(&iface)?;
+                if delay {
+                    // The same settings move to the bridge's port.
+                    xroce::xdp::set_ecn(&iface, Default::default())?;
+                }
+                Ok(ecn)
+            })??;
+            if delay {
+                let port = rx.peer.clone();
+                bottlenecks.push(
+                    super::in_netns(self.bridge_netns, move || {
+                        xroce::bottleneck::Bottleneck::attach(&port, ecn)
+                    })?
+                    .context("put the delay bottleneck on the bridge's port")?,
+                );
+            }
+        }
+        Ok(bottlenecks)
+    }
+
+    /// The flags every node process takes.
+    fn node_args(&self, cmd: &mut std::process::Command, host: &Host, index: usize) {
+        let c = self.c;
+        let line_rate = c.line_rate.as_ref().unwrap_or(&c.link_rate);
         cmd.args(["--iface", &host.iface, "--index", &index.to_string()])
             .arg("--schedule")
-            .arg(schedule_path)
+            .arg(self.schedule_path)
             .arg("--out")
-            .arg(dir)
-            .args(["--seed", &c.seed.to_string(), "--cc", cc.name()])
+            .arg(self.dir)
+            .args(["--seed", &c.seed.to_string(), "--cc", self.cc.name()])
             .args(["--op", &c.op])
             .args(["--rate-bps", &line_rate.value.to_string()]);
-    };
-    let mut rx_procs = Vec::new();
-    let mut listen = Vec::new();
-    for (j, rx) in receivers.iter().enumerate() {
-        let addr = format!("{}:{}", rx.addr, c.port);
-        let mut cmd = rx.command(exe);
-        cmd.args(["experiment", "workload-receiver", "--listen", &addr])
-            .args(["--peers", &senders.len().to_string()]);
-        node_args(&mut cmd, rx, j);
-        let log = dir.join(format!("receiver{j}.log"));
-        rx_procs.push((Proc::spawn(&format!("receiver {j}"), cmd, &log)?, log));
-        listen.push(addr);
     }
-    let ready_by = Instant::now() + Duration::from_secs(20);
-    for (p, log) in &mut rx_procs {
-        while !procs::listening(p.pid(), c.port) {
-            if let Some(status) = p.poll() {
-                bail!(
-                    "a receiver exited ({status}) before listening: {}",
-                    tail(log)
-                );
+
+    /// Starts the receivers; also returns the address each listens on.
+    fn start_receivers(&self) -> anyhow::Result<(Vec<Node>, Vec<String>)> {
+        let mut rx_procs = Vec::new();
+        let mut listen = Vec::new();
+        for (j, rx) in self.receivers.iter().enumerate() {
+            let addr = format!("{}:{}", rx.addr, self.c.port);
+            let mut cmd = rx.command(self.exe);
+            cmd.args(["experiment", "workload-receiver", "--listen", &addr])
+                .args(["--peers", &self.senders.len().to_string()]);
+            self.node_args(&mut cmd, rx, j);
+            let log = self.dir.join(format!("receiver{j}.log"));
+            rx_procs.push((Proc::spawn(&format!("receiver {j}"), cmd, &log)?, log));
+            listen.push(addr);
+        }
+        Ok((rx_procs, listen))
+    }
+
+    /// Waits up to 20 s until every receiver listens.
+    fn wait_listening(&self, rx_procs: &mut [Node]) -> anyhow::Result<()> {
+        let ready_by = Instant::now() + Duration::from_secs(20);
+        for (p, log) in rx_procs {
+            while !procs::listening(p.pid(), self.c.port) {
+                if let Some(status) = p.poll() {
+                    bail!(
+                        "a receiver exited ({status}) before listening: {}",
+                        tail(log)
+                    );
+                }
+                if procs::stop_requested() {
+                    bail!("interrupted");
+                }
+                if Instant::now() > ready_by {
+                    bail!("a receiver did not listen within 20 s: {}", tail(log));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        Ok(())
+    }
+
+    /// A queue sampler per receiver (queue.csv, queue-r<j>.csv).
+    fn start_samplers(
+        &self,
+        bottlenecks: &[xroce::bottleneck::Bottleneck],
+    ) -> anyhow::Result<Vec<Sampler>> {
+        let dir = self.dir;
+        let sender_ifaces: Vec<(String, String)> = self
+            .senders
+            .iter()
+            .map(|h| (h.netns.clone(), h.iface.clone()))
+            .collect();
+        self.receivers
+            .iter()
+            .enumerate()
+            .map(|(j, rx)| {
+                let csv = if j == 0 {
+                    dir.join("queue.csv")
+                } else {
+                    dir.join(format!("queue-r{j}.csv"))
+                };
+                // CNPs at the senders are counted once, with receiver 0.
+                let theirs: &[(String, String)] = if j == 0 { &sender_ifaces } else { &[] };
+                let rx_iface = (rx.netns.clone(), rx.iface.clone());
+                match bottlenecks.get(j) {
+                    Some(b) => Sampler::with_bottleneck(
+                        &rx_iface,
+                        theirs,
+                        self.c.link_rate.value,
+                        Some(b.reader()?),
+                        &csv,
+                    ),
+                    None => Sampler::new(&rx_iface, theirs, self.c.link_rate.value, &csv),
+                }
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    }
+
+    /// Starts the senders, each connecting to every receiver in `listen`.
+    fn start_senders(&self, listen: &[String]) -> anyhow::Result<Vec<Node>> {
+        let c = self.c;
+        let mut tx_procs = Vec::new();
+        for (i, host) in self.senders.iter().enumerate() {
+            let mut cmd = host.command(self.exe);
+            cmd.args([
+                "experiment",
+                "workload-sender",
+                "--receivers",
+                &listen.join(","),
+            ])
+            .args([
+                "--qps",
+                &c.qps.to_string(),
+                "--arena",
+                &c.arena.value.to_string(),
+            ])
+            .env(xroce::cc::DCQCN_ENV, &c.dcqcn)
+            .env(xroce::cc::SWIFT_ENV, &c.swift)
+            .env(xroce::cc::TIMELY_ENV, &c.timely);
+            self.node_args(&mut cmd, host, i);
+            let log = self.dir.join(format!("sender{i}.log"));
+            tx_procs.push((Proc::spawn(&format!("sender {i}"), cmd, &log)?, log));
+        }
+        Ok(tx_procs)
+    }
+
+    /// Waits up to 60 s until every sender connected and measured its base
+    /// RTTs (its ready file), so that all start together.
+    fn wait_ready(&self, tx_procs: &mut [Node], rx_procs: &mut [Node]) -> anyhow::Result<()> {
+        let senders = self.senders.len();
+        let ready_by = Instant::now() + Duration::from_secs(60);
+        loop {
+            let ready = (0..senders)
+                .filter(|&i| node::ready_file(self.dir, i).exists())
+                .count();
+            if ready == senders {
+                return Ok(());
+            }
+            for (p, log) in tx_procs.iter_mut().chain(rx_procs.iter_mut()) {
+                if let Some(status) = p.poll() {
+                    bail!(
+                        "a process exited ({status}) while setting up: {}",
+                        tail(log)
+                    );
+                }
             }
             if procs::stop_requested() {
                 bail!("interrupted");
             }
             if Instant::now() > ready_by {
-                bail!("a receiver did not listen within 20 s: {}", tail(log));
+                bail!("only {ready} of {senders} senders were ready within 60 s");
             }
-            std::thread::sleep(Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
-    let sender_ifaces: Vec<(String, String)> = senders
-        .iter()
-        .map(|h| (h.netns.clone(), h.iface.clone()))
-        .collect();
-    let mut samplers = receivers
-        .iter()
-        .enumerate()
-        .map(|(j, rx)| {
-            let csv = if j == 0 {
-                dir.join("queue.csv")
-            } else {
-                dir.join(format!("queue-r{j}.csv"))
-            };
-            // CNPs at the senders are counted once, with receiver 0.
-            let theirs: &[(String, String)] = if j == 0 { &sender_ifaces } else { &[] };
-            let rx_iface = (rx.netns.clone(), rx.iface.clone());
-            match bottlenecks.get(j) {
-                Some(b) => Sampler::with_bottleneck(
-                    &rx_iface,
-                    theirs,
-                    c.link_rate.value,
-                    Some(b.reader()?),
-                    &csv,
-                ),
-                None => Sampler::new(&rx_iface, theirs, c.link_rate.value, &csv),
-            }
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut tx_procs = Vec::new();
-    for (i, host) in senders.iter().enumerate() {
-        let mut cmd = host.command(exe);
-        cmd.args([
-            "experiment",
-            "workload-sender",
-            "--receivers",
-            &listen.join(","),
-        ])
-        .args([
-            "--qps",
-            &c.qps.to_string(),
-            "--arena",
-            &c.arena.value.to_string(),
-        ])
-        .env(xroce::cc::DCQCN_ENV, &c.dcqcn)
-        .env(xroce::cc::SWIFT_ENV, &c.swift)
-        .env(xroce::cc::TIMELY_ENV, &c.timely);
-        node_args(&mut cmd, host, i);
-        let log = dir.join(format!("sender{i}.log"));
-        tx_procs.push((Proc::spawn(&format!("sender {i}"), cmd, &log)?, log));
-    }
-    // Every sender connected and measured its base RTTs: start together.
-    let ready_by = Instant::now() + Duration::from_secs(60);
-    loop {
-        let ready = (0..senders.len())
-            .filter(|&i| node::ready_file(dir, i).exists())
-            .count();
-        if ready == senders.len() {
-            break;
-        }
-        for (p, log) in tx_procs.iter_mut().chain(rx_procs.iter_mut()) {
-            if let Some(status) = p.poll() {
-                bail!(
-                    "a process exited ({status}) while setting up: {}",
-                    tail(log)
-                );
-            }
-        }
-        if procs::stop_requested() {
-            bail!("interrupted");
-        }
-        if Instant::now() > ready_by {
-            bail!(
-                "only {ready} of {} senders were ready within 60 s",
-                senders.len()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let t0_ns = super::sampler::monotonic_ns() + 20_000_000;
-    let tmp = dir.join("start.tmp");
-    std::fs::write(&tmp, t0_ns.to_string())?;
-    std::fs::rename(&tmp, node::start_file(dir))?;
-    let t0 = Instant::now() + Duration::from_millis(20);
 
-    let total = schedule.len();
-    let bar = ProgressBar::new(total as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {prefix} [{bar:30}] {pos}/{len} flows  {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_prefix(cc.name());
-    // Generous: the schedule, four times its bytes at the link rate, 30 s.
-    let bytes: u64 = schedule.iter().map(|f| f.size).sum();
-    let span_s = schedule.last().map_or(0.0, |f| f.start_ns as f64 / 1e9);
-    let budget_s =
-        span_s + 4.0 * bytes as f64 * 8.0 / (c.link_rate.value as f64 * c.receivers as f64) + 30.0;
-    let deadline = t0 + Duration::from_secs_f64(budget_s);
-    let bin = Duration::from_millis(c.bin_ms as u64);
-    let mut samples: Vec<Sample> = Vec::new();
-    let mut errors = Vec::new();
-    let mut next = Instant::now();
-    loop {
-        next += bin;
-        let now = Instant::now();
-        if next > now {
-            std::thread::sleep(next - now);
-        } else {
-            next = now;
+    /// Tells the nodes when the schedule starts (the start file, 20 ms
+    /// ahead on the monotonic clock); returns that instant.
+    fn start_flows(&self) -> anyhow::Result<Instant> {
+        let t0_ns = super::sampler::monotonic_ns() + 20_000_000;
+        let tmp = self.dir.join("start.tmp");
+        std::fs::write(&tmp, t0_ns.to_string())?;
+        std::fs::rename(&tmp, node::start_file(self.dir))?;
+        Ok(Instant::now() + Duration::from_millis(20))
+    }
+
+    /// Samples every bin, with a progress bar, until the senders exit, a
+    /// signal, or the time budget (then the senders still running count as
+    /// an error); returns the samples and the active time in ms.
+    fn sample_until_done(
+        &self,
+        t0: Instant,
+        samplers: &mut [Sampler],
+        tx_procs: &mut [Node],
+        errors: &mut Vec<String>,
+    ) -> anyhow::Result<(Vec<Sample>, f64)> {
+        let (c, schedule) = (self.c, self.schedule);
+        let total = schedule.len();
+        let bar = ProgressBar::new(total as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {prefix} [{bar:30}] {pos}/{len} flows  {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(self.cc.name());
+        // Generous: the schedule, four times its bytes at the link rate, 30 s.
+        let bytes = schedule_bytes(schedule);
+        let span_s = schedule_span_s(schedule);
+        let budget_s = span_s
+            + 4.0 * bytes as f64 * 8.0 / (c.link_rate.value as f64 * c.receivers as f64)
+            + 30.0;
+        let deadline = t0 + Duration::from_secs_f64(budget_s);
+        let bin = Duration::from_millis(c.bin_ms as u64);
+        let mut samples: Vec<Sample> = Vec::new();
+        let mut next = Instant::now();
+        loop {
+            next += bin;
+            let now = Instant::now();
+            if next > now {
+                std::thread::sleep(next - now);
+            } else {
+                next = now;
+            }
+            let t_ms = Instant::now().saturating_duration_since(t0).as_secs_f64() * 1e3;
+            let mut queue = 0;
+            for s in samplers.iter_mut() {
+                let x = s.sample(t_ms)?;
+                queue += x.queue_bytes;
+                samples.push(x);
+            }
+            let done = results::count_done(self.dir, self.senders.len());
+            bar.set_position(done as u64);
+            bar.set_message(format!("queue {:>7.1} KB", queue as f64 / 1e3));
+            let running = tx_procs
+                .iter_mut()
+                .map(|(p, _)| p.poll())
+                .filter(Option::is_none)
+                .count();
+            if running == 0 {
+                break;
+            }
+            if procs::stop_requested() {
+                errors.push("interrupted (signal)".to_string());
+                break;
+            }
+            if Instant::now() > deadline {
+                errors.push(format!(
+                    "{running} sender(s) still running after {budget_s:.0} s: killed"
+                ));
+                break;
+            }
         }
-        let t_ms = Instant::now().saturating_duration_since(t0).as_secs_f64() * 1e3;
-        let mut queue = 0;
-        for s in &mut samplers {
-            let x = s.sample(t_ms)?;
-            queue += x.queue_bytes;
-            samples.push(x);
-        }
-        let done = results::count_done(dir, senders.len());
-        bar.set_position(done as u64);
-        bar.set_message(format!("queue {:>7.1} KB", queue as f64 / 1e3));
-        let running = tx_procs
-            .iter_mut()
-            .map(|(p, _)| p.poll())
-            .filter(Option::is_none)
-            .count();
-        if running == 0 {
-            break;
-        }
-        if procs::stop_requested() {
-            errors.push("interrupted (signal)".to_string());
-            break;
-        }
-        if Instant::now() > deadline {
-            errors.push(format!(
-                "{running} sender(s) still running after {budget_s:.0} s: killed"
-            ));
-            break;
+        let active_ms = Instant::now().saturating_duration_since(t0).as_secs_f64() * 1e3;
+        bar.finish_and_clear();
+        Ok((samples, active_ms))
+    }
+
+    /// summary.json's contents.
+    fn summary(
+        &self,
+        got: &results::Collected,
+        samples: &[Sample],
+        finals: &[Sample],
+        active_ms: f64,
+        errors: Vec<String>,
+    ) -> Summary {
+        let c = self.c;
+        let bytes = schedule_bytes(self.schedule);
+        let span_s = schedule_span_s(self.schedule);
+        let completed = got.records.iter().filter(|r| r.fct_us.is_some()).count();
+        let last_done_s = got
+            .records
+            .iter()
+            .filter_map(|r| r.fct_us.map(|f| r.start_ms / 1e3 + f / 1e6))
+            .fold(0.0f64, f64::max);
+        let done_bytes: u64 = got
+            .records
+            .iter()
+            .filter(|r| r.fct_us.is_some())
+            .map(|r| r.size_bytes)
+            .sum();
+        Summary {
+            experiment: "workload".into(),
+            settings: settings(c, self.cc, self.cdf),
+            flows: self.schedule.len(),
+            completed,
+            verified: got.records.iter().filter(|r| r.verified).count(),
+            offered_load: if span_s > 0.0 {
+                bytes as f64 * 8.0 / span_s / (c.link_rate.value as f64 * c.receivers as f64)
+            } else {
+                0.0
+            },
+            goodput_gbps: if last_done_s > 0.0 {
+                done_bytes as f64 * 8.0 / last_done_s / 1e9
+            } else {
+                0.0
+            },
+            base_rtt_us: got
+                .senders
+                .iter()
+                .map(|r| {
+                    r.as_ref()
+                        .map(|r| r.base_rtt_ns.iter().map(|&n| n as f64 / 1e3).collect())
+                        .unwrap_or_default()
+                })
+                .collect(),
+            slowdown: results::buckets(&got.records),
+            queue: queue_summary(samples, finals, active_ms),
+            marks: finals.iter().map(|s| s.marks).sum(),
+            cnps: got.senders.iter().flatten().map(|r| r.cnps).sum(),
+            drops: Drops {
+                tail: finals.iter().map(|s| s.drop_tail).sum(),
+                congestion: finals.iter().map(|s| s.drop_congestion).sum(),
+                fault: finals.iter().map(|s| s.drop_fault).sum(),
+            },
+            retransmits: got.senders.iter().flatten().map(|r| r.retransmits).sum(),
+            budget_waits: got.senders.iter().flatten().map(|r| r.budget_waits).sum(),
+            errors,
         }
     }
-    let active_ms = Instant::now().saturating_duration_since(t0).as_secs_f64() * 1e3;
-    bar.finish_and_clear();
-    for (p, _) in &mut tx_procs {
+}
+
+/// Ends the run: kills the senders, gives each receiver 15 s to exit,
+/// takes each sampler's last sample and closes it, and adds to `errors`
+/// every node that did not exit cleanly. Returns the last samples.
+fn stop_nodes(
+    tx_procs: &mut [Node],
+    rx_procs: &mut [Node],
+    samplers: &mut [Sampler],
+    active_ms: f64,
+    errors: &mut Vec<String>,
+) -> anyhow::Result<Vec<Sample>> {
+    for (p, _) in tx_procs.iter_mut() {
         p.kill();
     }
-    for (p, log) in &mut rx_procs {
+    for (p, log) in rx_procs.iter_mut() {
         if p.wait_for(Duration::from_secs(15)).is_none() {
             errors.push(format!("a receiver did not exit: killed ({})", tail(log)));
         }
         p.kill();
     }
     let mut finals = Vec::new();
-    for s in &mut samplers {
+    for s in samplers.iter_mut() {
         finals.push(s.sample(active_ms)?);
         s.finish()?;
     }
@@ -803,16 +978,12 @@ fn run_in(
             errors.push(format!("receiver {j}: {}", tail(log)));
         }
     }
+    Ok(finals)
+}
 
-    let got = results::collect(
-        dir,
-        schedule,
-        senders.len(),
-        receivers.len(),
-        c.link_rate.value,
-    )?;
-    errors.extend(got.errors.iter().cloned());
-    results::write_flows_csv(&dir.join("flows.csv"), &got.records)?;
+/// The queue over the active time (every receiver's samples) and the
+/// largest peak the XDP programs saw.
+fn queue_summary(samples: &[Sample], finals: &[Sample], active_ms: f64) -> Queue {
     let queue_samples: Vec<u64> = samples
         .iter()
         .filter(|s| s.t_ms >= 0.0 && s.t_ms <= active_ms)
@@ -824,68 +995,23 @@ fn run_in(
         results::percentile(&sorted.iter().map(|&b| b as f64).collect::<Vec<_>>(), p).unwrap_or(0.0)
             as u64
     };
-    let completed = got.records.iter().filter(|r| r.fct_us.is_some()).count();
-    let last_done_s = got
-        .records
-        .iter()
-        .filter_map(|r| r.fct_us.map(|f| r.start_ms / 1e3 + f / 1e6))
-        .fold(0.0f64, f64::max);
-    let done_bytes: u64 = got
-        .records
-        .iter()
-        .filter(|r| r.fct_us.is_some())
-        .map(|r| r.size_bytes)
-        .sum();
-    let summary = Summary {
-        experiment: "workload".into(),
-        settings: settings(c, cc, cdf),
-        flows: total,
-        completed,
-        verified: got.records.iter().filter(|r| r.verified).count(),
-        offered_load: if span_s > 0.0 {
-            bytes as f64 * 8.0 / span_s / (c.link_rate.value as f64 * c.receivers as f64)
-        } else {
-            0.0
-        },
-        goodput_gbps: if last_done_s > 0.0 {
-            done_bytes as f64 * 8.0 / last_done_s / 1e9
-        } else {
-            0.0
-        },
-        base_rtt_us: got
-            .senders
-            .iter()
-            .map(|r| {
-                r.as_ref()
-                    .map(|r| r.base_rtt_ns.iter().map(|&n| n as f64 / 1e3).collect())
-                    .unwrap_or_default()
-            })
-            .collect(),
-        slowdown: results::buckets(&got.records),
-        queue: Queue {
-            samples: queue_samples.len(),
-            p50_bytes: pick(0.5),
-            p99_bytes: pick(0.99),
-            peak_bytes: finals.iter().map(|s| s.peak_bytes).max().unwrap_or(0),
-            cdf: results::queue_cdf(&queue_samples),
-        },
-        marks: finals.iter().map(|s| s.marks).sum(),
-        cnps: got.senders.iter().flatten().map(|r| r.cnps).sum(),
-        drops: Drops {
-            tail: finals.iter().map(|s| s.drop_tail).sum(),
-            congestion: finals.iter().map(|s| s.drop_congestion).sum(),
-            fault: finals.iter().map(|s| s.drop_fault).sum(),
-        },
-        retransmits: got.senders.iter().flatten().map(|r| r.retransmits).sum(),
-        budget_waits: got.senders.iter().flatten().map(|r| r.budget_waits).sum(),
-        errors,
-    };
-    std::fs::write(
-        dir.join("summary.json"),
-        serde_json::to_string_pretty(&summary)? + "\n",
-    )
-    .context("write summary.json")?;
-    Ok(summary)
+    Queue {
+        samples: queue_samples.len(),
+        p50_bytes: pick(0.5),
+        p99_bytes: pick(0.99),
+        peak_bytes: finals.iter().map(|s| s.peak_bytes).max().unwrap_or(0),
+        cdf: results::queue_cdf(&queue_samples),
+    }
+}
+
+/// The bytes of every flow of the schedule.
+fn schedule_bytes(schedule: &[Flow]) -> u64 {
+    schedule.iter().map(|f| f.size).sum()
+}
+
+/// The schedule's span: the last flow's start, in seconds.
+fn schedule_span_s(schedule: &[Flow]) -> f64 {
+    schedule.last().map_or(0.0, |f| f.start_ns as f64 / 1e9)
 }
 
 fn ecn_args(c: &Common, iface: &str) -> crate::congestion::EcnArgs {
