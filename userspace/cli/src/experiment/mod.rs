@@ -49,14 +49,17 @@ use std::{
 
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::Value;
+use xroce::bottleneck::Bottleneck;
 use xroce::cc::CcKind;
+use xroce_common::{congestion::EcnConfig, fault::FaultConfig};
 
 use crate::units::{Fraction, Rate, Seconds, Size};
 
 use self::{
     procs::Proc,
     report::{FlowResult, Report},
-    sampler::Sampler,
+    sampler::{Sample, Sampler},
     topology::Topology,
 };
 
@@ -304,11 +307,90 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(5)..].join(" | ")
 }
 
+/// The experiment on a topology that is up: XDP and the bottleneck, the
+/// receiver, the sampler, the senders; then the run, and the report.
 fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::Result<()> {
     let out = &a.out;
     for host in std::iter::once(&topo.receiver).chain(&topo.senders) {
         attach(exe, host)?;
     }
+    // Dropped (tbf and the TC program removed) before the namespaces go.
+    let (ecn, fault, bottleneck) = program_bottleneck(a, plan, topo)?;
+
+    // The receiver: one process, one AF_XDP socket, all the connections.
+    let listen = format!("{}:{}", topo.receiver.addr, a.port);
+    let receiver_log = out.join("receiver.log");
+    let mut receiver = start_receiver(a, topo, exe, &listen, &receiver_log)?;
+
+    let sender_ifaces: Vec<(String, String)> = topo
+        .senders
+        .iter()
+        .map(|h| (h.netns.clone(), h.iface.clone()))
+        .collect();
+    let mut sampler = Sampler::with_bottleneck(
+        &(topo.receiver.netns.clone(), topo.receiver.iface.clone()),
+        &sender_ifaces,
+        plan.link_rate_bps,
+        bottleneck.as_ref().map(|b| b.reader()).transpose()?,
+        &out.join("queue.csv"),
+    )?;
+    let t0 = Instant::now();
+    let mut senders = start_senders(a, plan, topo, exe, &listen)?;
+
+    let mut errors = Vec::new();
+    let run = sample_until_done(a, plan, t0, &mut sampler, &mut senders, &mut errors)?;
+    let final_sample = stop(
+        &mut senders,
+        &mut receiver,
+        &mut sampler,
+        t0,
+        run.interrupted,
+        &mut errors,
+    )?;
+
+    let flows = collect_flows(out, topo, t0, &mut senders, &mut errors);
+    let receiver_json = receiver_result(&mut receiver, &receiver_log, &mut errors);
+
+    let report = Report {
+        args: a,
+        link_rate_bps: plan.link_rate_bps,
+        line_rate: &plan.line_rate,
+        dcqcn: &plan.dcqcn,
+        duration_s: plan.duration_s,
+        buffer_bytes: plan.buffer_bytes,
+        ecn,
+        fault,
+        samples: &run.samples,
+        final_sample,
+        active_until_ms: run.active_until_ms,
+        flows: &flows,
+        receiver: receiver_json,
+        errors: &errors,
+    };
+    report.write(out)?;
+    if let Err(e) = plot::all(&report, out) {
+        eprintln!("xroce: plots not drawn: {e:#}");
+    }
+    report.print_brief();
+    if !errors.is_empty() {
+        bail!(
+            "the experiment had errors (outputs in {} are partial): {}",
+            out.display(),
+            errors.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// Programs the receiver's congestion point and loss injection; with
+/// `--bottleneck delay`, moves the marking to a delay bottleneck on the
+/// bridge's port toward it (returned). Returns the receiver's ECN and
+/// fault settings as programmed.
+fn program_bottleneck(
+    a: &IncastArgs,
+    plan: &Plan,
+    topo: &Topology,
+) -> anyhow::Result<(EcnConfig, FaultConfig, Option<Bottleneck>)> {
     let rx = &topo.receiver;
     // The program is found through its interface: ask from its namespace.
     let delay = a.bottleneck == "delay";
@@ -324,14 +406,11 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
             Ok((ecn, xroce::xdp::fault_config(&iface)?))
         })??
     };
-    // Dropped (tbf and the TC program removed) before the namespaces go.
     let bottleneck = if delay {
         let port = rx.peer.clone();
         Some(
-            in_netns(&topo.bridge_netns, move || {
-                xroce::bottleneck::Bottleneck::attach(&port, ecn)
-            })?
-            .context("put the delay bottleneck on the bridge's port")?,
+            in_netns(&topo.bridge_netns, move || Bottleneck::attach(&port, ecn))?
+                .context("put the delay bottleneck on the bridge's port")?,
         )
         .inspect(|b| {
             eprintln!(
@@ -344,11 +423,21 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
     } else {
         None
     };
+    Ok((ecn, fault, bottleneck))
+}
 
-    // The receiver: one process, one AF_XDP socket, all the connections.
-    let listen = format!("{}:{}", rx.addr, a.port);
+/// Starts the receiver (`xroce bench write --listen` for every sender)
+/// and waits up to 15 s until it listens on `listen`.
+fn start_receiver(
+    a: &IncastArgs,
+    topo: &Topology,
+    exe: &Path,
+    listen: &str,
+    log: &Path,
+) -> anyhow::Result<Proc> {
+    let rx = &topo.receiver;
     let mut cmd = rx.command(exe);
-    cmd.args(["bench", "write", "--iface", &rx.iface, "--listen", &listen])
+    cmd.args(["bench", "write", "--iface", &rx.iface, "--listen", listen])
         .args([
             "--peers",
             &a.senders.to_string(),
@@ -356,14 +445,13 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
             "afxdp",
             "--json",
         ]);
-    let receiver_log = out.join("receiver.log");
-    let mut receiver = Proc::spawn("receiver", cmd, &receiver_log)?;
+    let mut receiver = Proc::spawn("receiver", cmd, log)?;
     let ready_by = Instant::now() + Duration::from_secs(15);
     while !procs::listening(receiver.pid(), a.port) {
         if let Some(status) = receiver.poll() {
             bail!(
                 "the receiver exited ({status}) before listening on {listen}: {}",
-                tail(&receiver_log)
+                tail(log)
             );
         }
         if procs::stop_requested() {
@@ -372,26 +460,25 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
         if Instant::now() > ready_by {
             bail!(
                 "the receiver did not listen on {listen} within 15 s: {}",
-                tail(&receiver_log)
+                tail(log)
             );
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    Ok(receiver)
+}
 
-    let sender_ifaces: Vec<(String, String)> = topo
-        .senders
-        .iter()
-        .map(|h| (h.netns.clone(), h.iface.clone()))
-        .collect();
-    let mut sampler = Sampler::with_bottleneck(
-        &(rx.netns.clone(), rx.iface.clone()),
-        &sender_ifaces,
-        plan.link_rate_bps,
-        bottleneck.as_ref().map(|b| b.reader()).transpose()?,
-        &out.join("queue.csv"),
-    )?;
+/// Starts one `xroce bench write` per sender host toward `listen`, each
+/// tracing into trace<i>.csv.
+fn start_senders(
+    a: &IncastArgs,
+    plan: &Plan,
+    topo: &Topology,
+    exe: &Path,
+    listen: &str,
+) -> anyhow::Result<Vec<Proc>> {
+    let out = &a.out;
     let duration_arg = format_seconds(plan.duration_s);
-    let t0 = Instant::now();
     let mut senders = Vec::with_capacity(topo.senders.len());
     for (i, host) in topo.senders.iter().enumerate() {
         let trace = out.join(format!("trace{i}.csv"));
@@ -403,7 +490,7 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
             "--iface",
             &host.iface,
             "--connect",
-            &listen,
+            listen,
         ])
         .args([
             "--size",
@@ -426,13 +513,34 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
             &out.join(format!("sender{i}.log")),
         )?);
     }
+    Ok(senders)
+}
 
+/// What the sampling loop saw.
+struct Sampled {
+    samples: Vec<Sample>,
+    /// When it ended (ms on `t0`'s clock).
+    active_until_ms: f64,
+    /// It ended on a signal.
+    interrupted: bool,
+}
+
+/// Samples every bin on `t0`'s grid, with a progress bar, until the
+/// senders exit, a signal, or 30 s past the duration (the senders still
+/// running count as an error).
+fn sample_until_done(
+    a: &IncastArgs,
+    plan: &Plan,
+    t0: Instant,
+    sampler: &mut Sampler,
+    senders: &mut [Proc],
+    errors: &mut Vec<String>,
+) -> anyhow::Result<Sampled> {
     let bar = progress_bar(plan.duration_s);
     let bin = Duration::from_millis(a.bin_ms as u64);
     // Senders that hang past this are killed.
     let deadline = t0 + Duration::from_secs_f64(plan.duration_s + 30.0);
     let mut samples = Vec::new();
-    let mut errors = Vec::new();
     let mut next = t0;
     let mut interrupted = false;
     loop {
@@ -479,7 +587,25 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
     }
     let active_until_ms = t0.elapsed().as_secs_f64() * 1e3;
     bar.finish_and_clear();
-    for p in &mut senders {
+    Ok(Sampled {
+        samples,
+        active_until_ms,
+        interrupted,
+    })
+}
+
+/// Ends the run: kills the senders, gives the receiver 15 s to exit
+/// (unless interrupted), and takes the sampler's last sample, after the
+/// queue had time to drain.
+fn stop(
+    senders: &mut [Proc],
+    receiver: &mut Proc,
+    sampler: &mut Sampler,
+    t0: Instant,
+    interrupted: bool,
+    errors: &mut Vec<String>,
+) -> anyhow::Result<Sample> {
+    for p in senders.iter_mut() {
         p.kill();
     }
     // The receiver exits once every connection is done.
@@ -490,7 +616,18 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
     // A last sample after the queue had time to drain.
     let final_sample = sampler.sample(t0.elapsed().as_secs_f64() * 1e3)?;
     sampler.finish()?;
+    Ok(final_sample)
+}
 
+/// Each sender's result (its exit, bench JSON and trace); a failed one
+/// also goes to `errors` with the end of its log.
+fn collect_flows(
+    out: &Path,
+    topo: &Topology,
+    t0: Instant,
+    senders: &mut [Proc],
+    errors: &mut Vec<String>,
+) -> Vec<FlowResult> {
     let mut flows = Vec::new();
     for (i, (p, host)) in senders.iter_mut().zip(&topo.senders).enumerate() {
         let status = p.poll();
@@ -512,45 +649,21 @@ fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::R
         }
         flows.push(flow);
     }
-    let receiver_status = receiver.poll();
-    let receiver_json = serde_json::from_str::<serde_json::Value>(receiver.stdout().trim()).ok();
-    if !receiver_status.is_some_and(|s| s.success()) {
+    flows
+}
+
+/// The receiver's bench JSON; an unclean exit goes to `errors`.
+fn receiver_result(receiver: &mut Proc, log: &Path, errors: &mut Vec<String>) -> Option<Value> {
+    let status = receiver.poll();
+    let json = serde_json::from_str::<Value>(receiver.stdout().trim()).ok();
+    if !status.is_some_and(|s| s.success()) {
         errors.push(format!(
             "receiver: exited {}: {}",
-            receiver_status.map_or("(killed)".to_string(), |s| s.to_string()),
-            tail(&receiver_log)
+            status.map_or("(killed)".to_string(), |s| s.to_string()),
+            tail(log)
         ));
     }
-
-    let report = Report {
-        args: a,
-        link_rate_bps: plan.link_rate_bps,
-        line_rate: &plan.line_rate,
-        dcqcn: &plan.dcqcn,
-        duration_s: plan.duration_s,
-        buffer_bytes: plan.buffer_bytes,
-        ecn,
-        fault,
-        samples: &samples,
-        final_sample,
-        active_until_ms,
-        flows: &flows,
-        receiver: receiver_json,
-        errors: &errors,
-    };
-    report.write(out)?;
-    if let Err(e) = plot::all(&report, out) {
-        eprintln!("xroce: plots not drawn: {e:#}");
-    }
-    report.print_brief();
-    if !errors.is_empty() {
-        bail!(
-            "the experiment had errors (outputs in {} are partial): {}",
-            out.display(),
-            errors.join("; ")
-        );
-    }
-    Ok(())
+    json
 }
 
 /// Seconds as bench takes them: "5" or "0.5".
