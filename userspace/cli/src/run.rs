@@ -4,8 +4,8 @@
 //! It finds xroce's drop-in `libibverbs.so.1` (crate `xroce-ibverbs`), puts
 //! its directory first on `LD_LIBRARY_PATH`, passes the interfaces, backend
 //! and congestion control to it through the environment the library reads
-//! (`userspace/ibverbs/src/config.rs`), attaches the XDP program where the
-//! AF_XDP backend needs it, and then exec(2)s PROGRAM: the PID, the signals
+//! (`userspace/ibverbs/src/base/config.rs`), attaches the XDP program where
+//! the AF_XDP backend needs it, and then exec(2)s PROGRAM: the PID, the signals
 //! and the exit status are the program's own.
 
 use std::{
