@@ -419,12 +419,13 @@ mod tests {
             .filter_map(|l| l.split_once(' '))
             .filter(|(_, v)| v.trim().parse::<u64>().is_ok())
             .collect();
-        assert_eq!(old.len(), EngineStats::NAMES.len());
+        let io_fields = IoStats::default().fields().len();
+        assert_eq!(old.len(), EngineStats::NAMES.len() + io_fields);
         // A later version's line, a line cut short: skipped.
         let more = format!("{text}qp v2 {{\"qpn\":1}}\nqp v1 {{\"qpn\":2,\n");
         let p = parse(&more);
         assert_eq!(p.qps, Some(vec![qp(0x10011)]));
-        assert_eq!(p.fields.len(), EngineStats::NAMES.len());
+        assert_eq!(p.fields.len(), EngineStats::NAMES.len() + io_fields);
     }
 
     #[test]
@@ -451,11 +452,25 @@ mod tests {
             ..EngineStats::default()
         };
         let qps = [qp(0x11), qp(0x1_0012)];
+        let io = IoStats {
+            rx_frames: 5,
+            rx_ring_full: 2,
+            ..IoStats::default()
+        };
         let Parsed {
-            fields: read,
+            fields: mut read,
             qpns,
             qps: read_qps,
-        } = parse(&render(&stats, &IoStats::default(), &qps));
+        } = parse(&render(&stats, &io, &qps));
+        // The backend's counters follow the engine's, prefixed.
+        let read_io = read.split_off(EngineStats::NAMES.len());
+        assert_eq!(
+            read_io,
+            io.fields()
+                .iter()
+                .map(|(k, v)| (format!("{IO_PREFIX}{k}"), *v))
+                .collect::<Vec<_>>()
+        );
         assert_eq!(qpns, Some(vec![0x11, 0x1_0012]));
         assert_eq!(read_qps.as_deref(), Some(&qps[..]));
         assert_eq!(
