@@ -65,6 +65,9 @@ pub enum Error {
     FieldOverflow(&'static str),
     /// The ICRC in the frame is not the one computed from its contents.
     BadIcrc { computed: u32, found: u32 },
+    /// The payload an in-place emit asked for could not be written (the
+    /// sender's source, e.g. a memory region, is gone).
+    PayloadUnavailable,
 }
 
 impl Error {
@@ -83,6 +86,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Truncated(l) => write!(f, "truncated {l:?} header/data: buffer ends early"),
+            Error::PayloadUnavailable => write!(f, "the payload to send could not be read"),
             Error::BufferTooSmall { needed, have } => {
                 write!(
                     f,

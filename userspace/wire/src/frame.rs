@@ -243,7 +243,36 @@ pub fn parse_frame_checked(buf: &[u8]) -> Result<(FrameRepr, &[u8])> {
 /// Write a complete frame (headers, payload, pad, ICRC) into `buf`; returns
 /// its length ([`FrameRepr::frame_len`]).
 pub fn emit_frame(repr: &FrameRepr, payload: &[u8], buf: &mut [u8]) -> Result<usize> {
-    let total = repr.frame_len(payload.len());
+    emit_frame_with(repr, payload.len(), buf, |t| {
+        repr.transport.emit(payload, t)
+    })
+}
+
+/// [`emit_frame`] with the payload's `payload_len` bytes written into the
+/// frame by `fill` ([`TransportRepr::emit_in_place`]): the sender reads
+/// them from its memory region straight into the frame, with no copy in
+/// between. An error of `fill` is returned ([`Error::PayloadUnavailable`]
+/// for a source that is gone).
+pub fn emit_frame_in_place(
+    repr: &FrameRepr,
+    payload_len: usize,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<usize> {
+    emit_frame_with(repr, payload_len, buf, |t| {
+        repr.transport.emit_in_place(payload_len, t, fill)
+    })
+}
+
+/// The frame around a transport part that `emit_transport` writes into
+/// the buffer it is given (from the BTH on).
+fn emit_frame_with(
+    repr: &FrameRepr,
+    payload_len: usize,
+    buf: &mut [u8],
+    emit_transport: impl FnOnce(&mut [u8]) -> Result<usize>,
+) -> Result<usize> {
+    let total = repr.frame_len(payload_len);
     if buf.len() < total {
         return Err(Error::BufferTooSmall {
             needed: total,
@@ -251,7 +280,7 @@ pub fn emit_frame(repr: &FrameRepr, payload: &[u8], buf: &mut [u8]) -> Result<us
         });
     }
     let buf = &mut buf[..total];
-    let t_len = repr.transport.buffer_len(payload.len());
+    let t_len = repr.transport.buffer_len(payload_len);
     let udp_len = udp::HEADER_LEN + t_len;
     let max = match repr.ip {
         IpRepr::V4(_) => 0xffff - ipv4::HEADER_LEN,
@@ -274,7 +303,7 @@ pub fn emit_frame(repr: &FrameRepr, payload: &[u8], buf: &mut [u8]) -> Result<us
             IpRepr::V6(r) => r.emit(&mut buf[ip_off..])?,
         };
     let t_off = l4_off + repr.udp.emit(&mut buf[l4_off..], t_len)?;
-    repr.transport.emit(payload, &mut buf[t_off..])?;
+    emit_transport(&mut buf[t_off..])?;
     let c = icrc::compute(&buf[ip_off..l4_off], &buf[l4_off..total - ICRC_LEN])?;
     buf[total - ICRC_LEN..].copy_from_slice(&c.to_le_bytes());
     if repr.udp.checksum == UdpChecksum::Compute {

@@ -101,7 +101,10 @@ pub use bth::{pad_count, BthRepr, QPN_MASK};
 pub use error::{Error, Layer, Result};
 pub use eth::{EthRepr, VlanTag};
 pub use ext::{AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RethRepr};
-pub use frame::{emit_frame, parse_frame, parse_frame_checked, FrameRepr, IpRepr, MAX_OVERHEAD};
+pub use frame::{
+    emit_frame, emit_frame_in_place, parse_frame, parse_frame_checked, FrameRepr, IpRepr,
+    MAX_OVERHEAD,
+};
 pub use gid::Gid;
 pub use icrc::ICRC_LEN;
 pub use ipv4::Ipv4Repr;

@@ -150,20 +150,49 @@ impl TransportRepr {
     /// slot into `buf`; returns the bytes written ([`Self::buffer_len`]).
     pub fn emit(&self, payload: &[u8], buf: &mut [u8]) -> Result<usize> {
         let op = self.bth.opcode;
-        if self.headers_present() != op.headers() {
-            return Err(Error::HeaderMismatch(op as u8));
-        }
         if !op.has_payload() && !payload.is_empty() && !sack_on_ack(op, payload) {
             return Err(Error::UnexpectedPayload(op as u8));
         }
-        let total = self.buffer_len(payload.len());
+        self.emit_with(payload.len(), buf, |p| {
+            p.copy_from_slice(payload);
+            Ok(())
+        })
+    }
+
+    /// [`Self::emit`] with the payload's `payload_len` bytes written in
+    /// place by `fill` instead of copied from a slice: a sender gathers
+    /// them straight from where they live. An error of `fill` is returned.
+    pub fn emit_in_place(
+        &self,
+        payload_len: usize,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<usize> {
+        let op = self.bth.opcode;
+        if !op.has_payload() && payload_len > 0 {
+            return Err(Error::UnexpectedPayload(op as u8));
+        }
+        self.emit_with(payload_len, buf, fill)
+    }
+
+    fn emit_with(
+        &self,
+        payload_len: usize,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<usize> {
+        let op = self.bth.opcode;
+        if self.headers_present() != op.headers() {
+            return Err(Error::HeaderMismatch(op as u8));
+        }
+        let total = self.buffer_len(payload_len);
         if buf.len() < total {
             return Err(Error::BufferTooSmall {
                 needed: total,
                 have: buf.len(),
             });
         }
-        let pad = pad_count(payload.len());
+        let pad = pad_count(payload_len);
         let mut off = self.bth.emit(buf, pad)?;
         if let Some(h) = &self.deth {
             off += h.emit(&mut buf[off..])?;
@@ -193,8 +222,8 @@ impl TransportRepr {
             buf[off..off + CNP_RESERVED_LEN].fill(0);
             off += CNP_RESERVED_LEN;
         }
-        buf[off..off + payload.len()].copy_from_slice(payload);
-        off += payload.len();
+        fill(&mut buf[off..off + payload_len])?;
+        off += payload_len;
         buf[off..off + pad as usize + ICRC_LEN].fill(0);
         off += pad as usize + ICRC_LEN;
         debug_assert_eq!(off, total);

@@ -491,7 +491,6 @@ pub(crate) struct Env<'a> {
     pub mrs: &'a MrTable,
     pub stats: &'a mut EngineStats,
     pub completions: &'a mut Vec<Completion>,
-    pub scratch: &'a mut Vec<u8>,
     pub events: &'a mut VecDeque<AsyncEvent>,
     /// New PSNs the device's in-flight budget still allows (u32::MAX: no
     /// limit).
@@ -522,7 +521,6 @@ pub struct Engine {
     sched: schedule::Schedule,
     due: Vec<usize>,
     completions: Vec<Completion>,
-    scratch: Vec<u8>,
     events: VecDeque<AsyncEvent>,
     stats: EngineStats,
     /// The slot that produced the last frame, and how many in a row.
@@ -576,7 +574,6 @@ impl Engine {
             sched: schedule::Schedule::default(),
             due: Vec::new(),
             completions: Vec::with_capacity(64),
-            scratch: vec![0; 4096],
             events: VecDeque::with_capacity(64),
             stats: EngineStats::default(),
             inflight: 0,
@@ -719,7 +716,6 @@ impl Engine {
                 mrs: &self.mrs,
                 stats: &mut self.stats,
                 completions: &mut self.completions,
-                scratch: &mut self.scratch,
                 events: &mut self.events,
                 inflight_room,
                 rx_pressure: self.rx_pressure,

@@ -224,16 +224,24 @@ impl QpCtx {
         let plan = plan_packet(w, k, offset, self.mtu, self.sr.is_some());
         let f = self.request_frame(env, now, &plan, window);
         let ack_req = f.transport.bth.ack_req;
-        let len = plan.payload_len;
-        if env.scratch.len() < len {
-            env.scratch.resize(len, 0);
-        }
-        if len > 0 && !self.sq[idx].read_payload(offset, &mut env.scratch[..len]) {
-            // An MR of the WR was deregistered while it was being sent.
-            self.fail_front(env, super::completion::WcStatus::LocProtErr);
-            return None;
-        }
-        let n = xroce_wire::emit_frame(&f, &env.scratch[..len], buf).ok()?;
+        // The payload goes from the WR's MRs straight into the frame.
+        let wqe = &self.sq[idx];
+        let sent = xroce_wire::emit_frame_in_place(&f, plan.payload_len, buf, |p| {
+            if p.is_empty() || wqe.read_payload(offset, p) {
+                Ok(())
+            } else {
+                Err(xroce_wire::Error::PayloadUnavailable)
+            }
+        });
+        let n = match sent {
+            Ok(n) => n,
+            Err(xroce_wire::Error::PayloadUnavailable) => {
+                // An MR of the WR was deregistered while it was being sent.
+                self.fail_front(env, super::completion::WcStatus::LocProtErr);
+                return None;
+            }
+            Err(_) => return None,
+        };
         self.after_request_sent(env, now, &plan, ack_req, n);
         Some(n)
     }

@@ -857,13 +857,14 @@ impl QpCtx {
                         msn: *msn,
                     });
                 let at = *off + o;
-                if env.scratch.len() < plen {
-                    env.scratch.resize(plen, 0);
-                }
-                if let Some(src) = mr.as_deref() {
-                    src.read_at(at, &mut env.scratch[..plen]);
-                }
-                let n = xroce_wire::emit_frame(&f, &env.scratch[..plen], buf).ok()?;
+                // From the MR straight into the frame.
+                let n = xroce_wire::emit_frame_in_place(&f, plen, buf, |p| {
+                    if let Some(src) = mr.as_deref() {
+                        src.read_at(at, p);
+                    }
+                    Ok(())
+                })
+                .ok()?;
                 *sent += 1;
                 if *sent >= *npkts {
                     self.resp.out.pop_front();
