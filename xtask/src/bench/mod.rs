@@ -31,6 +31,7 @@ mod cc_delay;
 mod ceiling;
 mod clients;
 mod cpu;
+mod cpu_per_byte;
 mod io_threads;
 mod latency_tail;
 mod loss;
@@ -101,6 +102,9 @@ struct Report {
     /// 8-byte WRITE rate and latency, posts through the engine lock
     /// (before) vs through each QP's ring (issue 26, item 2).
     post_path: post_path::PostPath,
+    /// CPU s/GB of WRITE, READ, SEND and 4-QP WRITE vs TCP, against the
+    /// xroce before, and an idle device's cost (issue 27).
+    cpu_per_byte: cpu_per_byte::CpuPerByte,
     ratios: Ratios,
 }
 
@@ -144,6 +148,7 @@ pub fn bench() -> Result<()> {
         Some("cc_delay") => return alone(&cc_delay::measure()?),
         Some("capture") => return alone(&capture::measure(&ns)?),
         Some("post_path") => return alone(&post_path::measure(&ns)?),
+        Some("cpu_per_byte") => return alone(&cpu_per_byte::measure(&ns)?),
         Some("udp_gso") => {
             // Its best-backend line needs the AF_XDP WRITE of the full run.
             step("xroce RDMA WRITE 64 KiB, 1 QP");
@@ -156,7 +161,8 @@ pub fn bench() -> Result<()> {
         }
         Some(other) => bail!(
             "XROCE_BENCH_ONLY={other} is not a figure: use many_qps, loss, io_threads, \
-             multicore, latency_tail, udp_gso, clients, cc_delay, capture or post_path \
+             multicore, latency_tail, udp_gso, clients, cc_delay, capture, post_path or \
+             cpu_per_byte \
              (unset: every figure)"
         ),
     }
@@ -269,6 +275,8 @@ pub fn bench() -> Result<()> {
     let capture = capture::measure(&ns)?;
     step("8-byte WRITE rate and latency: posts through the engine lock vs the post ring");
     let post_path = post_path::measure(&ns)?;
+    step("CPU per byte: WRITE, READ, SEND, 4 QPs vs TCP; idle device");
+    let cpu_per_byte = cpu_per_byte::measure(&ns)?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -299,6 +307,7 @@ pub fn bench() -> Result<()> {
         cc_delay,
         capture,
         post_path,
+        cpu_per_byte,
         udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,

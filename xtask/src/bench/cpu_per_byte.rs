@@ -1,0 +1,167 @@
+//! CPU per byte (issue 27): CPU seconds per GB moved, both ends together
+//! (machine-wide, see cpu.rs), for xroce's WRITE, READ and SEND of 64 KiB
+//! on 1 QP and WRITE on 4 QPs, against iperf3's TCP stream measured the
+//! same way, in alternating rounds on the same veth pair; medians. Beside
+//! them, what the xroce of [`baseline::BEFORE_POST_RING`] (before this
+//! work: posts under the engine lock, a scratch copy of every payload,
+//! 1 ms idle wakeups) costs for the WRITE, and what an idle device with
+//! an open QP costs: one process's CPU over 10 s, from /proc.
+
+use std::{process::Stdio, thread, time::Duration};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use xroce_report::BenchReport;
+
+use super::{cpu, iperf3, xroce_pair_with, SECONDS};
+use crate::{
+    baseline,
+    netns::{in_ns, xroce_bin, NsPair, Started},
+    util::step,
+};
+
+const ROUNDS: usize = 3;
+
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct CpuPerByte {
+    pub rounds: usize,
+    /// CPU s/GB, medians.
+    pub tcp: f64,
+    pub write_1qp: f64,
+    pub read_1qp: f64,
+    pub send_1qp: f64,
+    pub write_4qp: f64,
+    /// The WRITE by the xroce of `before_commit`.
+    pub write_1qp_before: f64,
+    pub before_commit: String,
+    /// Goal (issue 27, 1): <= 1.0.
+    pub write_1qp_vs_tcp: f64,
+    pub read_1qp_vs_tcp: f64,
+    pub send_1qp_vs_tcp: f64,
+    pub write_4qp_vs_tcp: f64,
+    pub write_1qp_vs_before: f64,
+    /// Throughput, Gb/s medians (goal 2: WRITE >= TCP on this pair).
+    pub tcp_gbps: f64,
+    pub write_1qp_gbps: f64,
+    /// An idle `xroce bench` server's share of one core over 10 s (goal
+    /// 3: < 1 %), this xroce and the one before.
+    pub idle_core_percent: f64,
+    pub idle_core_percent_before: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// One xroce transfer's CPU s/GB and Gb/s.
+fn xroce_cost(exe: &std::path::Path, ns: &NsPair, args: &[&str]) -> Result<(f64, f64)> {
+    let (r, cost) = cpu::measure(|| {
+        let r: BenchReport = xroce_pair_with(exe, ns, "bench", args)?;
+        let bytes = r.bytes;
+        Ok((r, bytes))
+    })?;
+    Ok((cost.cpu_seconds_per_gb, r.gbps))
+}
+
+/// CPU share of one core an idle `xroce bench` server (device open, I/O
+/// thread running, waiting for a client) uses over 10 s.
+fn idle_percent(exe: &std::path::Path, ns: &NsPair) -> Result<f64> {
+    let listen = format!("{}:18610", ns.addr_b);
+    let server = Started::spawn(
+        in_ns(&ns.b, exe)
+            .args(["bench", "write", "-d", &ns.if_b, "--listen", &listen])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )?;
+    // Past its start-up.
+    thread::sleep(Duration::from_secs(2));
+    // nsenter execs the program: the child is the server itself.
+    let pid = server.0.id();
+    let ticks = || -> Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("/proc/{pid}/stat"))?;
+        // Fields after the command's closing parenthesis; utime, stime are
+        // the 14th and 15th of the whole line.
+        let rest = stat.rsplit(')').next().unwrap_or("");
+        let f: Vec<f64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0.0))
+            .collect();
+        Ok(f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0))
+    };
+    let a = ticks()?;
+    thread::sleep(Duration::from_secs(10));
+    let b = ticks()?;
+    drop(server);
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok((b - a) / hz / 10.0 * 100.0)
+}
+
+pub fn measure(ns: &NsPair) -> Result<CpuPerByte> {
+    let before_exe = baseline::xroce_at(baseline::BEFORE_POST_RING)?;
+    let exe = xroce_bin();
+    let size = ["--size", "65536", "--duration", SECONDS];
+    let cases: [(&str, Vec<&str>); 4] = [
+        ("write", [&["write"][..], &size].concat()),
+        ("read", [&["read"][..], &size].concat()),
+        ("send", [&["send"][..], &size].concat()),
+        (
+            "write 4 QPs",
+            [&["write", "--qps", "4"][..], &size].concat(),
+        ),
+    ];
+    let mut cost: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let (mut tcp, mut tcp_gbps, mut before, mut write_gbps) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        step(&format!("CPU per byte, round {}/{ROUNDS}", round + 1));
+        let (gbps, tcp_cost) = cpu::measure(|| iperf3(ns))?;
+        tcp.push(tcp_cost.cpu_seconds_per_gb);
+        tcp_gbps.push(gbps);
+        for (i, (name, args)) in cases.iter().enumerate() {
+            let (c, g) = xroce_cost(&exe, ns, args)?;
+            eprintln!(
+                "  {name}: {c:.2} CPU s/GB at {g:.2} Gb/s (TCP {:.2})",
+                tcp_cost.cpu_seconds_per_gb
+            );
+            cost[i].push(c);
+            if i == 0 {
+                write_gbps.push(g);
+            }
+        }
+        let (c, g) = xroce_cost(&before_exe, ns, &cases[0].1)?;
+        eprintln!(
+            "  write by xroce {}: {c:.2} CPU s/GB at {g:.2} Gb/s",
+            baseline::BEFORE_POST_RING
+        );
+        before.push(c);
+    }
+    step("idle device: one process's CPU over 10 s, this xroce and the one before");
+    let idle = idle_percent(&exe, ns)?;
+    let idle_before = idle_percent(&before_exe, ns)?;
+    let tcp = median(tcp);
+    let m: Vec<f64> = cost.into_iter().map(median).collect();
+    let before = median(before);
+    Ok(CpuPerByte {
+        rounds: ROUNDS,
+        tcp,
+        write_1qp: m[0],
+        read_1qp: m[1],
+        send_1qp: m[2],
+        write_4qp: m[3],
+        write_1qp_before: before,
+        before_commit: baseline::BEFORE_POST_RING.into(),
+        write_1qp_vs_tcp: m[0] / tcp,
+        read_1qp_vs_tcp: m[1] / tcp,
+        send_1qp_vs_tcp: m[2] / tcp,
+        write_4qp_vs_tcp: m[3] / tcp,
+        write_1qp_vs_before: m[0] / before,
+        tcp_gbps: median(tcp_gbps),
+        write_1qp_gbps: median(write_gbps),
+        idle_core_percent: idle,
+        idle_core_percent_before: idle_before,
+    })
+}
