@@ -278,7 +278,7 @@ impl Drop for ChannelShared {
 /// Frees an event handed to the program and counts its ack.
 ///
 /// # Safety
-/// `event` came from [`rdma_get_cm_event`] and is acked once.
+/// `event` came from `rdma_get_cm_event` and is acked once.
 pub(crate) unsafe fn ack(event: *mut rdma_cm_event) {
     // SAFETY: CmEvent starts with the rdma_cm_event handed out.
     let event = unsafe { Box::from_raw(event as *mut CmEvent) };
