@@ -387,9 +387,16 @@ fn sleep(pollfds: &mut [PollFd], wait: Duration) -> Result<bool, IoError> {
 }
 
 /// How long to wait in the backend when there is nothing to do: until the
-/// engine's next timer, at most `longest`.
+/// engine's next timer, at most `longest`; none while the engine has
+/// something to send (locking it moved in what was posted meanwhile: a
+/// post that came after this round's transmit, when this thread was still
+/// awake and so rang no bell, must not wait out the sleep).
 fn idle_wait(device: &Device, longest: Duration) -> Duration {
-    match device.poll_timeout() {
+    let engine = device.lock();
+    if engine.wants_to_transmit() {
+        return Duration::ZERO;
+    }
+    match engine.poll_timeout() {
         Some(t) => Duration::from_nanos(t.saturating_sub(now_ns())).min(longest),
         None => longest,
     }
@@ -406,6 +413,41 @@ mod tests {
         engine::EngineConfig,
         verbs::{AccessFlags, QpAttr, QpInitAttr, RemoteQp, SendWr, WrOpcode},
     };
+
+    /// The idle thread does not sleep over a WR posted while it was still
+    /// awake (so no bell rang): the lock idle_wait takes moves it into the
+    /// engine, which then wants to transmit. Without work it sleeps until
+    /// the engine's next timer.
+    #[test]
+    fn no_sleep_while_a_post_waits() {
+        use crate::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
+        let sim = sim_pair(LinkConfig::default(), 9);
+        let (a, b) = connect_pair(&sim, &PairParams::default());
+        // A doorbell that does nothing: the post stays in the QP's ring.
+        sim.a.set_doorbell(Some(Arc::new(|| {})));
+        let long = Duration::from_secs(5);
+        let mut buf = vec![0u8; 9216];
+        // Connecting woke the QP: once asked, it has nothing to send.
+        while sim.a.poll_transmit(now_ns(), &mut buf).is_some() {}
+        assert_eq!(idle_wait(&sim.a, long), long, "nothing to do");
+        let wr = SendWr::new(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: b.mr.addr(),
+                rkey: b.mr.rkey(),
+            },
+            vec![a.mr.sge(0, 8)],
+        );
+        a.qp.post_send(&wr).unwrap();
+        assert!(sim.a.has_posted_work());
+        assert_eq!(idle_wait(&sim.a, long), Duration::ZERO, "a post waits");
+        let now = now_ns();
+        assert!(sim.a.poll_transmit(now, &mut buf).is_some());
+        while sim.a.poll_transmit(now, &mut buf).is_some() {}
+        // Sent: the retransmission timer is all that is left.
+        let wait = idle_wait(&sim.a, long);
+        assert!(wait > Duration::ZERO && wait < long, "{wait:?}");
+    }
 
     /// A backend that never receives (its poll descriptor is a pipe nobody
     /// writes) and records when the engine first hands it a frame.

@@ -1120,6 +1120,13 @@ impl Engine {
         }
     }
 
+    /// Whether a QP had an event since it last had nothing to send (a
+    /// post, an ACK, a timer): `poll_transmit` may have a frame now, so
+    /// an I/O thread must not go to sleep.
+    pub fn wants_to_transmit(&self) -> bool {
+        self.sched.has_ready()
+    }
+
     /// Earliest time `handle_timeout` has work to do.
     pub fn poll_timeout(&self) -> Option<u64> {
         self.sched.next_deadline()

@@ -99,6 +99,12 @@ impl Schedule {
         })
     }
 
+    /// Whether the ready list holds anything (maybe a stale entry, which
+    /// the next `pop_ready` drops).
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
     /// Next slot to ask for a frame, taken off the list (`wake` puts it
     /// back at the end).
     pub fn pop_ready(&mut self) -> Option<usize> {
