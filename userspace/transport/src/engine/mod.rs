@@ -31,11 +31,14 @@
 //! panics. Completions and asynchronous events leave it as values
 //! ([`Engine::take_completions`], [`Engine::poll_async_event`]): it knows
 //! no completion queue, only the [`completion::CqId`] a QP was created with.
-//! Threading: its owner (the verbs device) keeps it behind one `Mutex`;
-//! posting WRs from application threads and driving I/O from a backend
-//! thread both take it (short critical sections, batched), and the owner
-//! drains the completions into its CQs before letting go of the lock, so
-//! polling completions never contends with the I/O thread.
+//! Threading: its owner (the verbs device) keeps it behind one `Mutex`,
+//! which the backend's I/O thread takes for its batches. Application
+//! threads post into their QP's ring without it, checked by the same
+//! [`check_send`] / [`check_recv`], and the owner moves those WRs in
+//! whenever it locks the engine; [`Engine::take_retired`] tells it the
+//! room the queues gave back. The owner drains the completions into its
+//! CQs before letting go of the lock, so polling completions never
+//! contends with the I/O thread.
 
 //! # Spec coverage
 //!

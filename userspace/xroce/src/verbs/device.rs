@@ -2,9 +2,11 @@
 //! the map from the engine's [`CqId`]s to completion queues.
 //!
 //! Threading model: the [`Engine`] sits behind one `Mutex` in the device.
-//! Application threads take it briefly to post WRs or modify QPs; the I/O
-//! backend takes it to feed received frames and pull frames to send (use
-//! [`Device::lock`] to do a whole batch under one acquisition). CQs and
+//! The I/O backend takes it to feed received frames and pull frames to
+//! send (use [`Device::lock`] to do a whole batch under one acquisition);
+//! application threads take it to modify or query QPs, not to post: a
+//! post goes into its QP's ring (post_ring.rs), which every
+//! [`Device::lock`] empties into the engine first. CQs and
 //! SRQs have their own small locks, so polling completions does not touch
 //! the engine lock. Before the engine lock is released the device moves
 //! the engine's completions into their CQs (in order), then delivers
