@@ -12,34 +12,69 @@ use xroce_report::BenchReport;
 use crate::{workspace_bin, VethPair};
 
 /// A server process we started; killed by PID if the test ends early.
-pub struct Server(pub Child);
+/// Its output is read while it runs: a lat server on a busy host prints a
+/// line per slow iteration, and a pipe nobody read filled at 64 KiB and
+/// stopped it in write(2) mid-run (its client then reported "message N did
+/// not arrive").
+pub struct Server {
+    pub child: Child,
+    stdout: Option<std::thread::JoinHandle<Vec<u8>>>,
+    stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
+}
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+/// Reads `pipe` to its end in a thread of its own.
+fn drain(
+    pipe: Option<impl std::io::Read + Send + 'static>,
+) -> Option<std::thread::JoinHandle<Vec<u8>>> {
+    let mut pipe = pipe?;
+    Some(std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    }))
 }
 
 impl Server {
-    /// Waits for the server to exit (it does after its clients) and
-    /// returns its output.
+    /// Takes over `child`, reading its piped stdout and stderr from now on.
+    pub fn new(mut child: Child) -> Self {
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
+        Self {
+            child,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Waits for the server to exit (it does after its clients), kills it
+    /// after `timeout`, and returns its output.
     pub fn finish(mut self, timeout: Duration) -> Output {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
+            if let Ok(Some(_)) = self.child.try_wait() {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.0.kill();
-        let child = std::mem::replace(
-            &mut self.0,
-            Command::new("true").spawn().expect("spawn true"),
-        );
-        child.wait_with_output().expect("server output")
+        let _ = self.child.kill();
+        let status = self.child.wait().expect("server status");
+        let read = |h: Option<std::thread::JoinHandle<Vec<u8>>>| {
+            h.map(|h| h.join().unwrap_or_default()).unwrap_or_default()
+        };
+        Output {
+            status,
+            stdout: read(self.stdout.take()),
+            stderr: read(self.stderr.take()),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -68,7 +103,7 @@ pub fn start_server(pair: &VethPair, tool: &str, port: u16, args: &[&str]) -> Se
         .stderr(Stdio::piped())
         .spawn()
         .expect("start xroce server");
-    Server(child)
+    Server::new(child)
 }
 
 /// Runs `xroce <tool> <args> --connect addr_b:port -d if_a --json`.

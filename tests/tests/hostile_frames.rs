@@ -327,7 +327,7 @@ fn start(s: &Setup, server: &[&str], client: &[&str]) -> (Server, Server) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start xroce client");
-    (srv, Server(child))
+    (srv, Server::new(child))
 }
 
 fn is_read_response(o: Opcode) -> bool {

@@ -64,6 +64,18 @@ fn ping_pong(backend: &str) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the lat server");
+    // Read what the server prints while it runs: on a busy host it prints
+    // a line per slow iteration, and a pipe nobody reads fills at 64 KiB
+    // and stops the server mid-run (the client then reported "message N
+    // did not arrive"; the server was blocked in write(2)).
+    let server_err = {
+        let mut pipe = server.stderr.take().expect("piped stderr");
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+            text
+        })
+    };
     let started = Instant::now();
     let client = xroce_netns::command(&pair.a.name, xroce_bin())
         .args([
@@ -86,9 +98,9 @@ fn ping_pong(backend: &str) {
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = server.kill();
-    let server: Output = server.wait_with_output().expect("server output");
+    let _server: Output = server.wait_with_output().expect("server output");
+    let serr = server_err.join().expect("the server's stderr reader");
     let cerr = String::from_utf8_lossy(&client.stderr);
-    let serr = String::from_utf8_lossy(&server.stderr);
     assert!(
         client.status.success(),
         "{backend}: client failed: {cerr}\nserver: {serr}"

@@ -275,7 +275,7 @@ fn perftest_server(pair: &VethPair, tool: &str, op: &str, port: u16, extra: &[&s
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start xroce perftest server");
-    Server(child)
+    Server::new(child)
 }
 
 fn perftest_client(

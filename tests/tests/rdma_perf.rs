@@ -93,7 +93,7 @@ fn killed_peer_is_retry_exceeded_not_a_hang() {
     let pair = VethPair::new(1500);
     let port = next_port();
     let mut server = start_server(&pair, "bench", port, &["write"]);
-    let pid = server.0.id() as i32;
+    let pid = server.child.id() as i32;
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(1500));
         // The server we started, by its PID (nsenter execs xroce in place).
@@ -103,7 +103,7 @@ fn killed_peer_is_retry_exceeded_not_a_hang() {
     let start = Instant::now();
     let out = run_client(&pair, "bench", port, &["write", "--duration", "30"]);
     killer.join().unwrap();
-    let _ = server.0.wait();
+    let _ = server.child.wait();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "client survived a dead peer");
     assert!(err.contains("RetryExcErr"), "{err}");

@@ -42,7 +42,7 @@ fn start_server(pair: &VethPair, tool: &str, op: &str, port: u16, extra: &[&str]
         .stderr(Stdio::piped())
         .spawn()
         .expect("start xroce perftest server");
-    Server(child)
+    Server::new(child)
 }
 
 /// `xroce <tool> <op> --perftest -d if_a ADDR_B -p port --json <extra>` in a.

@@ -114,7 +114,7 @@ fn run(pair: &VethPair, env: &[(&str, &str)]) -> (BenchReport, Vec<([u8; 4], u16
     let cap = Capture::start(pair);
     let port = next_port();
     let xroce = workspace_bin("xroce");
-    let server = Server(
+    let server = Server::new(
         pair.b
             .command(&xroce)
             .args(["bench", "write", "--backend", "udp", "-d", &pair.if_b])
