@@ -194,7 +194,10 @@ impl Seen {
             }
             if Instant::now() > deadline {
                 stack.check_running()?;
-                bail!("{what} within {STALL:?}; is the peer alive?");
+                bail!(
+                    "{what} within {STALL:?}; is the peer alive?\n{}",
+                    qp_state(conn)
+                );
             }
             // Yield, do not spin: the I/O thread needs the CQ lock to deliver.
             std::thread::yield_now();
@@ -536,4 +539,33 @@ fn client_setup_lat<'a>(
             Ok(())
         },
     )
+}
+
+/// Where the connection's QPs stand, for a stall's report: what was sent,
+/// acknowledged and received, what waits in the queues.
+fn qp_state(conn: &Conn) -> String {
+    conn.qps
+        .iter()
+        .filter_map(|qp| {
+            let qpn = qp.qp_num();
+            let infos = qp.device().lock().qp_infos();
+            let q = infos.into_iter().find(|q| q.qpn == qpn)?;
+            Some(format!(
+                "QP {qpn:#x} {:?}: next send PSN {}, oldest unacked {}, expected recv PSN {}, \
+                 {} in flight, {} in the send queue, {} in the receive queue, \
+                 {} retransmitted, {} timeouts, {} RNR NAKs in",
+                q.state,
+                q.next_send_psn,
+                q.oldest_unacked_psn,
+                q.expected_recv_psn,
+                q.inflight_pkts,
+                q.send_queue,
+                q.recv_queue,
+                q.counters.retransmitted,
+                q.counters.timeouts,
+                q.counters.rnr_naks_received,
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
