@@ -867,16 +867,11 @@ impl Engine {
         Ok(qp.post_limits())
     }
 
-    /// The state of QP `qpn` (what `ibv_query_qp` reports as `qp_state`).
-    pub fn qp_state(&self, qpn: u32) -> Result<QpState> {
-        let qp = self.qp_ref(qpn).ok_or(TransportError::NoSuchQp(qpn))?;
-        Ok(qp.state)
-    }
-
     /// Hands over, per QP, how many send and receive WQEs left its queues
     /// (completed, flushed or discarded) since the last call, and forgets
-    /// them, with the QP's state and path MTU now; a QP that entered ERR
-    /// since is handed over too (maybe with nothing retired). A poster that
+    /// them, with the QP's state and path MTU now; a QP that was modified
+    /// or entered ERR since is handed over too (maybe with nothing
+    /// retired). A poster that
     /// queues work outside the engine (the verbs layer's post ring) counts
     /// the room left in a QP's queues by them and checks posts against
     /// that state.

@@ -96,6 +96,9 @@ impl QpCtx {
         mask: QpAttrMask,
     ) {
         let from = self.state;
+        // A poster outside the engine learns the new state and MTU
+        // (take_retired).
+        self.note_changed(env);
         copy_masked_attrs(&mut self.attr, attr, mask);
         // Setting the retry counts also refills what is left of them.
         if mask.contains(QpAttrMask::RETRY_CNT) {

@@ -161,7 +161,8 @@ pub(crate) struct ReadRecord {
 
 /// Send and receive WQEs that left a QP's queues since the engine's owner
 /// last asked ([`super::Engine::take_retired`]), and whether the QP is on
-/// the engine's list for it (it is also listed when it entered ERR).
+/// the engine's list for it (it is also listed when it was modified or
+/// entered ERR).
 #[derive(Default, Clone, Copy)]
 pub(crate) struct Retired {
     pub sq: u32,

@@ -435,8 +435,7 @@ impl Device {
         }
     }
 
-    /// Lock the engine (batch I/O; see the module docs).
-    /// Locks the engine, first moving every WR posted into the QPs' rings
+    /// Locks the engine (batch I/O; see the module docs), first moving every WR posted into the QPs' rings
     /// into it (so whatever the caller does comes after those posts).
     pub fn lock(&self) -> DeviceGuard<'_> {
         let mut g = self.shared.engine.lock().unwrap_or_else(|e| e.into_inner());
@@ -462,13 +461,14 @@ impl Device {
     }
 
     /// After a post into `ring`: list it for the engine and wake the I/O
-    /// thread. A device no I/O thread drives (the simulator, tests) has no
-    /// doorbell: the poster moves the WRs into the engine itself, so they
-    /// are there when the post returns, as an I/O thread would soon have
-    /// them.
+    /// thread. The poster moves the WRs into the engine itself where
+    /// nothing else would soon: on a device no I/O thread drives (the
+    /// simulator, tests: no doorbell), and for a QP in ERR, so that the
+    /// flush completions are in the CQ when the post returns.
     pub(crate) fn posted(&self, ring: &Arc<PostRing>) {
         self.shared.posted.mark(ring);
-        if !self.ring() {
+        let rung = self.ring();
+        if !rung || ring.in_error() {
             drop(self.lock());
         }
     }

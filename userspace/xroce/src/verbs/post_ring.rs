@@ -12,20 +12,21 @@
 //! into the engine in post order ([`PostedRings::drain_into`]), so a
 //! modify, query or destroy sees what was posted before it.
 //!
-//! The room: `used` counts WRs in the ring or in the engine's queue. A
-//! post takes one unit (never beyond the capacity, so the ring cannot
+//! The room: `sq_used` and `rq_used` count WRs in the ring or in the
+//! engine's queue. A post takes one unit (never beyond the capacity, so the ring cannot
 //! overflow); the engine reports the WQEs that left its queues
 //! ([`Engine::take_retired`]) and the device gives their units back before
 //! it delivers their completions, so a program that polled a completion
 //! finds room for the next post, as it would with the engine's own check.
 //!
-//! The state the checks see is the QP's as of its last modify or of the
-//! engine's last report of a move to ERR (the engine moves a QP on its own
-//! only to states that accept posts), and the engine checks again when the
-//! WR arrives. A post to a QP in ERR takes the engine lock at once, so its
-//! flush completion is in the CQ when the post returns, as before. A WR it refuses then
-//! (a modify to RESET racing a post on another thread) is dropped, as
-//! RESET drops every queued WR, and counted in `late_refusals`.
+//! The state the checks see is the one the engine last reported with
+//! [`Engine::take_retired`], which lists every QP modified or moved to ERR
+//! (the engine moves a QP on its own only to states that accept posts).
+//! The engine checks again when the WR arrives; a WR it refuses then (a
+//! modify to RESET racing a post on another thread) is dropped, as RESET
+//! drops every queued WR, and counted in `late_refusals`. A post to a QP
+//! in ERR takes the engine lock at once, so its flush completion is in the
+//! CQ when the post returns, as before.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -48,7 +49,7 @@ enum PostedSend {
 pub(crate) struct PostRing {
     qpn: u32,
     limits: PostLimits,
-    /// The QP's state and path MTU (bytes) as of its last modify.
+    /// The QP's state and path MTU (bytes) as the engine last reported.
     state: AtomicU8,
     mtu: AtomicU32,
     sends: ArrayQueue<PostedSend>,
@@ -75,21 +76,13 @@ impl PostRing {
         }
     }
 
-    /// Records the QP's state and path MTU after a modify (engine locked).
-    pub(crate) fn refresh(&self, engine: &Engine) {
-        if let (Ok(state), Ok(limits)) = (engine.qp_state(self.qpn), engine.post_limits(self.qpn)) {
-            self.set_state(state, limits.mtu);
-        }
-    }
-
     fn set_state(&self, state: QpState, mtu: u32) {
         self.state.store(state as u8, Ordering::Release);
         self.mtu.store(mtu, Ordering::Release);
     }
 
-    /// Whether the QP is in ERR (as of its last modify or the engine's
-    /// last report): a post there flushes, and the poster delivers that
-    /// flush at once.
+    /// Whether the QP is in ERR (as the engine last reported): a post
+    /// there flushes, and the poster delivers that flush at once.
     pub(crate) fn in_error(&self) -> bool {
         self.state() == QpState::Err
     }
@@ -122,6 +115,11 @@ impl PostRing {
         self.sq_used.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// As [`Self::unreserve_send`], for a receive WR.
+    fn unreserve_recv(&self) {
+        self.rq_used.fetch_sub(1, Ordering::AcqRel);
+    }
+
     /// Posts a send WR (copying `inline` now) into the ring.
     pub(crate) fn post_send(
         &self,
@@ -146,7 +144,7 @@ impl PostRing {
         check_recv(&self.limits(), self.state(), wr)?;
         take_unit(&self.rq_used, self.limits.cap.max_recv_wr, "receive queue")?;
         if self.recvs.push(wr.clone()).is_err() {
-            self.rq_used.fetch_sub(1, Ordering::AcqRel);
+            self.unreserve_recv();
             return Err(TransportError::QueueFull("receive queue"));
         }
         Ok(())
@@ -218,7 +216,7 @@ impl PostedRings {
             }
             while let Some(wr) = ring.recvs.pop() {
                 if engine.post_recv(qpn, &wr).is_err() {
-                    ring.rq_used.fetch_sub(1, Ordering::AcqRel);
+                    ring.unreserve_recv();
                     self.late_refusals.fetch_add(1, Ordering::Relaxed);
                 }
             }

@@ -75,12 +75,7 @@ impl QueuePair {
     /// life. They were delivered when the guard dropped; a QP in RESET
     /// makes no new ones.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
-        let r = {
-            let mut g = self.dev.lock();
-            let r = g.modify_qp(self.qpn, attr, mask);
-            self.ring.refresh(&g);
-            r
-        };
+        let r = self.dev.lock().modify_qp(self.qpn, attr, mask);
         if r.is_ok() {
             if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
                 let [send, recv] = &self._cqs;
@@ -119,68 +114,54 @@ impl QueuePair {
     /// payload is named by lkeys is copied out of its MRs under the lock,
     /// now, as inline promises.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
-        if wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() {
-            return self.post_send_locked(wr);
-        }
-        self.ring.post_send(wr, None)?;
-        self.after_post();
+        self.enqueue_send(wr)?;
+        self.dev.posted(&self.ring);
         Ok(())
     }
-    /// Lists the ring for the engine and wakes the I/O thread; in ERR,
-    /// moves the posts into the engine now, so their flush completions
-    /// are in the CQ when the post returns.
-    fn after_post(&self) {
-        self.dev.posted(&self.ring);
-        if self.ring.in_error() {
-            drop(self.dev.lock());
+    /// Queues one send WR without waking anyone: into the ring, or, for
+    /// inline data named by lkeys, into the engine under its lock.
+    fn enqueue_send(&self, wr: &SendWr) -> Result<()> {
+        let inline_from_mrs =
+            wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic();
+        if !inline_from_mrs {
+            return Ok(self.ring.post_send(wr, None)?);
         }
-    }
-    fn post_send_locked(&self, wr: &SendWr) -> Result<()> {
         self.ring.reserve_send(wr, None)?;
         let r = self.dev.lock().post_send(self.qpn, wr);
         if r.is_err() {
             self.ring.unreserve_send();
         }
-        r?;
-        self.dev.ring();
-        Ok(())
+        Ok(r?)
     }
     /// `ibv_post_send` of one WR with IBV_SEND_INLINE: `data` is the
     /// payload, copied now (`wr.sg_list` is not read), so the program's
     /// buffer needs no registration, as rdma-core promises for inline.
     pub fn post_send_inline(&self, wr: &SendWr, data: &[u8]) -> Result<()> {
         self.ring.post_send(wr, Some(data))?;
-        self.after_post();
+        self.dev.posted(&self.ring);
         Ok(())
     }
     /// `ibv_post_send` for a list: stops at the first failure and returns
     /// its index with the error (like `bad_wr`). One doorbell.
     pub fn post_send_list(&self, wrs: &[SendWr]) -> Result<(), (usize, VerbsError)> {
-        let r = wrs.iter().enumerate().try_for_each(|(i, wr)| {
-            if wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() {
-                return self.post_send_locked(wr).map_err(|e| (i, e));
-            }
-            self.ring.post_send(wr, None).map_err(|e| (i, e.into()))
-        });
-        self.after_post();
+        let r = wrs
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, wr)| self.enqueue_send(wr).map_err(|e| (i, e)));
+        self.dev.posted(&self.ring);
         r
     }
     /// `ibv_post_recv` for one WR, into the post ring.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         self.ring.post_recv(wr)?;
-        self.after_post();
+        self.dev.posted(&self.ring);
         Ok(())
     }
     /// Move the QP to RESET -> INIT -> RTR -> RTS in one call for a peer
     /// described by `remote` (qpn, psn, address); `local` holds the rest
     /// (access flags, MTU, timers, rd_atomic limits, this side's sq_psn).
     pub fn connect(&self, local: &QpAttr, remote: &RemoteQp) -> Result<()> {
-        let r = {
-            let mut g = self.dev.lock();
-            let r = g.connect_qp(self.qpn, local, remote);
-            self.ring.refresh(&g);
-            r
-        };
+        let r = self.dev.lock().connect_qp(self.qpn, local, remote);
         self.dev.ring();
         Ok(r?)
     }
