@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use xroce_report::{BenchReport, CaptureReport, LatReport};
 
-use super::{xroce_pair, SECONDS};
+use super::{median, xroce_pair, SECONDS};
 use crate::netns::{in_ns, xroce_bin, NsPair, Started};
 
 const ROUNDS: usize = 3;
@@ -96,11 +96,6 @@ fn captured<T>(
     Ok((r, [stop_capture(a)?, stop_capture(b)?]))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 pub fn measure(ns: &NsPair) -> Result<CaptureCost> {
     let write = [
         "write",
@@ -142,9 +137,9 @@ pub fn measure(ns: &NsPair) -> Result<CaptureCost> {
         plain_l.push(pl);
         cap_l.push(cl);
     }
-    let p50 = |v: &[LatReport]| median(v.iter().map(|l| l.lat_us.p50).collect());
-    let p99 = |v: &[LatReport]| median(v.iter().map(|l| l.lat_us.p99).collect());
-    let (wp, wc, wh) = (median(plain_w), median(cap_w), median(head_w));
+    let p50 = |v: &[LatReport]| median(&v.iter().map(|l| l.lat_us.p50).collect::<Vec<_>>());
+    let p99 = |v: &[LatReport]| median(&v.iter().map(|l| l.lat_us.p99).collect::<Vec<_>>());
+    let (wp, wc, wh) = (median(&plain_w), median(&cap_w), median(&head_w));
     let out = CaptureCost {
         write_gbps_plain: wp,
         write_gbps_captured: wc,

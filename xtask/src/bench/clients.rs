@@ -26,6 +26,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use super::median;
 use crate::netns::{in_ns, xroce_bin, NsPair, Started};
 
 /// Alternating rounds of each transport; the figure is the median.
@@ -375,12 +376,6 @@ fn parse_csv(out: &str, col: Column) -> Option<f64> {
     let at = header.iter().position(|h| *h == name)?;
     let last = lines.rfind(|l| l.split(',').count() == header.len())?;
     last.split(',').nth(at)?.trim().parse().ok()
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use xroce_report::BenchReport;
 
-use super::{cpu, iperf3, xroce_pair_with, SECONDS};
+use super::{cpu, iperf3, median, xroce_pair_with, SECONDS};
 use crate::{
     baseline,
     netns::{in_ns, xroce_bin, NsPair, Started},
@@ -48,11 +48,6 @@ pub struct CpuPerByte {
     /// 3: < 1 %), this xroce and the one before.
     pub idle_core_percent: f64,
     pub idle_core_percent_before: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// One xroce transfer's CPU s/GB and Gb/s.
@@ -142,9 +137,9 @@ pub fn measure(ns: &NsPair) -> Result<CpuPerByte> {
     step("idle device: one process's CPU over 10 s, this xroce and the one before");
     let idle = idle_percent(&exe, ns)?;
     let idle_before = idle_percent(&before_exe, ns)?;
-    let tcp = median(tcp);
-    let m: Vec<f64> = cost.into_iter().map(median).collect();
-    let before = median(before);
+    let tcp = median(&tcp);
+    let m: Vec<f64> = cost.iter().map(|c| median(c)).collect();
+    let before = median(&before);
     Ok(CpuPerByte {
         rounds: ROUNDS,
         tcp,
@@ -159,8 +154,8 @@ pub fn measure(ns: &NsPair) -> Result<CpuPerByte> {
         send_1qp_vs_tcp: m[2] / tcp,
         write_4qp_vs_tcp: m[3] / tcp,
         write_1qp_vs_before: m[0] / before,
-        tcp_gbps: median(tcp_gbps),
-        write_1qp_gbps: median(write_gbps),
+        tcp_gbps: median(&tcp_gbps),
+        write_1qp_gbps: median(&write_gbps),
         idle_core_percent: idle,
         idle_core_percent_before: idle_before,
     })

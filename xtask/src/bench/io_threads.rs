@@ -12,6 +12,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use xroce_report::BenchReport;
 
+use super::median;
 use crate::netns::{in_ns, xroce_bin, NsPair, Started};
 use crate::util::output;
 
@@ -113,10 +114,4 @@ fn run(ns: &NsPair, threads: &str) -> Result<BenchReport> {
         bail!("the xroce bench server (--io-threads {threads}) failed");
     }
     serde_json::from_str(out.trim()).context("xroce bench's JSON report")
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
 }

@@ -124,6 +124,14 @@ struct Ratios {
     cpu_per_gb_write_1qp_vs_tcp: f64,
 }
 
+/// The median of rounds (the upper one of an even count), as every figure
+/// of alternating rounds reports it.
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
 /// Prints one figure measured alone (`XROCE_BENCH_ONLY`).
 fn alone<T: Serialize>(figure: &T) -> Result<()> {
     println!("{}", serde_json::to_string_pretty(figure)?);

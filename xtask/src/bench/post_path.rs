@@ -11,7 +11,7 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use xroce_report::{BenchReport, LatReport};
 
-use super::{xroce_pair_with, SECONDS};
+use super::{median, xroce_pair_with, SECONDS};
 use crate::{
     baseline,
     netns::{xroce_bin, NsPair},
@@ -44,11 +44,6 @@ pub struct PostPath {
     pub lat_p99_after_vs_before: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 pub fn measure(ns: &NsPair) -> Result<PostPath> {
     let before_exe = baseline::xroce_at(baseline::BEFORE_POST_RING)?;
     let after_exe = xroce_bin();
@@ -76,9 +71,9 @@ pub fn measure(ns: &NsPair) -> Result<PostPath> {
         }
     }
     let side = |i: usize| Side {
-        write_8b_msgs_per_sec: median(rates[i].clone()),
-        write_8b_lat_p50_us: median(p50[i].clone()),
-        write_8b_lat_p99_us: median(p99[i].clone()),
+        write_8b_msgs_per_sec: median(&rates[i]),
+        write_8b_lat_p50_us: median(&p50[i]),
+        write_8b_lat_p99_us: median(&p99[i]),
     };
     let (before, after) = (side(0), side(1));
     Ok(PostPath {

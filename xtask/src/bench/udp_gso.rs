@@ -28,7 +28,7 @@ use crate::{
     util::output,
 };
 
-use super::SECONDS;
+use super::{median, SECONDS};
 
 /// The veth MTU of the figure's own pair.
 pub const JUMBO_MTU: u32 = 4200;
@@ -144,13 +144,6 @@ fn calls(summary: &str, names: &[&str]) -> u64 {
                 .flatten()
         })
         .sum()
-}
-
-/// The median of `v` (odd length).
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
 }
 
 /// The figure; `bench_ns` is the bench's pair and `afxdp_write_1qp` its
