@@ -419,7 +419,7 @@ mod tests {
             .filter_map(|l| l.split_once(' '))
             .filter(|(_, v)| v.trim().parse::<u64>().is_ok())
             .collect();
-        let io_fields = IoStats::default().fields().len();
+        let io_fields = IoStats::NAMES.len();
         assert_eq!(old.len(), EngineStats::NAMES.len() + io_fields);
         // A later version's line, a line cut short: skipped.
         let more = format!("{text}qp v2 {{\"qpn\":1}}\nqp v1 {{\"qpn\":2,\n");
@@ -467,8 +467,7 @@ mod tests {
         assert_eq!(
             read_io,
             io.fields()
-                .iter()
-                .map(|(k, v)| (format!("{IO_PREFIX}{k}"), *v))
+                .map(|(k, v)| (format!("{IO_PREFIX}{k}"), v))
                 .collect::<Vec<_>>()
         );
         assert_eq!(qpns, Some(vec![0x11, 0x1_0012]));

@@ -314,7 +314,9 @@ impl Default for EngineConfig {
 /// Declares a counter struct (every field a `u64`) together with its
 /// field-name table, so the list of counters is written once: exporters
 /// and `xroce stats` walk [`EngineStats::NAMES`] / [`EngineStats::fields`]
-/// and can never miss a counter added here.
+/// and can never miss a counter added here. Exported: the I/O backends'
+/// `IoStats` in xroce is declared with it too.
+#[macro_export]
 macro_rules! counters {
     (
         $(#[$meta:meta])*

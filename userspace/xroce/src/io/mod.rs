@@ -52,63 +52,31 @@ pub use xroce_wire as wire;
 
 use std::time::Duration;
 
-/// Counters every backend keeps (monotonic since it was opened).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct IoStats {
-    // Published as `io_<field>` by stats_export (fields() lists them).
-    pub rx_frames: u64,
-    /// Whole-frame bytes (Ethernet header to ICRC), as the engine sees them.
-    pub rx_bytes: u64,
-    pub tx_frames: u64,
-    /// Whole-frame bytes handed to the backend and sent.
-    pub tx_bytes: u64,
-    /// Frames the backend threw away on receive (not RoCEv2, truncated,
-    /// bigger than a buffer, socket/ring drops reported by the kernel).
-    pub rx_dropped: u64,
-    /// Of those, frames the kernel dropped because the receive ring was
-    /// full (the I/O thread read too slowly).
-    pub rx_ring_full: u64,
-    /// Times the kernel found the AF_XDP fill ring empty when a frame
-    /// came (in copy mode each such frame is dropped and counted in
-    /// `rx_dropped` too).
-    pub rx_fill_ring_empty: u64,
-    /// Frames the backend refused or failed to send.
-    pub tx_errors: u64,
-    /// Syscalls made to wake the kernel (AF_XDP kicks, sendmmsg calls).
-    pub tx_kicks: u64,
-}
-
-impl IoStats {
-    /// Every counter with its name, in declaration order.
-    pub fn fields(&self) -> [(&'static str, u64); 9] {
-        [
-            ("rx_frames", self.rx_frames),
-            ("rx_bytes", self.rx_bytes),
-            ("tx_frames", self.tx_frames),
-            ("tx_bytes", self.tx_bytes),
-            ("rx_dropped", self.rx_dropped),
-            ("rx_ring_full", self.rx_ring_full),
-            ("rx_fill_ring_empty", self.rx_fill_ring_empty),
-            ("tx_errors", self.tx_errors),
-            ("tx_kicks", self.tx_kicks),
-        ]
-    }
-}
-
-impl std::ops::Add for IoStats {
-    type Output = IoStats;
-    fn add(self, o: IoStats) -> IoStats {
-        IoStats {
-            rx_frames: self.rx_frames + o.rx_frames,
-            rx_bytes: self.rx_bytes + o.rx_bytes,
-            tx_frames: self.tx_frames + o.tx_frames,
-            tx_bytes: self.tx_bytes + o.tx_bytes,
-            rx_dropped: self.rx_dropped + o.rx_dropped,
-            rx_ring_full: self.rx_ring_full + o.rx_ring_full,
-            rx_fill_ring_empty: self.rx_fill_ring_empty + o.rx_fill_ring_empty,
-            tx_errors: self.tx_errors + o.tx_errors,
-            tx_kicks: self.tx_kicks + o.tx_kicks,
-        }
+xroce_transport::counters! {
+    /// Counters every backend keeps (monotonic since it was opened),
+    /// published as `io_<field>` by stats_export.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct IoStats {
+        pub rx_frames: u64,
+        /// Whole-frame bytes (Ethernet header to ICRC), as the engine sees them.
+        pub rx_bytes: u64,
+        pub tx_frames: u64,
+        /// Whole-frame bytes handed to the backend and sent.
+        pub tx_bytes: u64,
+        /// Frames the backend threw away on receive (not RoCEv2, truncated,
+        /// bigger than a buffer, socket/ring drops reported by the kernel).
+        pub rx_dropped: u64,
+        /// Of those, frames the kernel dropped because the receive ring was
+        /// full (the I/O thread read too slowly).
+        pub rx_ring_full: u64,
+        /// Times the kernel found the AF_XDP fill ring empty when a frame
+        /// came (in copy mode each such frame is dropped and counted in
+        /// `rx_dropped` too).
+        pub rx_fill_ring_empty: u64,
+        /// Frames the backend refused or failed to send.
+        pub tx_errors: u64,
+        /// Syscalls made to wake the kernel (AF_XDP kicks, sendmmsg calls).
+        pub tx_kicks: u64,
     }
 }
 
