@@ -502,7 +502,7 @@ pub(crate) struct Env<'a> {
     pub inflight_room: u32,
     /// The receive ring is under pressure: data packets count as CE-marked.
     pub rx_pressure: bool,
-    /// QPs whose queues gave WQEs back since [`Engine::take_retired`].
+    /// QPs listed for [`Engine::take_retired`] (see [`qp::Retired`]).
     pub retired: &'a mut Vec<u32>,
 }
 
@@ -537,7 +537,8 @@ pub struct Engine {
     /// Unacknowledged PSNs of all QPs (the sum of their `counted_inflight`).
     inflight: u64,
     rx_pressure: bool,
-    /// QPs with a nonzero [`qp::Retired`] count, each once.
+    /// QPs that gave WQEs back, were modified or entered ERR since
+    /// [`Engine::take_retired`], each once.
     retired: Vec<u32>,
 }
 
@@ -873,10 +874,9 @@ impl Engine {
     /// (completed, flushed or discarded) since the last call, and forgets
     /// them, with the QP's state and path MTU now; a QP that was modified
     /// or entered ERR since is handed over too (maybe with nothing
-    /// retired). A poster that
-    /// queues work outside the engine (the verbs layer's post ring) counts
-    /// the room left in a QP's queues by them and checks posts against
-    /// that state.
+    /// retired). A poster that queues work outside the engine (the verbs
+    /// layer's post ring) counts the room left in a QP's queues by them and
+    /// checks posts against that state.
     pub fn take_retired(&mut self, mut f: impl FnMut(RetiredWqes)) {
         for qpn in self.retired.drain(..) {
             let qp = self

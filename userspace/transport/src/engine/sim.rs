@@ -122,8 +122,8 @@ pub struct LinkStats {
 
 /// The seed of consumer `stream` of a simulation's randomness keyed by
 /// `seed`: the first word of ChaCha8 stream `stream` (the link itself uses
-/// stream 0 directly; [`Sim::pair`] seeds the MR keys of device A from
-/// stream 1 and of device B from stream 2).
+/// stream 0 directly; `xroce::verbs::sim::sim_pair` seeds the MR keys of
+/// device A from stream 1 and of device B from stream 2).
 pub fn derive_seed(seed: u64, stream: u64) -> u64 {
     let mut r = ChaCha8Rng::seed_from_u64(seed);
     r.set_stream(stream);

@@ -279,7 +279,7 @@ impl Device {
 
     /// A device whose MR keys come from `seed` (ChaCha8) instead of the
     /// OS: with the engine's own determinism, a simulation driven by one
-    /// seed then replays exactly (see [`crate::engine::sim::Sim::pair`]).
+    /// seed then replays exactly (see `xroce::verbs::sim::sim_pair`).
     /// Not for production: a peer knowing the seed can predict rkeys.
     pub fn with_seed(cfg: EngineConfig, seed: u64) -> Self {
         Self::with_mrs(cfg, MrTable::seeded(seed))
@@ -529,8 +529,8 @@ impl Device {
 
     /// The device's GSI QP (QP1, UD; see [`Engine::create_gsi_qp`]): what
     /// a connection manager sends and receives its MADs on. One per device
-    /// ([`VerbsError::AlreadyExists`] while it lives), UD only
-    /// ([`VerbsError::InvalidArgument`]).
+    /// ([`TransportError::AlreadyExists`] while it lives), UD only
+    /// ([`TransportError::InvalidArgument`]).
     ///
     /// QP1 belongs to QPN block 0: on a spreading handle it is made on
     /// this device (the first member), never spread.
