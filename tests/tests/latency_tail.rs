@@ -21,13 +21,16 @@
 
 use std::{
     path::PathBuf,
-    process::{Output, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
 
 use xroce_common::Counter;
 use xroce_report::LatReport;
-use xroce_tests::{perf::next_port, require_root, workspace_bin, AttachedXdp, VethPair};
+use xroce_tests::{
+    perf::{next_port, Server},
+    require_root, workspace_bin, AttachedXdp, VethPair,
+};
 
 const ROUNDS: u64 = 20_000;
 const DROP: &str = "0.002";
@@ -57,25 +60,18 @@ fn ping_pong(backend: &str) {
         "fault", "--iface", &pair.if_b, "--drop", DROP, "--seed", "13",
     ]);
     let port = next_port();
-    let mut server = xroce_netns::command(&pair.b.name, xroce_bin())
-        .args(["lat", "send", "--backend", backend, "-d", &pair.if_b])
-        .args(["--listen", &format!("{}:{port}", pair.addr_b)])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the lat server");
-    // Read what the server prints while it runs: on a busy host it prints
-    // a line per slow iteration, and a pipe nobody reads fills at 64 KiB
-    // and stops the server mid-run (the client then reported "message N
-    // did not arrive"; the server was blocked in write(2)).
-    let server_err = {
-        let mut pipe = server.stderr.take().expect("piped stderr");
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
-            text
-        })
-    };
+    // Server reads what the server prints while it runs: on a busy host
+    // it prints a line per slow iteration, which filled an unread pipe and
+    // stopped it mid-run.
+    let server = Server::new(
+        xroce_netns::command(&pair.b.name, xroce_bin())
+            .args(["lat", "send", "--backend", backend, "-d", &pair.if_b])
+            .args(["--listen", &format!("{}:{port}", pair.addr_b)])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the lat server"),
+    );
     let started = Instant::now();
     let client = xroce_netns::command(&pair.a.name, xroce_bin())
         .args([
@@ -92,14 +88,9 @@ fn ping_pong(backend: &str) {
         .output()
         .expect("run the lat client");
     let took = started.elapsed();
-    // The server exits after its client; kill it (ours, by handle) if not.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = server.kill();
-    let _server: Output = server.wait_with_output().expect("server output");
-    let serr = server_err.join().expect("the server's stderr reader");
+    // The server exits after its client; killed (ours, by handle) if not.
+    let server = server.finish(Duration::from_secs(10));
+    let serr = String::from_utf8_lossy(&server.stderr);
     let cerr = String::from_utf8_lossy(&client.stderr);
     assert!(
         client.status.success(),
