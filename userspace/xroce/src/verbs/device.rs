@@ -610,13 +610,18 @@ impl Device {
     /// The engine's counters; on a [`spreading`](Self::spreading) handle
     /// the sum over every member.
     pub fn stats(&self) -> EngineStats {
+        self.summed(|d| d.lock().stats())
+    }
+    /// `counters(self)`, or on a [`spreading`](Self::spreading) handle the
+    /// sum over every member.
+    fn summed<T: Default + std::ops::Add<Output = T>>(&self, counters: impl Fn(&Device) -> T) -> T {
         if !self.spread {
-            return self.lock().stats();
+            return counters(self);
         }
         self.members()
             .iter()
-            .map(|d| d.lock().stats())
-            .fold(EngineStats::default(), |a, b| a + b)
+            .map(counters)
+            .fold(T::default(), |a, b| a + b)
     }
     /// Publishes the counters of the backend that drives this device (its
     /// I/O thread does, every half second).
@@ -630,15 +635,9 @@ impl Device {
     /// The backend's counters as last published; on a
     /// [`spreading`](Self::spreading) handle the sum over every member.
     pub fn io_stats(&self) -> crate::io::IoStats {
-        let one = |d: &Device| *d.shared.io_stats.lock().unwrap_or_else(|e| e.into_inner());
-        if !self.spread {
-            return one(self);
-        }
-        self.members()
-            .iter()
-            .map(one)
-            .fold(crate::io::IoStats::default(), |a, b| a + b)
+        self.summed(|d| *d.shared.io_stats.lock().unwrap_or_else(|e| e.into_inner()))
     }
+
     /// `ibv_get_async_event` without blocking (a spreading handle: from
     /// any member).
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
