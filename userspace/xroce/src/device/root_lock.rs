@@ -4,17 +4,25 @@
 //! them first; these cannot be taken, or even seen, by another user.
 //!
 //! A file is named after the network namespace (the inode of
-//! /proc/thread-self/ns/net), the device's ifindex and the hold. The lock
-//! dies with its process however it ends; the holder unlinks the file when
-//! it lets go, and what a SIGKILLed holder leaves (unlocked) the next
-//! taker removes.
+//! /proc/thread-self/ns/net), the device's ifindex and the hold, and holds
+//! its holder's pid. The lock dies with its process however it ends; the
+//! holder unlinks the file when it lets go, and what a SIGKILLed holder
+//! leaves (unlocked) the next taker removes.
+//!
+//! Sweeping a dead holder's file and listing the holds take the lock for a
+//! moment, so a taker that finds a file locked looks at the pid in it: a
+//! live holder's means held; none, or a dead one's, means a sweep or a
+//! listing has it, and the taker tries again. (Listing by /proc/locks
+//! instead would be racy: that table is read a page at a time, and locks
+//! taken or released meanwhile anywhere on the host shift the rest, so a
+//! held lock can be missed.)
 
 use std::{
     fs::{self, File},
     io,
     os::{
         fd::AsRawFd,
-        unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt},
+        unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt},
     },
     path::{Path, PathBuf},
 };
@@ -60,18 +68,65 @@ fn make_dir() -> io::Result<()> {
     Ok(())
 }
 
+/// How long a taker or a lister waits for a sweep or a listing that
+/// holds a file's lock for a moment, in tries a millisecond apart.
+const TRANSIENT_TRIES: u32 = 2000;
+
+/// Whether `pid` is a running process.
+fn alive(pid: u32) -> bool {
+    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// The pid a holder wrote into its file; 0 before it has.
+fn holder_pid(file: &File) -> u32 {
+    let mut buf = [0u8; 16];
+    let n = file.read_at(&mut buf, 0).unwrap_or(0);
+    std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// What a try of a file's lock found.
+enum Try {
+    /// The lock is ours.
+    Locked,
+    /// A live process holds it, this one.
+    HeldBy(u32),
+}
+
+/// Tries `file`'s lock (`LOCK_EX` or `LOCK_SH`) until it is ours or a
+/// live holder's, waiting out a sweep or a listing that has it for a
+/// moment ([`TRANSIENT_TRIES`]).
+fn try_lock(file: &File, how: libc::c_int) -> io::Result<Try> {
+    let mut pid = 0;
+    for _ in 0..TRANSIENT_TRIES {
+        // SAFETY: flock on a descriptor `file` owns; no memory involved.
+        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+            return Ok(Try::Locked);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(e);
+        }
+        pid = holder_pid(file);
+        if alive(pid) {
+            return Ok(Try::HeldBy(pid));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // Locked all along with no live pid in it: a holder too slow to write
+    // one, so held all the same.
+    Ok(Try::HeldBy(pid))
+}
+
 /// Locks `path` if no one holds it and it is still the file at `path`
 /// (whoever let go last may have unlinked it after we opened it).
-/// Ok(None) when another process holds it; NotFound when the file (or
-/// the folder) went meanwhile.
+/// Ok(None) when another process holds it; NotFound when the file (or the
+/// folder) went meanwhile.
 fn lock_existing(file: File, path: &Path) -> io::Result<Option<RootLock>> {
-    // SAFETY: flock on a descriptor `file` owns; no memory involved.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::EWOULDBLOCK) => Ok(None),
-            _ => Err(e),
-        };
+    if let Try::HeldBy(_) = try_lock(&file, libc::LOCK_EX)? {
+        return Ok(None);
     }
     let same =
         fs::symlink_metadata(path).is_ok_and(|m| m.ino() == file.metadata().map_or(0, |f| f.ino()));
@@ -144,6 +199,14 @@ pub(crate) fn try_take(ifindex: u32, what: &str) -> io::Result<Option<RootLock>>
         };
         match lock_existing(file, &path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Ok(Some(lock)) => {
+                // Ours from here: a taker that finds it locked sees a live
+                // pid, not a sweep (which never writes one).
+                lock.file.set_len(0)?;
+                lock.file
+                    .write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0)?;
+                return Ok(Some(lock));
+            }
             r => return r,
         }
     }
@@ -163,28 +226,6 @@ impl Drop for RootLock {
     }
 }
 
-/// pid of each exclusive flock in a /proc/locks table, by (device, inode);
-/// the device as /proc/locks prints it, "MAJ:MIN" in hexadecimal.
-fn flock_owners(table: &str) -> Vec<(String, u64, u32)> {
-    table
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            // "N: FLOCK ADVISORY WRITE PID MAJ:MIN:INODE START END"; a
-            // waiter's line has "->" after "N:".
-            if f.get(1) != Some(&"FLOCK") || f.get(3) != Some(&"WRITE") {
-                return None;
-            }
-            let (dev, inode) = f.get(5)?.rsplit_once(':')?;
-            Some((
-                dev.to_string(),
-                inode.parse().ok()?,
-                f.get(4)?.parse().ok()?,
-            ))
-        })
-        .collect()
-}
-
 /// Every root hold of the calling thread's network namespace that a
 /// process holds now, with that process: (ifindex, hold, pid). Empty for
 /// anyone but root, who alone may look into [`HOLDS_DIR`].
@@ -192,23 +233,19 @@ pub(crate) fn held() -> Vec<(u32, String, u32)> {
     let (Ok(netns), Ok(entries)) = (netns_id(), fs::read_dir(HOLDS_DIR)) else {
         return Vec::new();
     };
-    let owners = flock_owners(&fs::read_to_string("/proc/locks").unwrap_or_default());
     let mut out = Vec::new();
     for e in entries.flatten() {
         let name = e.file_name();
         let Some((ifindex, what)) = name.to_str().and_then(|n| parse_file_name(netns, n)) else {
             continue;
         };
-        let Ok(meta) = e.metadata() else { continue };
-        let dev = format!(
-            "{:02x}:{:02x}",
-            libc::major(meta.dev()),
-            libc::minor(meta.dev())
-        );
-        if let Some(&(_, _, pid)) = owners
-            .iter()
-            .find(|(d, inode, _)| *d == dev && *inode == meta.ino())
-        {
+        let opened = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(e.path());
+        // A shared lock is ours exactly when no holder has the exclusive
+        // one; ours goes when the file closes.
+        if let Ok(Try::HeldBy(pid)) = opened.and_then(|f| try_lock(&f, libc::LOCK_SH)) {
             out.push((ifindex, what.to_string(), pid));
         }
     }
@@ -225,18 +262,6 @@ mod tests {
         assert_eq!(parse_file_name(4026531840, &name), Some((7, "block.200")));
         assert_eq!(parse_file_name(4026531841, &name), None);
         assert_eq!(parse_file_name(4026531840, "junk"), None);
-    }
-
-    #[test]
-    fn only_exclusive_flocks_are_owners() {
-        let table = "1: FLOCK  ADVISORY  WRITE 13492 fe:00:10013323 0 EOF\n\
-            2: FLOCK  ADVISORY  READ 13493 fe:00:10133506 0 EOF\n\
-            3: POSIX  ADVISORY  WRITE 13494 fe:00:10133507 0 EOF\n\
-            3: -> FLOCK  ADVISORY  WRITE 13495 fe:00:10013323 0 EOF\n";
-        assert_eq!(
-            flock_owners(table),
-            [("fe:00".to_string(), 10013323, 13492)]
-        );
     }
 
     /// What a SIGKILLed holder leaves (an unlocked file) goes with the next
@@ -264,5 +289,47 @@ mod tests {
         assert!(!path.exists(), "the file goes with the hold");
         assert!(!held().iter().any(|h| h.0 == ifindex));
         assert!(try_take(ifindex, "afxdp").unwrap().is_some(), "free again");
+    }
+
+    /// Sweeps and listings, which lock files for a moment, never make a
+    /// free hold look taken or a held one look free.
+    #[test]
+    fn takes_and_listings_are_right_beside_sweeps_and_listings() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+        let ifindex = 0x7fb0_0000 + std::process::id() % 0x1000;
+        let me = std::process::id();
+        let _held = try_take(ifindex, "block.300").unwrap().expect("free");
+        let stop = AtomicBool::new(false);
+        let wrong = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Relaxed) {
+                    sweep_stale();
+                }
+            });
+            s.spawn(|| {
+                while !stop.load(Relaxed) {
+                    if !held().contains(&(ifindex, "block.300".into(), me)) {
+                        wrong.fetch_add(1, Relaxed);
+                    }
+                }
+            });
+            for i in 0..300 {
+                // What a SIGKILLed holder (a pid no process has) leaves.
+                let stale =
+                    Path::new(HOLDS_DIR).join(file_name(netns_id().unwrap(), ifindex, "block.301"));
+                let _ = fs::write(&stale, "4194305\n");
+                let what = if i % 2 == 0 { "block.301" } else { "block.302" };
+                if try_take(ifindex, what).unwrap().is_none() {
+                    wrong.fetch_add(1, Relaxed);
+                }
+            }
+            stop.store(true, Relaxed);
+        });
+        assert_eq!(
+            wrong.load(Relaxed),
+            0,
+            "free holds refused or a held one unlisted"
+        );
     }
 }
