@@ -242,6 +242,8 @@ pub struct Conn {
     pub mtu: Mtu,
     /// Both sides agreed on selective repeat ([`selective_repeat_agreed`]).
     pub selective_repeat: bool,
+    /// Local ACK timeout of our QPs (--qp-timeout; each side its own).
+    pub qp_timeout: u8,
 }
 
 /// Slots per QP for a run (both sides compute it from the hello).
@@ -314,6 +316,7 @@ impl Conn {
             inline: hello.inline as usize,
             mtu: stack.path_mtu,
             selective_repeat: false,
+            qp_timeout: DEFAULT_QP_TIMEOUT,
         })
     }
 
@@ -411,7 +414,17 @@ impl Conn {
                     remote_qkey: QKEY,
                 });
             } else {
-                connect_qp(qp, psn, self.mtu, 16, r.qpn, r.psn, peer_mac, dest_ip)?;
+                connect_qp(
+                    qp,
+                    psn,
+                    self.mtu,
+                    16,
+                    self.qp_timeout,
+                    r.qpn,
+                    r.psn,
+                    peer_mac,
+                    dest_ip,
+                )?;
                 if self.selective_repeat {
                     // Connected and idle; the peer does the same before
                     // the sync that lets either side post.
@@ -438,13 +451,20 @@ pub fn peer_mac(stack: &Stack, ip: IpAddr, announced: [u8; 6]) -> anyhow::Result
     }
 }
 
-/// RESET -> RTS for one RC QP, with the timers both tools use.
+/// The local ACK timeout the tools' QPs run by default: 4.096 us * 2^14
+/// = 67 ms; with six retries a dead peer shows up as RETRY_EXC_ERR in
+/// about half a second.
+pub const DEFAULT_QP_TIMEOUT: u8 = 14;
+
+/// RESET -> RTS for one RC QP, with the retries all tools use and local
+/// ACK timeout `timeout` ([`DEFAULT_QP_TIMEOUT`] unless asked).
 #[allow(clippy::too_many_arguments)]
 pub fn connect_qp(
     qp: &QueuePair,
     sq_psn: u32,
     mtu: Mtu,
     max_rd_atomic: u8,
+    timeout: u8,
     dest_qpn: u32,
     rq_psn: u32,
     dest_mac: [u8; 6],
@@ -454,9 +474,7 @@ pub fn connect_qp(
         qp_access_flags: ALL_ACCESS,
         path_mtu: mtu,
         sq_psn,
-        // 4.096 us * 2^14 = 67 ms; six retries: a dead peer shows
-        // up as RETRY_EXC_ERR in about half a second.
-        timeout: 14,
+        timeout,
         retry_cnt: 6,
         rnr_retry: 7,
         min_rnr_timer: 12,
@@ -586,6 +604,7 @@ pub fn client_setup_until_ready<'a>(
     check_magic(&greeting.magic)?;
     let mut conn = Conn::create(stack, &hello)?;
     conn.selective_repeat = selective_repeat_agreed(&hello, greeting.selective_repeat);
+    conn.qp_timeout = args.qp_timeout;
     if args.selective_repeat && !conn.selective_repeat {
         eprintln!("xroce: the server did not offer selective repeat: go-back-N");
     }
@@ -621,6 +640,8 @@ pub struct ServerSide<'a> {
     pub selective_repeat: bool,
     /// --hold: keep the QPs after the run until stdin ends.
     pub hold: bool,
+    /// --qp-timeout.
+    pub qp_timeout: u8,
 }
 
 /// Accepts `peers` clients on `args.listen`, each served by `serve` on a
@@ -673,6 +694,7 @@ pub fn serve_clients(
                     hello,
                     selective_repeat,
                     hold: args.hold,
+                    qp_timeout: args.qp_timeout,
                 })
             }));
         }
@@ -689,6 +711,7 @@ pub fn serve_clients(
 pub fn server_connect(side: &mut ServerSide<'_>) -> anyhow::Result<(Conn, Remote)> {
     let mut conn = Conn::create(side.stack, &side.hello)?;
     conn.selective_repeat = side.selective_repeat;
+    conn.qp_timeout = side.qp_timeout;
     let addr = side.peer.addr;
     let infos = side
         .peer

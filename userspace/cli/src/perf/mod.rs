@@ -121,6 +121,17 @@ pub struct PerfArgs {
     /// Outstanding work requests per QP
     #[arg(long, short = 't', default_value_t = 128)]
     pub tx_depth: usize,
+    /// Local ACK timeout of the QPs, 4.096 us * 2^N (perftest's -u): set it
+    /// above the path's worst round trip, queueing included, or a deep
+    /// queue reads as loss and runs out the retries
+    #[arg(
+        long = "qp-timeout",
+        short = 'u',
+        value_name = "N",
+        default_value_t = conn::DEFAULT_QP_TIMEOUT,
+        value_parser = clap::value_parser!(u8).range(1..=31)
+    )]
+    pub qp_timeout: u8,
     /// Packet I/O: afxdp or udp
     #[arg(long, value_enum, default_value = "afxdp")]
     pub backend: Backend,

@@ -52,7 +52,7 @@ use super::flows::{self, Flow};
 use crate::{
     experiment::{procs::stop_requested, sampler::monotonic_ns},
     perf::{
-        conn::{check_wc, connect_qp, peer_mac, Peer, ALL_ACCESS},
+        conn::{check_wc, connect_qp, peer_mac, Peer, ALL_ACCESS, DEFAULT_QP_TIMEOUT},
         stack::{Stack, StackOptions},
     },
 };
@@ -327,7 +327,17 @@ impl PairConn {
             _ => stack.path_mtu,
         };
         for ((qp, &psn), r) in self.qps.iter().zip(&self.psns).zip(theirs) {
-            connect_qp(qp, psn, mtu, 16, r.qpn, r.psn, mac, ip.into())?;
+            connect_qp(
+                qp,
+                psn,
+                mtu,
+                16,
+                DEFAULT_QP_TIMEOUT,
+                r.qpn,
+                r.psn,
+                mac,
+                ip.into(),
+            )?;
         }
         Ok(mtu)
     }

@@ -67,6 +67,8 @@ pub(super) struct Test {
     pub(super) inline: usize,
     /// --report_gbits.
     pub(super) gbits: bool,
+    /// -u.
+    pub(super) qp_timeout: u8,
     /// Whether the next report prints the table's header and its closing
     /// rule (-a prints one table).
     pub(super) rows: (bool, bool),
@@ -156,6 +158,7 @@ impl Test {
             mtu,
             inline: args.inline_size.unwrap_or(0) as usize,
             gbits: args.report_gbits,
+            qp_timeout: args.qp_timeout,
             rows: (true, true),
         };
         t.hand_shakes()?;
@@ -257,7 +260,17 @@ impl Test {
         let mac = peer_mac(&self.stack, ip, [0; 6])?;
         for ((qp, my), r) in self.qps.iter().zip(&self.my).zip(&self.rem) {
             let max_rd = r.out_reads.clamp(1, OUT_READS) as u8;
-            connect_qp(qp, my.psn, self.mtu, max_rd, r.qpn, r.psn, mac, ip)?;
+            connect_qp(
+                qp,
+                my.psn,
+                self.mtu,
+                max_rd,
+                self.qp_timeout,
+                r.qpn,
+                r.psn,
+                mac,
+                ip,
+            )?;
         }
         Ok(())
     }
