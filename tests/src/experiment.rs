@@ -77,9 +77,24 @@ pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
 }
 
 /// Runs `xroce experiment incast ARGS --out <temp dir>`, fails the test with
-/// its stderr if it fails, and checks that it left no namespace or XDP pin
-/// behind and wrote every output file.
+/// its stderr if it fails or a sender's QP ran out of retries, and checks
+/// that it left no namespace or XDP pin behind and wrote every output file.
 pub fn run_incast(name: &str, args: &[&str]) -> Incast {
+    let incast = run_incast_where_qps_may_give_up(name, args);
+    let given_up = incast.qp_errors();
+    assert!(
+        given_up.is_empty(),
+        "QPs ran out of retries: {given_up:?}: {}",
+        incast.brief()
+    );
+    incast
+}
+
+/// [`run_incast`] for a run where a sender's QP may run out of retries
+/// (no congestion control into a tail-drop buffer, loss injected): that
+/// flow's run ends there, and the experiment reports it
+/// ([`Incast::qp_errors`]).
+pub fn run_incast_where_qps_may_give_up(name: &str, args: &[&str]) -> Incast {
     let dir = std::env::temp_dir().join(format!("xroce-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let child = Command::new(workspace_bin("xroce"))
@@ -137,6 +152,16 @@ impl Incast {
             .pointer(pointer)
             .and_then(Value::as_f64)
             .unwrap_or_else(|| panic!("summary.json has no number at {pointer}: {}", self.brief()))
+    }
+
+    /// "sender N: why" for each sender whose QP ran out of retries.
+    pub fn qp_errors(&self) -> Vec<String> {
+        self.summary["flows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|f| Some(format!("sender {}: {}", f["flow"], f["qp_error"].as_str()?)))
+            .collect()
     }
 
     /// Sender `flow`'s `--trace` CSV.

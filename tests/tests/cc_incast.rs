@@ -4,14 +4,24 @@
 //! DCQCN (the `software` preset) the queue stays well below the buffer,
 //! nothing is dropped and the flows share the link fairly; without
 //! congestion control the senders overrun the buffer and frames are
-//! tail-dropped (and go-back-N retransmits them).
+//! tail-dropped (and go-back-N retransmits them). Tail drops can starve a
+//! go-back-N flow until its QP runs out of retries (seen on busy hosts):
+//! the experiment then reports that flow's end, which this run allows.
 
-use xroce_tests::{experiment::run_incast, require_root};
+use xroce_tests::{
+    experiment::{run_incast, run_incast_where_qps_may_give_up},
+    require_root,
+};
 
 const BUFFER: f64 = 4_000_000.0;
 
 fn incast(cc: &str) -> xroce_tests::experiment::Incast {
-    run_incast(
+    let run = if cc == "none" {
+        run_incast_where_qps_may_give_up
+    } else {
+        run_incast
+    };
+    run(
         &format!("cc-incast-{cc}"),
         &[
             "--senders",
@@ -42,7 +52,10 @@ fn dcqcn_bounds_the_queue_and_shares_fairly_where_none_overflows() {
     let dcqcn = incast("dcqcn");
     let none = incast("none");
     let (d, n) = (dcqcn.brief(), none.brief());
-    eprintln!("dcqcn: {d}\nnone: {n}");
+    eprintln!(
+        "dcqcn: {d}\nnone: {n}; QPs that ran out of retries: {:?}",
+        none.qp_errors()
+    );
 
     // DCQCN: marks and CNPs, a bounded queue, no loss, a fair share each.
     assert!(dcqcn.num("/marks") > 0.0, "{d}");
@@ -82,4 +95,44 @@ fn dcqcn_bounds_the_queue_and_shares_fairly_where_none_overflows() {
     );
     dcqcn.remove();
     none.remove();
+}
+
+/// A sender whose every frame is lost runs out of retries: the experiment
+/// reports that flow's end (RetryExcErr, after what it moved before, here
+/// nothing) and still succeeds with every output written.
+#[test]
+fn a_sender_whose_qp_gives_up_is_a_result_not_an_error() {
+    require_root();
+    let dead = run_incast_where_qps_may_give_up(
+        "cc-incast-dead",
+        &[
+            "--senders",
+            "1",
+            "--cc",
+            "none",
+            "--link-rate",
+            "200mbit",
+            "--drop",
+            "1",
+            "--duration",
+            "3",
+        ],
+    );
+    let given_up = dead.qp_errors();
+    assert_eq!(given_up.len(), 1, "{given_up:?}: {}", dead.brief());
+    assert!(given_up[0].contains("RetryExcErr"), "{given_up:?}");
+    assert_eq!(dead.summary["flows"][0]["error"], serde_json::Value::Null);
+    assert_eq!(
+        dead.summary["flows"][0]["verified"],
+        true,
+        "{}",
+        dead.brief()
+    );
+    assert_eq!(dead.num("/flows/0/bytes"), 0.0, "{}", dead.brief());
+    assert!(
+        dead.stderr.contains("ran out of retries"),
+        "the run says so: {}",
+        dead.stderr
+    );
+    dead.remove();
 }

@@ -64,6 +64,13 @@ pub struct BenchReport {
     /// With --perftest: perftest's view.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub perftest: Option<PerftestBw>,
+    /// The retries of a QP ran out during the run (the completion that
+    /// ended it: RetryExcErr or RnrRetryExcErr): what the network did, not
+    /// a fault of the tool. The figures and the check of the data cover the
+    /// messages completed before; the tool exits with an error after the
+    /// report.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qp_error: Option<String>,
 }
 
 /// `xroce lat --json`: one-message-in-flight latency.

@@ -23,6 +23,9 @@
 //! - summary.json: settings, aggregate goodput, Jain's index (whole run and
 //!   100 ms windows), queue figures (whole run and after a 500 ms warm-up),
 //!   marks, CNPs, drops by reason, retransmits, each flow's bench JSON.
+//!   A flow whose QP ran out of retries (tail drops can starve a go-back-N
+//!   flow without congestion control) has its `qp_error`: its run ended
+//!   there, a result of the experiment rather than a failure of it.
 //! - flows.svg, rates.svg, queue.svg; trace<i>.csv (each sender's
 //!   `--trace`), receiver.log and sender<i>.log (their stderr).
 //!

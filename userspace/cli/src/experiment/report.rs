@@ -81,6 +81,7 @@ pub struct FlowResult {
     pub trace: Vec<TraceRow>,
     /// Its `xroce bench --json` report.
     pub bench: Option<BenchReport>,
+    /// Why it did not run or report (an error of the experiment).
     pub error: Option<String>,
 }
 
@@ -95,11 +96,6 @@ impl FlowResult {
         exited_ms: Option<f64>,
     ) -> Self {
         let mut errors = Vec::new();
-        match status {
-            Some(s) if s.success() => {}
-            Some(s) => errors.push(format!("exited {s}")),
-            None => errors.push("killed".to_string()),
-        }
         let bench = match serde_json::from_str::<BenchReport>(stdout.trim()) {
             Ok(r) => Some(r),
             Err(_) if stdout.trim().is_empty() => {
@@ -111,6 +107,15 @@ impl FlowResult {
                 None
             }
         };
+        // A sender whose QP ran out of retries exits with an error after a
+        // full report: a result of the run (what tail drops do to a
+        // go-back-N flow without congestion control), not a failure of it.
+        let retries_ran_out = bench.as_ref().is_some_and(|b| b.qp_error.is_some());
+        match status {
+            Some(s) if s.success() || retries_ran_out => {}
+            Some(s) => errors.insert(0, format!("exited {s}")),
+            None => errors.insert(0, "killed".to_string()),
+        }
         let trace = match std::fs::read_to_string(trace_path) {
             Ok(text) => parse_trace(&text).unwrap_or_else(|e| {
                 errors.push(format!("bad trace {}: {e:#}", trace_path.display()));
@@ -159,6 +164,11 @@ impl FlowResult {
             .map(|b| b.cnps)
             .or_else(|| self.trace.last().map(|r| r.cnps))
             .unwrap_or(0)
+    }
+
+    /// Why its QP ended early, if its retries ran out.
+    pub fn qp_error(&self) -> Option<&str> {
+        self.bench.as_ref()?.qp_error.as_deref()
     }
 
     pub fn retransmits(&self) -> u64 {
@@ -383,6 +393,7 @@ impl Report<'_> {
                 min_rate_gbps: fl.trace.iter().map(|r| r.rate_bps / 1e9).reduce(f64::min),
                 verified: fl.bench.as_ref().and_then(|b| b.verified),
                 error: fl.error.clone(),
+                qp_error: fl.qp_error().map(str::to_string),
                 bench: fl.bench.clone(),
             })
             .collect();
@@ -507,6 +518,15 @@ impl Report<'_> {
             "xroce: queue peak {} B, mean {:.0} B; marks {}, CNPs {}, drops {}, retransmits {}",
             s.queue.peak_bytes, s.queue.mean_bytes, s.marks, s.cnps, s.drops.total, s.retransmits
         );
+        for fl in self.flows {
+            if let Some(e) = fl.qp_error() {
+                eprintln!(
+                    "xroce: sender {}'s QP ran out of retries after {:.2} s, its run ended there: {e}",
+                    fl.index,
+                    fl.bench.as_ref().map_or(0.0, |b| b.seconds)
+                );
+            }
+        }
     }
 }
 

@@ -176,7 +176,12 @@ pub struct Flow {
     pub min_rate_gbps: Option<f64>,
     /// Whether its data arrived as sent (null: no report).
     pub verified: Option<bool>,
+    /// Why it could not run or report (the experiment then fails).
     pub error: Option<String>,
+    /// Its QP ran out of retries: the run of this flow ended there (a
+    /// result, e.g. tail drops starving a flow without congestion control).
+    #[serde(default)]
+    pub qp_error: Option<String>,
     /// Its `xroce bench --json` report.
     pub bench: Option<BenchReport>,
 }

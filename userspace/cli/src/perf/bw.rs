@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{bail, Context};
-use xroce::verbs::{RecvWr, Wc, WrOpcode};
+use xroce::verbs::{RecvWr, Wc, WcStatus, WrOpcode};
 
 use super::{
     conn::{
@@ -427,6 +427,15 @@ struct Sent {
     retransmits: u64,
     cnps: u64,
     trace: Vec<TraceRow>,
+    /// The run ended early because a QP ran out of retries.
+    qp_error: Option<String>,
+}
+
+/// Whether a completion error means the network beat the QP's retries
+/// (the peer or the path stopped answering) rather than a fault of ours:
+/// a run that meets one still reports what it moved before.
+fn retries_ran_out(wc: &Wc) -> bool {
+    matches!(wc.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr)
 }
 
 /// `depth` WRs of `op` in flight per QP until `length`; with `trace_bin`,
@@ -460,9 +469,15 @@ fn send_loop(
         }
     }
     let mut wcs = [Wc::default(); 64];
-    while completed.iter().zip(&posted).any(|(c, p)| c < p) {
+    let mut qp_error = None;
+    while qp_error.is_none() && completed.iter().zip(&posted).any(|(c, p)| c < p) {
         let n = conn.cq.poll(&mut wcs)?;
         for wc in &wcs[..n] {
+            if retries_ran_out(wc) {
+                // The rest of the QP's WRs flush; what completed stands.
+                qp_error = check_wc(wc, op.name()).err().map(|e| e.to_string());
+                break;
+            }
             check_wc(wc, op.name())?;
             let (q, _) = split_wr_id(wc.wr_id);
             completed[q] += 1;
@@ -501,6 +516,7 @@ fn send_loop(
         retransmits: after.tx_retransmitted - before.tx_retransmitted,
         cnps: after.rx_cnps - before.rx_cnps,
         trace,
+        qp_error,
     })
 }
 
@@ -629,6 +645,7 @@ fn client(args: &PerfArgs, stack: &mut Option<Stack>, run: Run, rows: Rows) -> a
         server_cnps_sent: Some(verdict.cnps_sent),
         server_ce_marked: Some(verdict.ce_marked),
         perftest: None,
+        qp_error: sent.qp_error.clone(),
     };
     if args.json {
         print_json(&report)?;
@@ -639,6 +656,9 @@ fn client(args: &PerfArgs, stack: &mut Option<Stack>, run: Run, rows: Rows) -> a
     }
     if !verified {
         bail!("data was not verified: {detail}");
+    }
+    if let Some(e) = &sent.qp_error {
+        bail!("{e} (reported above: what completed before)");
     }
     super::hold_qps(args.hold && rows.last)
 }

@@ -52,6 +52,7 @@ impl Test {
             cnps: r.cnps,
             server_cnps_sent: None,
             server_ce_marked: None,
+            qp_error: None,
             perftest: Some(PerftestBw {
                 role: self.perftest_role(),
                 peer_version: self.peer_version.clone(),
