@@ -5,11 +5,18 @@
 //! [`super::Device`] pushes them here with `CqInner::push` (no syscall)
 //! before it releases the engine lock, and writes the eventfd of every CQ
 //! that had a waiter-visible transition.
+//!
+//! The ring is lock-free (the way back of the post ring, `post_ring.rs`):
+//! the I/O thread pushes while the application polls, and neither waits
+//! for the other, so an application polling hard never holds up the
+//! engine lock the push runs under. Only `ibv_resize_cq` and a destroyed
+//! QP's discard, which rebuild the ring, take it exclusively.
 
-use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crossbeam_queue::ArrayQueue;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -19,9 +26,9 @@ use super::error::{Result, TransportError, VerbsError};
 use crate::engine::completion::{CqId, Wc, WcFlags, WcStatus};
 
 pub struct CqInner {
-    ring: Mutex<VecDeque<Wc>>,
-    /// Capacity; changed only by `resize`, under the ring lock.
-    depth: std::sync::atomic::AtomicUsize,
+    /// Its capacity is the CQ's depth. Shared by pushes and polls; taken
+    /// exclusively to rebuild it (resize, discard).
+    ring: RwLock<ArrayQueue<Wc>>,
     overflowed: AtomicBool,
     /// Set when a completion arrived and the eventfd has not
     /// been written for it yet.
@@ -49,8 +56,7 @@ impl CqInner {
             None
         };
         Ok(Self {
-            ring: Mutex::new(VecDeque::with_capacity(depth)),
-            depth: std::sync::atomic::AtomicUsize::new(depth),
+            ring: RwLock::new(ArrayQueue::new(depth.max(1))),
             overflowed: AtomicBool::new(false),
             signal_pending: AtomicBool::new(false),
             event_fd,
@@ -66,16 +72,15 @@ impl CqInner {
     /// error) when the CQ is full. Returns `Some(true)` via `notify` when the
     /// caller should queue this CQ for an eventfd write.
     pub(crate) fn push(&self, wc: Wc, notify: &mut bool) -> bool {
-        let mut r = self.ring.lock().unwrap();
-        if r.len() >= self.depth.load(Ordering::Relaxed) {
+        let solicited = wc.flags.contains(WcFlags::SOLICITED) || wc.status != WcStatus::Success;
+        let r = self.ring.read().unwrap();
+        if r.push(wc).is_err() {
             self.overflowed.store(true, Ordering::Release);
             // An overflow is an error: it fires any arm (as a CQ error).
             self.fire_arm(true);
             *notify = !self.signal_pending.swap(true, Ordering::AcqRel);
             return false;
         }
-        let solicited = wc.flags.contains(WcFlags::SOLICITED) || wc.status != WcStatus::Success;
-        r.push_back(wc);
         self.pushed.fetch_add(1, Ordering::Release);
         let fired = self.fire_arm(solicited);
         *notify =
@@ -122,10 +127,12 @@ impl CqInner {
         {
             return Ok(0);
         }
-        let mut r = self.ring.lock().unwrap();
-        let n = out.len().min(r.len());
-        for (o, wc) in out.iter_mut().zip(r.drain(..n)) {
-            *o = wc;
+        let r = self.ring.read().unwrap();
+        let mut n = 0;
+        while n < out.len() {
+            let Some(wc) = r.pop() else { break };
+            out[n] = wc;
+            n += 1;
         }
         self.polled.fetch_add(n as u64, Ordering::Relaxed);
         if n == 0 && self.overflowed.load(Ordering::Acquire) {
@@ -135,17 +142,37 @@ impl CqInner {
     }
 
     fn len(&self) -> usize {
-        self.ring.lock().unwrap().len()
+        self.ring.read().unwrap().len()
+    }
+
+    fn depth(&self) -> usize {
+        self.ring.read().unwrap().capacity()
+    }
+
+    /// Replaces `ring` (held exclusively) with one of `depth`, at least its
+    /// length, holding in order the completions `keep` accepts; returns
+    /// how many it dropped.
+    fn rebuild(ring: &mut ArrayQueue<Wc>, depth: usize, keep: impl Fn(&Wc) -> bool) -> usize {
+        let next = ArrayQueue::new(depth);
+        let mut dropped = 0;
+        while let Some(wc) = ring.pop() {
+            if keep(&wc) {
+                let _ = next.push(wc);
+            } else {
+                dropped += 1;
+            }
+        }
+        *ring = next;
+        dropped
     }
 
     /// Removes the completions of QP `qpn` (counted as polled, so that
     /// `pushed - polled` stays the ring's length).
     pub(crate) fn discard_qp(&self, qpn: u32) {
-        let mut r = self.ring.lock().unwrap();
-        let before = r.len();
-        r.retain(|wc| wc.qp_num != qpn);
-        self.polled
-            .fetch_add((before - r.len()) as u64, Ordering::Relaxed);
+        let mut r = self.ring.write().unwrap();
+        let depth = r.capacity();
+        let dropped = Self::rebuild(&mut r, depth, |wc| wc.qp_num != qpn);
+        self.polled.fetch_add(dropped as u64, Ordering::Relaxed);
     }
 }
 
@@ -197,20 +224,20 @@ impl CompletionQueue {
         self.len() == 0
     }
     pub fn depth(&self) -> usize {
-        self.inner.depth.load(Ordering::Relaxed)
+        self.inner.depth()
     }
 
     /// `ibv_resize_cq`: hold at least `depth` completions from now on.
     /// Fails if fewer than the completions already queued.
     pub fn resize(&self, depth: usize) -> Result<()> {
-        let r = self.inner.ring.lock().unwrap();
+        let mut r = self.inner.ring.write().unwrap();
         if depth == 0 || depth < r.len() {
             return Err(TransportError::InvalidArgument(
                 "a CQ cannot shrink below the completions it holds",
             )
             .into());
         }
-        self.inner.depth.store(depth, Ordering::Relaxed);
+        CqInner::rebuild(&mut r, depth, |_| true);
         Ok(())
     }
     /// Has this CQ lost completions because it was full?
@@ -355,5 +382,80 @@ mod tests {
         let start = Instant::now();
         assert!(!cq.wait(Duration::from_millis(30)).unwrap());
         assert!(start.elapsed() >= Duration::from_millis(30));
+    }
+
+    fn wc(wr_id: u64) -> Wc {
+        Wc {
+            wr_id,
+            ..Wc::default()
+        }
+    }
+
+    /// One thread pushes while another polls, neither waiting for the
+    /// other: every completion comes out once, in order.
+    #[test]
+    fn pushes_and_polls_at_once_keep_every_completion_once_in_order() {
+        const N: u64 = 50_000;
+        let cq = cq_with_eventfd();
+        let pusher = {
+            let inner = cq.inner.clone();
+            std::thread::spawn(move || {
+                let mut notify = false;
+                for i in 0..N {
+                    // Never past the depth: an overflow is the CQ's error.
+                    while inner.len() == 4 {
+                        std::thread::yield_now();
+                    }
+                    assert!(inner.push(wc(i), &mut notify));
+                }
+            })
+        };
+        let mut next = 0;
+        let mut out = [Wc::default(); 3];
+        while next < N {
+            let n = cq.poll(&mut out).unwrap();
+            for w in &out[..n] {
+                assert_eq!(w.wr_id, next);
+                next += 1;
+            }
+        }
+        pusher.join().unwrap();
+        assert!(!cq.overflowed());
+        assert_eq!(cq.poll(&mut out).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_full_cq_overflows_and_says_so_once_drained() {
+        let cq = cq_with_eventfd();
+        let mut notify = false;
+        for i in 0..4 {
+            assert!(cq.inner.push(wc(i), &mut notify));
+        }
+        assert!(!cq.inner.push(wc(4), &mut notify), "depth 4");
+        assert!(cq.overflowed());
+        let mut out = [Wc::default(); 8];
+        assert_eq!(cq.poll(&mut out).unwrap(), 4);
+        assert!(matches!(cq.poll(&mut out), Err(VerbsError::CqOverflow)));
+    }
+
+    #[test]
+    fn resize_keeps_what_is_queued_in_order_and_never_shrinks_below_it() {
+        let cq = cq_with_eventfd();
+        let mut notify = false;
+        for i in 0..3 {
+            assert!(cq.inner.push(wc(i), &mut notify));
+        }
+        assert!(cq.resize(2).is_err(), "3 are queued");
+        assert!(cq.resize(0).is_err());
+        assert_eq!(cq.depth(), 4);
+        cq.resize(8).unwrap();
+        assert_eq!(cq.depth(), 8);
+        for i in 3..8 {
+            assert!(cq.inner.push(wc(i), &mut notify));
+        }
+        let mut out = [Wc::default(); 16];
+        assert_eq!(cq.poll(&mut out).unwrap(), 8);
+        let ids: Vec<u64> = out[..8].iter().map(|w| w.wr_id).collect();
+        assert_eq!(ids, (0..8).collect::<Vec<_>>());
     }
 }
