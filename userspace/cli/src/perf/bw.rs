@@ -569,7 +569,16 @@ fn client(args: &PerfArgs, stack: &mut Option<Stack>, run: Run, rows: Rows) -> a
             .unwrap_or_default();
         let _ = target.set(theirs);
         let arrivals = receiver.map(|h| join(h, "receiver")).transpose();
-        Ok((sent?, verdict?, arrivals?))
+        let sent = sent?;
+        let verdict = match (verdict, &sent.qp_error) {
+            // A dead peer is what most often runs the retries out: its
+            // error is the one to report, not the silence that follows.
+            (Err(e), Some(qp_error)) => {
+                bail!("{qp_error} (the server did not answer after it either: {e:#})")
+            }
+            (v, _) => v?,
+        };
+        Ok((sent, verdict, arrivals?))
     })?;
     let mut verified = true;
     let mut detail = String::new();
