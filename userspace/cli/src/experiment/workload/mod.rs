@@ -535,9 +535,9 @@ fn run_one(
     );
     let topo =
         Topology::build(c.senders + c.receivers - 1, c.mtu).context("build the namespaces")?;
-    let senders: Vec<Host> = topo.senders[..c.senders].to_vec();
-    let receivers: Vec<Host> = std::iter::once(topo.receiver.clone())
-        .chain(topo.senders[c.senders..].iter().cloned())
+    let senders: Vec<Host> = topo.senders()[..c.senders].to_vec();
+    let receivers: Vec<Host> = std::iter::once(topo.receiver().clone())
+        .chain(topo.senders()[c.senders..].iter().cloned())
         .collect();
     let result = Run {
         bridge_netns: &topo.bridge_netns,
