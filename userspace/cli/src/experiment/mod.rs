@@ -37,6 +37,7 @@
 //! grows with the queue; queue.csv's `queue_delay_us` and `sojourn_us` then
 //! are waits packets really had.
 
+mod collective;
 mod plot;
 mod procs;
 mod report;
@@ -83,6 +84,9 @@ pub enum ExperimentKind {
     Workload(Box<workload::WorkloadArgs>),
     /// The same workload (same seed) under each of several controllers
     Compare(Box<workload::CompareArgs>),
+    /// MPI collectives in a training-step model: job completion time over
+    /// xroce and TCP, under loss
+    Collective(Box<collective::CollectiveArgs>),
     #[command(hide = true)]
     WorkloadSender(workload::NodeArgs),
     #[command(hide = true)]
@@ -180,6 +184,7 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
         ExperimentKind::Incast(a) => incast(a),
         ExperimentKind::Workload(a) => workload::workload(a),
         ExperimentKind::Compare(a) => workload::compare(a),
+        ExperimentKind::Collective(a) => collective::collective(a),
         ExperimentKind::WorkloadSender(a) => workload::sender(a),
         ExperimentKind::WorkloadReceiver(a) => workload::receiver(a),
     }
@@ -263,7 +268,7 @@ pub(crate) fn in_netns<T: Send + 'static>(
 }
 
 /// `xroce attach --iface IF --mode native` inside the host's namespace.
-fn attach(exe: &Path, host: &topology::Host) -> anyhow::Result<()> {
+pub(crate) fn attach(exe: &Path, host: &topology::Host) -> anyhow::Result<()> {
     let out = host
         .command(exe)
         .args(["attach", "--iface", &host.iface, "--mode", "native"])

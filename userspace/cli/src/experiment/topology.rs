@@ -32,6 +32,13 @@ const NS_PREFIX: &str = "xroce-exp-";
 const IF_PREFIX: &str = "xe";
 /// Largest sender count: one /24 with the receiver at .1.
 pub const MAX_SENDERS: usize = 250;
+/// Largest rank count: a rank's role is `c` and one hex digit, so that
+/// `xroce_` + the interface's name stays within the 15 characters UCX
+/// keeps of a device's name (docs/clients.md) even with a 5-digit tag.
+pub const MAX_RANKS: usize = 16;
+/// The bridge's address in the ranks' shape: the head node's.
+const HEAD_OCTET: u8 = 254;
+
 /// `n` in base 36 (a PID fits in 5 digits).
 fn base36(mut n: u32) -> String {
     const DIGITS: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
@@ -89,6 +96,18 @@ impl Topology {
             .chain((0..senders).map(|i| host(&format!("s{i}"), i as u8 + 2)))
             .collect();
         Self::with_hosts(hosts, None, mtu)
+    }
+
+    /// The collective's shape: `ranks` hosts `c0`, `c1`, ... and the
+    /// bridge addressed as the head node, with interface MTU `mtu`.
+    pub fn ranks(ranks: usize, mtu: u32) -> anyhow::Result<Self> {
+        if !(1..=MAX_RANKS).contains(&ranks) {
+            bail!("--ranks must be 1..={MAX_RANKS}, not {ranks}");
+        }
+        let hosts = (0..ranks)
+            .map(|i| host(&format!("c{i:x}"), i as u8 + 1))
+            .collect();
+        Self::with_hosts(hosts, Some(Ipv4Addr::new(10, 201, 0, HEAD_OCTET)), mtu)
     }
 
     fn with_hosts(
@@ -330,6 +349,9 @@ mod tests {
         let tag = base36(4_194_304);
         let longest = format!("{IF_PREFIX}{tag}s{}b", MAX_SENDERS - 1);
         assert!(longest.len() <= 15, "{longest}");
+        // UCX keeps 15 characters of the device `xroce_<iface>`.
+        let rank = format!("xroce_{IF_PREFIX}{tag}c{:x}", MAX_RANKS - 1);
+        assert!(rank.len() <= 15, "{rank}");
         assert!(is_role("cf") && !is_role("c10") && !is_role("c"));
     }
 }

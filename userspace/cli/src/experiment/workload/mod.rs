@@ -45,6 +45,7 @@ use super::{
 use crate::units::{Fraction, Rate, Seconds, Size};
 
 pub use node::{receiver, sender, NodeArgs};
+pub use results::percentile;
 
 /// Flags of a workload, shared by `workload` and `compare`.
 #[derive(clap::Args, Debug, Clone)]
