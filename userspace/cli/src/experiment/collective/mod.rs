@@ -412,7 +412,7 @@ fn print_brief(runs: &[Run], figures: &[Figure]) {
     );
     for f in figures {
         eprintln!(
-            "{:<6} {:>6} {:<14} {:>10} {:>10.3} {:>10.3} {:>10.3} {:>8.3} {:>8.3} {:>6.2} {:>9}",
+            "{:<6} {:>6} {:<14} {:>10} {:>10.3} {:>10.3} {:>10.3} {:>8.1} {:>8.1} {:>6.2} {:>9}",
             f.transport,
             f.loss,
             f.op,
@@ -420,13 +420,16 @@ fn print_brief(runs: &[Run], figures: &[Figure]) {
             f.jct_p50_s * 1e3,
             f.jct_p99_s * 1e3,
             f.jct_max_s * 1e3,
-            f.algbw_gbyte_s,
-            f.busbw_gbyte_s,
+            f.algbw_gbyte_s * 1e3,
+            f.busbw_gbyte_s * 1e3,
             f.wait_fraction,
             f.slowdown_p50.map_or("-".into(), |s| format!("{s:.2}x"))
         );
     }
-    eprintln!("(bandwidths in GB/s as nccl-tests; wait: share of a step in the collective)");
+    eprintln!(
+        "(algbw, busbw: MB/s as nccl-tests defines them, at the p50; wait: share of a step in \
+         the collective)"
+    );
 }
 
 fn progress_bar(iterations: u64) -> ProgressBar {
