@@ -37,9 +37,11 @@
 //! grows with the queue; queue.csv's `queue_delay_us` and `sojourn_us` then
 //! are waits packets really had.
 
+mod collective;
 mod plot;
 mod procs;
 mod report;
+mod rng;
 mod sampler;
 mod summary;
 mod topology;
@@ -82,6 +84,9 @@ pub enum ExperimentKind {
     Workload(Box<workload::WorkloadArgs>),
     /// The same workload (same seed) under each of several controllers
     Compare(Box<workload::CompareArgs>),
+    /// MPI collectives in a training-step model: job completion time over
+    /// xroce and TCP, under loss
+    Collective(Box<collective::CollectiveArgs>),
     #[command(hide = true)]
     WorkloadSender(workload::NodeArgs),
     #[command(hide = true)]
@@ -179,6 +184,7 @@ pub fn run(args: &ExperimentArgs) -> anyhow::Result<()> {
         ExperimentKind::Incast(a) => incast(a),
         ExperimentKind::Workload(a) => workload::workload(a),
         ExperimentKind::Compare(a) => workload::compare(a),
+        ExperimentKind::Collective(a) => collective::collective(a),
         ExperimentKind::WorkloadSender(a) => workload::sender(a),
         ExperimentKind::WorkloadReceiver(a) => workload::receiver(a),
     }
@@ -262,7 +268,7 @@ pub(crate) fn in_netns<T: Send + 'static>(
 }
 
 /// `xroce attach --iface IF --mode native` inside the host's namespace.
-fn attach(exe: &Path, host: &topology::Host) -> anyhow::Result<()> {
+pub(crate) fn attach(exe: &Path, host: &topology::Host) -> anyhow::Result<()> {
     let out = host
         .command(exe)
         .args(["attach", "--iface", &host.iface, "--mode", "native"])
@@ -314,24 +320,24 @@ fn tail(path: &Path) -> String {
 /// receiver, the sampler, the senders; then the run, and the report.
 fn run_in(a: &IncastArgs, plan: &Plan, topo: &Topology, exe: &Path) -> anyhow::Result<()> {
     let out = &a.out;
-    for host in std::iter::once(&topo.receiver).chain(&topo.senders) {
+    for host in &topo.hosts {
         attach(exe, host)?;
     }
     // Dropped (tbf and the TC program removed) before the namespaces go.
     let (ecn, fault, bottleneck) = program_bottleneck(a, plan, topo)?;
 
     // The receiver: one process, one AF_XDP socket, all the connections.
-    let listen = format!("{}:{}", topo.receiver.addr, a.port);
+    let listen = format!("{}:{}", topo.receiver().addr, a.port);
     let receiver_log = out.join("receiver.log");
     let mut receiver = start_receiver(a, topo, exe, &listen, &receiver_log)?;
 
     let sender_ifaces: Vec<(String, String)> = topo
-        .senders
+        .senders()
         .iter()
         .map(|h| (h.netns.clone(), h.iface.clone()))
         .collect();
     let mut sampler = Sampler::with_bottleneck(
-        &(topo.receiver.netns.clone(), topo.receiver.iface.clone()),
+        &(topo.receiver().netns.clone(), topo.receiver().iface.clone()),
         &sender_ifaces,
         plan.link_rate_bps,
         bottleneck.as_ref().map(|b| b.reader()).transpose()?,
@@ -394,7 +400,7 @@ fn program_bottleneck(
     plan: &Plan,
     topo: &Topology,
 ) -> anyhow::Result<(EcnConfig, FaultConfig, Option<Bottleneck>)> {
-    let rx = &topo.receiver;
+    let rx = topo.receiver();
     // The program is found through its interface: ask from its namespace.
     let delay = a.bottleneck == "delay";
     let (ecn, fault) = {
@@ -438,7 +444,7 @@ fn start_receiver(
     listen: &str,
     log: &Path,
 ) -> anyhow::Result<Proc> {
-    let rx = &topo.receiver;
+    let rx = topo.receiver();
     let mut cmd = rx.command(exe);
     cmd.args(["bench", "write", "--iface", &rx.iface, "--listen", listen])
         .args([
@@ -482,8 +488,8 @@ fn start_senders(
 ) -> anyhow::Result<Vec<Proc>> {
     let out = &a.out;
     let duration_arg = format_seconds(plan.duration_s);
-    let mut senders = Vec::with_capacity(topo.senders.len());
-    for (i, host) in topo.senders.iter().enumerate() {
+    let mut senders = Vec::with_capacity(topo.senders().len());
+    for (i, host) in topo.senders().iter().enumerate() {
         let trace = out.join(format!("trace{i}.csv"));
         let _ = std::fs::remove_file(&trace);
         let mut cmd = host.command(exe);
@@ -632,7 +638,7 @@ fn collect_flows(
     errors: &mut Vec<String>,
 ) -> Vec<FlowResult> {
     let mut flows = Vec::new();
-    for (i, (p, host)) in senders.iter_mut().zip(&topo.senders).enumerate() {
+    for (i, (p, host)) in senders.iter_mut().zip(topo.senders()).enumerate() {
         let status = p.poll();
         let stdout = p.stdout();
         let flow = FlowResult::collect(

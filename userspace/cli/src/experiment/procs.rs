@@ -154,3 +154,63 @@ pub fn listening(pid: u32, port: u16) -> bool {
         || udp_bound(format!("/proc/{pid}/net/udp"))
         || udp_bound(format!("/proc/{pid}/net/udp6"))
 }
+
+/// Kills (SIGKILL, by PID) every process whose network namespace is the
+/// one pinned at `netns_path`, and waits until they are gone (up to 5 s).
+/// Only for namespaces the experiment made: whatever runs there it
+/// started, directly or through its children (mpirun's daemons outlive a
+/// killed mpirun).
+pub fn kill_in_netns(netns_path: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(ns) = std::fs::metadata(netns_path) else {
+        return;
+    };
+    let in_ns = |pid: &str| {
+        std::fs::metadata(format!("/proc/{pid}/ns/net"))
+            .is_ok_and(|m| (m.dev(), m.ino()) == (ns.dev(), ns.ino()))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids: Vec<String> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|name| name.parse::<u32>().is_ok() && in_ns(name))
+            .collect();
+        if pids.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in pids {
+            kill_if(&pid, &in_ns);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGKILL to `pid` through a pidfd, if `still_ours` holds once the pidfd
+/// pins the process (so a PID reused since the scan is never signalled).
+fn kill_if(pid: &str, still_ours: &dyn Fn(&str) -> bool) {
+    let Ok(n) = pid.parse::<libc::pid_t>() else {
+        return;
+    };
+    // SAFETY: pidfd_open takes a PID and flags and returns a new fd or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, n, 0) } as libc::c_int;
+    if fd < 0 {
+        return;
+    }
+    if still_ours(pid) {
+        // SAFETY: fd is the pidfd opened above; no siginfo is passed.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd,
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+    }
+    // SAFETY: closing the fd we own.
+    unsafe { libc::close(fd) };
+}

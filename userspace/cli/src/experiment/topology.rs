@@ -1,9 +1,15 @@
-//! The incast topology: N sender namespaces and one receiver namespace, each
-//! with one veth whose peer sits in a bridge namespace.
+//! The lab's topology: hosts, each a network namespace with one veth whose
+//! peer sits on a bridge in another namespace. Two shapes: the incast's
+//! (one receiver, N senders) and the collective's (N ranks, and an address
+//! on the bridge for the head node that launches them).
 //!
 //! ```text
 //!   ns s0: s0 10.201.0.2 ──┐
 //!   ns s1: s1 10.201.0.3 ──┤ ns br: bridge br ── r-peer ── ns r: r 10.201.0.1
+//!   ...                   ──┘
+//!
+//!   ns c0: c0 10.201.0.1 ──┐
+//!   ns c1: c1 10.201.0.2 ──┤ ns br: bridge br 10.201.0.254 (head node)
 //!   ...                   ──┘
 //! ```
 //!
@@ -26,6 +32,12 @@ const NS_PREFIX: &str = "xroce-exp-";
 const IF_PREFIX: &str = "xe";
 /// Largest sender count: one /24 with the receiver at .1.
 pub const MAX_SENDERS: usize = 250;
+/// Largest rank count: a rank's role is `c` and one hex digit, so that
+/// `xroce_` + the interface's name stays within the 15 characters UCX
+/// keeps of a device's name (docs/clients.md) even with a 5-digit tag.
+pub const MAX_RANKS: usize = 16;
+/// The bridge's address in the ranks' shape: the head node's.
+const HEAD_OCTET: u8 = 254;
 
 /// `n` in base 36 (a PID fits in 5 digits).
 fn base36(mut n: u32) -> String {
@@ -64,38 +76,64 @@ impl Host {
 /// drop (and the XDP pins of its interfaces removed).
 pub struct Topology {
     pub bridge_netns: String,
-    pub receiver: Host,
-    pub senders: Vec<Host>,
+    /// The bridge's own address, if it has one (the ranks' head node).
+    pub bridge_addr: Option<Ipv4Addr>,
+    /// The receiver first in the incast's shape; rank order in the ranks'.
+    pub hosts: Vec<Host>,
     /// Namespaces made so far, deleted on drop, the first (the bridge's)
     /// last.
     made: Vec<Netns>,
 }
 
 impl Topology {
-    /// Builds the topology for `senders` senders with interface MTU `mtu`.
+    /// The incast's shape: a receiver and `senders` senders with
+    /// interface MTU `mtu`.
     pub fn build(senders: usize, mtu: u32) -> anyhow::Result<Self> {
         if senders == 0 || senders > MAX_SENDERS {
             bail!("--senders must be 1..={MAX_SENDERS}, not {senders}");
         }
-        let tag = base36(std::process::id());
-        let ns = |what: &str| format!("{NS_PREFIX}{tag}-{what}");
-        let host = |what: &str, last_octet: u8| Host {
-            netns: ns(what),
-            iface: format!("{IF_PREFIX}{tag}{what}"),
-            peer: format!("{IF_PREFIX}{tag}{what}b"),
-            addr: Ipv4Addr::new(10, 201, 0, last_octet),
-        };
+        let hosts = std::iter::once(host("r", 1))
+            .chain((0..senders).map(|i| host(&format!("s{i}"), i as u8 + 2)))
+            .collect();
+        Self::with_hosts(hosts, None, mtu)
+    }
+
+    /// The collective's shape: `ranks` hosts `c0`, `c1`, ... and the
+    /// bridge addressed as the head node, with interface MTU `mtu`.
+    pub fn ranks(ranks: usize, mtu: u32) -> anyhow::Result<Self> {
+        if !(1..=MAX_RANKS).contains(&ranks) {
+            bail!("--ranks must be 1..={MAX_RANKS}, not {ranks}");
+        }
+        let hosts = (0..ranks)
+            .map(|i| host(&format!("c{i:x}"), i as u8 + 1))
+            .collect();
+        Self::with_hosts(hosts, Some(Ipv4Addr::new(10, 201, 0, HEAD_OCTET)), mtu)
+    }
+
+    fn with_hosts(
+        hosts: Vec<Host>,
+        bridge_addr: Option<Ipv4Addr>,
+        mtu: u32,
+    ) -> anyhow::Result<Self> {
         let mut topo = Topology {
-            bridge_netns: ns("br"),
-            receiver: host("r", 1),
-            senders: (0..senders)
-                .map(|i| host(&format!("s{i}"), i as u8 + 2))
-                .collect(),
+            bridge_netns: netns_name("br"),
+            bridge_addr,
+            hosts,
             made: Vec::new(),
         };
         // On error, `topo` drops here and removes what was made.
         topo.make(mtu)?;
         Ok(topo)
+    }
+
+    /// The receiver (the incast's shape).
+    pub fn receiver(&self) -> &Host {
+        &self.hosts[0]
+    }
+
+    /// The senders (the incast's shape).
+    pub fn senders(&self) -> &[Host] {
+        &self.hosts[1..]
     }
 
     fn add_netns(&mut self, name: &str) -> anyhow::Result<()> {
@@ -124,10 +162,14 @@ impl Topology {
             ],
         )?;
         ip_in(&br_ns, &["link", "set", &bridge, "mtu", &mtu.to_string()])?;
+        if let Some(addr) = self.bridge_addr {
+            ip_in(
+                &br_ns,
+                &["addr", "add", &format!("{addr}/24"), "dev", &bridge],
+            )?;
+        }
         ip_in(&br_ns, &["link", "set", &bridge, "up"])?;
-        let hosts: Vec<Host> = std::iter::once(self.receiver.clone())
-            .chain(self.senders.iter().cloned())
-            .collect();
+        let hosts = self.hosts.clone();
         for h in &hosts {
             self.add_netns(&h.netns)?;
             xroce_netns::add_veth(
@@ -177,8 +219,23 @@ impl Topology {
 
     /// Every interface of the experiment that may have XDP pins.
     pub fn interfaces(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.receiver.iface.as_str())
-            .chain(self.senders.iter().map(|h| h.iface.as_str()))
+        self.hosts.iter().map(|h| h.iface.as_str())
+    }
+}
+
+/// The name of this experiment's namespace `what`.
+fn netns_name(what: &str) -> String {
+    format!("{NS_PREFIX}{}-{what}", base36(std::process::id()))
+}
+
+/// Host `role` of this experiment at 10.201.0.`last_octet`.
+fn host(role: &str, last_octet: u8) -> Host {
+    let tag = base36(std::process::id());
+    Host {
+        netns: netns_name(role),
+        iface: format!("{IF_PREFIX}{tag}{role}"),
+        peer: format!("{IF_PREFIX}{tag}{role}b"),
+        addr: Ipv4Addr::new(10, 201, 0, last_octet),
     }
 }
 
@@ -205,9 +262,16 @@ pub fn remove_pins(iface: &str) {
 
 impl Drop for Topology {
     fn drop(&mut self) {
+        // Processes the experiment's children started in its namespaces
+        // (an MPI job's daemons and ranks) die with them, not after.
+        for ns in &self.made {
+            super::procs::kill_in_netns(&ns.path());
+        }
         let ifaces: Vec<String> = self.interfaces().map(str::to_string).collect();
         for iface in &ifaces {
             remove_pins(iface);
+            // What the killed processes published under /run/xroce.
+            let _ = std::fs::remove_dir_all(xroce::stats_export::export_dir(iface));
         }
         // Deleting a namespace deletes the veth ends in it, and with them
         // their peers and so the bridge's ports; the bridge namespace last.
@@ -244,7 +308,7 @@ pub fn sweep_stale() {
             let Some(rest) = name.strip_prefix(IF_PREFIX) else {
                 continue;
             };
-            // Interface names are xe<tag><r|sN>: base 36 cannot tell the
+            // Interface names are xe<tag><r|sN|cX>: base 36 cannot tell the
             // role letter from a tag digit, so try each split and remove the
             // pins only if no split names a live experiment.
             let tags: Vec<&str> = (1..rest.len())
@@ -260,12 +324,16 @@ pub fn sweep_stale() {
     }
 }
 
-/// The role part of an interface name: `r` (receiver) or `s<N>` (sender).
+/// The role part of an interface name: `r` (receiver), `s<N>` (sender) or
+/// `c<X>` (rank, one hex digit).
 fn is_role(role: &str) -> bool {
     role == "r"
         || role
             .strip_prefix('s')
             .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+        || role
+            .strip_prefix('c')
+            .is_some_and(|x| x.len() == 1 && x.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
@@ -281,5 +349,9 @@ mod tests {
         let tag = base36(4_194_304);
         let longest = format!("{IF_PREFIX}{tag}s{}b", MAX_SENDERS - 1);
         assert!(longest.len() <= 15, "{longest}");
+        // UCX keeps 15 characters of the device `xroce_<iface>`.
+        let rank = format!("xroce_{IF_PREFIX}{tag}c{:x}", MAX_RANKS - 1);
+        assert!(rank.len() <= 15, "{rank}");
+        assert!(is_role("cf") && !is_role("c10") && !is_role("c"));
     }
 }

@@ -45,6 +45,7 @@ use super::{
 use crate::units::{Fraction, Rate, Seconds, Size};
 
 pub use node::{receiver, sender, NodeArgs};
+pub use results::percentile;
 
 /// Flags of a workload, shared by `workload` and `compare`.
 #[derive(clap::Args, Debug, Clone)]
@@ -535,9 +536,9 @@ fn run_one(
     );
     let topo =
         Topology::build(c.senders + c.receivers - 1, c.mtu).context("build the namespaces")?;
-    let senders: Vec<Host> = topo.senders[..c.senders].to_vec();
-    let receivers: Vec<Host> = std::iter::once(topo.receiver.clone())
-        .chain(topo.senders[c.senders..].iter().cloned())
+    let senders: Vec<Host> = topo.senders()[..c.senders].to_vec();
+    let receivers: Vec<Host> = std::iter::once(topo.receiver().clone())
+        .chain(topo.senders()[c.senders..].iter().cloned())
         .collect();
     let result = Run {
         bridge_netns: &topo.bridge_netns,

@@ -1,0 +1,276 @@
+//! `xroce experiment collective` end to end with Debian's unmodified Open
+//! MPI: 4 ranks, allreduce and alltoall of 64 KiB, a few iterations, over
+//! xroce (pml ucx) and over TCP (pml ob1), lossless and at 1 % loss on one
+//! rank's ingress. The run succeeds; every rank checked every element of
+//! every result (the program's own count, in each job's mpirun.log); the
+//! outputs exist and parse; iterations.csv has one row per rank and
+//! iteration of every job, each iteration's JCT its slowest rank's time;
+//! the XDP fault injector really dropped frames; and nothing is left: no
+//! namespace, XDP pin or process. A second run is interrupted (SIGINT)
+//! once its ranks are iterating, and leaves nothing either.
+//!
+//! That the same seed gives the same schedule is a unit test of the
+//! schedule (userspace/cli/src/experiment/collective/schedule.rs).
+//! The experiments make and remove their own namespaces.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use xroce_tests::{
+    experiment::{leftovers, processes_mentioning},
+    require_root, verbs, workspace_bin,
+};
+
+const RANKS: usize = 4;
+const ITERS: usize = 4;
+const WARMUP: usize = 1;
+const OPS: [&str; 2] = ["allreduce", "alltoall"];
+/// (transport, loss) of every job, in the order they run.
+const JOBS: [(&str, f64); 4] = [("xroce", 0.0), ("xroce", 0.01), ("tcp", 0.0), ("tcp", 0.01)];
+
+/// Root, Open MPI's mpicc, and xroce's drop-in libibverbs built.
+fn prerequisites() {
+    require_root();
+    for (tool, package) in [("mpicc", "libopenmpi-dev"), ("mpirun", "openmpi-bin")] {
+        assert!(
+            Command::new(tool).arg("--version").output().is_ok(),
+            "`{tool}` is missing: install {package} (`cargo xtask setup`)"
+        );
+    }
+    assert!(
+        Command::new("iptables").arg("-V").output().is_ok(),
+        "`iptables` is missing (loss over TCP): install iptables"
+    );
+    if std::env::var_os("XROCE_LIB_DIR").is_none() {
+        verbs::ibverbs_cdylib();
+    }
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("xroce-{name}-{}", std::process::id()))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn experiment(dir: &Path, iters: usize, extra: &[&str]) -> Command {
+    let _ = std::fs::remove_dir_all(dir);
+    let mut cmd = Command::new(workspace_bin("xroce"));
+    cmd.args(["experiment", "collective", "--ranks", &RANKS.to_string()])
+        .args(["--op", &OPS.join(","), "--sizes", "64KiB"])
+        .args([
+            "--iters",
+            &iters.to_string(),
+            "--warmup",
+            &WARMUP.to_string(),
+        ])
+        .args(["--seed", "5", "--out"])
+        .arg(dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Nothing of experiment `pid` with outputs in `dir` is left.
+fn nothing_left(pid: u32, dir: &Path) {
+    let (netns, pins) = leftovers(pid);
+    assert!(netns.is_empty(), "namespaces left behind: {netns:?}");
+    assert!(pins.is_empty(), "XDP pins left behind: {pins:?}");
+    // The program, the launch agent and the job's files are all in `dir`:
+    // any process of the job names it.
+    let procs = processes_mentioning(&dir.to_string_lossy());
+    assert!(procs.is_empty(), "processes left behind: {procs:?}");
+}
+
+/// A row of iterations.csv by column name.
+type Row = BTreeMap<String, String>;
+/// An iteration: transport, loss, op, iteration.
+type Iteration = (String, String, String, String);
+
+/// iterations.csv as one map per row, by column name.
+fn iterations_csv(dir: &Path) -> Vec<Row> {
+    let text = read(&dir.join("iterations.csv"));
+    let mut lines = text.lines();
+    let header: Vec<String> = lines
+        .next()
+        .expect("a header")
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        header.join(","),
+        "transport,loss,op,bytes,iter,rank,gap_s,coll_s,wait_fraction,jct_s"
+    );
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .cloned()
+                .zip(l.split(',').map(str::to_string))
+                .collect()
+        })
+        .collect()
+}
+
+fn num(row: &Row, col: &str) -> f64 {
+    row[col]
+        .parse()
+        .unwrap_or_else(|e| panic!("{col} in {row:?}: {e}"))
+}
+
+#[test]
+fn collectives_over_xroce_and_tcp_are_checked_and_leave_nothing_behind() {
+    prerequisites();
+    let dir = temp("collective");
+    let child = experiment(&dir, ITERS, &["--loss", "0.01", "--loss-on", "rank:1"])
+        .spawn()
+        .expect("start xroce experiment collective");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait for the experiment");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    nothing_left(pid, &dir);
+    assert!(
+        out.status.success(),
+        "the experiment failed ({}); outputs in {}:\n{stderr}",
+        out.status,
+        dir.display()
+    );
+
+    // Every rank checked every result of each job: ops × (warm-up + timed
+    // iterations) per rank.
+    let checked = RANKS * OPS.len() * (WARMUP + ITERS);
+    for (transport, loss) in JOBS {
+        let log = read(&dir.join(format!("runs/{transport}-loss{loss}/mpirun.log")));
+        let want = format!("collective_step: ok: {RANKS} ranks, {checked} results checked");
+        assert!(
+            log.contains(&want),
+            "{transport} at {loss}: no {want:?}:\n{log}"
+        );
+    }
+
+    // One row per job, op, iteration and rank; each iteration has every
+    // rank once, and its JCT is its slowest rank's time.
+    let rows = iterations_csv(&dir);
+    assert_eq!(rows.len(), JOBS.len() * OPS.len() * ITERS * RANKS);
+    let mut iterations: BTreeMap<Iteration, Vec<&Row>> = BTreeMap::new();
+    for r in &rows {
+        assert_eq!(r["bytes"], "65536", "{r:?}");
+        let wait = num(r, "wait_fraction");
+        assert!((0.0..=1.0).contains(&wait), "{r:?}");
+        assert!(num(r, "coll_s") > 0.0 && num(r, "gap_s") > 0.0, "{r:?}");
+        let key = (
+            r["transport"].clone(),
+            r["loss"].clone(),
+            r["op"].clone(),
+            r["iter"].clone(),
+        );
+        iterations.entry(key).or_default().push(r);
+    }
+    assert_eq!(iterations.len(), JOBS.len() * OPS.len() * ITERS);
+    for (key, ranks) in &iterations {
+        let mut seen: Vec<String> = ranks.iter().map(|r| r["rank"].clone()).collect();
+        seen.sort();
+        assert_eq!(seen, ["0", "1", "2", "3"], "{key:?}");
+        let slowest = ranks.iter().map(|r| num(r, "coll_s")).fold(0.0, f64::max);
+        for r in ranks {
+            assert!((num(r, "jct_s") - slowest).abs() < 1e-6, "{key:?}: {r:?}");
+        }
+    }
+
+    let summary: Value = serde_json::from_str(&read(&dir.join("summary.json"))).unwrap();
+    assert_eq!(summary["experiment"], "collective");
+    assert_eq!(
+        summary["errors"].as_array().map(Vec::len),
+        Some(0),
+        "{summary}"
+    );
+    assert_eq!(summary["settings"]["ranks"], RANKS);
+    let jobs = summary["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), JOBS.len(), "{summary}");
+    for (job, (transport, loss)) in jobs.iter().zip(JOBS) {
+        assert_eq!(job["transport"], transport);
+        assert_eq!(job["loss"], loss);
+    }
+    // xroce's RoCEv2 crossed the XDP programs, and the fault injector
+    // dropped some on rank 1's ingress only in the lossy job.
+    assert!(jobs[0]["frames"].as_u64().unwrap() > 0, "{summary}");
+    assert_eq!(jobs[0]["dropped"], 0, "{summary}");
+    assert!(jobs[1]["dropped"].as_u64().unwrap() > 0, "{summary}");
+    let figures = summary["figures"].as_array().expect("figures");
+    assert_eq!(figures.len(), JOBS.len() * OPS.len(), "{summary}");
+    for f in figures {
+        assert_eq!(f["iters"], ITERS, "{f}");
+        assert_eq!(f["jct_s"].as_array().map(Vec::len), Some(ITERS), "{f}");
+        let (p50, p99, max) = (
+            f["jct_p50_s"].as_f64().unwrap(),
+            f["jct_p99_s"].as_f64().unwrap(),
+            f["jct_max_s"].as_f64().unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{f}");
+        let algbw = f["algbw_gbyte_s"].as_f64().unwrap();
+        assert!((algbw - 65536.0 / p50 / 1e9).abs() < 1e-9, "{f}");
+        // nccl-tests: allreduce 2(n-1)/n, alltoall (n-1)/n.
+        let factor = if f["op"] == "allreduce" { 1.5 } else { 0.75 };
+        let busbw = f["busbw_gbyte_s"].as_f64().unwrap();
+        assert!((busbw - algbw * factor).abs() < 1e-9, "{f}");
+        let lossy = f["loss"].as_f64().unwrap() > 0.0;
+        assert_eq!(f["slowdown_p50"].is_f64(), lossy, "{f}");
+    }
+    for file in ["jct.svg", "schedule.csv", "summary.json"] {
+        let len = std::fs::metadata(dir.join(file))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(len > 0, "{} is missing or empty", dir.join(file).display());
+    }
+    assert_eq!(
+        read(&dir.join("schedule.csv")).lines().count(),
+        1 + ITERS * RANKS
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_interrupted_experiment_leaves_nothing_behind() {
+    prerequisites();
+    let dir = temp("collective-int");
+    // Enough iterations that it is still running when interrupted.
+    let mut child = experiment(&dir, 100_000, &["--transport", "xroce"])
+        .spawn()
+        .expect("start xroce experiment collective");
+    let pid = child.id();
+    // Interrupt once rank 0 has finished an iteration: the ranks, their
+    // daemons and mpirun are all up.
+    let progress = dir.join("runs/xroce-loss0/steps.csv.progress");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while std::fs::metadata(&progress).map(|m| m.len()).unwrap_or(0) == 0 {
+        if let Some(status) = child.try_wait().expect("poll the experiment") {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr);
+            panic!("the experiment ended ({status}) before its first iteration:\n{stderr}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no iteration within 300 s; outputs in {}", dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: signalling the child we started and have not waited for.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().expect("wait for the experiment");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    nothing_left(pid, &dir);
+    assert!(
+        !out.status.success(),
+        "an interrupted run succeeded:\n{stderr}"
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
