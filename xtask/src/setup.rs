@@ -19,7 +19,9 @@ use crate::util::{is_root, output, run, step, succeeds};
 /// (openmpi-bin, libopenmpi-dev for the test program's mpicc), libfabric
 /// (libfabric-bin), Gloo (libgloo-dev, g++ for the test program) and
 /// pyverbs (python3-pyverbs, whose tests rdma-core ships in its docs);
-/// libhwloc-dev for the test program that asks hwloc for the devices.
+/// libhwloc-dev for the test program that asks hwloc for the devices;
+/// iptables, with which `xroce experiment collective` drops TCP segments
+/// (the XDP fault injector drops only RoCEv2).
 const APT_PACKAGES: &[&str] = &[
     "libelf-dev",
     "zlib1g-dev",
@@ -51,6 +53,7 @@ const APT_PACKAGES: &[&str] = &[
     "g++",
     "python3-pyverbs",
     "libhwloc-dev",
+    "iptables",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.10.3";
