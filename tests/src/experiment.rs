@@ -209,3 +209,29 @@ impl Incast {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A CSV file an experiment wrote, as its header and one map per row by
+/// column name (the outputs have no quoting).
+pub fn csv_rows(
+    path: &std::path::Path,
+) -> (Vec<String>, Vec<std::collections::BTreeMap<String, String>>) {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut lines = text.lines();
+    let header: Vec<String> = lines
+        .next()
+        .unwrap_or_else(|| panic!("{} has no header", path.display()))
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let rows = lines
+        .map(|l| {
+            header
+                .iter()
+                .cloned()
+                .zip(l.split(',').map(str::to_string))
+                .collect()
+        })
+        .collect();
+    (header, rows)
+}

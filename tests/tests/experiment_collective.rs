@@ -22,7 +22,7 @@ use std::{
 
 use serde_json::Value;
 use xroce_tests::{
-    experiment::{leftovers, processes_mentioning},
+    experiment::{csv_rows, leftovers, processes_mentioning},
     require_root, verbs, workspace_bin,
 };
 
@@ -97,27 +97,12 @@ type Iteration = (String, String, String, String);
 
 /// iterations.csv as one map per row, by column name.
 fn iterations_csv(dir: &Path) -> Vec<Row> {
-    let text = read(&dir.join("iterations.csv"));
-    let mut lines = text.lines();
-    let header: Vec<String> = lines
-        .next()
-        .expect("a header")
-        .split(',')
-        .map(str::to_string)
-        .collect();
+    let (header, rows) = csv_rows(&dir.join("iterations.csv"));
     assert_eq!(
         header.join(","),
         "transport,loss,op,bytes,iter,rank,gap_s,coll_s,wait_fraction,jct_s"
     );
-    lines
-        .map(|l| {
-            header
-                .iter()
-                .cloned()
-                .zip(l.split(',').map(str::to_string))
-                .collect()
-        })
-        .collect()
+    rows
 }
 
 fn num(row: &Row, col: &str) -> f64 {

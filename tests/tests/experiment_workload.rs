@@ -16,7 +16,10 @@ use std::{
 };
 
 use serde_json::Value;
-use xroce_tests::{experiment::leftovers, require_root, workspace_bin};
+use xroce_tests::{
+    experiment::{csv_rows, leftovers},
+    require_root, workspace_bin,
+};
 
 const FLOWS: usize = 40;
 
@@ -84,23 +87,7 @@ fn read(path: &Path) -> String {
 
 /// flows.csv as one map per row, by column name.
 fn flows_csv(dir: &Path) -> Vec<BTreeMap<String, String>> {
-    let text = read(&dir.join("flows.csv"));
-    let mut lines = text.lines();
-    let header: Vec<String> = lines
-        .next()
-        .expect("a header")
-        .split(',')
-        .map(str::to_string)
-        .collect();
-    lines
-        .map(|l| {
-            header
-                .iter()
-                .cloned()
-                .zip(l.split(',').map(str::to_string))
-                .collect()
-        })
-        .collect()
+    csv_rows(&dir.join("flows.csv")).1
 }
 
 /// Every flow of the schedule once, arrived once, verified, with an FCT.

@@ -12,8 +12,33 @@ use super::report::Report;
 
 const SIZE: (u32, u32) = (960, 540);
 
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
+/// plotters' errors as anyhow's (every plot of the experiments).
+pub(super) fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow::anyhow!("{e}")
+}
+
+/// Draws `chart`'s legend at `legend_at` and writes the SVG to `path`:
+/// how every plot of the experiments ends.
+pub(super) fn finish<'a, X, Y>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+    root: &DrawingArea<SVGBackend<'a>, plotters::coord::Shift>,
+    legend_at: SeriesLabelPosition,
+    path: &Path,
+) -> anyhow::Result<()>
+where
+    X: plotters::coord::ranged1d::Ranged,
+    Y: plotters::coord::ranged1d::Ranged,
+{
+    chart
+        .configure_series_labels()
+        .position(legend_at)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present()
+        .map_err(err)
+        .with_context(|| format!("write {}", path.display()))
 }
 
 /// Draws lines (one per series, named) into an SVG file.
@@ -72,16 +97,7 @@ fn lines(
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present()
-        .map_err(err)
-        .with_context(|| format!("write {}", path.display()))
+    finish(&mut chart, &root, SeriesLabelPosition::UpperRight, path)
 }
 
 /// Each point's y replaced by the mean of the last `window` points' (fewer

@@ -4,16 +4,13 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use plotters::prelude::*;
+
+use super::super::plot::{err, finish};
 
 use super::results::Figure;
 
 const SIZE: (u32, u32) = (960, 540);
-
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
-}
 
 /// The series' name: "xroce 1% allreduce 64 KiB".
 fn label(f: &Figure) -> String {
@@ -60,14 +57,5 @@ pub fn jct(path: &Path, title: &str, figures: &[Figure]) -> anyhow::Result<()> {
             .label(label(f))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present()
-        .map_err(err)
-        .with_context(|| format!("write {}", path.display()))
+    finish(&mut chart, &root, SeriesLabelPosition::UpperRight, path)
 }

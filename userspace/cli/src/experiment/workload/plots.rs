@@ -3,16 +3,13 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use plotters::prelude::*;
+
+use super::super::plot::{err, finish};
 
 use super::results::{Bucket, BUCKETS};
 
 const SIZE: (u32, u32) = (960, 540);
-
-fn err(e: impl std::fmt::Display) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
-}
 
 /// One run to draw: its name (the controller), slowdown buckets, queue CDF.
 pub struct Series<'a> {
@@ -85,16 +82,7 @@ pub fn slowdown(path: &Path, title: &str, series: &[Series<'_>]) -> anyhow::Resu
                 PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(1))
             });
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present()
-        .map_err(err)
-        .with_context(|| format!("write {}", path.display()))
+    finish(&mut chart, &root, SeriesLabelPosition::UpperLeft, path)
 }
 
 /// queue_cdf.svg: the fraction of samples with the queue at or below x KB.
@@ -137,14 +125,5 @@ pub fn queue_cdf(path: &Path, title: &str, series: &[Series<'_>]) -> anyhow::Res
             .label(s.name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], colour));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present()
-        .map_err(err)
-        .with_context(|| format!("write {}", path.display()))
+    finish(&mut chart, &root, SeriesLabelPosition::LowerRight, path)
 }
