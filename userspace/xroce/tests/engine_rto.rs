@@ -5,7 +5,7 @@
 //! by a tail-loss probe a few milliseconds later instead of the full local
 //! ACK timeout, with every message delivered exactly once.
 
-use xroce::engine::timers;
+use xroce::engine::{sim::pattern, timers};
 use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 
@@ -305,4 +305,81 @@ fn long_round_trips_do_not_push_the_probe_past_8_ms() {
     let rto = timers::ack_timeout_ns(14).unwrap();
     assert!(took <= 8 * MS + 2 * delay + MS, "took {took} ns");
     assert!(took < rto, "took {took} ns");
+}
+
+/// An 8-packet SEND loses its third packet and the sequence NAK the gap
+/// draws. The responder, having NAKed, answers no later packet (the probe
+/// of the last one included) until the one it NAKed arrives. The second
+/// probe goes back N: recovered in milliseconds instead of the local ACK
+/// timeout (UCX asks for a second), with the message delivered once.
+#[test]
+fn a_lost_nak_costs_a_few_probe_times_not_the_local_ack_timeout() {
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    use xroce_wire::{parse_frame, Syndrome};
+    let mut sim = sim_pair(LinkConfig::default(), 25);
+    // timeout 18: 1.07 s, as UCX's default UCX_RC_TIMEOUT of 1 s maps.
+    let p = PairParams {
+        timeout: 18,
+        retry_cnt: 7,
+        ..Default::default()
+    };
+    let rto = timers::ack_timeout_ns(18).unwrap();
+    let (a, b) = connect_pair(&sim, &p);
+    post_recvs(&b, 2, 8192);
+    // Warm-up: a round-trip estimate for the probe timer.
+    a.qp.post_send(&send_wr(1, &a, 0, 8)).unwrap();
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    assert!(sim.run_until(sim.now + 100 * MS, |_| {
+        wa.extend(drain(&a.cq));
+        wb.extend(drain(&b.cq));
+        wa.len() == 1 && wb.len() == 1
+    }));
+    // From here: the third data frame towards B, and the first NAK back.
+    let to_b = std::sync::Arc::new(AtomicU32::new(0));
+    let naks = std::sync::Arc::new(AtomicU32::new(0));
+    let (tb, nk) = (to_b.clone(), naks.clone());
+    sim.link.drop_when(move |towards_b, frame| {
+        let Ok((f, _)) = parse_frame(frame) else {
+            return false;
+        };
+        if towards_b {
+            return tb.fetch_add(1, Relaxed) == 2;
+        }
+        let nak = f
+            .transport
+            .aeth
+            .is_some_and(|ae| matches!(ae.syndrome, Syndrome::Nak(_)));
+        nak && nk.fetch_add(1, Relaxed) == 0
+    });
+    let msg = pattern(7, 8000);
+    // SAFETY: nothing posted reads these bytes yet.
+    unsafe { a.mr.write(0, &msg) }.unwrap();
+    let t0 = sim.now;
+    a.qp.post_send(&send_wr(2, &a, 0, 8000)).unwrap();
+    assert!(
+        sim.run_until(t0 + 2 * rto, |_| {
+            wa.extend(drain(&a.cq));
+            wb.extend(drain(&b.cq));
+            wa.len() == 2 && wb.len() == 2
+        }),
+        "A {wa:?} B {wb:?}"
+    );
+    let took = sim.now - t0;
+    assert_eq!(naks.load(Relaxed), 1, "B NAKed the gap once");
+    assert!(took < 50 * MS && took < rto / 20, "took {took} ns");
+    let (sa, _) = (sim.a.stats(), sim.b.stats());
+    assert_eq!(sa.retry_timeouts, 0, "no local ACK timeout expired");
+    assert_eq!(sa.probe_retries, 1);
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(
+        wb.iter().map(|w| (w.wr_id, w.byte_len)).collect::<Vec<_>>(),
+        [(1000, 8), (1001, 8000)]
+    );
+    // SAFETY: the receive that wrote these bytes has completed.
+    assert_eq!(unsafe { b.mr.to_vec(8192, 8000) }.unwrap(), msg);
+    sim.run_until(sim.now + 100 * MS, |_| false);
+    assert!(drain(&b.cq).is_empty(), "the message arrived twice");
 }

@@ -54,6 +54,9 @@ pub(crate) struct ReqState {
     /// smoothed round-trip time the probe waits a few of.
     pub rto_backoff: u8,
     pub rto_after_probe: Option<u64>,
+    /// Tail-loss probes since the retransmission timer was last armed
+    /// (`arm_rto`); on go-back-N each waits four times the one before.
+    pub probes: u8,
     pub srtt_ns: Option<u64>,
     /// The latest round-trip sample (shown by `xroce status --qps`).
     pub last_rtt_ns: Option<u64>,

@@ -115,6 +115,7 @@ impl QpCtx {
     /// the timeout is long next to the probe time, the timer first fires
     /// for a tail-loss probe and then, unchanged, at the full timeout.
     pub(crate) fn arm_rto(&mut self, now: u64) {
+        self.req.probes = 0;
         let Some(rto) = self.backed_off_rto_ns() else {
             self.req.timers.cancel(Timer::Retransmit);
             self.req.rto_after_probe = None;
@@ -130,6 +131,12 @@ impl QpCtx {
         }
     }
 
+    /// During a go-back-N retry (not yet all sent again), or while an RNR
+    /// NAK holds the requester, a probe has nothing to add.
+    fn can_probe(&self) -> bool {
+        self.req.psn == self.req.max_psn && !self.req.timers.is_armed(Timer::RnrBackoff)
+    }
+
     /// Tail-loss probe: nothing acknowledged for the probe time, so the last
     /// packet sent may be lost with nothing after it to reveal the gap
     /// (always so in a ping-pong), and waiting for the local ACK timeout
@@ -140,9 +147,7 @@ impl QpCtx {
     /// which starts go-back-N. Not an expiry: retry_cnt is untouched, and
     /// the timeout still fires at its time if the probe is not answered.
     fn send_tail_probe(&mut self, env: &Env<'_>) {
-        // During a go-back-N retry, or while an RNR NAK holds the
-        // requester, the probe has nothing to add.
-        if self.req.psn != self.req.max_psn || self.req.timers.is_armed(Timer::RnrBackoff) {
+        if !self.can_probe() {
             return;
         }
         if self.sr_has_holes() {
@@ -171,14 +176,42 @@ impl QpCtx {
         if let Some(at) = self.req.rto_after_probe.take() {
             if at > now {
                 self.req.timers.arm(Timer::Retransmit, at);
-                self.send_tail_probe(env);
-                // Selective repeat: probe again while nothing moves (a
-                // probe costs one packet; the re-sent hole may be lost
-                // too), up to the timeout.
-                let again = self.sr.is_some().then(|| self.backed_off_rto_ns());
-                if let Some(p) = again.flatten().and_then(|rto| self.probe_ns(rto)) {
-                    if now + p < at {
-                        self.req.timers.arm(Timer::Retransmit, now + p);
+                let earlier = self.req.probes;
+                self.req.probes = earlier.saturating_add(1);
+                // Only with a round-trip estimate: without one the probe
+                // time may be shorter than the path's round trip.
+                let rtt_known = self.req.srtt_ns.is_some();
+                if self.sr.is_none() && earlier > 0 && rtt_known && self.can_probe() {
+                    // Go-back-N: the last packet's probe drew nothing. A
+                    // responder that NAKed a gap answers no later packet
+                    // until the one it NAKed arrives, so if that NAK or the
+                    // retransmission it asked for was lost, only going back
+                    // ends the silence; the local ACK timeout may be long
+                    // (UCX asks for a second). Not an expiry: retry_cnt and
+                    // the back-off are the timeout's.
+                    env.stats.probe_retries += 1;
+                    self.start_retry(env);
+                } else {
+                    self.send_tail_probe(env);
+                }
+                // Probe again while nothing moves, up to the timeout
+                // (go-back-N: once the round trip is known):
+                // selective repeat every probe time (a probe costs one
+                // packet; the re-sent hole may be lost too), go-back-N four
+                // times as late as the probe before (each may resend a
+                // window, so a host stalled for a few milliseconds, which
+                // the first probe allows for, must not cost many).
+                let rto = self
+                    .backed_off_rto_ns()
+                    .filter(|_| self.sr.is_some() || rtt_known);
+                if let Some(p) = rto.and_then(|rto| self.probe_ns(rto)) {
+                    let next = if self.sr.is_some() {
+                        p
+                    } else {
+                        p.saturating_mul(1 << (2 * self.req.probes.min(15)))
+                    };
+                    if now + next < at {
+                        self.req.timers.arm(Timer::Retransmit, now + next);
                         self.req.rto_after_probe = Some(at);
                     }
                 }

@@ -158,8 +158,12 @@ pub struct SimLink {
     /// Drop everything (peer gone).
     pub cut: bool,
     tap: Option<FrameTap>,
+    drop_when: Option<FrameFilter>,
     trace: Option<Vec<u64>>,
 }
+
+/// Chooses frames to lose: (towards B, the frame) -> drop it.
+type FrameFilter = Box<dyn FnMut(bool, &[u8]) -> bool + Send>;
 
 impl SimLink {
     /// A link whose impairments draw from ChaCha8 keyed by `seed`.
@@ -175,6 +179,7 @@ impl SimLink {
             stats: LinkStats::default(),
             cut: false,
             tap: None,
+            drop_when: None,
             trace: None,
         }
     }
@@ -210,6 +215,13 @@ impl SimLink {
         self.tap = Some(Box::new(tap));
     }
 
+    /// From now on lose every frame `drop` picks (after the random loss
+    /// left it): the exact losses a test needs, e.g. one PSN and the NAK
+    /// it draws.
+    pub fn drop_when(&mut self, drop: impl FnMut(bool, &[u8]) -> bool + Send + 'static) {
+        self.drop_when = Some(Box::new(drop));
+    }
+
     fn enqueue(&mut self, to_b: bool, at: u64, frame: &[u8]) {
         let mut v = self.pool.pop().unwrap_or_default();
         v.clear();
@@ -239,7 +251,10 @@ impl SimLink {
             (frame.len() as u64 * 8 * 1_000_000_000).div_ceil(self.cfg.rate_bps)
         };
         self.busy_until[d] = start + ser;
-        if self.cut || self.rng.random_bool(self.cfg.loss.clamp(0.0, 1.0)) {
+        if self.cut
+            || self.rng.random_bool(self.cfg.loss.clamp(0.0, 1.0))
+            || self.drop_when.as_mut().is_some_and(|d| d(to_b, frame))
+        {
             self.stats.dropped += 1;
             return;
         }
