@@ -314,7 +314,7 @@ fn run(
             let mut engine_empty = false;
             sent += io.transmit(&mut |buf| loop {
                 let e = engine.as_mut()?;
-                let n = e.poll_transmit(now, buf);
+                let n = e.poll_transmit_frame(now, buf);
                 if n.is_none() {
                     engine_empty = true;
                     // Unlock before the backend hands the frames to the
@@ -428,7 +428,7 @@ mod tests {
         let long = Duration::from_secs(5);
         let mut buf = vec![0u8; 9216];
         // Connecting woke the QP: once asked, it has nothing to send.
-        while sim.a.poll_transmit(now_ns(), &mut buf).is_some() {}
+        while sim.a.poll_transmit_frame(now_ns(), &mut buf).is_some() {}
         assert_eq!(idle_wait(&sim.a, long), long, "nothing to do");
         let wr = SendWr::new(
             1,
@@ -442,8 +442,8 @@ mod tests {
         assert!(sim.a.has_posted_work());
         assert_eq!(idle_wait(&sim.a, long), Duration::ZERO, "a post waits");
         let now = now_ns();
-        assert!(sim.a.poll_transmit(now, &mut buf).is_some());
-        while sim.a.poll_transmit(now, &mut buf).is_some() {}
+        assert!(sim.a.poll_transmit_frame(now, &mut buf).is_some());
+        while sim.a.poll_transmit_frame(now, &mut buf).is_some() {}
         // Sent: the retransmission timer is all that is left.
         let wait = idle_wait(&sim.a, long);
         assert!(wait > Duration::ZERO && wait < long, "{wait:?}");
