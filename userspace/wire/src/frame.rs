@@ -99,7 +99,8 @@ impl IpRepr {
             }),
         }
     }
-    fn set_payload_len(&mut self, n: u16) {
+    /// The IP payload length (UDP header and payload); `emit_headers` sets it.
+    pub fn set_payload_len(&mut self, n: u16) {
         match self {
             IpRepr::V4(r) => r.payload_len = n,
             IpRepr::V6(r) => r.payload_len = n,

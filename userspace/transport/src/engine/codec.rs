@@ -87,7 +87,8 @@ pub(crate) fn packet(tmpl: &FrameRepr, opcode: Opcode, psn: u32) -> FrameRepr {
     f
 }
 
-/// Writes the UDP payload of packet `f` into `buf`: headers, the
+/// Writes the UDP payload of packet `f` into `buf` behind room for its
+/// frame's headers (see [`Transmit::payload_at`]): transport headers, the
 /// `payload_len` payload bytes `fill` writes in place (from the MR, no
 /// copy in between), pad and a zeroed ICRC slot.
 pub(crate) fn emit(
@@ -96,8 +97,13 @@ pub(crate) fn emit(
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> xroce_wire::Result<()>,
 ) -> xroce_wire::Result<Transmit> {
-    let len = f.transport.emit_in_place(payload_len, buf, fill)?;
-    Ok(transmit(f, len))
+    let at = xroce_wire::headers_len(&f.eth, &f.ip);
+    let have = buf.len();
+    let room = buf
+        .get_mut(at..)
+        .ok_or(xroce_wire::Error::BufferTooSmall { needed: at, have })?;
+    let len = f.transport.emit_in_place(payload_len, room, fill)?;
+    Ok(transmit(f, at, len))
 }
 
 /// [`emit`] with the payload copied from `payload` (an ACK's SACK block).
@@ -106,16 +112,22 @@ pub(crate) fn emit_copy(
     payload: &[u8],
     buf: &mut [u8],
 ) -> xroce_wire::Result<Transmit> {
-    let len = f.transport.emit(payload, buf)?;
-    Ok(transmit(f, len))
+    let at = xroce_wire::headers_len(&f.eth, &f.ip);
+    let have = buf.len();
+    let room = buf
+        .get_mut(at..)
+        .ok_or(xroce_wire::Error::BufferTooSmall { needed: at, have })?;
+    let len = f.transport.emit(payload, room)?;
+    Ok(transmit(f, at, len))
 }
 
-fn transmit(f: &FrameRepr, len: usize) -> Transmit {
+fn transmit(f: &FrameRepr, payload_at: usize, len: usize) -> Transmit {
     Transmit {
         src_mac: f.eth.src,
         dst_mac: f.eth.dst,
         ip: f.ip,
         udp_src_port: f.udp.src_port,
+        payload_at,
         len,
     }
 }

@@ -26,9 +26,9 @@ impl RxDatagram<'_> {
 }
 
 /// A datagram [`Engine::poll_transmit`](super::Engine::poll_transmit)
-/// wrote: its UDP payload is the first `len` bytes of the buffer it was
-/// given, the last [`ICRC_LEN`](xroce_wire::ICRC_LEN) of them a zeroed
-/// ICRC slot for the backend to fill.
+/// wrote into the buffer it was given: its UDP payload is `len` bytes at
+/// `payload_at`, the last [`ICRC_LEN`](xroce_wire::ICRC_LEN) of them a
+/// zeroed ICRC slot for the backend to fill.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Transmit {
     /// Our MAC and the next hop's.
@@ -38,6 +38,11 @@ pub struct Transmit {
     /// rxe); its length fields are the backend's to fill.
     pub ip: IpRepr,
     pub udp_src_port: u16,
+    /// Where the UDP payload starts: behind room for exactly the frame's
+    /// Ethernet (untagged), IP and UDP headers, so a backend that sends
+    /// frames writes them in front of it ([`xroce_wire::emit_headers`]
+    /// on the buffer) and moves nothing; one that sends datagrams skips it.
+    pub payload_at: usize,
     /// UDP payload bytes, ICRC slot included.
     pub len: usize,
 }
@@ -46,6 +51,24 @@ impl Transmit {
     /// Its length as an untagged Ethernet frame (byte counters, pacing).
     pub fn frame_len(&self) -> usize {
         frame_len(&self.ip, self.len)
+    }
+
+    /// Its UDP payload in the buffer `poll_transmit` wrote it into.
+    pub fn payload<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
+        &buf[self.payload_at..self.payload_at + self.len]
+    }
+
+    /// It as its destination receives it when that is this device (the
+    /// loopback of two QPs of one device, which never reaches the wire):
+    /// its ICRC slot stays unfilled, nobody checks it.
+    pub fn looped_back<'a>(&self, buf: &'a [u8]) -> RxDatagram<'a> {
+        let mut ip = self.ip;
+        ip.set_payload_len((xroce_wire::udp::HEADER_LEN + self.len) as u16);
+        RxDatagram {
+            ip,
+            udp_src_port: self.udp_src_port,
+            udp_payload: self.payload(buf),
+        }
     }
 
     /// The Ethernet and UDP headers of its frame (UDP checksum 0 over

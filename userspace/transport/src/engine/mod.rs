@@ -21,7 +21,7 @@
 //! loop {
 //!     for d in rx_batch { engine.handle_datagram(&d, now_ns) }
 //!     if engine.poll_timeout().is_some_and(|t| t <= now_ns) { engine.handle_timeout(now_ns) }
-//!     while let Some(t) = engine.poll_transmit(now_ns, &mut tx_buf) { send(&t, &tx_buf[..t.len]) }
+//!     while let Some(t) = engine.poll_transmit(now_ns, &mut tx_buf) { send(&t, t.payload(&tx_buf)) }
 //!     sleep/poll until min(next rx, engine.poll_timeout())
 //! }
 //! ```
@@ -90,7 +90,7 @@ pub mod completion;
 pub mod datagram;
 mod dispatch;
 pub mod error;
-mod frame;
+pub mod frame;
 pub mod memory;
 mod modify;
 mod post;
@@ -1062,8 +1062,9 @@ impl Engine {
     }
 
     /// Write the UDP payload of the next datagram to send into `buf`
-    /// (which should hold at least `path MTU + 128` bytes) and say where it
-    /// goes; `None` when nothing is ready now.
+    /// (which should hold at least `path MTU + 128` bytes), behind room for
+    /// its frame's headers, and say where it is and where it goes; `None`
+    /// when nothing is ready now.
     pub fn poll_transmit(&mut self, now_ns: u64, buf: &mut [u8]) -> Option<Transmit> {
         // Only QPs that had an event since they last had nothing to send:
         // the rest wait for one (a timer is one, see `schedule`). QPs that
