@@ -85,7 +85,7 @@ fn to_b(sim: &mut EngineSim, f: &[u8]) -> Vec<(TransportRepr, Vec<u8>)> {
     let mut buf = vec![0u8; 9000];
     for _ in 0..1000 {
         sim.now += 10_000;
-        while let Some(n) = b.poll_transmit(sim.now, &mut buf) {
+        while let Some(n) = b.poll_transmit_frame(sim.now, &mut buf) {
             let (r, payload) = parse_frame_checked(&buf[..n]).expect("B sends valid frames");
             out.push((r.transport, payload.to_vec()));
         }
@@ -392,7 +392,7 @@ fn max_rd_atomic_bounds_reads_and_atomics_together() {
         let mut sent = Vec::new();
         for _ in 0..100 {
             sim.now += 10_000;
-            while let Some(n) = e.poll_transmit(sim.now, &mut buf) {
+            while let Some(n) = e.poll_transmit_frame(sim.now, &mut buf) {
                 sent.push(
                     parse_frame_checked(&buf[..n])
                         .unwrap()

@@ -27,7 +27,7 @@ fn lk(m: &Mutex<Engine>) -> std::sync::MutexGuard<'_, Engine> {
 fn carry(from: &Mutex<Engine>, to: &Mutex<Engine>, now: u64) -> usize {
     let mut buf = vec![0u8; 9000];
     let mut n = 0;
-    while let Some(len) = lk(from).poll_transmit(now, &mut buf) {
+    while let Some(len) = lk(from).poll_transmit_frame(now, &mut buf) {
         lk(to).handle_frame(&buf[..len], now);
         n += 1;
     }

@@ -113,15 +113,15 @@ fn pacer_opening_is_seen_by_poll_transmit_alone() {
     ga.post_send(a.qpn, &write(1, &a, &b, 4096)).unwrap();
     let mut buf = vec![0u8; 9000];
     let mut now = 2_000_000;
-    assert!(ga.poll_transmit(now, &mut buf).is_some());
+    assert!(ga.poll_transmit_frame(now, &mut buf).is_some());
     assert!(
-        ga.poll_transmit(now, &mut buf).is_none(),
+        ga.poll_transmit_frame(now, &mut buf).is_none(),
         "pacer held nothing"
     );
     let open = ga.poll_timeout().expect("the pacer's time is a timer");
     assert!(open > now && open < now + 100_000, "pacer timer at {open}");
     now = open;
-    assert!(ga.poll_transmit(now, &mut buf).is_some());
+    assert!(ga.poll_transmit_frame(now, &mut buf).is_some());
 }
 
 /// A timer moved earlier fires at its new time; the old, later entry
@@ -144,29 +144,29 @@ fn rearmed_timer_fires_at_its_new_time() {
     // First request at t1, ACKed: its RTO (t1 + rto) is cancelled.
     let t1 = 10_000_000;
     ga.post_send(a.qpn, &write(1, &a, &b, 1024)).unwrap();
-    let n = ga.poll_transmit(t1, &mut buf).unwrap();
+    let n = ga.poll_transmit_frame(t1, &mut buf).unwrap();
     gb.handle_frame(&buf[..n], t1);
     assert_eq!(ga.poll_timeout(), Some(t1 + rto));
-    let n = gb.poll_transmit(t1, &mut buf).unwrap();
+    let n = gb.poll_transmit_frame(t1, &mut buf).unwrap();
     ga.handle_frame(&buf[..n], t1);
     assert_eq!(ga.poll_timeout(), None, "the ACK cancels the RTO");
     // Second request at t2, lost: RTO at t2 + rto.
     let t2 = t1 + 1_000;
     ga.post_send(a.qpn, &write(2, &a, &b, 1024)).unwrap();
-    ga.poll_transmit(t2, &mut buf).unwrap();
+    ga.poll_transmit_frame(t2, &mut buf).unwrap();
     assert_eq!(ga.poll_timeout(), Some(t2 + rto));
     // At the first RTO's time nothing is due (its entry is stale).
     ga.handle_timeout(t1 + rto);
-    assert!(ga.poll_transmit(t1 + rto, &mut buf).is_none());
+    assert!(ga.poll_transmit_frame(t1 + rto, &mut buf).is_none());
     assert_eq!(ga.poll_timeout(), Some(t2 + rto));
     // At the second, the request is sent again.
     ga.handle_timeout(t2 + rto);
     let n = ga
-        .poll_transmit(t2 + rto, &mut buf)
+        .poll_transmit_frame(t2 + rto, &mut buf)
         .expect("retransmission");
     assert_eq!(ga.stats().retry_timeouts, 1);
     gb.handle_frame(&buf[..n], t2 + rto);
-    let n = gb.poll_transmit(t2 + rto, &mut buf).unwrap();
+    let n = gb.poll_transmit_frame(t2 + rto, &mut buf).unwrap();
     ga.handle_frame(&buf[..n], t2 + rto);
     let mut wcs = Vec::new();
     ga.take_completions(&mut wcs);
@@ -189,12 +189,12 @@ fn destroyed_qp_entries_never_touch_a_reused_slot() {
     {
         let mut ga = sim.a.lock().unwrap();
         ga.post_send(a.qpn, &write(1, &a, &b, 4096)).unwrap();
-        ga.poll_transmit(2_000_000, &mut buf).unwrap(); // RTO armed
+        ga.poll_transmit_frame(2_000_000, &mut buf).unwrap(); // RTO armed
         ga.post_send(a.qpn, &write(2, &a, &b, 4096)).unwrap(); // queued
         assert!(ga.poll_timeout().is_some());
         ga.destroy_qp(a.qpn).unwrap();
         assert_eq!(ga.poll_timeout(), None, "a destroyed QP's timer");
-        assert!(ga.poll_transmit(2_000_000, &mut buf).is_none());
+        assert!(ga.poll_transmit_frame(2_000_000, &mut buf).is_none());
     }
     // QPNs go round the block: create and destroy QPs on A up to the
     // block's last QPN; the next QP takes the freed first slot again, with
@@ -230,22 +230,22 @@ fn destroyed_qp_entries_never_touch_a_reused_slot() {
     let mut gb = sim.b.lock().unwrap();
     // Nothing of the old QP's: no frame, no timer, and the old RTO's time
     // does nothing.
-    assert!(ga.poll_transmit(3_000_000, &mut buf).is_none());
+    assert!(ga.poll_transmit_frame(3_000_000, &mut buf).is_none());
     assert_eq!(ga.poll_timeout(), None);
     ga.handle_timeout(1 << 40);
     assert_eq!(ga.stats().tx_retransmitted, 0);
-    assert!(ga.poll_transmit(1 << 40, &mut buf).is_none());
+    assert!(ga.poll_transmit_frame(1 << 40, &mut buf).is_none());
     // The new QP works, once and only once per packet.
     let data = fill(&a2, 9);
     ga.post_send(a2.qpn, &write(7, &a2, &b2, 4096)).unwrap();
     let now = (1 << 40) + 1;
     let mut sent = 0;
-    while let Some(n) = ga.poll_transmit(now, &mut buf) {
+    while let Some(n) = ga.poll_transmit_frame(now, &mut buf) {
         gb.handle_frame(&buf[..n], now);
         sent += 1;
     }
     assert_eq!(sent, 4);
-    while let Some(n) = gb.poll_transmit(now, &mut buf) {
+    while let Some(n) = gb.poll_transmit_frame(now, &mut buf) {
         ga.handle_frame(&buf[..n], now);
     }
     let mut wcs = Vec::new();
@@ -281,7 +281,7 @@ fn two_busy_qps_alternate() {
         .unwrap();
     let mut buf = vec![0u8; 9000];
     let mut order = Vec::new();
-    while let Some(n) = ga.poll_transmit(2_000_000, &mut buf) {
+    while let Some(n) = ga.poll_transmit_frame(2_000_000, &mut buf) {
         let (f, _) = xroce_wire::parse_frame_checked(&buf[..n]).unwrap();
         order.push(f.transport.bth.dest_qp);
     }
@@ -361,7 +361,7 @@ fn busy_qps_take_turns_by_quantum_across_small_messages() {
     }
     let mut buf = vec![0u8; 9000];
     let mut order = Vec::new();
-    while let Some(n) = ga.poll_transmit(2_000_000, &mut buf) {
+    while let Some(n) = ga.poll_transmit_frame(2_000_000, &mut buf) {
         let (f, _) = xroce_wire::parse_frame_checked(&buf[..n]).unwrap();
         order.push(f.transport.bth.dest_qp);
     }

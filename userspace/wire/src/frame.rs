@@ -99,7 +99,8 @@ impl IpRepr {
             }),
         }
     }
-    fn set_payload_len(&mut self, n: u16) {
+    /// The IP payload length (UDP header and payload); `emit_headers` sets it.
+    pub fn set_payload_len(&mut self, n: u16) {
         match self {
             IpRepr::V4(r) => r.payload_len = n,
             IpRepr::V6(r) => r.payload_len = n,
@@ -240,6 +241,16 @@ pub fn parse_frame_checked(buf: &[u8]) -> Result<(FrameRepr, &[u8])> {
     Ok(r)
 }
 
+/// [`parse_frame_checked`], returning the whole UDP payload (BTH .. pad,
+/// then the ICRC, which was checked) instead of the payload: the datagram
+/// a UDP socket would deliver.
+pub fn parse_frame_datagram(buf: &[u8]) -> Result<(FrameRepr, &[u8])> {
+    let (repr, payload) = parse_frame_checked(buf)?;
+    let at = headers_len(&repr.eth, &repr.ip);
+    let len = repr.transport.buffer_len(payload.len());
+    Ok((repr, &buf[at..at + len]))
+}
+
 /// Write a complete frame (headers, payload, pad, ICRC) into `buf`; returns
 /// its length ([`FrameRepr::frame_len`]).
 pub fn emit_frame(repr: &FrameRepr, payload: &[u8], buf: &mut [u8]) -> Result<usize> {
@@ -279,18 +290,49 @@ fn emit_frame_with(
             have: buf.len(),
         });
     }
+    let t_off = headers_len(&repr.eth, &repr.ip);
+    let t_len = emit_transport(&mut buf[t_off..total])?;
+    emit_headers(&repr.eth, &repr.ip, &repr.udp, t_len, &mut buf[..total])
+}
+
+/// Bytes of the Ethernet, IP and UDP headers in front of a UDP payload.
+pub fn headers_len(eth: &EthRepr, ip: &IpRepr) -> usize {
+    eth.header_len() + ip.header_len() + udp::HEADER_LEN
+}
+
+/// Completes a frame whose UDP payload (BTH .. pad, then a 4-byte ICRC
+/// slot), `udp_payload_len` bytes, is in place at [`headers_len`] in
+/// `buf`: writes the Ethernet, IP and UDP headers in front of it (lengths,
+/// ethertype, IPv4 checksum, UDP checksum if asked), then the ICRC into
+/// the slot, in one pass over the datagram. Returns the frame's length.
+pub fn emit_headers(
+    eth: &EthRepr,
+    ip: &IpRepr,
+    udp: &UdpRepr,
+    udp_payload_len: usize,
+    buf: &mut [u8],
+) -> Result<usize> {
+    let total = headers_len(eth, ip) + udp_payload_len;
+    if buf.len() < total {
+        return Err(Error::BufferTooSmall {
+            needed: total,
+            have: buf.len(),
+        });
+    }
+    if udp_payload_len < ICRC_LEN {
+        return Err(Error::Truncated(Layer::Icrc));
+    }
     let buf = &mut buf[..total];
-    let t_len = repr.transport.buffer_len(payload_len);
-    let udp_len = udp::HEADER_LEN + t_len;
-    let max = match repr.ip {
+    let udp_len = udp::HEADER_LEN + udp_payload_len;
+    let max = match ip {
         IpRepr::V4(_) => 0xffff - ipv4::HEADER_LEN,
         IpRepr::V6(_) => 0xffff,
     };
     if udp_len > max {
         return Err(Error::FieldOverflow("frame too long for IP"));
     }
-    let mut eth = repr.eth;
-    let mut ip = repr.ip;
+    let mut eth = *eth;
+    let mut ip = *ip;
     eth.ethertype = match ip {
         IpRepr::V4(_) => ETHERTYPE_IPV4,
         IpRepr::V6(_) => ETHERTYPE_IPV6,
@@ -302,11 +344,10 @@ fn emit_frame_with(
             IpRepr::V4(r) => r.emit(&mut buf[ip_off..])?,
             IpRepr::V6(r) => r.emit(&mut buf[ip_off..])?,
         };
-    let t_off = l4_off + repr.udp.emit(&mut buf[l4_off..], t_len)?;
-    emit_transport(&mut buf[t_off..])?;
+    udp.emit(&mut buf[l4_off..], udp_payload_len)?;
     let c = icrc::compute(&buf[ip_off..l4_off], &buf[l4_off..total - ICRC_LEN])?;
     buf[total - ICRC_LEN..].copy_from_slice(&c.to_le_bytes());
-    if repr.udp.checksum == UdpChecksum::Compute {
+    if udp.checksum == UdpChecksum::Compute {
         let (hdr, l4) = buf[ip_off..].split_at_mut(l4_off - ip_off);
         match ip {
             IpRepr::V4(_) => udp::fill_checksum(&hdr[12..16], &hdr[16..20], l4),

@@ -11,6 +11,11 @@
 //! - [`emit_frame`]`(&FrameRepr, payload, &mut [u8]) -> Result<usize>` fills
 //!   ethertype, lengths, pad, IPv4 checksum, UDP checksum (if asked) and ICRC;
 //!   [`FrameRepr::frame_len`] tells the size first.
+//! - Around a UDP payload already in place (a sender that writes the
+//!   datagram first, an I/O backend completing the engine's):
+//!   [`emit_headers`] writes Eth/IP/UDP in front of it and its ICRC in one
+//!   pass; [`parse_frame_datagram`] is [`parse_frame_checked`] giving the
+//!   UDP payload back.
 //!
 //! Transport level (UDP payload: BTH + ext headers + payload + pad + ICRC):
 //! - [`TransportRepr`] { [`BthRepr`], deth, feth, reth, atomic_eth, aeth,
@@ -102,8 +107,8 @@ pub use error::{Error, Layer, Result};
 pub use eth::{EthRepr, VlanTag};
 pub use ext::{AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RethRepr};
 pub use frame::{
-    emit_frame, emit_frame_in_place, parse_frame, parse_frame_checked, FrameRepr, IpRepr,
-    MAX_OVERHEAD,
+    emit_frame, emit_frame_in_place, emit_headers, headers_len, parse_frame, parse_frame_checked,
+    parse_frame_datagram, FrameRepr, IpRepr, MAX_OVERHEAD,
 };
 pub use gid::Gid;
 pub use icrc::ICRC_LEN;

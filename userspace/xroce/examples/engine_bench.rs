@@ -112,12 +112,12 @@ fn engine(op: &str, mtu: Mtu, msg: usize, secs: f64) -> (f64, f64) {
         }
         for _ in 0..64 {
             let mut moved = false;
-            if let Some(n) = ga.poll_transmit(now, &mut buf) {
+            if let Some(n) = ga.poll_transmit_frame(now, &mut buf) {
                 gb.handle_frame(&buf[..n], now);
                 frames += 1;
                 moved = true;
             }
-            if let Some(n) = gb.poll_transmit(now, &mut buf) {
+            if let Some(n) = gb.poll_transmit_frame(now, &mut buf) {
                 ga.handle_frame(&buf[..n], now);
                 frames += 1;
                 moved = true;

@@ -87,7 +87,8 @@ use nix::{
     },
 };
 
-use crate::io::{IoStats, PacketIo, Result as IoResult};
+use crate::engine::frame::complete_frame;
+use crate::io::{IoStats, PacketIo, Received, Result as IoResult, Transmit};
 
 /// Where captures bind their sockets.
 pub const TAP_DIR: &str = "/run/xroce-capture";
@@ -590,6 +591,41 @@ impl<P: PacketIo + ?Sized> PacketIo for Tapped<P> {
                 tap.copy(frame);
             }
             Some(len)
+        });
+        self.tap.flush_if_due();
+        sent
+    }
+
+    fn recv_datagrams(
+        &mut self,
+        timeout: Duration,
+        on_datagram: &mut dyn FnMut(Received<'_>),
+    ) -> IoResult<usize> {
+        if timeout.is_zero() {
+            self.tap.flush_if_due();
+        } else {
+            self.tap.flush();
+        }
+        self.inner.recv_datagrams(timeout, on_datagram)
+    }
+
+    /// While a capture runs, each datagram is completed into the frame the
+    /// engine's headers make (Ethernet, IP, UDP, its ICRC over them, as a
+    /// frame backend sends it), copied, and handed to the backend as that
+    /// frame; otherwise the backend takes the datagram itself.
+    fn transmit_datagrams(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<Transmit>,
+    ) -> IoResult<usize> {
+        if !self.tap.ready() {
+            return self.inner.transmit_datagrams(fill);
+        }
+        let tap = &mut self.tap;
+        let sent = self.inner.transmit(&mut |buf: &mut [u8]| {
+            let t = fill(buf)?;
+            let n = complete_frame(&t, buf);
+            tap.copy(&buf[..n]);
+            Some(n)
         });
         self.tap.flush_if_due();
         sent

@@ -1,13 +1,13 @@
 //! Drives a verbs [`Device`]'s sans-I/O engine from a packet-I/O backend on
-//! a thread of its own: frames in -> `handle_frame`, due timers ->
-//! `handle_timeout`, `poll_transmit` -> frames out. Applications post work
-//! and poll CQs from their own threads meanwhile.
+//! a thread of its own: datagrams in -> `handle_datagram`, due timers ->
+//! `handle_timeout`, `poll_transmit` -> datagrams out. Applications post
+//! work and poll CQs from their own threads meanwhile.
 //!
 //! The engine lock is taken only while there is work: the thread waits for
 //! frames without it, so posting a WR never waits behind an idle receive.
 //!
-//! Frames addressed to the device's own MAC never reach the backend: they
-//! go straight back into the engine (loopback between two QPs of one
+//! Datagrams addressed to the device's own MAC never reach the backend:
+//! they go straight back into the engine (loopback between two QPs of one
 //! device, as rxe does).
 //!
 //! When idle, the thread sleeps in ppoll(2) on the backend's descriptors
@@ -287,11 +287,13 @@ fn run(
         // One clock read per batch, not per frame: the frames of a batch
         // waited on the ring together.
         let mut arrived = None;
-        let received = io.recv_batch(wait, &mut |frame| {
+        let received = io.recv_datagrams(wait, &mut |r| {
             let t = *arrived.get_or_insert_with(now_ns);
-            guard
-                .get_or_insert_with(|| device.lock())
-                .handle_frame(frame, t)
+            let engine = guard.get_or_insert_with(|| device.lock());
+            match r {
+                Ok(d) => engine.handle_datagram(&d, t),
+                Err(rejected) => engine.count_rejected(&rejected),
+            }
         })?;
         let mut engine = guard.unwrap_or_else(|| device.lock());
         // A receive ring filling up reaches the senders as CE marks (CNPs).
@@ -312,10 +314,10 @@ fn run(
         let mut engine = Some(engine);
         for _ in 0..4 {
             let mut engine_empty = false;
-            sent += io.transmit(&mut |buf| loop {
+            sent += io.transmit_datagrams(&mut |buf| loop {
                 let e = engine.as_mut()?;
-                let n = e.poll_transmit(now, buf);
-                if n.is_none() {
+                let t = e.poll_transmit(now, buf);
+                if t.is_none() {
                     engine_empty = true;
                     // Unlock before the backend hands the frames to the
                     // kernel: on AF_XDP that kick runs the whole kernel TX
@@ -325,19 +327,19 @@ fn run(
                     engine = None;
                     return None;
                 }
-                // Loopback (as rxe): a frame to our own MAC is for a QP of
-                // this device; the link would never bring it back. One for
-                // another process's QPN block goes to the backend, which
-                // hands it to that process.
-                match n {
-                    Some(len)
-                        if buf.get(..6) == Some(&own_mac[..])
-                            && dest_block(&buf[..len]) == Some(own_block) =>
+                // Loopback (as rxe): a datagram to our own MAC is for a QP
+                // of this device; the link would never bring it back. One
+                // for another process's QPN block goes to the backend,
+                // which hands it to that process.
+                match t {
+                    Some(t)
+                        if t.dst_mac == own_mac
+                            && dest_block(t.payload(buf)) == Some(own_block) =>
                     {
-                        e.handle_frame(&buf[..len], now);
+                        e.handle_datagram(&t.looped_back(buf), now);
                         looped += 1;
                     }
-                    n => return n,
+                    t => return t,
                 }
             })?;
             if engine_empty {
@@ -359,15 +361,9 @@ fn run(
     Ok(())
 }
 
-/// The QPN block of the destination QP of a frame the engine built
-/// (Ethernet, IPv4 without options or IPv6, UDP, BTH).
-fn dest_block(frame: &[u8]) -> Option<u32> {
-    let bth = match frame.get(12..14)? {
-        [0x08, 0x00] => 14 + 20 + 8,
-        [0x86, 0xdd] => 14 + 40 + 8,
-        _ => return None,
-    };
-    let bth = BthHeader::new_checked(frame.get(bth..)?).ok()?;
+/// The QPN block of the destination QP of a datagram (from its BTH).
+fn dest_block(udp_payload: &[u8]) -> Option<u32> {
+    let bth = BthHeader::new_checked(udp_payload).ok()?;
     Some(qpn_block::of_qpn(bth.dest_qp()))
 }
 
@@ -428,7 +424,7 @@ mod tests {
         let long = Duration::from_secs(5);
         let mut buf = vec![0u8; 9216];
         // Connecting woke the QP: once asked, it has nothing to send.
-        while sim.a.poll_transmit(now_ns(), &mut buf).is_some() {}
+        while sim.a.poll_transmit_frame(now_ns(), &mut buf).is_some() {}
         assert_eq!(idle_wait(&sim.a, long), long, "nothing to do");
         let wr = SendWr::new(
             1,
@@ -442,8 +438,8 @@ mod tests {
         assert!(sim.a.has_posted_work());
         assert_eq!(idle_wait(&sim.a, long), Duration::ZERO, "a post waits");
         let now = now_ns();
-        assert!(sim.a.poll_transmit(now, &mut buf).is_some());
-        while sim.a.poll_transmit(now, &mut buf).is_some() {}
+        assert!(sim.a.poll_transmit_frame(now, &mut buf).is_some());
+        while sim.a.poll_transmit_frame(now, &mut buf).is_some() {}
         // Sent: the retransmission timer is all that is left.
         let wait = idle_wait(&sim.a, long);
         assert!(wait > Duration::ZERO && wait < long, "{wait:?}");

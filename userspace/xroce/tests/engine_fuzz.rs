@@ -483,7 +483,7 @@ fn setup_with_corpus(seed: u64) -> (Sim, Side, Side, Vec<(bool, Vec<u8>)>) {
     let mut buf = vec![0u8; 9000];
     for _ in 0..50 {
         for (to_b, dev) in [(true, sim.a.clone()), (false, sim.b.clone())] {
-            while let Some(n) = dev.poll_transmit(sim.now, &mut buf) {
+            while let Some(n) = dev.poll_transmit_frame(sim.now, &mut buf) {
                 corp.push((to_b, buf[..n].to_vec()));
                 sim.link.send(to_b, &buf[..n], sim.now);
             }
@@ -2092,7 +2092,7 @@ fn a_nak_for_a_later_psn_is_not_the_status_of_an_unanswered_read() {
     let mut buf = vec![0u8; 9000];
     let mut frames = |dev: &Device, now: u64| {
         let mut v = Vec::new();
-        while let Some(n) = dev.poll_transmit(now, &mut buf) {
+        while let Some(n) = dev.poll_transmit_frame(now, &mut buf) {
             v.push(buf[..n].to_vec());
         }
         v

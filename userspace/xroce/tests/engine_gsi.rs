@@ -51,7 +51,7 @@ impl Pair {
                 } else {
                     (&self.b, &self.a)
                 };
-                while let Some(n) = src.poll_transmit(self.now, &mut buf) {
+                while let Some(n) = src.poll_transmit_frame(self.now, &mut buf) {
                     let (frame, payload) =
                         parse_frame_checked(&buf[..n]).expect("the engine emits valid frames");
                     sent.push(Sent {

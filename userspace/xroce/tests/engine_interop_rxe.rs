@@ -184,7 +184,7 @@ fn replay(file: &str, mtu: Mtu) {
             .unwrap();
         }
         let n = dev
-            .poll_transmit(*t, &mut buf)
+            .poll_transmit_frame(*t, &mut buf)
             .unwrap_or_else(|| panic!("frame {i}: rxe sent {h:?}, we sent nothing"));
         let (ours, or) = parse(&buf[..n]).expect("our frame parses");
         assert_eq!(fields(&ours), fields(h), "frame {i}: ours vs rxe");
@@ -194,7 +194,7 @@ fn replay(file: &str, mtu: Mtu) {
         i += 1;
     }
     assert!(
-        dev.poll_transmit(u64::MAX / 2, &mut buf).is_none(),
+        dev.poll_transmit_frame(u64::MAX / 2, &mut buf).is_none(),
         "nothing extra to send"
     );
     // Completions: every client message received intact, every send done.
@@ -322,7 +322,7 @@ fn replay_write_bw(file: &str) {
         let n = emit_frame(&h2, payload, &mut buf).unwrap();
         let f = buf[..n].to_vec();
         dev.handle_frame(&f, *t);
-        while let Some(n) = dev.poll_transmit(*t, &mut buf) {
+        while let Some(n) = dev.poll_transmit_frame(*t, &mut buf) {
             let (o, _) = parse(&buf[..n]).unwrap();
             assert_eq!(
                 o.udp.src_port, h.udp.src_port,
@@ -453,7 +453,7 @@ fn replay_write_bw_requester(file: &str) {
             msg += 1;
         }
         let n = dev
-            .poll_transmit(*t, &mut buf)
+            .poll_transmit_frame(*t, &mut buf)
             .unwrap_or_else(|| panic!("frame {i}: rxe sent {h:?}, we sent nothing"));
         let (o, or) = parse(&buf[..n]).unwrap();
         assert_eq!(

@@ -73,11 +73,11 @@ fn steady_state_allocates_per_work_request_not_per_packet() {
                 now += 1_000;
                 let mut ga = sim.a.lock();
                 let mut gb = sim.b.lock();
-                while let Some(n) = ga.poll_transmit(now, &mut buf) {
+                while let Some(n) = ga.poll_transmit_frame(now, &mut buf) {
                     gb.handle_frame(&buf[..n], now);
                     frames += 1;
                 }
-                while let Some(n) = gb.poll_transmit(now, &mut buf) {
+                while let Some(n) = gb.poll_transmit_frame(now, &mut buf) {
                     ga.handle_frame(&buf[..n], now);
                     frames += 1;
                 }
@@ -128,7 +128,7 @@ fn io_threads_drive_devices_while_app_threads_post_and_wait() {
                     if g.poll_timeout().is_some_and(|t| t <= now) {
                         g.handle_timeout(now);
                     }
-                    while let Some(n) = g.poll_transmit(now, &mut buf) {
+                    while let Some(n) = g.poll_transmit_frame(now, &mut buf) {
                         let _ = tx.send(buf[..n].to_vec());
                     }
                 }

@@ -1,12 +1,14 @@
-//! The engine's frames, as xroce-wire reprs: a QP's header template (IPv4
-//! or IPv6 after the peer's address) and the packets made from it. Parsing,
-//! emitting, lengths and the ICRC are xroce-wire's ([`xroce_wire::parse_frame_checked`],
-//! [`xroce_wire::emit_frame`]).
+//! The engine's packets, as xroce-wire reprs: a QP's header template (IPv4
+//! or IPv6 after the peer's address) and the packets made from it. The
+//! engine writes only their UDP payload ([`emit`]); the headers go to the
+//! backend as a [`Transmit`], which writes them (or has the kernel write
+//! them) and the ICRC.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use xroce_wire::{BthRepr, FrameRepr, Gid, Opcode, TransportRepr};
 
+use super::datagram::Transmit;
 use super::qp_attr::AddressVector;
 use super::EngineConfig;
 
@@ -83,6 +85,51 @@ pub(crate) fn packet(tmpl: &FrameRepr, opcode: Opcode, psn: u32) -> FrameRepr {
         ..tmpl.transport.bth
     });
     f
+}
+
+/// Writes the UDP payload of packet `f` into `buf` behind room for its
+/// frame's headers (see [`Transmit::payload_at`]): transport headers, the
+/// `payload_len` payload bytes `fill` writes in place (from the MR, no
+/// copy in between), pad and a zeroed ICRC slot.
+pub(crate) fn emit(
+    f: &FrameRepr,
+    payload_len: usize,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut [u8]) -> xroce_wire::Result<()>,
+) -> xroce_wire::Result<Transmit> {
+    let at = xroce_wire::headers_len(&f.eth, &f.ip);
+    let have = buf.len();
+    let room = buf
+        .get_mut(at..)
+        .ok_or(xroce_wire::Error::BufferTooSmall { needed: at, have })?;
+    let len = f.transport.emit_in_place(payload_len, room, fill)?;
+    Ok(transmit(f, at, len))
+}
+
+/// [`emit`] with the payload copied from `payload` (an ACK's SACK block).
+pub(crate) fn emit_copy(
+    f: &FrameRepr,
+    payload: &[u8],
+    buf: &mut [u8],
+) -> xroce_wire::Result<Transmit> {
+    let at = xroce_wire::headers_len(&f.eth, &f.ip);
+    let have = buf.len();
+    let room = buf
+        .get_mut(at..)
+        .ok_or(xroce_wire::Error::BufferTooSmall { needed: at, have })?;
+    let len = f.transport.emit(payload, room)?;
+    Ok(transmit(f, at, len))
+}
+
+fn transmit(f: &FrameRepr, payload_at: usize, len: usize) -> Transmit {
+    Transmit {
+        src_mac: f.eth.src,
+        dst_mac: f.eth.dst,
+        ip: f.ip,
+        udp_src_port: f.udp.src_port,
+        payload_at,
+        len,
+    }
 }
 
 #[cfg(test)]

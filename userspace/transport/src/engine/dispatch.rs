@@ -6,28 +6,30 @@ use super::codec;
 use super::qp::{QpCtx, RespItem};
 use super::qp_attr::{QpState, QpType};
 use super::timers::Timer;
-use super::Env;
-use xroce_wire::{FrameRepr, Opcode, Service};
+use super::{Env, Transmit};
+use xroce_wire::{IpRepr, Opcode, Service, TransportRepr};
 
 impl QpCtx {
-    /// Dispatch one parsed packet addressed to this QP.
+    /// Dispatch one parsed packet addressed to this QP, which came with
+    /// IP header `ip`.
     pub(crate) fn handle_packet(
         &mut self,
         env: &mut Env<'_>,
-        f: &FrameRepr,
+        ip: &IpRepr,
+        t: &TransportRepr,
         payload: &[u8],
         now: u64,
     ) {
-        let opcode = f.transport.bth.opcode;
+        let opcode = t.bth.opcode;
         // As rxe: default P_Key only, and for connected QPs only packets
         // from the peer this QP was connected to.
-        if f.transport.bth.pkey & 0x7fff != 0x7fff {
+        if t.bth.pkey & 0x7fff != 0x7fff {
             env.stats.rx_bad_header += 1;
             return;
         }
         if self.qp_type != QpType::Ud
             && self.state != QpState::Init
-            && f.ip.src_gid() != self.tmpl.ip.dst_gid()
+            && ip.src_gid() != self.tmpl.ip.dst_gid()
         {
             env.stats.rx_bad_header += 1;
             return;
@@ -54,7 +56,7 @@ impl QpCtx {
         }
         if self.qp_type == QpType::Ud {
             if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                self.ud_recv(env, f, payload);
+                self.ud_recv(env, ip, t, payload);
             } else {
                 env.stats.rx_bad_state += 1;
             }
@@ -62,13 +64,13 @@ impl QpCtx {
         }
         if self.qp_type == QpType::Uc {
             if matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-                self.uc_recv(env, &f.transport, payload);
+                self.uc_recv(env, t, payload);
             } else {
                 env.stats.rx_bad_state += 1;
             }
             return;
         }
-        let ce = f.ip.ecn() == 3;
+        let ce = ip.ecn() == 3;
         // A receive ring under pressure marks what fills it: data (WRITE
         // and SEND payload, READ responses), not ACKs or CNPs.
         // (An ACK's payload is a selective-repeat SACK block, not data.)
@@ -96,14 +98,14 @@ impl QpCtx {
         if opcode.is_response() {
             match self.state {
                 QpState::Rts | QpState::Sqd | QpState::Sqe => {
-                    self.comp_handle(env, &f.transport, payload, now)
+                    self.comp_handle(env, t, payload, now)
                 }
                 _ => env.stats.rx_bad_state += 1,
             }
         } else {
             match self.state {
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {
-                    self.resp_handle(env, &f.transport, payload, now)
+                    self.resp_handle(env, t, payload, now)
                 }
                 _ => env.stats.rx_bad_state += 1,
             }
@@ -115,7 +117,7 @@ impl QpCtx {
         env: &mut Env<'_>,
         now: u64,
         buf: &mut [u8],
-    ) -> Option<usize> {
+    ) -> Option<Transmit> {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::Err) {
             return None;
         }
@@ -124,10 +126,10 @@ impl QpCtx {
             let mut f = codec::packet(&self.tmpl, Opcode::CNP, 0);
             f.transport.bth.becn = true;
             f.ip.set_ecn(0);
-            if let Ok(n) = xroce_wire::emit_frame(&f, &[], buf) {
+            if let Ok(t) = codec::emit_copy(&f, &[], buf) {
                 env.stats.tx_cnps += 1;
                 self.qstats.cnps_sent += 1;
-                return Some(n);
+                return Some(t);
             }
         }
         // ACK/NAK/atomic responses go first; READ response data and request
@@ -135,23 +137,23 @@ impl QpCtx {
         let read_first = matches!(self.resp.out.front(), Some(RespItem::Read { .. }));
         let req_turn = read_first && self.prefer_req;
         if !req_turn {
-            if let Some(n) = self.resp_poll(env, now, buf) {
+            if let Some(t) = self.resp_poll(env, now, buf) {
                 self.prefer_req = read_first;
-                return Some(n);
+                return Some(t);
             }
         }
         if matches!(self.state, QpState::Rts | QpState::Sqd) {
             // Selective repeat: holes go before new data, outside the
             // device budget (their PSNs are counted already).
-            if let Some(n) = self.sr_retransmit(env, now, buf) {
+            if let Some(t) = self.sr_retransmit(env, now, buf) {
                 self.prefer_req = false;
-                return Some(n);
+                return Some(t);
             }
         }
         if matches!(self.state, QpState::Rts | QpState::Sqd) && self.budget_allows(env) {
             let new_data = self.req.psn == self.req.max_psn;
             let sent_psn = self.req.psn;
-            if let Some(n) = self.req_poll(env, now, buf) {
+            if let Some(t) = self.req_poll(env, now, buf) {
                 let in_chunk = self
                     .reserved_end
                     .is_some_and(|r| xroce_wire::psn_lt(sent_psn, r));
@@ -169,7 +171,7 @@ impl QpCtx {
                     });
                 }
                 self.prefer_req = false;
-                return Some(n);
+                return Some(t);
             }
         }
         if req_turn {

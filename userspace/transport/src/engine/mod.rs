@@ -19,16 +19,20 @@
 //!
 //! ```text
 //! loop {
-//!     for frame in rx_batch { engine.handle_frame(frame, now_ns) }
+//!     for d in rx_batch { engine.handle_datagram(&d, now_ns) }
 //!     if engine.poll_timeout().is_some_and(|t| t <= now_ns) { engine.handle_timeout(now_ns) }
-//!     while let Some(n) = engine.poll_transmit(now_ns, &mut tx_buf) { send(&tx_buf[..n]) }
+//!     while let Some(t) = engine.poll_transmit(now_ns, &mut tx_buf) { send(&t, t.payload(&tx_buf)) }
 //!     sleep/poll until min(next rx, engine.poll_timeout())
 //! }
 //! ```
 //!
-//! `poll_transmit` produces whole Ethernet frames (with ICRC). Bad input
-//! from the wire is counted in [`EngineStats`] and dropped or NAKed; it never
-//! panics. Completions and asynchronous events leave it as values
+//! Its unit is the RoCEv2 datagram ([`datagram`]): the UDP payload (BTH
+//! through payload and pad, and the ICRC's slot) with the addresses, ports
+//! and ECN/DSCP it came or goes with. The headers below it and the ICRC
+//! are the backend's. [`Engine::handle_frame`] and
+//! [`Engine::poll_transmit_frame`] wrap it in whole Ethernet frames for the
+//! simulator and tests. Bad input from the wire is counted in
+//! [`EngineStats`] and dropped or NAKed; it never panics. Completions and asynchronous events leave it as values
 //! ([`Engine::take_completions`], [`Engine::poll_async_event`]): it knows
 //! no completion queue, only the [`completion::CqId`] a QP was created with.
 //! Threading: its owner (the verbs device) keeps it behind one `Mutex`,
@@ -83,8 +87,10 @@
 mod codec;
 mod completer;
 pub mod completion;
+pub mod datagram;
 mod dispatch;
 pub mod error;
+pub mod frame;
 pub mod memory;
 mod modify;
 mod post;
@@ -109,6 +115,7 @@ use std::sync::Arc;
 
 use crate::cc::{CongestionControl, NoCc};
 use completion::{Completion, CqId};
+pub use datagram::{Rejected, RxDatagram, Transmit};
 use error::{Result, TransportError};
 use memory::MrTable;
 use qp_attr::{check_modify_for, QpAttr, QpAttrMask, QpCap, QpState, QpType, RemoteQp};
@@ -354,6 +361,8 @@ counters! {
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
     pub struct EngineStats {
         pub rx_frames: u64,
+        /// Bytes of what arrived, counted as untagged Ethernet frames
+        /// (Ethernet header to ICRC), however the backend got them.
         pub rx_bytes: u64,
         pub rx_malformed: u64,
         pub rx_bad_icrc: u64,
@@ -369,6 +378,7 @@ counters! {
         pub rx_bad_response: u64,
         pub rx_dropped_other: u64,
         pub tx_frames: u64,
+        /// Bytes sent, as untagged Ethernet frames.
         pub tx_bytes: u64,
         pub tx_data_packets: u64,
         pub tx_retransmitted: u64,
@@ -1013,22 +1023,15 @@ impl Engine {
         self.with_qp(qpn, |qp, env| qp.post_recv(env, wr))
     }
 
-    /// Feed one received Ethernet frame.
-    pub fn handle_frame(&mut self, frame: &[u8], now_ns: u64) {
+    /// Feed one received datagram (its ICRC checked by the backend).
+    pub fn handle_datagram(&mut self, d: &RxDatagram<'_>, now_ns: u64) {
         self.stats.rx_frames += 1;
-        self.stats.rx_bytes += frame.len() as u64;
-        let (f, payload) = match xroce_wire::parse_frame_checked(frame) {
-            Ok(x) => x,
-            Err(e) => {
-                match e {
-                    xroce_wire::Error::BadIcrc { .. } => self.stats.rx_bad_icrc += 1,
-                    e if e.is_not_roce() => self.stats.rx_not_roce += 1,
-                    _ => self.stats.rx_malformed += 1,
-                }
-                return;
-            }
+        self.stats.rx_bytes += d.frame_len() as u64;
+        let Ok((t, payload)) = xroce_wire::parse_transport(d.udp_payload) else {
+            self.stats.rx_malformed += 1;
+            return;
         };
-        let Some(idx) = self.qpn_map.slot(f.transport.bth.dest_qp) else {
+        let Some(idx) = self.qpn_map.slot(t.bth.dest_qp) else {
             self.stats.rx_unknown_qp += 1;
             return;
         };
@@ -1038,7 +1041,7 @@ impl Engine {
             return;
         };
         let sample = qp.req.rtt_sample;
-        qp.handle_packet(&mut env, &f, payload, now_ns);
+        qp.handle_packet(&mut env, &d.ip, &t, payload, now_ns);
         qp.after_event(&mut env);
         // The completer took the QP's round-trip sample: the device's too.
         let rtt = sample
@@ -1050,9 +1053,24 @@ impl Engine {
         self.reschedule(idx);
     }
 
-    /// Produce the next frame to send into `buf` (which should hold at least
-    /// `path MTU + 128` bytes); `None` when nothing is ready now.
-    pub fn poll_transmit(&mut self, now_ns: u64, buf: &mut [u8]) -> Option<usize> {
+    /// Counts what a backend dropped before the engine saw it (a frame
+    /// that is not RoCEv2 or is malformed, a bad ICRC) as
+    /// [`handle_frame`](Self::handle_frame) counts it.
+    pub fn count_rejected(&mut self, r: &Rejected) {
+        self.stats.rx_frames += 1;
+        self.stats.rx_bytes += r.len as u64;
+        match r.error {
+            xroce_wire::Error::BadIcrc { .. } => self.stats.rx_bad_icrc += 1,
+            e if e.is_not_roce() => self.stats.rx_not_roce += 1,
+            _ => self.stats.rx_malformed += 1,
+        }
+    }
+
+    /// Write the UDP payload of the next datagram to send into `buf`
+    /// (which should hold at least `path MTU + 128` bytes), behind room for
+    /// its frame's headers, and say where it is and where it goes; `None`
+    /// when nothing is ready now.
+    pub fn poll_transmit(&mut self, now_ns: u64, buf: &mut [u8]) -> Option<Transmit> {
         // Only QPs that had an event since they last had nothing to send:
         // the rest wait for one (a timer is one, see `schedule`). QPs that
         // wait for room in the in-flight budget go first when there is
@@ -1097,7 +1115,7 @@ impl Engine {
                     self.sched.wait(i);
                 }
             }
-            if let Some(len) = r {
+            if let Some(t) = r {
                 // Round-robin by quantum: a QP keeps its turn for up to
                 // MESSAGE_QUANTUM_PKTS packets, so a message's last packet,
                 // which asks for the ACK, is not a whole round behind its
@@ -1119,8 +1137,8 @@ impl Engine {
                     self.sched.wake(i);
                 }
                 self.stats.tx_frames += 1;
-                self.stats.tx_bytes += len as u64;
-                return Some(len);
+                self.stats.tx_bytes += t.frame_len() as u64;
+                return Some(t);
             }
         }
     }

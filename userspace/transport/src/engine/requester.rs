@@ -22,7 +22,7 @@ use super::qp_attr::QpState;
 use super::timers::Timer;
 use super::work::{SendFlags, WrOpcode};
 use super::wqe::SendWqe;
-use super::Env;
+use super::{Env, Transmit};
 
 /// Consecutive retransmission timeouts double the timeout at most this many
 /// times (8 x the QP's): with retry_cnt 7 a dead peer is reported after
@@ -247,7 +247,7 @@ impl QpCtx {
         env: &mut Env<'_>,
         now: u64,
         buf: &mut [u8],
-    ) -> Option<usize> {
+    ) -> Option<Transmit> {
         let window = self.req_may_send(env, now)?;
         let idx = self.req.idx;
         self.start_wqe(idx);
@@ -257,17 +257,17 @@ impl QpCtx {
         let plan = plan_packet(w, k, offset, self.mtu, self.sr.is_some());
         let f = self.request_frame(env, now, &plan, window);
         let ack_req = f.transport.bth.ack_req;
-        // The payload goes from the WR's MRs straight into the frame.
+        // The payload goes from the WR's MRs straight into the datagram.
         let wqe = &self.sq[idx];
-        let sent = xroce_wire::emit_frame_in_place(&f, plan.payload_len, buf, |p| {
+        let sent = codec::emit(&f, plan.payload_len, buf, |p| {
             if p.is_empty() || wqe.read_payload(offset, p) {
                 Ok(())
             } else {
                 Err(xroce_wire::Error::PayloadUnavailable)
             }
         });
-        let n = match sent {
-            Ok(n) => n,
+        let t = match sent {
+            Ok(t) => t,
             Err(xroce_wire::Error::PayloadUnavailable) => {
                 // An MR of the WR was deregistered while it was being sent.
                 self.fail_front(env, super::completion::WcStatus::LocProtErr);
@@ -275,8 +275,8 @@ impl QpCtx {
             }
             Err(_) => return None,
         };
-        self.after_request_sent(env, now, &plan, ack_req, n);
-        Some(n)
+        self.after_request_sent(env, now, &plan, ack_req, t.frame_len());
+        Some(t)
     }
 
     /// Whether the requester may send now (no RNR back-off, room in the

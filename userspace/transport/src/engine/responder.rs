@@ -27,7 +27,7 @@ use super::memory::AccessFlags;
 use super::qp::{ErrCause, InMsg, QpCtx, ReadRecord, RemoteMr, RespItem, WriteCtx};
 use super::qp_attr::QpState;
 use super::wqe::{sgl_write, RecvWqe};
-use super::Env;
+use super::{Env, Transmit};
 
 /// Bound on queued responder output items (the requester retries whatever
 /// is dropped beyond it).
@@ -763,7 +763,7 @@ impl QpCtx {
         env: &mut Env<'_>,
         now: u64,
         buf: &mut [u8],
-    ) -> Option<usize> {
+    ) -> Option<Transmit> {
         let mtu = self.mtu as usize;
         if matches!(self.resp.out.front(), Some(RespItem::Read { .. })) {
             // READ response data is paced like request data: the QP's
@@ -800,7 +800,7 @@ impl QpCtx {
                 } else {
                     0
                 };
-                let n = xroce_wire::emit_frame(&f, &sack[..sack_len], buf).ok()?;
+                let t = codec::emit_copy(&f, &sack[..sack_len], buf).ok()?;
                 self.resp.out.pop_front();
                 if syn == Syndrome::ACK {
                     env.stats.tx_acks += 1;
@@ -811,7 +811,7 @@ impl QpCtx {
                 if let Some(cause) = fatal {
                     self.go_error.get_or_insert(cause);
                 }
-                Some(n)
+                Some(t)
             }
             RespItem::Atomic { psn, orig, msn, .. } => {
                 let mut f = codec::packet(&self.tmpl, Opcode::RC_ATOMIC_ACKNOWLEDGE, *psn);
@@ -820,10 +820,10 @@ impl QpCtx {
                     msn: *msn,
                 });
                 f.transport.atomic_ack_eth = Some(AtomicAckEthRepr { orig_data: *orig });
-                let n = xroce_wire::emit_frame(&f, &[], buf).ok()?;
+                let t = codec::emit_copy(&f, &[], buf).ok()?;
                 self.resp.out.pop_front();
                 env.stats.tx_atomic_acks += 1;
-                Some(n)
+                Some(t)
             }
             RespItem::Read {
                 mr,
@@ -857,8 +857,8 @@ impl QpCtx {
                         msn: *msn,
                     });
                 let at = *off + o;
-                // From the MR straight into the frame.
-                let n = xroce_wire::emit_frame_in_place(&f, plen, buf, |p| {
+                // From the MR straight into the datagram.
+                let t = codec::emit(&f, plen, buf, |p| {
                     if let Some(src) = mr.as_deref() {
                         src.read_at(at, p);
                     }
@@ -871,12 +871,12 @@ impl QpCtx {
                 }
                 env.stats.tx_read_responses += 1;
                 self.qstats.tx_packets += 1;
-                self.qstats.tx_bytes += n as u64;
-                self.paced_send(now, n);
+                self.qstats.tx_bytes += t.frame_len() as u64;
+                self.paced_send(now, t.frame_len());
                 if self.state == QpState::Err {
                     return None;
                 }
-                Some(n)
+                Some(t)
             }
         }
     }

@@ -63,7 +63,7 @@ use super::completion::WcStatus;
 use super::memory::AccessFlags;
 use super::qp::{InMsg, QpCtx};
 use super::timers::Timer;
-use super::Env;
+use super::{Env, Transmit};
 
 /// PSNs a [`PsnRing`] tracks from its base (the SACK block's reach).
 pub const RING_PSNS: u32 = (MAX_BITMAP_BYTES * 8) as u32;
@@ -563,7 +563,7 @@ impl QpCtx {
         env: &mut Env<'_>,
         now: u64,
         buf: &mut [u8],
-    ) -> Option<usize> {
+    ) -> Option<Transmit> {
         if self.req.timers.is_armed(Timer::RnrBackoff) || !self.sr_retx_pending() {
             return None;
         }

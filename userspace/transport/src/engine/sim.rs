@@ -378,7 +378,7 @@ impl<H: EngineHost> Sim<H> {
         for to_b in [true, false] {
             let host = if to_b { &self.a } else { &self.b };
             let mut g = host.lock();
-            while let Some(n) = g.poll_transmit(self.now, &mut self.buf) {
+            while let Some(n) = g.poll_transmit_frame(self.now, &mut self.buf) {
                 self.link.send(to_b, &self.buf[..n], self.now);
             }
         }

@@ -3,7 +3,7 @@
 //! the first 40 bytes of the receive buffer get the GRH ([`grh`]); the
 //! completion has the GRH flag, the header's family and the sender's QPN.
 
-use xroce_wire::{FrameRepr, IpRepr, Opcode};
+use xroce_wire::{IpRepr, Opcode, TransportRepr};
 
 use super::completion::{NetworkHdr, WcFlags, WcStatus};
 use super::qp::QpCtx;
@@ -33,8 +33,13 @@ pub(crate) fn grh(ip: &IpRepr) -> [u8; GRH_LEN] {
 }
 
 impl QpCtx {
-    pub(crate) fn ud_recv(&mut self, env: &mut Env<'_>, f: &FrameRepr, payload: &[u8]) {
-        let t = &f.transport;
+    pub(crate) fn ud_recv(
+        &mut self,
+        env: &mut Env<'_>,
+        ip: &IpRepr,
+        t: &TransportRepr,
+        payload: &[u8],
+    ) {
         if !matches!(
             t.bth.opcode,
             Opcode::UD_SEND_ONLY | Opcode::UD_SEND_ONLY_WITH_IMMEDIATE
@@ -76,7 +81,7 @@ impl QpCtx {
             self.complete(env, false, wc);
             return;
         }
-        let grh = grh(&f.ip);
+        let grh = grh(ip);
         if !sgl_write(&r.sges, 0, &grh) || !sgl_write(&r.sges, GRH_LEN, payload) {
             wc.status = WcStatus::LocProtErr;
             self.complete(env, false, wc);
@@ -84,7 +89,7 @@ impl QpCtx {
         }
         wc.byte_len = (GRH_LEN + payload.len()) as u32;
         wc.flags |= WcFlags::GRH;
-        wc.network_hdr = match f.ip {
+        wc.network_hdr = match ip {
             IpRepr::V4(_) => NetworkHdr::Ipv4,
             IpRepr::V6(_) => NetworkHdr::Ipv6,
         };

@@ -92,12 +92,12 @@ impl WritePump {
         }
         for _ in 0..256 {
             let mut moved = false;
-            if let Some(n) = ga.poll_transmit(now, &mut self.buf) {
+            if let Some(n) = ga.poll_transmit_frame(now, &mut self.buf) {
                 gb.handle_frame(&self.buf[..n], now);
                 self.frames += 1;
                 moved = true;
             }
-            if let Some(n) = gb.poll_transmit(now, &mut self.buf) {
+            if let Some(n) = gb.poll_transmit_frame(now, &mut self.buf) {
                 ga.handle_frame(&self.buf[..n], now);
                 self.frames += 1;
                 moved = true;

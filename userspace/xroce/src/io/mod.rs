@@ -1,16 +1,22 @@
-//! Packet I/O backends: they move whole Ethernet frames between the wire and
-//! the transport engine and know nothing of RDMA.
+//! Packet I/O backends: they move RoCEv2 packets between the wire and the
+//! transport engine and know nothing of RDMA.
 //!
-//! The unit is a complete RoCEv2 frame as the engine emits and consumes it:
-//! Ethernet + IPv4/IPv6 + UDP + BTH.. + ICRC. Every backend implements
-//! [`PacketIo`]:
+//! The engine's unit is the datagram ([`RxDatagram`], [`Transmit`]: the
+//! UDP payload, BTH .. ICRC, with addresses, ports and ECN/DSCP); each
+//! backend owns the headers below it and the ICRC
+//! ([`PacketIo::recv_datagrams`], [`PacketIo::transmit_datagrams`]). Every
+//! backend also moves whole Ethernet frames ([`PacketIo::recv_batch`],
+//! [`PacketIo::transmit`]), for tests and tools that make or check frames
+//! themselves. Every backend implements [`PacketIo`]:
 //!
 //! - [`afxdp::XskSocket`] / [`afxdp::XskMultiQueue`]: AF_XDP on a device
-//!   with xroce's XDP program attached (the fast path).
+//!   with xroce's XDP program attached (the fast path); it writes and
+//!   checks Ethernet, IP, UDP and the ICRC.
 //! - [`udp::UdpBackend`]: a kernel UDP socket on port 4791 for hosts where
-//!   XDP cannot be attached; it strips/rebuilds the Eth/IP/UDP headers and
-//!   keeps the ICRC right for what the kernel actually puts on the wire.
-//! - [`channel::ChannelIo`]: an in-memory pair for tests.
+//!   XDP cannot be attached; the kernel writes the headers, the backend
+//!   computes and checks the ICRC over the ones the kernel actually sends
+//!   and received.
+//! - [`channel::ChannelIo`]: an in-memory pair for tests (frames).
 //!
 //! # Driving a backend
 //!
@@ -19,14 +25,17 @@
 //!     let now = clock_ns();
 //!     // Let the engine write frames straight into the backend's buffers
 //!     // (it keeps what does not fit for the next round).
-//!     io.transmit(&mut |buf| engine.poll_transmit(now, buf))?;
+//!     io.transmit_datagrams(&mut |buf| engine.poll_transmit(now, buf))?;
 //!     // Wait for frames no longer than the engine's next timer.
 //!     let wait = engine
 //!         .poll_timeout()
 //!         .map_or(MAX_WAIT, |t| Duration::from_nanos(t.saturating_sub(now)))
 //!         .min(MAX_WAIT);
 //!     let now = clock_ns();
-//!     io.recv_batch(wait, &mut |frame| engine.handle_frame(frame, now))?;
+//!     io.recv_datagrams(wait, &mut |r| match r {
+//!         Ok(d) => engine.handle_datagram(&d, now),
+//!         Err(rejected) => engine.count_rejected(&rejected),
+//!     })?;
 //!     engine.handle_timeout(clock_ns());
 //! }
 //! ```
@@ -34,8 +43,8 @@
 //! A runtime that also waits on other sources (a CQ eventfd, a timerfd)
 //! polls [`PacketIo::poll_fds`] and calls `recv_batch` with a zero wait.
 //!
-//! Neither call allocates per packet: RX frames are borrowed from the
-//! backend's buffers for the duration of the callback, TX frames are
+//! Neither call allocates per packet: RX datagrams are borrowed from the
+//! backend's buffers for the duration of the callback, TX datagrams are
 //! written into them. `transmit` never blocks on a full ring; it returns how
 //! many frames it took and the engine keeps the rest for the next round
 //! ([`PacketIo::wait_writable`] waits for room).
@@ -50,7 +59,16 @@ pub mod udp;
 /// the I/O layer, such as the end-to-end tests, need no second dependency).
 pub use xroce_wire as wire;
 
+pub use xroce_transport::engine::{Rejected, RxDatagram, Transmit};
+
 use std::time::Duration;
+
+use xroce_transport::engine::frame;
+
+/// One packet a backend received: the datagram for the engine, or what
+/// it dropped and why (for the engine's counters,
+/// [`crate::engine::Engine::count_rejected`]).
+pub type Received<'a> = std::result::Result<RxDatagram<'a>, Rejected>;
 
 xroce_transport::counters! {
     /// Counters every backend keeps (monotonic since it was opened),
@@ -115,7 +133,12 @@ pub enum IoError {
 
 pub type Result<T, E = IoError> = std::result::Result<T, E>;
 
-/// A source and sink of whole Ethernet frames, in batches.
+/// A source and sink of RoCEv2 packets, in batches: datagrams for the
+/// engine ([`recv_datagrams`](Self::recv_datagrams),
+/// [`transmit_datagrams`](Self::transmit_datagrams)), whole Ethernet frames
+/// for tests and tools. A backend of frames implements the frame methods
+/// and gets the datagram ones, which complete and check frames; a backend
+/// of datagrams (UDP) implements both.
 pub trait PacketIo: Send {
     /// Short name for stats and reports ("afxdp", "udp", "channel").
     fn name(&self) -> &'static str;
@@ -134,6 +157,31 @@ pub trait PacketIo: Send {
     /// free buffer (without blocking); returns how many frames were queued.
     /// `Some(0)` means the same as `None` (nothing written, stop).
     fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize>;
+
+    /// [`recv_batch`](Self::recv_batch) for the engine: hands each packet
+    /// as a datagram whose ICRC this backend checked, or as rejected.
+    /// By default the frames of `recv_batch`, parsed and checked.
+    fn recv_datagrams(
+        &mut self,
+        timeout: Duration,
+        on_datagram: &mut dyn FnMut(Received<'_>),
+    ) -> Result<usize> {
+        self.recv_batch(timeout, &mut |f| on_datagram(frame::datagram_of(f)))
+    }
+
+    /// [`transmit`](Self::transmit) for the engine: `fill` writes a
+    /// datagram as [`crate::engine::Engine::poll_transmit`] does and says
+    /// where it goes; this backend adds the headers below it and the ICRC.
+    /// By default each is completed into a frame for `transmit`.
+    fn transmit_datagrams(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<Transmit>,
+    ) -> Result<usize> {
+        self.transmit(&mut |buf| {
+            let t = fill(buf)?;
+            Some(frame::complete_frame(&t, buf))
+        })
+    }
 
     /// Appended to [`IoError::FrameTooBig`] messages: how to get bigger frames.
     fn oversize_hint(&self) -> &'static str {
@@ -208,6 +256,19 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize> {
         (**self).transmit(fill)
+    }
+    fn recv_datagrams(
+        &mut self,
+        timeout: Duration,
+        on_datagram: &mut dyn FnMut(Received<'_>),
+    ) -> Result<usize> {
+        (**self).recv_datagrams(timeout, on_datagram)
+    }
+    fn transmit_datagrams(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<Transmit>,
+    ) -> Result<usize> {
+        (**self).transmit_datagrams(fill)
     }
     fn oversize_hint(&self) -> &'static str {
         (**self).oversize_hint()

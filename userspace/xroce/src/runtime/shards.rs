@@ -40,6 +40,7 @@ use crate::{
     },
     verbs::Device,
 };
+use xroce_wire::{eth, ipv4, ipv6, udp};
 
 /// Frames one inbox holds at most; more are dropped (and retransmitted by
 /// the transport), so a stalled shard cannot grow its siblings' memory.
@@ -99,7 +100,12 @@ impl Hub {
 
     /// The shard a frame's destination QP belongs to, if one of ours.
     fn shard_of(&self, frame: &[u8]) -> Option<usize> {
-        let block = dest_block(frame)?;
+        let udp_payload = match frame.get(12..14)? {
+            [0x08, 0x00] => eth::HEADER_LEN + ipv4::HEADER_LEN + udp::HEADER_LEN,
+            [0x86, 0xdd] => eth::HEADER_LEN + ipv6::HEADER_LEN + udp::HEADER_LEN,
+            _ => return None,
+        };
+        let block = dest_block(frame.get(udp_payload..)?)?;
         let i = block.wrapping_sub(self.base_block) as usize;
         (i < self.inboxes.len()).then_some(i)
     }

@@ -595,9 +595,10 @@ impl Device {
     pub fn handle_frame(&self, frame: &[u8], now_ns: u64) {
         self.lock().handle_frame(frame, now_ns)
     }
-    /// Next frame to send, if any.
-    pub fn poll_transmit(&self, now_ns: u64, buf: &mut [u8]) -> Option<usize> {
-        self.lock().poll_transmit(now_ns, buf)
+    /// Next frame to send, if any (a whole Ethernet frame, see
+    /// [`Engine::poll_transmit_frame`](crate::engine::Engine::poll_transmit_frame)).
+    pub fn poll_transmit_frame(&self, now_ns: u64, buf: &mut [u8]) -> Option<usize> {
+        self.lock().poll_transmit_frame(now_ns, buf)
     }
     /// When [`Device::handle_timeout`] next has work.
     pub fn poll_timeout(&self) -> Option<u64> {

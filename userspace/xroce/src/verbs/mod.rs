@@ -15,7 +15,7 @@
 //! layer: the types of work requests, completions, QP attributes and
 //! memory regions are its own, re-exported here. An I/O backend drives it via
 //! [`Device::lock`] (or the one-shot [`Device::handle_frame`],
-//! [`Device::poll_transmit`], [`Device::poll_timeout`], [`Device::handle_timeout`]).
+//! [`Device::poll_transmit_frame`], [`Device::poll_timeout`], [`Device::handle_timeout`]).
 //!
 //! # Example: two devices, one RC connection, an RDMA WRITE
 //!
@@ -61,7 +61,7 @@
 //! )).unwrap();
 //!
 //! // Move frames: here a simulated link; in production an AF_XDP or UDP
-//! // backend calling dev.lock().handle_frame / poll_transmit / poll_timeout.
+//! // backend calling dev.lock().handle_datagram / poll_transmit / poll_timeout.
 //! let mut sim = Sim::new(dev_a, dev_b, SimLink::new(LinkConfig::default(), 1));
 //! assert!(sim.run_until(sim.now + 1_000_000_000, |_| !cq_a.is_empty()));
 //! let wc = cq_a.poll_one().unwrap().unwrap();

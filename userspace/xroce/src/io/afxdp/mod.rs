@@ -18,6 +18,15 @@
 //! with that explanation, and the kernel drops received ones (counted in
 //! `rx_dropped`).
 //!
+//! Datagrams: the engine's go out through the trait's frame-completing
+//! defaults ([`PacketIo::transmit_datagrams`](super::PacketIo::transmit_datagrams)):
+//! it writes its datagram into the UMEM chunk behind room for the headers,
+//! and Ethernet, IP, UDP and the ICRC go in front of it and into its slot
+//! in one pass, with nothing moved or copied. Received frames are parsed
+//! and their ICRC checked in one pass
+//! ([`PacketIo::recv_datagrams`](super::PacketIo::recv_datagrams)); the
+//! engine gets the datagram where it lies in the chunk.
+//!
 //! Wake-ups: sockets bind with XDP_USE_NEED_WAKEUP, so a kick (sendto /
 //! recvfrom with MSG_DONTWAIT) happens only when the kernel flags the ring.
 //! Busy polling (SO_PREFER_BUSY_POLL, SO_BUSY_POLL, SO_BUSY_POLL_BUDGET) is

@@ -3,55 +3,56 @@
 //! Up to two UDP sockets on port 4791: an IPv4 one bound to
 //! [`UdpConfig::local`], and an IPv6 one bound to `[::]` on the interface
 //! ([`UdpConfig::ipv6_ifindex`], so every IPv6 address of it, link-local
-//! included, is served) or to an IPv6 `local`. Both are polled; each frame
-//! goes out on the socket of its IP version. The engine still produces and
-//! consumes whole Ethernet frames, so this backend translates:
+//! included, is served) or to an IPv6 `local`. Both are polled; each
+//! datagram goes out on the socket of its IP version. The kernel writes
+//! the IP and UDP headers; this backend owns the ICRC:
 //!
-//! - **send**: the Eth/IP/UDP headers of the engine's frame are dropped and
-//!   the UDP payload (BTH .. ICRC) goes to the frame's destination IP with
-//!   `sendmmsg`. The kernel writes its own IP and UDP headers, and the ICRC
-//!   covers some of their fields, so the ICRC is made right for exactly the
-//!   headers the kernel sends: source = the bound address (for the
-//!   interface-wide IPv6 socket the frame's own source, passed as
-//!   IPV6_PKTINFO), source port 4791 (the socket's; with
-//!   [`UdpConfig::qp_ports`] the QP's own, from a socket bound to it),
-//!   IPv4 id 0 with DF (an unconnected socket with IP_PMTUDISC_DO gets id 0
-//!   from the kernel), lengths from the payload;
-//!   TOS/TTL/checksums are masked by the ICRC anyway. The engine's ICRC
-//!   over its own headers is moved to these (`icrc_delta`: CRC-32 is
-//!   linear, so only the changed header bytes are run through it), not
-//!   computed again over the datagram. The frame's ECN/DSCP
-//!   travels as an IP_TOS (IPV6_TCLASS) control message.
-//! - **UDP GSO** ([`UdpConfig::gso`], off by default, `XROCE_UDP_GSO=1`): consecutive frames to
-//!   one destination with one payload size (a WRITE's MIDDLEs and LAST)
-//!   leave as one message with a UDP_SEGMENT control message, one iovec
-//!   per frame (no copy), up to 64 datagrams / 64 KB: the kernel builds one
+//! - **send**: the engine's datagram (BTH .. ICRC slot, see
+//!   [`PacketIo::transmit_datagrams`]) goes to its destination IP with
+//!   `sendmmsg`. The ICRC covers some fields of the headers the kernel
+//!   writes, so it is computed, once per datagram, over exactly those:
+//!   source = the bound address (for the interface-wide IPv6 socket the
+//!   engine's source, passed as IPV6_PKTINFO), source port 4791 (the
+//!   socket's; with [`UdpConfig::qp_ports`] the QP's own, from a socket
+//!   bound to it), IPv4 id 0 with DF (an unconnected socket with
+//!   IP_PMTUDISC_DO gets id 0 from the kernel), lengths from the payload;
+//!   TOS/TTL/checksums are masked by the ICRC anyway. The datagram's
+//!   ECN/DSCP travels as an IP_TOS (IPV6_TCLASS) control message. A whole
+//!   frame handed to [`PacketIo::transmit`] goes the same way: its UDP
+//!   payload is sent, its headers say where.
+//! - **UDP GSO** ([`UdpConfig::gso`], off by default, `XROCE_UDP_GSO=1`):
+//!   consecutive datagrams to one destination with one payload size (a
+//!   WRITE's MIDDLEs and LAST) leave as one message with a UDP_SEGMENT
+//!   control message, one iovec per datagram (no copy), up to 64 datagrams / 64 KB: the kernel builds one
 //!   64 KB packet, which a veth carries whole to a socket peer (as TCP's
 //!   TSO packets) and which is cut into exactly these datagrams where
 //!   needed (software GSO before a device or a peer that cannot take it,
 //!   or at a receiving socket without UDP_GRO). The kernel numbers the IPv4
 //!   ids of the segments 0, 1, 2, .. (`tx::gso_ip_id` has the source
-//!   references), so frame `k` of a message gets its ICRC over id `k`.
+//!   references), so datagram `k` of a message gets its ICRC over id `k`.
 //!   The kernel refuses UDP_SEGMENT on a SO_NO_CHECK socket, so with GSO
 //!   IPv4 datagrams carry the kernel's UDP checksum (offloaded on a veth;
 //!   masked by the ICRC; rxe accepts it); without GSO they go out with
 //!   checksum 0 as rxe sends them.
 //! - **receive**: `recvmmsg` puts each payload behind room for headers
 //!   (with UDP_GRO a datagram may hold several packets the kernel kept or
-//!   put together, split again by its gso_size control message), and
-//!   a full frame is rebuilt in place for each packet: a synthesised Ethernet header
-//!   (destination = [`UdpConfig::local_mac`], source =
-//!   [`UdpConfig::peer_mac`]), an IP header with the real addresses
-//!   (IP_PKTINFO) and TOS/ECN (IP_RECVTOS), TTL 64, and the real UDP ports.
-//!   The IPv4 id of the received datagram is not visible through a socket
-//!   but is covered by the ICRC: within a coalesced datagram the id after
-//!   the previous packet's (GSO's numbering) is tried first, then id 0 +
-//!   DF (what xroce and this backend send alone); otherwise the id and DF bit are solved for from
-//!   the ICRC itself ([`xroce_wire::icrc_solve`], as rdma_rxe's random ids
-//!   need). IPv6 has no id: its rebuilt header (flow label and hop limit
-//!   are masked) is the one the ICRC was computed over. A frame for which
-//!   no header works is delivered as rebuilt (the engine's ICRC check
-//!   drops and counts it) and counted in [`UdpStats::icrc_unmatched`].
+//!   put together, split again by its gso_size control message), and each
+//!   packet's ICRC is checked over the IP and UDP headers it came with: the
+//!   real addresses (IP_PKTINFO), TOS/ECN (IP_RECVTOS), TTL, the real UDP
+//!   ports. The IPv4 id of the received datagram is not visible through a
+//!   socket but is covered by the ICRC: within a coalesced datagram the id
+//!   after the previous packet's (GSO's numbering) is tried first, then id
+//!   0 + DF (what xroce and this backend send alone); otherwise the id and
+//!   DF bit are solved for from the ICRC itself
+//!   ([`xroce_wire::icrc_solve`], as rdma_rxe's random ids need). IPv6 has
+//!   no id: the header it came with (flow label and hop limit are masked)
+//!   is the one the ICRC was computed over. The engine gets the datagram
+//!   with that IP header ([`PacketIo::recv_datagrams`]); one for which no
+//!   header works goes to it as rejected (a bad ICRC, counted there) and is
+//!   counted in [`UdpStats::icrc_unmatched`]. [`PacketIo::recv_batch`]
+//!   rebuilds the frame in front of each packet instead: a synthesised
+//!   Ethernet header (destination = [`UdpConfig::local_mac`], source =
+//!   [`UdpConfig::peer_mac`]) and that IP header, with the ICRC as it came.
 //!
 //! No allocation per packet: slots, iovecs, names and control buffers are
 //! allocated once.
@@ -71,12 +72,10 @@
 //! Without IPv6 addresses on the interface there is no second socket.
 //!
 //! One job per file: `socket` opens and binds the sockets, `rx` receives
-//! datagrams and rebuilds frames around them, `tx` turns the engine's
-//! frames into datagrams and sends them, `icrc_delta` moves an ICRC to
-//! other headers, `ports` keeps the per-QP source-port sockets,
+//! datagrams and checks their ICRCs, `tx` routes datagrams, computes their
+//! ICRCs and sends them, `ports` keeps the per-QP source-port sockets,
 //! `sockaddr` converts addresses.
 
-mod icrc_delta;
 mod ports;
 mod rx;
 mod sockaddr;
@@ -93,7 +92,7 @@ use std::{
 
 use xroce_wire::{eth, ipv6, udp, Ipv4Repr, Ipv6Repr, ROCEV2_PORT};
 
-use super::{poll_ms, IoError, IoStats, PacketIo, Result};
+use super::{poll_ms, IoError, IoStats, PacketIo, Received, Result, Transmit};
 
 /// Room in front of a received payload: Ethernet + IPv6 + UDP.
 const RX_HEADROOM: usize = eth::HEADER_LEN + ipv6::HEADER_LEN + udp::HEADER_LEN;
@@ -225,9 +224,6 @@ pub struct UdpStats {
     pub rx_datagrams: u64,
     pub gro_datagrams: u64,
     pub gro_segments: u64,
-    /// Frames whose ICRC was updated for the kernel's headers from the
-    /// engine's (see `icrc_delta`) rather than computed again.
-    pub icrc_updated: u64,
     /// Send-only sockets open for per-QP source ports, and source ports
     /// that could not be bound ([`UdpConfig::qp_ports`]).
     pub qp_port_sockets: u64,
@@ -285,8 +281,6 @@ pub struct UdpBackend {
     gro: bool,
     /// Send-only sockets of per-QP source ports.
     ports: ports::QpPorts,
-    /// ICRC updates from the engine's headers to the kernel's.
-    icrc_delta: icrc_delta::IcrcDelta,
     stats: IoStats,
     udp_stats: UdpStats,
     /// SO_RXQ_OVFL of the IPv4 and the IPv6 socket last seen.
@@ -402,12 +396,13 @@ impl UdpBackend {
     }
 
     /// Reads one batch from the IPv6 (`v6`) or IPv4 socket and hands its
-    /// frames to `on_frame`; returns how many datagrams were read.
+    /// packets, checked, to `on_packet` with the receive buffer; returns
+    /// how many datagrams were read.
     fn recv_from(
         &mut self,
         v6: bool,
         delivered: &mut usize,
-        on_frame: &mut dyn FnMut(&[u8]),
+        on_packet: &mut dyn FnMut(&mut [u8], &rx::RxPacket),
     ) -> Result<usize> {
         let n = self.recvmmsg(v6)?;
         self.udp_stats.rx_datagrams += n as u64;
@@ -421,12 +416,12 @@ impl UdpBackend {
             for (at, len) in rx::split(meta.len, meta.gso_size) {
                 packets += 1;
                 // The short datagram is counted as a runt.
-                if let Some((a, b, id)) = self.rebuild(base + at, len, &meta, prev_id) {
-                    on_frame(&self.rx_buf[a..b]);
+                if let Some(p) = self.check(base + at, len, &meta, prev_id) {
+                    on_packet(&mut self.rx_buf, &p);
                     self.stats.rx_frames += 1;
-                    self.stats.rx_bytes += (b - a) as u64;
+                    self.stats.rx_bytes += p.frame_len() as u64;
                     *delivered += 1;
-                    prev_id = Some(id);
+                    prev_id = Some(p.ip_id);
                 } else {
                     prev_id = None;
                 }
@@ -445,39 +440,35 @@ impl UdpBackend {
     fn recv_round(
         &mut self,
         delivered: &mut usize,
-        on_frame: &mut dyn FnMut(&[u8]),
+        on_packet: &mut dyn FnMut(&mut [u8], &rx::RxPacket),
     ) -> Result<usize> {
         if self.v4.is_none() || self.v6.is_none() {
-            return self.recv_from(self.v4.is_none(), delivered, on_frame);
+            return self.recv_from(self.v4.is_none(), delivered, on_packet);
         }
         let first_v6 = self.rx_v6_first;
-        let read = self.recv_from(first_v6, delivered, on_frame)?;
+        let read = self.recv_from(first_v6, delivered, on_packet)?;
         self.rx_turn = self.rx_turn.wrapping_add(1);
         if read == self.rx_slots && !self.rx_turn.is_multiple_of(16) {
             return Ok(read);
         }
-        let other = self.recv_from(!first_v6, delivered, on_frame)?;
+        let other = self.recv_from(!first_v6, delivered, on_packet)?;
         if other > read {
             self.rx_v6_first = !first_v6;
         }
         Ok(read + other)
     }
-}
 
-impl PacketIo for UdpBackend {
-    fn name(&self) -> &'static str {
-        "udp"
-    }
-
-    fn max_frame_len(&self) -> usize {
-        self.cfg.max_frame_len
-    }
-
-    fn recv_batch(&mut self, timeout: Duration, on_frame: &mut dyn FnMut(&[u8])) -> Result<usize> {
+    /// One receive round, then, if it found nothing, a wait of at most
+    /// `timeout` and another; returns the packets handed to `on_packet`.
+    fn recv_packets(
+        &mut self,
+        timeout: Duration,
+        on_packet: &mut dyn FnMut(&mut [u8], &rx::RxPacket),
+    ) -> Result<usize> {
         let mut delivered = 0;
-        let read = self.recv_round(&mut delivered, on_frame)?;
+        let read = self.recv_round(&mut delivered, on_packet)?;
         if read == 0 && !timeout.is_zero() && self.wait(libc::POLLIN, timeout)? {
-            self.recv_round(&mut delivered, on_frame)?;
+            self.recv_round(&mut delivered, on_packet)?;
         }
         // Asked only after a full batch (a syscall per socket).
         self.rx_pressure = read >= self.rx_slots
@@ -488,30 +479,26 @@ impl PacketIo for UdpBackend {
         Ok(delivered)
     }
 
-    fn rx_pressure(&self) -> bool {
-        self.rx_pressure
-    }
-
-    fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize> {
+    /// Fills up to a batch of TX slots through `next` (which writes a
+    /// datagram or a frame into the slot it is given and says where it
+    /// goes; `None`: nothing more), then sends them.
+    fn send_slots(
+        &mut self,
+        next: &mut dyn FnMut(&mut [u8]) -> Option<Result<tx::Outgoing>>,
+    ) -> Result<usize> {
         let ml = self.cfg.max_frame_len;
         let mut n = 0;
         let mut bad = None;
         while n < self.cfg.batch {
-            let Some(len) = fill(&mut self.tx_buf[n * ml..(n + 1) * ml]) else {
-                break;
+            let o = match next(&mut self.tx_buf[n * ml..(n + 1) * ml]) {
+                None => break,
+                Some(Err(e)) => {
+                    bad = Some(e);
+                    break;
+                }
+                Some(Ok(o)) => o,
             };
-            if len == 0 {
-                break;
-            }
-            if len > ml {
-                bad = Some(IoError::FrameTooBig {
-                    len,
-                    max: ml,
-                    hint: "",
-                });
-                break;
-            }
-            if let Err(detail) = self.prepare(n, len) {
+            if let Err(detail) = self.route(n, &o) {
                 bad = Some(IoError::BadFrame {
                     backend: "udp",
                     detail,
@@ -541,6 +528,69 @@ impl PacketIo for UdpBackend {
             }
             None => Ok(sent),
         }
+    }
+}
+
+impl PacketIo for UdpBackend {
+    fn name(&self) -> &'static str {
+        "udp"
+    }
+
+    fn max_frame_len(&self) -> usize {
+        self.cfg.max_frame_len
+    }
+
+    /// The frames the packets came in, rebuilt in place in front of them
+    /// (Ethernet [`UdpConfig::local_mac`] <- [`UdpConfig::peer_mac`], the
+    /// IP header the ICRC matched), with the ICRC they came with.
+    fn recv_batch(&mut self, timeout: Duration, on_frame: &mut dyn FnMut(&[u8])) -> Result<usize> {
+        let (dst, src) = (self.cfg.local_mac, self.cfg.peer_mac);
+        self.recv_packets(timeout, &mut |buf, p| {
+            let (a, b) = p.rebuild_frame(buf, dst, src);
+            on_frame(&buf[a..b]);
+        })
+    }
+
+    fn recv_datagrams(
+        &mut self,
+        timeout: Duration,
+        on_datagram: &mut dyn FnMut(Received<'_>),
+    ) -> Result<usize> {
+        self.recv_packets(timeout, &mut |buf, p| on_datagram(p.received(buf)))
+    }
+
+    fn rx_pressure(&self) -> bool {
+        self.rx_pressure
+    }
+
+    /// Each frame's UDP payload goes out as a datagram, its ICRC computed
+    /// for the headers the kernel sends (the one the frame carries is not
+    /// looked at).
+    fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize> {
+        self.send_slots(&mut |slot| {
+            let len = fill(slot).filter(|&l| l > 0)?;
+            if len > slot.len() {
+                return Some(Err(IoError::FrameTooBig {
+                    len,
+                    max: slot.len(),
+                    hint: "",
+                }));
+            }
+            Some(
+                tx::Outgoing::of_frame(&slot[..len]).map_err(|detail| IoError::BadFrame {
+                    backend: "udp",
+                    detail,
+                }),
+            )
+        })
+    }
+
+    fn transmit_datagrams(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<Transmit>,
+    ) -> Result<usize> {
+        let port = self.cfg.port;
+        self.send_slots(&mut |slot| Some(Ok(tx::Outgoing::of_transmit(&fill(slot)?, port))))
     }
 
     fn wait_writable(&mut self, timeout: Duration) -> Result<bool> {
@@ -608,7 +658,7 @@ mod tests {
         // The engine addresses port 4791; this test's backends use another.
         let udp_at = 34;
         frame[udp_at + 2..udp_at + 4].copy_from_slice(&cfg.port.to_be_bytes());
-        // The engine's frames carry a valid ICRC (the backend updates it).
+        // A valid ICRC, as a frame has (the backend computes its own).
         icrc::fill_frame(&mut frame).unwrap();
         assert_eq!(a.send_batch(&[&frame]).unwrap(), 1);
         let mut got = Vec::new();
@@ -630,6 +680,80 @@ mod tests {
         assert_eq!(b.udp_stats().icrc_unmatched, 0);
         // The kernel sent IPv4 id 0 with DF, as the sender assumed.
         assert_eq!(b.udp_stats().ip_id_recovered, 0);
+    }
+
+    #[test]
+    fn datagrams_cross_with_their_addresses_tos_and_a_checked_icrc() {
+        let (a_ip, b_ip) = (Ipv4Addr::LOCALHOST, Ipv4Addr::new(127, 0, 0, 2));
+        let mut cfg = UdpConfig::new(a_ip.into());
+        cfg.port = 46600 + (std::process::id() % 40) as u16;
+        let mut a = UdpBackend::open(cfg.clone()).expect("bind 127.0.0.1");
+        let mut cfg_b = cfg.clone();
+        cfg_b.local = b_ip.into();
+        let mut b = UdpBackend::open(cfg_b).expect("bind 127.0.0.2");
+        // What the engine writes: the UDP payload behind room for headers.
+        let bth = BthRepr {
+            ack_req: true,
+            ..BthRepr::new(Opcode::RC_SEND_ONLY, 0x42, 7)
+        };
+        let mut ip = xroce_wire::IpRepr::from_gids(Gid::from(a_ip), Gid::from(b_ip));
+        ip.set_dscp(26);
+        ip.set_ecn(3);
+        let payload_at = 42;
+        let mut sent = Vec::new();
+        let n = a
+            .transmit_datagrams(&mut |buf| {
+                if !sent.is_empty() {
+                    return None;
+                }
+                let len = TransportRepr::new(bth)
+                    .emit(b"datagram", &mut buf[payload_at..])
+                    .unwrap();
+                sent = buf[payload_at..payload_at + len].to_vec();
+                Some(Transmit {
+                    src_mac: [2, 0, 0, 0, 0, 1],
+                    dst_mac: [2, 0, 0, 0, 0, 2],
+                    ip,
+                    udp_src_port: 0xc042,
+                    payload_at,
+                    len,
+                })
+            })
+            .unwrap();
+        assert_eq!(n, 1);
+        // Not RoCEv2 from anyone: rejected for its ICRC, and counted.
+        let raw = std::net::UdpSocket::bind((a_ip, 0)).unwrap();
+        raw.send_to(&[0x11; 40], (b_ip, cfg.port)).unwrap();
+        let (mut got, mut rejected) = (Vec::new(), Vec::new());
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while got.len() + rejected.len() < 2 && std::time::Instant::now() < deadline {
+            b.recv_datagrams(Duration::from_millis(100), &mut |r| match r {
+                Ok(d) => got.push((d.ip, d.udp_src_port, d.udp_payload.to_vec())),
+                Err(r) => rejected.push(r),
+            })
+            .unwrap();
+        }
+        let [(ip, sport, payload)] = &got[..] else {
+            panic!("one datagram: {got:?}, rejected {rejected:?}")
+        };
+        let xroce_wire::IpRepr::V4(v4) = ip else {
+            panic!("{ip:?}")
+        };
+        assert_eq!((v4.src, v4.dst), (a_ip.octets(), b_ip.octets()));
+        assert_eq!((v4.dscp, v4.ecn, v4.ident), (26, 3, 0));
+        assert_eq!(*sport, cfg.port, "the socket's source port");
+        let body = payload.len() - xroce_wire::ICRC_LEN;
+        assert_eq!(payload[..body], sent[..body]);
+        assert_eq!(xroce_wire::parse_transport(payload).unwrap().1, b"datagram");
+        let [r] = &rejected[..] else {
+            panic!("one rejected: {rejected:?}")
+        };
+        assert!(
+            matches!(r.error, xroce_wire::Error::BadIcrc { .. }),
+            "{r:?}"
+        );
+        assert_eq!(r.len, 14 + 20 + 8 + 40);
+        assert_eq!(b.udp_stats().icrc_unmatched, 1);
     }
 
     #[test]
@@ -691,7 +815,7 @@ mod tests {
         frame[14] = (frame[14] & 0xf0) | 0x0b;
         frame[15] = (frame[15] & 0x0f) | 0x80;
         frame[54 + 2..54 + 4].copy_from_slice(&cfg_b.port.to_be_bytes());
-        // The engine's frames carry a valid ICRC (the backend updates it).
+        // A valid ICRC, as a frame has (the backend computes its own).
         icrc::fill_frame(&mut frame).unwrap();
         assert_eq!(a.send_batch(&[&frame]).unwrap(), 1);
         let mut got = Vec::new();
@@ -719,11 +843,11 @@ mod tests {
         assert_eq!(io.poll_fd(), None);
         let mut frame4 = send_only(v4, v4, 0x11, 7, b"over IPv4");
         frame4[34 + 2..34 + 4].copy_from_slice(&cfg.port.to_be_bytes());
-        // The engine's frames carry a valid ICRC (the backend updates it).
+        // A valid ICRC, as a frame has (the backend computes its own).
         icrc::fill_frame(&mut frame4).unwrap();
         let mut frame6 = send_only(v6, v6, 0x22, 8, b"over IPv6");
         frame6[54 + 2..54 + 4].copy_from_slice(&cfg.port.to_be_bytes());
-        // The engine's frames carry a valid ICRC (the backend updates it).
+        // A valid ICRC, as a frame has (the backend computes its own).
         icrc::fill_frame(&mut frame6).unwrap();
         // Mixed in one batch: each goes out on its own socket.
         assert_eq!(io.send_batch(&[&frame4, &frame6, &frame4]).unwrap(), 3);
@@ -806,7 +930,7 @@ mod tests {
                     &payload,
                 );
                 f[36..38].copy_from_slice(&port.to_be_bytes());
-                // The engine's frames carry a valid ICRC (the backend updates it).
+                // A valid ICRC, as a frame has (the backend computes its own).
                 icrc::fill_frame(&mut f).unwrap();
                 f
             })
@@ -914,7 +1038,7 @@ mod tests {
                 let payload = vec![k as u8; 700];
                 let mut f = send_only(lo, lo, 0x44, k, &payload);
                 f[54 + 2..54 + 4].copy_from_slice(&cfg_b.port.to_be_bytes());
-                // The engine's frames carry a valid ICRC (the backend updates it).
+                // A valid ICRC, as a frame has (the backend computes its own).
                 icrc::fill_frame(&mut f).unwrap();
                 f
             })

@@ -1,11 +1,13 @@
 //! Receiving: one recvmmsg for a batch of datagrams. With UDP_GRO a
 //! datagram may hold several RoCEv2 packets the kernel coalesced (a UDP GSO
 //! message that crossed a veth whole, or packets GRO merged): the gso_size
-//! control message says where each ends, and each is handed on alone. Every
-//! packet gets the Ethernet, IP and UDP headers it arrived with rebuilt in
-//! front of it, in place, so the engine sees the frame (and ICRC) the sender
-//! sent. A packet after the first of a coalesced datagram takes its headers
-//! from the tail of the packet before it, which was handed on already.
+//! control message says where each ends, and each is handed on alone. Each
+//! packet's ICRC is checked over the IP and UDP headers it arrived with
+//! (one pass when its IPv4 id is the one expected), and the engine gets the
+//! datagram with that IP header. Only `PacketIo::recv_batch` rebuilds
+//! Ethernet and IP headers in front of it, in place (a packet after the first of a coalesced datagram
+//! writes them over the tail of the packet before it, which was handed on
+//! already).
 
 use std::{
     mem,
@@ -14,11 +16,12 @@ use std::{
 };
 
 use xroce_wire::{
-    bth, eth, icrc, icrc_solve::solve_ipv4_ident, ipv4, ipv6, udp, EthRepr, UdpChecksum, UdpRepr,
-    ICRC_LEN,
+    bth, eth, icrc, icrc_solve::solve_ipv4_ident, ipv4, ipv6, udp, EthRepr, IpRepr, UdpChecksum,
+    UdpRepr, ICRC_LEN,
 };
 
 use super::{kernel_ipv4, kernel_ipv6, sockaddr::addr_of, UdpBackend, CMSG_ROOM, RX_HEADROOM};
+use crate::io::{Received, Rejected, RxDatagram};
 
 /// What the control messages and the name say of one received datagram.
 #[derive(Clone, Copy, Debug)]
@@ -163,19 +166,20 @@ impl UdpBackend {
         })
     }
 
-    /// Rebuilds the frame of the packet of `payload_len` bytes at
-    /// `payload_at` in the receive buffer (from datagram `meta`) in front of
-    /// it; `prev_id`: the IPv4 id the packet before it in the same
-    /// coalesced datagram matched, so this one is tried with the next id
-    /// (how GSO numbers them) before 0 and before solving for it. Returns
-    /// the frame's range in the buffer and the id used.
-    pub(super) fn rebuild(
+    /// Checks the ICRC of the packet of `payload_len` bytes (BTH .. ICRC)
+    /// at `payload_at` in the receive buffer (from datagram `meta`) over
+    /// the headers it came with, writing its UDP header in front of it
+    /// (the ICRC covers it); `prev_id`: the IPv4 id the packet before it in
+    /// the same coalesced datagram matched, so this one is tried with the
+    /// next id (how GSO numbers them) before 0 and before solving for it.
+    /// `None` (counted) for a packet too short to be RoCEv2.
+    pub(super) fn check(
         &mut self,
         payload_at: usize,
         payload_len: usize,
         meta: &RxMeta,
         prev_id: Option<u16>,
-    ) -> Option<(usize, usize, u16)> {
+    ) -> Option<RxPacket> {
         if payload_len < bth::HEADER_LEN + ICRC_LEN {
             self.udp_stats.runts += 1;
             self.stats.rx_dropped += 1;
@@ -184,81 +188,142 @@ impl UdpBackend {
         let udp_len = udp::HEADER_LEN + payload_len;
         let udp_at = payload_at - udp::HEADER_LEN;
         let end = payload_at + payload_len;
+        let sport = meta.src.port();
         UdpRepr {
-            src_port: meta.src.port(),
+            src_port: sport,
             dst_port: self.cfg.port,
             checksum: UdpChecksum::Zero,
         }
         .emit(&mut self.rx_buf[udp_at..end], payload_len)
         .ok()?;
         let found = u32::from_le_bytes(self.rx_buf[end - ICRC_LEN..end].try_into().unwrap());
-        // The IP header goes right in front of the UDP header.
-        let (head, l4) = self.rx_buf.split_at_mut(udp_at);
-        let l4 = &l4[..end - ICRC_LEN - udp_at];
-        let mut used_id = 0;
-        let (ip_at, ethertype) = match (meta.src.ip(), meta.dst) {
+        let l4 = &self.rx_buf[udp_at..end - ICRC_LEN];
+        let mut header = [0u8; ipv6::HEADER_LEN];
+        let mut computed = None;
+        let (ip, used_id) = match (meta.src.ip(), meta.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                let ip_at = udp_at - ipv4::HEADER_LEN;
                 // Next in a GSO run, else what a datagram sent alone by
                 // xroce (and this backend) carries: id 0 with DF.
                 let guesses = [prev_id.map(|p| p.wrapping_add(1)), Some(0)];
                 let mut ip = kernel_ipv4(s, d, meta.tos, udp_len, 0);
                 // The ICRC masks the TTL: the id search is unaffected.
                 ip.ttl = meta.ttl;
-                let mut matched = false;
+                let mut used_id = 0;
                 for (k, guess) in guesses.into_iter().enumerate() {
                     let Some(id) = guess else { continue };
                     if k > 0 && guesses[0] == Some(id) {
                         continue;
                     }
                     ip.ident = id;
-                    ip.emit(&mut head[ip_at..]).ok()?;
-                    if icrc::compute(&head[ip_at..], l4).ok() == Some(found) {
+                    ip.emit(&mut header).ok()?;
+                    let c = icrc::compute(&header[..ipv4::HEADER_LEN], l4).ok();
+                    computed = c;
+                    if c == Some(found) {
                         used_id = id;
-                        matched = true;
                         break;
                     }
                 }
-                if !matched {
+                if computed != Some(found) {
                     match solve_ipv4_ident(&ip, l4, found) {
                         Some((ident, dont_frag)) => {
                             ip.ident = ident;
                             ip.dont_frag = dont_frag;
-                            ip.emit(&mut head[ip_at..]).ok()?;
                             used_id = ident;
+                            computed = Some(found);
                             self.udp_stats.ip_id_recovered += 1;
                         }
-                        None => self.udp_stats.icrc_unmatched += 1,
+                        None => ip.ident = 0,
                     }
                 }
-                (ip_at, eth::ETHERTYPE_IPV4)
+                (IpRepr::V4(ip), used_id)
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
-                let ip_at = udp_at - ipv6::HEADER_LEN;
                 let mut ip = kernel_ipv6(s, d, meta.tos, udp_len);
                 ip.hop_limit = meta.ttl;
-                ip.emit(&mut head[ip_at..]).ok()?;
-                if icrc::compute(&head[ip_at..], l4).ok() != Some(found) {
-                    self.udp_stats.icrc_unmatched += 1;
-                }
-                (ip_at, eth::ETHERTYPE_IPV6)
+                ip.emit(&mut header).ok()?;
+                computed = icrc::compute(&header, l4).ok();
+                (IpRepr::V6(ip), 0)
             }
             _ => {
                 self.stats.rx_dropped += 1;
                 return None;
             }
         };
+        let computed = computed?;
+        if computed != found {
+            self.udp_stats.icrc_unmatched += 1;
+        }
+        Some(RxPacket {
+            payload_at,
+            payload_len,
+            ip,
+            udp_src_port: sport,
+            icrc: (computed, found),
+            ip_id: used_id,
+        })
+    }
+}
+
+/// One packet received and checked.
+pub(super) struct RxPacket {
+    /// Where its UDP payload (BTH .. ICRC) is in the receive buffer; its
+    /// UDP header is in front of it.
+    pub payload_at: usize,
+    pub payload_len: usize,
+    /// The IP header it came with: addresses and ports from the socket,
+    /// TOS and TTL from control messages, the IPv4 id and DF the ICRC
+    /// was found to cover (0 with DF if none was).
+    pub ip: IpRepr,
+    pub udp_src_port: u16,
+    /// (computed, found) ICRC.
+    pub icrc: (u32, u32),
+    /// The IPv4 id it matched (0 if it matched none).
+    pub ip_id: u16,
+}
+
+impl RxPacket {
+    /// Its length as an untagged Ethernet frame.
+    pub fn frame_len(&self) -> usize {
+        eth::HEADER_LEN + self.ip.header_len() + udp::HEADER_LEN + self.payload_len
+    }
+
+    /// It as the engine takes it, in receive buffer `buf`: the datagram,
+    /// or rejected for a bad ICRC.
+    pub fn received<'a>(&self, buf: &'a [u8]) -> Received<'a> {
+        let (computed, found) = self.icrc;
+        if computed != found {
+            return Err(Rejected {
+                len: self.frame_len(),
+                error: xroce_wire::Error::BadIcrc { computed, found },
+            });
+        }
+        Ok(RxDatagram {
+            ip: self.ip,
+            udp_src_port: self.udp_src_port,
+            udp_payload: &buf[self.payload_at..self.payload_at + self.payload_len],
+        })
+    }
+
+    /// Writes the Ethernet (`dst` <- `src`) and IP headers in front of its
+    /// UDP header in `buf`: the frame it came in, as the sender's ICRC
+    /// covers it. Returns the frame's range.
+    pub fn rebuild_frame(&self, buf: &mut [u8], dst: [u8; 6], src: [u8; 6]) -> (usize, usize) {
+        let ip_at = self.payload_at - udp::HEADER_LEN - self.ip.header_len();
         let start = ip_at - eth::HEADER_LEN;
-        EthRepr {
-            dst: self.cfg.local_mac,
-            src: self.cfg.peer_mac,
+        let (ethertype, emitted) = match &self.ip {
+            IpRepr::V4(ip) => (eth::ETHERTYPE_IPV4, ip.emit(&mut buf[ip_at..])),
+            IpRepr::V6(ip) => (eth::ETHERTYPE_IPV6, ip.emit(&mut buf[ip_at..])),
+        };
+        let eth = EthRepr {
+            dst,
+            src,
             svlan: None,
             vlan: None,
             ethertype,
-        }
-        .emit(&mut self.rx_buf[start..])
-        .ok()?;
-        Some((start, end, used_id))
+        };
+        let emitted = emitted.and_then(|_| eth.emit(&mut buf[start..]));
+        debug_assert!(emitted.is_ok(), "headers fit the receive headroom");
+        (start, self.payload_at + self.payload_len)
     }
 }
 

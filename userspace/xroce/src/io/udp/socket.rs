@@ -241,7 +241,6 @@ impl UdpBackend {
             gso,
             gro,
             ports: super::ports::QpPorts::new(cfg.qp_ports),
-            icrc_delta: super::icrc_delta::IcrcDelta::new(cfg.max_frame_len),
             cfg,
             stats: IoStats::default(),
             udp_stats: UdpStats::default(),

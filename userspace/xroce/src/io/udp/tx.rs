@@ -1,16 +1,17 @@
-//! Sending: each frame the engine wrote becomes one RoCEv2 datagram (its
-//! UDP payload, to its destination IP, with its TOS as a control message).
-//! Consecutive frames to the same destination whose payloads have one size
-//! (the last may be shorter) leave as one UDP GSO message (a UDP_SEGMENT
-//! control message over one iovec per frame, no copy): the kernel cuts it
-//! back into exactly these datagrams, on the device or at the receiver.
-//! Each datagram's ICRC is computed over the headers the kernel will give
-//! it, IPv4 id included (see [`gso_ip_id`]); a batch of messages leaves in
-//! one sendmmsg.
+//! Sending: each datagram the engine wrote (or the UDP payload of a frame
+//! handed to [`PacketIo::transmit`](crate::io::PacketIo::transmit)) goes
+//! to its destination IP, with its TOS as a control message.
+//! Consecutive datagrams to the same destination whose payloads have one
+//! size leave as one UDP GSO message (a UDP_SEGMENT control message over
+//! one iovec per datagram, no copy): the kernel cuts it back into exactly
+//! these datagrams, on the device or at the receiver. Each datagram's
+//! ICRC is computed once, over the headers the kernel will give it, IPv4
+//! id included (see [`gso_ip_id`]); a batch of messages leaves in one
+//! sendmmsg.
 
 use std::{
     mem,
-    net::{IpAddr, SocketAddr, SocketAddrV6},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6},
     os::fd::AsRawFd,
     time::Duration,
 };
@@ -20,12 +21,13 @@ use xroce_wire::{
     ipv4::{self, Ipv4Packet, PROTO_UDP},
     ipv6::{self, Ipv6Packet, NEXT_HEADER_UDP},
     udp::{self, UdpPacket},
-    EthRepr, UdpChecksum, UdpRepr, ICRC_LEN,
+    EthRepr, IpRepr, UdpChecksum, UdpRepr, ICRC_LEN,
 };
 
 use xroce_common::qpn_block;
 
 use super::{kernel_ipv4, kernel_ipv6, sockaddr::sockaddr_of, wait_on, UdpBackend, CMSG_ROOM};
+use crate::io::Transmit;
 
 /// Most datagrams one GSO message carries (the kernel's UDP_MAX_SEGMENTS
 /// is 64 on older kernels, 128 on newer ones).
@@ -58,16 +60,16 @@ pub(super) fn gso_ip_id(k: usize) -> u16 {
     k as u16
 }
 
-/// What `prepare` learnt of the frame in one TX slot.
+/// What `route` learnt of the datagram in one TX slot.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct TxMeta {
-    /// Engine frame length (for byte counters).
-    len: usize,
+    /// Its length as a frame (for byte counters).
+    frame_len: usize,
     /// Goes out on the IPv6 socket.
     v6: bool,
-    /// UDP header offset in the slot, and UDP length (header included).
-    udp_at: usize,
-    udp_len: usize,
+    /// Where its UDP payload (BTH .. ICRC) is in the slot, and its length.
+    payload_at: usize,
+    payload_len: usize,
     tos: u8,
     /// Source and destination of the IP header the kernel writes.
     src: IpAddr,
@@ -79,16 +81,14 @@ pub(super) struct TxMeta {
     ifindex: u32,
     /// The socket it leaves on.
     fd: i32,
-    /// The source port in the engine's frame (its ICRC covers it).
-    frame_sport: u16,
 }
 
 impl TxMeta {
     pub(super) const EMPTY: TxMeta = TxMeta {
-        len: 0,
+        frame_len: 0,
         v6: false,
-        udp_at: 0,
-        udp_len: 0,
+        payload_at: 0,
+        payload_len: 0,
         tos: 0,
         src: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
         dst: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
@@ -99,12 +99,11 @@ impl TxMeta {
         pktinfo: false,
         ifindex: 0,
         fd: -1,
-        frame_sport: 0,
     };
 
     /// Payload (BTH .. ICRC) length: what the datagram carries.
     fn payload_len(&self) -> usize {
-        self.udp_len - udp::HEADER_LEN
+        self.payload_len
     }
 
     /// Whether `next` may follow `self` in one GSO message: same socket,
@@ -115,6 +114,107 @@ impl TxMeta {
             && self.tos == next.tos
             && self.pktinfo == next.pktinfo
             && (!self.pktinfo || self.src == next.src)
+    }
+}
+
+/// A datagram to send, as the engine's [`Transmit`] or a frame says it.
+pub(super) struct Outgoing {
+    frame_len: usize,
+    /// The sender's source address (used by the interface-wide IPv6
+    /// socket, which sends from it) and the destination.
+    src: IpAddr,
+    dst: IpAddr,
+    tos: u8,
+    dst_mac: [u8; 6],
+    /// The source port the sender chose (a QP's own, with per-QP ports).
+    sport: u16,
+    dport: u16,
+    payload_at: usize,
+    payload_len: usize,
+}
+
+impl Outgoing {
+    /// What the engine's `t` says.
+    pub(super) fn of_transmit(t: &Transmit, dport: u16) -> Outgoing {
+        let (src, dst) = match t.ip {
+            IpRepr::V4(ip) => (Ipv4Addr::from(ip.src).into(), Ipv4Addr::from(ip.dst).into()),
+            IpRepr::V6(ip) => (Ipv6Addr::from(ip.src).into(), Ipv6Addr::from(ip.dst).into()),
+        };
+        Outgoing {
+            frame_len: t.frame_len(),
+            src,
+            dst,
+            tos: (t.ip.dscp() << 2) | t.ip.ecn(),
+            dst_mac: t.dst_mac,
+            sport: t.udp_src_port,
+            dport,
+            payload_at: t.payload_at,
+            payload_len: t.len,
+        }
+    }
+
+    /// What the headers of `frame` say (IPv4 without options or IPv6,
+    /// UDP, at least a BTH and an ICRC behind it).
+    pub(super) fn of_frame(frame: &[u8]) -> Result<Outgoing, String> {
+        let len = frame.len();
+        if len < eth::HEADER_LEN {
+            return Err(format!("{len}-byte frame has no Ethernet header"));
+        }
+        let (eth, ip_at) = EthRepr::parse(frame).map_err(|e| format!("{len}-byte frame: {e}"))?;
+        let (src, dst, tos, udp_at, ip_end) = match eth.ethertype {
+            eth::ETHERTYPE_IPV4 => {
+                let ip = Ipv4Packet::new_checked(&frame[ip_at..])
+                    .map_err(|_| "truncated IPv4 header")?;
+                if ip.version() != 4 || ip.ihl() != 5 || ip.protocol() != PROTO_UDP {
+                    return Err("not IPv4/UDP without options".into());
+                }
+                (
+                    IpAddr::from(ip.src_addr()),
+                    IpAddr::from(ip.dst_addr()),
+                    (ip.dscp() << 2) | ip.ecn(),
+                    ip_at + ipv4::HEADER_LEN,
+                    ip_at + ip.total_len() as usize,
+                )
+            }
+            eth::ETHERTYPE_IPV6 => {
+                let ip = Ipv6Packet::new_checked(&frame[ip_at..])
+                    .map_err(|_| "truncated IPv6 header")?;
+                if ip.next_header() != NEXT_HEADER_UDP {
+                    return Err("IPv6 next header is not UDP".into());
+                }
+                (
+                    IpAddr::from(ip.src_addr()),
+                    IpAddr::from(ip.dst_addr()),
+                    ip.traffic_class(),
+                    ip_at + ipv6::HEADER_LEN,
+                    ip_at + ipv6::HEADER_LEN + ip.payload_len() as usize,
+                )
+            }
+            t => return Err(format!("ethertype {t:#06x} is neither IPv4 nor IPv6")),
+        };
+        let datagram =
+            UdpPacket::new_checked(&frame[udp_at..]).map_err(|_| "truncated UDP header")?;
+        let udp_len = datagram.len() as usize;
+        let udp_end = udp_at + udp_len;
+        if udp_len < udp::HEADER_LEN + bth::HEADER_LEN + ICRC_LEN
+            || udp_end > len
+            || udp_end > ip_end
+        {
+            return Err(format!(
+                "UDP length {udp_len} does not fit the {len}-byte frame"
+            ));
+        }
+        Ok(Outgoing {
+            frame_len: len,
+            src,
+            dst,
+            tos,
+            dst_mac: eth.dst,
+            sport: datagram.src_port(),
+            dport: datagram.dst_port(),
+            payload_at: udp_at + udp::HEADER_LEN,
+            payload_len: udp_len - udp::HEADER_LEN,
+        })
     }
 }
 
@@ -150,96 +250,43 @@ pub(super) fn gso_runs(
     }
 }
 
-/// Sets the fields the ICRC masks to all ones in `hdr`: an IP header of
-/// `ip_len` bytes (IPv4 TOS, TTL, checksum; IPv6 traffic class, flow label,
-/// hop limit) and the UDP header behind it (checksum), as `icrc::compute`.
-fn mask_variant_fields(hdr: &mut [u8], ip_len: usize) {
-    if ip_len == ipv4::HEADER_LEN {
-        for i in [1, 8, 10, 11] {
-            hdr[i] = 0xff;
-        }
-    } else {
-        hdr[0] |= 0x0f;
-        for i in [1, 2, 3, 7] {
-            hdr[i] = 0xff;
-        }
-    }
-    hdr[ip_len + 6] = 0xff;
-    hdr[ip_len + 7] = 0xff;
-}
-
 impl UdpBackend {
-    /// Checks the engine's frame in TX slot `i` (length `len`), notes where
-    /// it goes, and writes the UDP header the kernel will send. The ICRC
-    /// waits for [`build_messages`](Self::build_messages), which knows the
-    /// frame's place in its GSO message.
-    pub(super) fn prepare(&mut self, i: usize, len: usize) -> Result<(), String> {
-        let ml = self.cfg.max_frame_len;
-        let frame = &mut self.tx_buf[i * ml..i * ml + len];
-        if len < eth::HEADER_LEN {
-            return Err(format!("{len}-byte frame has no Ethernet header"));
-        }
-        let (eth, ip_at) = EthRepr::parse(frame).map_err(|e| format!("{len}-byte frame: {e}"))?;
-        // The frame's source matters only to the interface-wide IPv6
-        // socket, which sends from it (IPV6_PKTINFO).
-        let (socket, frame_src, dst, tos, udp_at, ip_end) =
-            match (eth.ethertype, &self.v4, &self.v6) {
-                (eth::ETHERTYPE_IPV4, Some(socket), _) => {
-                    let ip = Ipv4Packet::new_checked(&frame[ip_at..])
-                        .map_err(|_| "truncated IPv4 header")?;
-                    if ip.version() != 4 || ip.ihl() != 5 || ip.protocol() != PROTO_UDP {
-                        return Err("not IPv4/UDP without options".into());
-                    }
-                    (
-                        socket,
-                        IpAddr::from(ip.src_addr()),
-                        IpAddr::from(ip.dst_addr()),
-                        (ip.dscp() << 2) | ip.ecn(),
-                        ip_at + ipv4::HEADER_LEN,
-                        ip_at + ip.total_len() as usize,
-                    )
-                }
-                (eth::ETHERTYPE_IPV6, _, Some(socket)) => {
-                    let ip = Ipv6Packet::new_checked(&frame[ip_at..])
-                        .map_err(|_| "truncated IPv6 header")?;
-                    if ip.next_header() != NEXT_HEADER_UDP {
-                        return Err("IPv6 next header is not UDP".into());
-                    }
-                    (
-                        socket,
-                        IpAddr::from(ip.src_addr()),
-                        IpAddr::from(ip.dst_addr()),
-                        ip.traffic_class(),
-                        ip_at + ipv6::HEADER_LEN,
-                        ip_at + ipv6::HEADER_LEN + ip.payload_len() as usize,
-                    )
-                }
-                (t, v4, _) => {
-                    return Err(format!(
-                        "ethertype {t:#06x} has no socket here (this backend carries {})",
-                        if v4.is_some() { "IPv4" } else { "IPv6" }
-                    ))
-                }
-            };
-        // Sending from the frame's own source: the socket serves every
+    /// Notes where the datagram `o` in TX slot `i` goes (socket, source
+    /// port, destination) and writes the UDP header the kernel will send
+    /// in front of its payload, which the ICRC covers. The ICRC waits for
+    /// [`build_messages`](Self::build_messages), which knows the datagram's
+    /// place in its GSO message.
+    pub(super) fn route(&mut self, i: usize, o: &Outgoing) -> Result<(), String> {
+        let socket = match (o.dst, &self.v4, &self.v6) {
+            (IpAddr::V4(_), Some(socket), _) | (IpAddr::V6(_), _, Some(socket)) => socket,
+            (_, v4, _) => {
+                return Err(format!(
+                    "{} has no socket here (this backend carries {})",
+                    o.dst,
+                    if v4.is_some() { "IPv4" } else { "IPv6" }
+                ))
+            }
+        };
+        // Sending from the sender's own source: the socket serves every
         // address of its interface.
         let pktinfo = socket.local.is_unspecified();
-        let src = if pktinfo { frame_src } else { socket.local };
-        if src.is_ipv4() != dst.is_ipv4() {
+        let src = if pktinfo { o.src } else { socket.local };
+        if src.is_ipv4() != o.dst.is_ipv4() {
             return Err("address family mismatch".into());
         }
-        let datagram =
-            UdpPacket::new_checked(&frame[udp_at..]).map_err(|_| "truncated UDP header")?;
-        let dport = datagram.dst_port();
-        let frame_sport = datagram.src_port();
-        let udp_len = datagram.len() as usize;
-        let udp_end = udp_at + udp_len;
-        if udp_len < udp::HEADER_LEN + bth::HEADER_LEN + ICRC_LEN
-            || udp_end > len
-            || udp_end > ip_end
-        {
+        let ml = self.cfg.max_frame_len;
+        let slot = &mut self.tx_buf[i * ml..(i + 1) * ml];
+        let udp_at = o.payload_at.checked_sub(udp::HEADER_LEN);
+        let Some(udp_at) = udp_at.filter(|_| o.payload_at + o.payload_len <= ml) else {
             return Err(format!(
-                "UDP length {udp_len} does not fit the {len}-byte frame"
+                "a {}-byte payload at {} does not fit a {ml}-byte slot with its UDP header",
+                o.payload_len, o.payload_at
+            ));
+        };
+        if o.payload_len < bth::HEADER_LEN + ICRC_LEN {
+            return Err(format!(
+                "{}-byte datagram has no BTH and ICRC",
+                o.payload_len
             ));
         }
         // Another process of this device (its MAC is ours) receives on the
@@ -247,29 +294,29 @@ impl UdpBackend {
         // computed over the RoCEv2 port, as the XDP program's port rewrite
         // leaves it for frames from the wire.
         let to_port = match self.cfg.qpn_block {
-            Some(_) if eth.dst == self.cfg.local_mac => {
+            Some(_) if o.dst_mac == self.cfg.local_mac => {
                 // The length check above left a whole BTH here.
-                let bth = bth::BthHeader::new_unchecked(&frame[udp_at + udp::HEADER_LEN..]);
+                let bth = bth::BthHeader::new_unchecked(&slot[o.payload_at..]);
                 qpn_block::udp_port(qpn_block::of_qpn(bth.dest_qp()))
             }
-            _ => dport,
+            _ => o.dport,
         };
         // The QP's own source port (a socket bound to it), else the bound
         // port of the main socket.
         let (fd, sport) = self
             .ports
-            .socket_for(&self.cfg, socket, frame_sport)
+            .socket_for(&self.cfg, socket, o.sport)
             .unwrap_or((socket.fd.as_raw_fd(), socket.port));
         // What the kernel will send: that port; the checksum (0 here, the
         // kernel's own on the wire) is masked by the ICRC.
         UdpRepr {
             src_port: sport,
-            dst_port: dport,
+            dst_port: o.dport,
             checksum: UdpChecksum::Zero,
         }
-        .emit(&mut frame[udp_at..], udp_len - udp::HEADER_LEN)
+        .emit(&mut slot[udp_at..], o.payload_len)
         .map_err(|e| format!("UDP header: {e}"))?;
-        let to = match dst {
+        let to = match o.dst {
             // A link-local destination is on the socket's interface.
             IpAddr::V6(d) if d.is_unicast_link_local() => {
                 SocketAddr::V6(SocketAddrV6::new(d, to_port, 0, socket.ifindex))
@@ -277,18 +324,17 @@ impl UdpBackend {
             d => SocketAddr::new(d, to_port),
         };
         self.tx_meta[i] = TxMeta {
-            len,
-            v6: dst.is_ipv6(),
-            udp_at,
-            udp_len,
-            tos,
+            frame_len: o.frame_len,
+            v6: o.dst.is_ipv6(),
+            payload_at: o.payload_at,
+            payload_len: o.payload_len,
+            tos: o.tos,
             src,
-            dst,
+            dst: o.dst,
             to,
             pktinfo,
             ifindex: socket.ifindex,
             fd,
-            frame_sport,
         };
         Ok(())
     }
@@ -323,66 +369,33 @@ impl UdpBackend {
         result
     }
 
-    /// Writes the ICRC of the frame in slot `i`, computed over the headers
-    /// the kernel sends with IPv4 id `ident` (DF set; IPv6 has no id), and
-    /// points its iovec at its payload.
+    /// Writes the ICRC of the datagram in slot `i`, computed in one pass
+    /// over the headers the kernel sends with IPv4 id `ident` (DF set;
+    /// IPv6 has no id) and the UDP header `route` wrote, and points its
+    /// iovec at its payload.
     fn seal(&mut self, i: usize, ident: u16) -> Result<(), String> {
         let ml = self.cfg.max_frame_len;
         let m = self.tx_meta[i];
-        let frame = &mut self.tx_buf[i * ml..i * ml + m.len];
-        let udp_end = m.udp_at + m.udp_len;
+        let slot = &mut self.tx_buf[i * ml..(i + 1) * ml];
+        let udp_len = udp::HEADER_LEN + m.payload_len;
         let mut kernel_ip = [0u8; ipv6::HEADER_LEN];
         let ip_len = match (m.src, m.dst) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                kernel_ipv4(s, d, m.tos, m.udp_len, ident).emit(&mut kernel_ip)
+                kernel_ipv4(s, d, m.tos, udp_len, ident).emit(&mut kernel_ip)
             }
             (IpAddr::V6(s), IpAddr::V6(d)) => {
-                kernel_ipv6(s, d, m.tos, m.udp_len).emit(&mut kernel_ip)
+                kernel_ipv6(s, d, m.tos, udp_len).emit(&mut kernel_ip)
             }
             _ => return Err("address family mismatch".into()),
         }
         .map_err(|e| format!("IP header: {e}"))?;
-        // The engine's ICRC covers its own IP header and source port; move
-        // it to the kernel's (see icrc_delta) when that is cheaper than a
-        // pass over the datagram.
-        let hdr_len = ip_len + udp::HEADER_LEN;
-        let mut old = [0u8; ipv6::HEADER_LEN + udp::HEADER_LEN];
-        let mut new = old;
-        old[..hdr_len].copy_from_slice(&frame[m.udp_at - ip_len..m.udp_at + udp::HEADER_LEN]);
-        old[ip_len..ip_len + 2].copy_from_slice(&m.frame_sport.to_be_bytes());
-        new[..ip_len].copy_from_slice(&kernel_ip[..ip_len]);
-        new[ip_len..hdr_len].copy_from_slice(&frame[m.udp_at..m.udp_at + udp::HEADER_LEN]);
-        for h in [&mut old, &mut new] {
-            mask_variant_fields(&mut h[..hdr_len], ip_len);
-        }
-        let engine_icrc = u32::from_le_bytes(
-            frame[udp_end - ICRC_LEN..udp_end]
-                .try_into()
-                .expect("4 bytes"),
-        );
-        let rest = m.udp_len - udp::HEADER_LEN - ICRC_LEN;
-        let l4 = &frame[m.udp_at..udp_end - ICRC_LEN];
-        let crc = match self
-            .icrc_delta
-            .update(engine_icrc, &old[..hdr_len], &new[..hdr_len], rest)
-        {
-            Some(c) => {
-                self.udp_stats.icrc_updated += 1;
-                // Debug builds (every test) check the update against a
-                // full pass: the engine's ICRC must have been right.
-                debug_assert_eq!(
-                    icrc::compute(&kernel_ip[..ip_len], l4).ok(),
-                    Some(c),
-                    "ICRC update from the engine's headers"
-                );
-                c
-            }
-            None => icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?,
-        };
-        frame[udp_end - ICRC_LEN..udp_end].copy_from_slice(&crc.to_le_bytes());
+        let end = m.payload_at + m.payload_len;
+        let l4 = &slot[m.payload_at - udp::HEADER_LEN..end - ICRC_LEN];
+        let crc = icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?;
+        slot[end - ICRC_LEN..end].copy_from_slice(&crc.to_le_bytes());
         self.tx_iov[i] = libc::iovec {
-            iov_base: frame[m.udp_at + udp::HEADER_LEN..].as_mut_ptr().cast(),
-            iov_len: m.payload_len(),
+            iov_base: slot[m.payload_at..].as_mut_ptr().cast(),
+            iov_len: m.payload_len,
         };
         Ok(())
     }
@@ -483,7 +496,7 @@ impl UdpBackend {
         let (start, count) = self.tx_runs[m];
         for k in start..start + count {
             self.stats.tx_frames += 1;
-            self.stats.tx_bytes += self.tx_meta[k].len as u64;
+            self.stats.tx_bytes += self.tx_meta[k].frame_len as u64;
         }
         self.udp_stats.tx_messages += 1;
         if count > 1 {
