@@ -8,8 +8,11 @@
 //!   every earlier READ/atomic to complete;
 //! - go-back-N: a retry restarts transmission at the completer's PSN; the
 //!   WQE and byte offset are recomputed from the PSN;
-//! - the retransmission timer: a tail-loss probe before the first timeout,
-//!   a timeout that doubles with consecutive expiries (capped);
+//! - the retransmission timer: tail-loss probes before the first timeout
+//!   (once the round trip is known, repeated four times further apart each
+//!   time, and on go-back-N each after the first a go-back-N retry: a
+//!   responder that NAKed stays silent until the NAKed packet arrives), a
+//!   timeout that doubles with consecutive expiries (capped);
 //! - pacing by the congestion controller's rate (token bucket) and its hooks.
 
 use xroce_wire::{
