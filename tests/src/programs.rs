@@ -938,30 +938,75 @@ impl Tcpdump {
         let mut proc = self.proc.take().unwrap();
         // Frames may still be in flight through the bridge.
         std::thread::sleep(Duration::from_millis(300));
+        Self::wait_written(&mut proc);
         proc.signal(libc::SIGINT);
         let f = proc.finish(Duration::from_secs(5));
         if !f.success() {
             return Err(f.describe());
         }
-        // "N packets captured", "N packets received by filter",
-        // "N packets dropped by kernel".
-        let count = |what: &str| {
-            f.stderr
-                .lines()
-                .find(|l| l.ends_with(what))
-                .and_then(|l| l.split_whitespace().next())
-                .and_then(|n| n.parse::<u64>().ok())
-        };
+        let counts = tcpdump_counts(&f.stderr);
         let (captured, filtered, dropped) = (
-            count("packets captured"),
-            count("packets received by filter"),
-            count("packets dropped by kernel"),
+            counts.map(|c| c.0),
+            counts.map(|c| c.1),
+            counts.map(|c| c.2),
         );
         if captured.is_none() || captured != filtered || dropped != Some(0) {
             return Err(format!("the capture lost frames\n{}", f.describe()));
         }
         Ok(format!("{} frames captured", captured.unwrap()))
     }
+
+    /// Waits (up to 10 s) until tcpdump has written every frame its filter
+    /// took so far, as it reports on SIGUSR1: on a busy host it may still
+    /// be behind when the programs end, and SIGINT would leave the rest of
+    /// its ring unread.
+    fn wait_written(proc: &mut Proc) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let reports = |p: &Proc| {
+            p.stderr_so_far()
+                .matches("packets received by filter")
+                .count()
+        };
+        while Instant::now() < deadline && !proc.exited() {
+            let before = reports(proc);
+            proc.signal(libc::SIGUSR1);
+            while reports(proc) == before {
+                if Instant::now() > deadline || proc.exited() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if tcpdump_counts(&proc.stderr_so_far()).is_some_and(|(c, f, _)| c == f) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// tcpdump's latest (captured, received by filter, dropped by kernel)
+/// counts: on SIGUSR1 it prints them on one line ("tcpdump: N packets
+/// captured, N packets received by filter, N packets dropped by kernel"),
+/// on exit a line each ("1 packet" when one).
+fn tcpdump_counts(stderr: &str) -> Option<(u64, u64, u64)> {
+    let parts: Vec<&str> = stderr
+        .lines()
+        .flat_map(|l| l.split(", "))
+        .map(|p| p.trim_start_matches("tcpdump: "))
+        .collect();
+    let i = parts
+        .iter()
+        .rposition(|p| p.ends_with("dropped by kernel"))?;
+    let count = |k: usize, what: &str| -> Option<u64> {
+        let p = parts.get(k)?;
+        p.ends_with(what)
+            .then(|| p.split_whitespace().next()?.parse().ok())?
+    };
+    Some((
+        count(i.checked_sub(2)?, "captured")?,
+        count(i - 1, "received by filter")?,
+        count(i, "dropped by kernel")?,
+    ))
 }
 
 /// `xroce decode FILE --json`.
@@ -1031,6 +1076,17 @@ macro_rules! per_backend {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tcpdump_counts_are_the_latest_report_in_either_form() {
+        let err = "tcpdump: listening on x, link-type EN10MB\n\
+            tcpdump: 5 packets captured, 7 packets received by filter, 0 packets dropped by kernel\n\
+            1701 packets captured\n1701 packets received by filter\n0 packets dropped by kernel\n";
+        assert_eq!(super::tcpdump_counts(err), Some((1701, 1701, 0)));
+        let usr1 = "tcpdump: 1 packet captured, 2 packets received by filter, 0 packets dropped by kernel\n";
+        assert_eq!(super::tcpdump_counts(usr1), Some((1, 2, 0)));
+        assert_eq!(super::tcpdump_counts("listening"), None);
+    }
+
     use super::*;
 
     fn bw_table(row: &str) -> Finished {
