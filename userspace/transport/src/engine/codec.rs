@@ -97,11 +97,7 @@ pub(crate) fn emit(
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> xroce_wire::Result<()>,
 ) -> xroce_wire::Result<Transmit> {
-    let at = xroce_wire::headers_len(&f.eth, &f.ip);
-    let have = buf.len();
-    let room = buf
-        .get_mut(at..)
-        .ok_or(xroce_wire::Error::BufferTooSmall { needed: at, have })?;
+    let (at, room) = behind_headers(f, buf)?;
     let len = f.transport.emit_in_place(payload_len, room, fill)?;
     Ok(transmit(f, at, len))
 }
@@ -112,13 +108,23 @@ pub(crate) fn emit_copy(
     payload: &[u8],
     buf: &mut [u8],
 ) -> xroce_wire::Result<Transmit> {
+    let (at, room) = behind_headers(f, buf)?;
+    let len = f.transport.emit(payload, room)?;
+    Ok(transmit(f, at, len))
+}
+
+/// Where `f`'s UDP payload starts in `buf` (behind room for its frame's
+/// headers), and `buf` from there.
+fn behind_headers<'b>(
+    f: &FrameRepr,
+    buf: &'b mut [u8],
+) -> xroce_wire::Result<(usize, &'b mut [u8])> {
     let at = xroce_wire::headers_len(&f.eth, &f.ip);
     let have = buf.len();
     let room = buf
         .get_mut(at..)
         .ok_or(xroce_wire::Error::BufferTooSmall { needed: at, have })?;
-    let len = f.transport.emit(payload, room)?;
-    Ok(transmit(f, at, len))
+    Ok((at, room))
 }
 
 fn transmit(f: &FrameRepr, payload_at: usize, len: usize) -> Transmit {
