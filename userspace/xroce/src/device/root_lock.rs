@@ -184,7 +184,12 @@ pub(crate) fn try_take(ifindex: u32, what: &str) -> io::Result<Option<RootLock>>
     // that is no longer the hold, so look again. Bounded: each retry
     // means another process took and released the hold meanwhile.
     for _ in 0..1000 {
-        make_dir()?;
+        match make_dir() {
+            // Another holder's release removed the folder as it emptied,
+            // between our mkdir and our look at it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            r => r?,
+        }
         let file = match fs::OpenOptions::new()
             .read(true)
             .write(true)
