@@ -63,6 +63,16 @@ fn timely_and_swift_hold_their_delay_targets_on_a_real_queue() {
     let none_p50 = none.num("/queue/delay/p50_us");
     let none_util = none.num("/link_utilisation");
     eprintln!("none: queue delay p50 {none_p50:.0} us, utilisation {none_util:.3}");
+    // The precondition of every bound below: without congestion control the
+    // senders stand a queue over the controllers' 200 us targets (about 2 ms
+    // at the median unloaded). Senders the host starves leave it empty, and
+    // there is nothing to hold down.
+    assert!(
+        none_p50 > 200.0,
+        "precondition: without congestion control the queue delay's median is \
+         {none_p50} us (utilisation {none_util:.2}): the senders did not outrun the \
+         link, so the host starved them (the run needs about one free core): {n}"
+    );
     let mut runs = vec![none];
     for cc in ["timely", "swift"] {
         let r = incast(cc);
