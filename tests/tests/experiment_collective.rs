@@ -167,6 +167,16 @@ fn collectives_over_xroce_and_tcp_are_checked_and_leave_nothing_behind() {
             log.contains(&want),
             "{transport} at {loss}: no {want:?}:\n{log}"
         );
+        if transport == "xroce" {
+            // --recovery's default reached every rank through mpirun.
+            for rank in 0..RANKS {
+                let want = format!("rank {rank}: XROCE_SELECTIVE_REPEAT=auto");
+                assert!(
+                    log.contains(&want),
+                    "{transport} at {loss}: no {want:?}:\n{log}"
+                );
+            }
+        }
     }
 
     // One row per job, op, iteration and rank; each iteration has every
@@ -342,14 +352,22 @@ fn run_to_success(cmd: &mut Command, dir: &Path) -> String {
 }
 
 /// Rank 0 of the job in runs/`job`/ reported every rank's results checked:
-/// `iters` timed and one warm-up allreduce per rank.
-fn gloo_checked(dir: &Path, job: &str, iters: usize) {
+/// `iters` timed and one warm-up allreduce per rank; over xroce every rank
+/// had XROCE_SELECTIVE_REPEAT=`recovery`.
+fn gloo_checked(dir: &Path, job: &str, iters: usize, recovery: Option<&str>) {
     let log = read(&dir.join(format!("runs/{job}/rank0.log")));
     let want = format!(
         "collective_step: ok: {GLOO_RANKS} ranks, {} results checked",
         GLOO_RANKS * (1 + iters)
     );
     assert!(log.contains(&want), "{job}: no {want:?}:\n{log}");
+    if let Some(recovery) = recovery {
+        for rank in 0..GLOO_RANKS {
+            let log = read(&dir.join(format!("runs/{job}/rank{rank}.log")));
+            let want = format!("rank {rank}: XROCE_SELECTIVE_REPEAT={recovery}");
+            assert!(log.contains(&want), "{job}: no {want:?}:\n{log}");
+        }
+    }
 }
 
 #[test]
@@ -369,7 +387,8 @@ fn gloo_allreduce_over_xroce_and_tcp_is_checked() {
     // (variant, loss) of every job, in order.
     let jobs = [("xroce", 0.0), ("xroce", 0.05), ("tcp", 0.0), ("tcp", 0.05)];
     for (variant, loss) in jobs {
-        gloo_checked(&dir, &format!("{variant}-loss{loss}"), ITERS);
+        let recovery = (variant == "xroce").then_some("on");
+        gloo_checked(&dir, &format!("{variant}-loss{loss}"), ITERS, recovery);
     }
 
     let rows = iterations_csv(&dir);
@@ -477,8 +496,14 @@ fn compare_gives_one_figure_per_variant_on_the_same_seed() {
         ("xroce-timely", "xroce", "auto", "timely"),
         ("xroce-swift", "xroce", "auto", "swift"),
     ];
-    for (variant, ..) in variants {
-        gloo_checked(&dir, &format!("{variant}-loss0"), ITERS);
+    for (variant, transport, recovery, _) in variants {
+        let env = match recovery {
+            "gbn" => "off",
+            "sr" => "on",
+            _ => "auto",
+        };
+        let env = (transport == "xroce").then_some(env);
+        gloo_checked(&dir, &format!("{variant}-loss0"), ITERS, env);
     }
     let summary: Value = serde_json::from_str(&read(&dir.join("summary.json"))).unwrap();
     assert_eq!(
@@ -535,6 +560,43 @@ fn compare_gives_one_figure_per_variant_on_the_same_seed() {
         );
     }
     assert!(svg.contains("p50 0% allreduce 16 KiB") && svg.contains("p99 0% allreduce 16 KiB"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_interrupted_gloo_experiment_leaves_nothing_behind() {
+    gloo_prerequisites();
+    let dir = temp("collective-gloo-int");
+    // Enough iterations that it is still running when interrupted.
+    let mut child = gloo_experiment(&dir, "16KiB", 1_000_000, &["--transport", "xroce"])
+        .spawn()
+        .expect("start xroce experiment collective");
+    let pid = child.id();
+    // Interrupt once rank 0 has finished an iteration: every rank is up.
+    let progress = dir.join("runs/xroce-loss0/steps.csv.progress");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while std::fs::metadata(&progress).map(|m| m.len()).unwrap_or(0) == 0 {
+        if let Some(status) = child.try_wait().expect("poll the experiment") {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr);
+            panic!("the experiment ended ({status}) before its first iteration:\n{stderr}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no iteration within 300 s; outputs in {}", dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: signalling the child we started and have not waited for.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().expect("wait for the experiment");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    nothing_left(pid, &dir);
+    assert!(
+        !out.status.success(),
+        "an interrupted run succeeded:\n{stderr}"
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

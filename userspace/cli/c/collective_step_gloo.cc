@@ -28,7 +28,9 @@
 // spent between two allreduces (the sleep, filling, checking), coll_s the
 // time inside run(). A wrong element exits 2 with `collective_step: CHECK
 // FAILED ...` on stderr. At the end rank 0 prints `collective_step: ok: R
-// ranks, C results checked` (C summed over the ranks).
+// ranks, C results checked` (C summed over the ranks). Each rank first
+// says on stderr how the drop-in recovers loss (its
+// XROCE_SELECTIVE_REPEAT, or `unset`).
 //
 // Teardown (as tests/c/gloo_collectives.cc found with Gloo 2022's ibverbs
 // transport): a collective is destroyed only once every send it posted has
@@ -226,6 +228,9 @@ int main(int argc, char** argv) {
     die("bad RANK/RANKS/ITERS/WARMUP");
   }
   const auto gaps = read_schedule(argv[9], iters);
+  const char* recovery = std::getenv("XROCE_SELECTIVE_REPEAT");
+  std::fprintf(stderr, "collective_step: rank %d: XROCE_SELECTIVE_REPEAT=%s\n",
+               rank, recovery != nullptr ? recovery : "unset");
 
   FILE* out = nullptr;
   FILE* progress = nullptr;
