@@ -786,4 +786,72 @@ mod tests {
         );
         assert!(v.iter().all(|v| v.recovery == Recovery::SelectiveRepeat));
     }
+
+    #[test]
+    fn summary_round_trips_and_refuses_unknown_fields() {
+        let run = Run {
+            variant: "xroce-sr".into(),
+            library: "gloo".into(),
+            transport: "xroce".into(),
+            recovery: Some("sr".into()),
+            cc: Some("none".into()),
+            loss: 0.01,
+            steps: vec![results::Step {
+                op: "allreduce".into(),
+                bytes: 65536,
+                iter: 0,
+                rank: 0,
+                gap_s: 0.005,
+                coll_s: 0.001,
+            }],
+            frames: 100,
+            dropped: 1,
+        };
+        let summary = Summary {
+            experiment: "collective".into(),
+            settings: Settings {
+                ranks: 2,
+                ops: vec!["allreduce".into()],
+                sizes: vec![65536],
+                iters: 1,
+                warmup: 1,
+                compute_gap_s: 0.005,
+                jitter: 0.1,
+                seed: 1,
+                transports: vec!["xroce".into()],
+                library: "gloo".into(),
+                recovery: "auto".into(),
+                compare: vec!["recovery".into()],
+                variants: vec!["xroce-gbn".into(), "xroce-sr".into()],
+                loss: Some(0.01),
+                loss_on: "all".into(),
+                cc: "none".into(),
+                mtu: 1500,
+            },
+            jobs: vec![JobFigure::from(&run)],
+            figures: results::figures(std::slice::from_ref(&run), 2),
+            errors: vec![],
+        };
+        let text = serde_json::to_string(&summary).unwrap();
+        assert_eq!(serde_json::from_str::<Summary>(&text).unwrap(), summary);
+        assert!(text.contains(r#""library":"gloo""#) && text.contains(r#""variant":"xroce-sr""#));
+        let extra = text.replacen(r#""library":"gloo""#, r#""library":"gloo","nccl":1"#, 1);
+        assert!(serde_json::from_str::<Summary>(&extra).is_err());
+
+        let dir = std::env::temp_dir().join(format!("xroce-coll-iter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("iterations.csv");
+        results::write_iterations(&path, &[run]).unwrap();
+        let csv = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some("library,variant,transport,loss,op,bytes,iter,rank,gap_s,coll_s,wait_fraction,jct_s")
+        );
+        assert!(lines
+            .next()
+            .unwrap()
+            .starts_with("gloo,xroce-sr,xroce,0.01,allreduce,65536,0,0,"));
+    }
 }
