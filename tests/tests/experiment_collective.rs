@@ -9,6 +9,14 @@
 //! namespace, XDP pin or process. A second run is interrupted (SIGINT)
 //! once its ranks are iterating, and leaves nothing either.
 //!
+//!
+//! Gloo (Debian's libgloo-dev, `--library gloo`): 2 ranks, ring allreduce
+//! of floats over xroce (Gloo's ibverbs transport on the drop-in) and over
+//! Gloo's TCP transport, every element checked, the CSV and JSON fields
+//! asserted; `--compare tcp,recovery,cc` runs one job per variant on the
+//! same seed and gives one figure per variant and compare.svg; a wrong
+//! flag combination fails with the error naming the fix.
+//!
 //! That the same seed gives the same schedule is a unit test of the
 //! schedule (userspace/cli/src/experiment/collective/schedule.rs).
 //! The experiments make and remove their own namespaces.
@@ -32,6 +40,26 @@ const WARMUP: usize = 1;
 const OPS: [&str; 2] = ["allreduce", "alltoall"];
 /// (transport, loss) of every job, in the order they run.
 const JOBS: [(&str, f64); 4] = [("xroce", 0.0), ("xroce", 0.01), ("tcp", 0.0), ("tcp", 0.01)];
+
+/// Root, g++ and Gloo's headers, and xroce's drop-in libibverbs built.
+fn gloo_prerequisites() {
+    require_root();
+    assert!(
+        Command::new("g++").arg("--version").output().is_ok(),
+        "`g++` is missing: install g++ (`cargo xtask setup`)"
+    );
+    assert!(
+        Path::new("/usr/include/gloo/transport/ibverbs/device.h").exists(),
+        "Gloo's headers are missing: install libgloo-dev (`cargo xtask setup`)"
+    );
+    assert!(
+        Command::new("iptables").arg("-V").output().is_ok(),
+        "`iptables` is missing (loss over TCP): install iptables"
+    );
+    if std::env::var_os("XROCE_LIB_DIR").is_none() {
+        verbs::ibverbs_cdylib();
+    }
+}
 
 /// Root, Open MPI's mpicc, and xroce's drop-in libibverbs built.
 fn prerequisites() {
@@ -100,7 +128,7 @@ fn iterations_csv(dir: &Path) -> Vec<Row> {
     let (header, rows) = csv_rows(&dir.join("iterations.csv"));
     assert_eq!(
         header.join(","),
-        "transport,loss,op,bytes,iter,rank,gap_s,coll_s,wait_fraction,jct_s"
+        "library,variant,transport,loss,op,bytes,iter,rank,gap_s,coll_s,wait_fraction,jct_s"
     );
     rows
 }
@@ -139,6 +167,16 @@ fn collectives_over_xroce_and_tcp_are_checked_and_leave_nothing_behind() {
             log.contains(&want),
             "{transport} at {loss}: no {want:?}:\n{log}"
         );
+        if transport == "xroce" {
+            // --recovery's default reached every rank through mpirun.
+            for rank in 0..RANKS {
+                let want = format!("rank {rank}: XROCE_SELECTIVE_REPEAT=auto");
+                assert!(
+                    log.contains(&want),
+                    "{transport} at {loss}: no {want:?}:\n{log}"
+                );
+            }
+        }
     }
 
     // One row per job, op, iteration and rank; each iteration has every
@@ -148,6 +186,8 @@ fn collectives_over_xroce_and_tcp_are_checked_and_leave_nothing_behind() {
     let mut iterations: BTreeMap<Iteration, Vec<&Row>> = BTreeMap::new();
     for r in &rows {
         assert_eq!(r["bytes"], "65536", "{r:?}");
+        assert_eq!(r["library"], "mpi", "{r:?}");
+        assert_eq!(r["variant"], r["transport"], "{r:?}");
         let wait = num(r, "wait_fraction");
         assert!((0.0..=1.0).contains(&wait), "{r:?}");
         assert!(num(r, "coll_s") > 0.0 && num(r, "gap_s") > 0.0, "{r:?}");
@@ -178,10 +218,18 @@ fn collectives_over_xroce_and_tcp_are_checked_and_leave_nothing_behind() {
         "{summary}"
     );
     assert_eq!(summary["settings"]["ranks"], RANKS);
+    assert_eq!(summary["settings"]["library"], "mpi");
+    assert_eq!(summary["settings"]["recovery"], "auto");
+    assert_eq!(
+        summary["settings"]["variants"],
+        serde_json::json!(["xroce", "tcp"])
+    );
     let jobs = summary["jobs"].as_array().expect("jobs");
     assert_eq!(jobs.len(), JOBS.len(), "{summary}");
     for (job, (transport, loss)) in jobs.iter().zip(JOBS) {
         assert_eq!(job["transport"], transport);
+        assert_eq!(job["variant"], transport);
+        assert_eq!(job["library"], "mpi");
         assert_eq!(job["loss"], loss);
     }
     // xroce's RoCEv2 crossed the XDP programs, and the fault injector
@@ -258,4 +306,330 @@ fn an_interrupted_experiment_leaves_nothing_behind() {
     );
     assert!(stderr.contains("interrupted"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `xroce experiment collective --library gloo` with `extra` flags, 2
+/// ranks, allreduce of `size`, `iters` iterations.
+fn gloo_experiment(dir: &Path, size: &str, iters: usize, extra: &[&str]) -> Command {
+    let _ = std::fs::remove_dir_all(dir);
+    let mut cmd = Command::new(workspace_bin("xroce"));
+    cmd.args(["experiment", "collective", "--library", "gloo"])
+        .args(["--ranks", &GLOO_RANKS.to_string(), "--sizes", size])
+        .args(["--iters", &iters.to_string(), "--warmup", "1"])
+        .args([
+            "--compute-gap",
+            "2ms",
+            "--seed",
+            "3",
+            "--stall-timeout",
+            "120",
+        ])
+        .arg("--out")
+        .arg(dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+const GLOO_RANKS: usize = 2;
+
+/// Runs `cmd` to its end; asserts it succeeded and left nothing behind.
+fn run_to_success(cmd: &mut Command, dir: &Path) -> String {
+    let child = cmd.spawn().expect("start xroce experiment collective");
+    let pid = child.id();
+    let out = child.wait_with_output().expect("wait for the experiment");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    nothing_left(pid, dir);
+    assert!(
+        out.status.success(),
+        "the experiment failed ({}); outputs in {}:\n{stderr}",
+        out.status,
+        dir.display()
+    );
+    stderr
+}
+
+/// Rank 0 of the job in runs/`job`/ reported every rank's results checked:
+/// `iters` timed and one warm-up allreduce per rank; over xroce every rank
+/// had XROCE_SELECTIVE_REPEAT=`recovery`.
+fn gloo_checked(dir: &Path, job: &str, iters: usize, recovery: Option<&str>) {
+    let log = read(&dir.join(format!("runs/{job}/rank0.log")));
+    let want = format!(
+        "collective_step: ok: {GLOO_RANKS} ranks, {} results checked",
+        GLOO_RANKS * (1 + iters)
+    );
+    assert!(log.contains(&want), "{job}: no {want:?}:\n{log}");
+    if let Some(recovery) = recovery {
+        for rank in 0..GLOO_RANKS {
+            let log = read(&dir.join(format!("runs/{job}/rank{rank}.log")));
+            let want = format!("rank {rank}: XROCE_SELECTIVE_REPEAT={recovery}");
+            assert!(log.contains(&want), "{job}: no {want:?}:\n{log}");
+        }
+    }
+}
+
+#[test]
+fn gloo_allreduce_over_xroce_and_tcp_is_checked() {
+    gloo_prerequisites();
+    let dir = temp("collective-gloo");
+    const ITERS: usize = 4;
+    run_to_success(
+        &mut gloo_experiment(
+            &dir,
+            "64KiB",
+            ITERS,
+            &["--recovery", "sr", "--loss", "0.05"],
+        ),
+        &dir,
+    );
+    // (variant, loss) of every job, in order.
+    let jobs = [("xroce", 0.0), ("xroce", 0.05), ("tcp", 0.0), ("tcp", 0.05)];
+    for (variant, loss) in jobs {
+        let recovery = (variant == "xroce").then_some("on");
+        gloo_checked(&dir, &format!("{variant}-loss{loss}"), ITERS, recovery);
+    }
+
+    let rows = iterations_csv(&dir);
+    assert_eq!(rows.len(), jobs.len() * ITERS * GLOO_RANKS);
+    let mut iterations: BTreeMap<Iteration, Vec<&Row>> = BTreeMap::new();
+    for r in &rows {
+        assert_eq!(r["library"], "gloo", "{r:?}");
+        assert_eq!(r["op"], "allreduce", "{r:?}");
+        // 64 KiB of floats, whole.
+        assert_eq!(r["bytes"], "65536", "{r:?}");
+        assert_eq!(r["variant"], r["transport"], "{r:?}");
+        assert!(num(r, "coll_s") > 0.0 && num(r, "gap_s") > 0.0, "{r:?}");
+        let key = (
+            r["transport"].clone(),
+            r["loss"].clone(),
+            r["op"].clone(),
+            r["iter"].clone(),
+        );
+        iterations.entry(key).or_default().push(r);
+    }
+    assert_eq!(iterations.len(), jobs.len() * ITERS);
+    for (key, ranks) in &iterations {
+        let mut seen: Vec<String> = ranks.iter().map(|r| r["rank"].clone()).collect();
+        seen.sort();
+        assert_eq!(seen, ["0", "1"], "{key:?}");
+        let slowest = ranks.iter().map(|r| num(r, "coll_s")).fold(0.0, f64::max);
+        for r in ranks {
+            assert!((num(r, "jct_s") - slowest).abs() < 1e-6, "{key:?}: {r:?}");
+        }
+    }
+
+    let summary: Value = serde_json::from_str(&read(&dir.join("summary.json"))).unwrap();
+    assert_eq!(
+        summary["errors"].as_array().map(Vec::len),
+        Some(0),
+        "{summary}"
+    );
+    let settings = &summary["settings"];
+    assert_eq!(settings["library"], "gloo", "{settings}");
+    assert_eq!(settings["recovery"], "sr", "{settings}");
+    assert_eq!(
+        settings["ops"],
+        serde_json::json!(["allreduce"]),
+        "{settings}"
+    );
+    assert_eq!(settings["compare"], serde_json::json!([]), "{settings}");
+    let job_list = summary["jobs"].as_array().expect("jobs");
+    assert_eq!(job_list.len(), jobs.len(), "{summary}");
+    for (job, (variant, loss)) in job_list.iter().zip(jobs) {
+        assert_eq!(job["variant"], variant, "{job}");
+        assert_eq!(job["library"], "gloo", "{job}");
+        assert_eq!(job["loss"], loss, "{job}");
+        if variant == "xroce" {
+            assert_eq!(job["recovery"], "sr", "{job}");
+            assert_eq!(job["cc"], "none", "{job}");
+        } else {
+            assert!(job["recovery"].is_null() && job["cc"].is_null(), "{job}");
+        }
+    }
+    // Gloo's ibverbs traffic crossed xroce's XDP program, and the fault
+    // injector dropped some of it in the lossy job only.
+    assert!(job_list[0]["frames"].as_u64().unwrap() > 0, "{summary}");
+    assert_eq!(job_list[0]["dropped"], 0, "{summary}");
+    assert!(job_list[1]["dropped"].as_u64().unwrap() > 0, "{summary}");
+    let figures = summary["figures"].as_array().expect("figures");
+    assert_eq!(figures.len(), jobs.len(), "{summary}");
+    for f in figures {
+        assert_eq!(f["library"], "gloo", "{f}");
+        assert_eq!(f["jct_s"].as_array().map(Vec::len), Some(ITERS), "{f}");
+        let p50 = f["jct_p50_s"].as_f64().unwrap();
+        assert!(p50 > 0.0 && p50 <= f["jct_p99_s"].as_f64().unwrap(), "{f}");
+        // allreduce over 2 ranks: busbw = algbw.
+        let algbw = f["algbw_gbyte_s"].as_f64().unwrap();
+        assert!((algbw - 65536.0 / p50 / 1e9).abs() < 1e-9, "{f}");
+        assert!(
+            (f["busbw_gbyte_s"].as_f64().unwrap() - algbw).abs() < 1e-9,
+            "{f}"
+        );
+    }
+    assert!(std::fs::metadata(dir.join("jct.svg")).is_ok_and(|m| m.len() > 0));
+    assert!(
+        !dir.join("compare.svg").exists(),
+        "compare.svg without --compare"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn compare_gives_one_figure_per_variant_on_the_same_seed() {
+    gloo_prerequisites();
+    let dir = temp("collective-compare");
+    const ITERS: usize = 2;
+    run_to_success(
+        &mut gloo_experiment(&dir, "16KiB", ITERS, &["--compare", "tcp,recovery,cc"]),
+        &dir,
+    );
+    // (variant, transport, recovery, cc): "xroce" is --recovery auto and
+    // --cc none, so the cc axis's "none" is not run again.
+    let variants = [
+        ("xroce", "xroce", "auto", "none"),
+        ("tcp", "tcp", "", ""),
+        ("xroce-gbn", "xroce", "gbn", "none"),
+        ("xroce-sr", "xroce", "sr", "none"),
+        ("xroce-dcqcn", "xroce", "auto", "dcqcn"),
+        ("xroce-timely", "xroce", "auto", "timely"),
+        ("xroce-swift", "xroce", "auto", "swift"),
+    ];
+    for (variant, transport, recovery, _) in variants {
+        let env = match recovery {
+            "gbn" => "off",
+            "sr" => "on",
+            _ => "auto",
+        };
+        let env = (transport == "xroce").then_some(env);
+        gloo_checked(&dir, &format!("{variant}-loss0"), ITERS, env);
+    }
+    let summary: Value = serde_json::from_str(&read(&dir.join("summary.json"))).unwrap();
+    assert_eq!(
+        summary["errors"].as_array().map(Vec::len),
+        Some(0),
+        "{summary}"
+    );
+    let names: Vec<&str> = variants.iter().map(|v| v.0).collect();
+    assert_eq!(summary["settings"]["variants"], serde_json::json!(names));
+    assert_eq!(
+        summary["settings"]["compare"],
+        serde_json::json!(["tcp", "recovery", "cc"])
+    );
+    let jobs = summary["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), variants.len(), "{summary}");
+    for (job, (variant, transport, recovery, cc)) in jobs.iter().zip(variants) {
+        assert_eq!(job["variant"], variant, "{job}");
+        assert_eq!(job["transport"], transport, "{job}");
+        if transport == "xroce" {
+            assert_eq!(job["recovery"], recovery, "{job}");
+            assert_eq!(job["cc"], cc, "{job}");
+        }
+    }
+    // One figure per variant (one op, one size, no loss), in order.
+    let figures = summary["figures"].as_array().expect("figures");
+    let fig_names: Vec<&str> = figures
+        .iter()
+        .map(|f| f["variant"].as_str().unwrap())
+        .collect();
+    assert_eq!(fig_names, names, "{summary}");
+    // The same seed: every variant's ranks slept the same gaps, so the
+    // gaps they measured differ only by the time around the sleep.
+    let rows = iterations_csv(&dir);
+    assert_eq!(rows.len(), variants.len() * ITERS * GLOO_RANKS);
+    let sched = read(&dir.join("schedule.csv"));
+    for r in &rows {
+        let line = format!("{},{},", r["iter"], r["rank"]);
+        let gap_us: f64 = sched
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("no gap for {line} in schedule.csv"))
+            .parse()
+            .unwrap();
+        assert!(
+            num(r, "gap_s") >= gap_us * 1e-6,
+            "{r:?} slept less than {gap_us} us"
+        );
+    }
+    let svg = read(&dir.join("compare.svg"));
+    for name in names {
+        assert!(
+            svg.contains(&format!(">\n{name}\n<")) || svg.contains(&format!(">{name}<")),
+            "compare.svg lacks {name}"
+        );
+    }
+    assert!(svg.contains("p50 0% allreduce 16 KiB") && svg.contains("p99 0% allreduce 16 KiB"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_interrupted_gloo_experiment_leaves_nothing_behind() {
+    gloo_prerequisites();
+    let dir = temp("collective-gloo-int");
+    // Enough iterations that it is still running when interrupted.
+    let mut child = gloo_experiment(&dir, "16KiB", 1_000_000, &["--transport", "xroce"])
+        .spawn()
+        .expect("start xroce experiment collective");
+    let pid = child.id();
+    // Interrupt once rank 0 has finished an iteration: every rank is up.
+    let progress = dir.join("runs/xroce-loss0/steps.csv.progress");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while std::fs::metadata(&progress).map(|m| m.len()).unwrap_or(0) == 0 {
+        if let Some(status) = child.try_wait().expect("poll the experiment") {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr);
+            panic!("the experiment ended ({status}) before its first iteration:\n{stderr}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no iteration within 300 s; outputs in {}", dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SAFETY: signalling the child we started and have not waited for.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().expect("wait for the experiment");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    nothing_left(pid, &dir);
+    assert!(
+        !out.status.success(),
+        "an interrupted run succeeded:\n{stderr}"
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_wrong_flag_combination_names_the_fix() {
+    let dir = temp("collective-flags");
+    let out = Command::new(workspace_bin("xroce"))
+        .args(["experiment", "collective", "--library", "gloo"])
+        .args(["--op", "allreduce,alltoall", "--out"])
+        .arg(&dir)
+        .output()
+        .expect("run xroce");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--library gloo runs allreduce only")
+            && stderr.contains("not alltoall")
+            && stderr.contains("use `--op allreduce`, or `--library mpi`"),
+        "{stderr}"
+    );
+    assert!(!dir.exists(), "a refused run made {}", dir.display());
+
+    // --compare picks the transports itself.
+    let out = Command::new(workspace_bin("xroce"))
+        .args(["experiment", "collective", "--compare", "tcp"])
+        .args(["--transport", "xroce", "--out"])
+        .arg(&dir)
+        .output()
+        .expect("run xroce");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("'--compare <COMPARE>' cannot be used with '--transport <TRANSPORT>'"),
+        "{stderr}"
+    );
 }

@@ -23,7 +23,9 @@
  * the last result); coll_s the time inside the collective call. Times come
  * from CLOCK_MONOTONIC. A wrong element aborts the job with
  * `collective_step: CHECK FAILED ...` on stderr. At the end rank 0 prints
- * `collective_step: ok: R ranks, C results checked`.
+ * `collective_step: ok: R ranks, C results checked`. Each rank first says
+ * on stderr how the drop-in recovers loss (its XROCE_SELECTIVE_REPEAT, or
+ * `unset`).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -191,6 +193,9 @@ int main(int argc, char **argv) {
     int iters = atoi(argv[3]), warmup = atoi(argv[4]);
     if (iters <= 0 || warmup < 0) fail("ITERS must be > 0 and WARMUP >= 0");
     long *gaps = read_schedule(argv[5], iters);
+    const char *recovery = getenv("XROCE_SELECTIVE_REPEAT");
+    fprintf(stderr, "collective_step: rank %d: XROCE_SELECTIVE_REPEAT=%s\n", rank,
+            recovery ? recovery : "unset");
 
     FILE *out = NULL, *progress = NULL;
     if (rank == 0) {

@@ -84,8 +84,8 @@ pub enum ExperimentKind {
     Workload(Box<workload::WorkloadArgs>),
     /// The same workload (same seed) under each of several controllers
     Compare(Box<workload::CompareArgs>),
-    /// MPI collectives in a training-step model: job completion time over
-    /// xroce and TCP, under loss
+    /// Collectives (Open MPI or Gloo) in a training-step model: job
+    /// completion time over xroce and TCP, under loss; `--compare` variants
     Collective(Box<collective::CollectiveArgs>),
     #[command(hide = true)]
     WorkloadSender(workload::NodeArgs),

@@ -14,7 +14,8 @@
 //! - over TCP: `--mca pml ob1 --mca btl tcp,self`, Open MPI's own TCP.
 //!
 //! `--bind-to none`: every "host" is this machine, and each rank would
-//! otherwise be bound to the same first core.
+//! otherwise be bound to the same first core. Over xroce the ranks get
+//! `XROCE_SELECTIVE_REPEAT` (`-x`): how the drop-in recovers loss.
 
 use std::{
     path::{Path, PathBuf},
@@ -32,6 +33,10 @@ use crate::experiment::{
 
 /// The program every rank runs, compiled with mpicc at run time.
 const SOURCE: &str = include_str!("../../../c/collective_step.c");
+
+/// How the drop-in libibverbs recovers loss: `off` (go-back-N), `on`
+/// (selective repeat) or `auto` (the two xroce peers agree in band).
+pub const SELECTIVE_REPEAT: &str = "XROCE_SELECTIVE_REPEAT";
 
 /// How the ranks move data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,6 +96,8 @@ pub struct Job<'a> {
     pub schedule: &'a Path,
     pub transport: Transport,
     pub cc: CcKind,
+    /// XROCE_SELECTIVE_REPEAT of the ranks over xroce: off, on or auto.
+    pub selective_repeat: &'a str,
     pub ops: &'a [String],
     pub sizes: &'a [u64],
     pub iters: usize,
@@ -240,8 +247,9 @@ impl Job<'_> {
         match self.transport {
             Transport::Xroce => {
                 cmd.args(["--mca", "pml", "ucx", "--mca", "osc", "ucx"])
-                    .args(["-x", "UCX_TLS"])
-                    .env("UCX_TLS", "rc,self");
+                    .args(["-x", "UCX_TLS", "-x", SELECTIVE_REPEAT])
+                    .env("UCX_TLS", "rc,self")
+                    .env(SELECTIVE_REPEAT, self.selective_repeat);
             }
             Transport::Tcp => {
                 cmd.args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])
@@ -308,20 +316,20 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-fn line_count(path: &Path) -> u64 {
+pub(super) fn line_count(path: &Path) -> u64 {
     std::fs::read(path)
         .map(|b| b.iter().filter(|&&c| c == b'\n').count() as u64)
         .unwrap_or(0)
 }
 
-fn append(path: &Path, text: &str) {
+pub(super) fn append(path: &Path, text: &str) {
     use std::io::Write;
     if let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path) {
         let _ = f.write_all(text.as_bytes());
     }
 }
 
-fn tail(text: &str, n: usize) -> String {
+pub(super) fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join(" | ")
 }

@@ -1,25 +1,39 @@
-//! `xroce experiment collective`: the job completion time (JCT) of MPI
-//! collectives in a training-step model, over xroce and over TCP, with
-//! Debian's unmodified Open MPI (and UCX). N ranks, one namespace each, on
-//! the lab's bridge (topology.rs); mpirun on the bridge as the head node
-//! (job.rs). Every rank runs collective_step.c: per iteration a compute
-//! gap from the seeded schedule (schedule.rs), then the collective, every
-//! element checked. With `--loss`, a lossless run of each transport comes
-//! first as the baseline, then the lossy one (network.rs).
+//! `xroce experiment collective`: the job completion time (JCT) of
+//! collectives in a training-step model, over xroce and over TCP, through
+//! real libraries: Debian's unmodified Open MPI (over UCX) or Gloo
+//! (`--library`). N ranks, one namespace each, on the lab's bridge
+//! (topology.rs). MPI: mpirun on the bridge as the head node (job.rs), every
+//! rank running collective_step.c. Gloo: every rank started here in its
+//! namespace, meeting the others through Gloo's FileStore (gloo.rs),
+//! running collective_step_gloo.cc. Per iteration a compute gap from the
+//! seeded schedule (schedule.rs), then the collective, every element
+//! checked. With `--loss`, a lossless run of each variant comes first as
+//! the baseline, then the lossy one (network.rs).
+//!
+//! Variants: without `--compare`, each transport of `--transport` with
+//! `--recovery` and `--cc`. `--compare tcp,recovery,cc` runs, on the same
+//! seed (same compute gaps, same drop pattern), xroce and TCP; xroce with
+//! go-back-N and with selective repeat; xroce under each congestion
+//! controller (what one axis does not vary comes from `--recovery` and
+//! `--cc`), each variant once.
 //!
 //! Files in `--out`:
-//! - iterations.csv: `transport,loss,op,bytes,iter,rank,gap_s,coll_s,
-//!   wait_fraction,jct_s`, one row per rank and iteration of every run;
-//!   jct_s is the iteration's slowest rank's time in the collective.
-//! - summary.json: the settings, then per transport, loss, op and size the
-//!   JCT per iteration, p50, p99, max and mean; nccl-tests' algorithm and
-//!   bus bandwidth at the p50; the fraction of time ranks wait; the
-//!   slowdown against the lossless run.
-//! - jct.svg: JCT per iteration, one line per run, op and size.
+//! - iterations.csv: `library,variant,transport,loss,op,bytes,iter,rank,
+//!   gap_s,coll_s,wait_fraction,jct_s`, one row per rank and iteration of
+//!   every run; jct_s is the iteration's slowest rank's time in the
+//!   collective.
+//! - summary.json: the settings, each job, then per variant, loss, op and
+//!   size the JCT per iteration, p50, p99, max and mean; nccl-tests'
+//!   algorithm and bus bandwidth at the p50; the fraction of time ranks
+//!   wait; the slowdown against the lossless run.
+//! - jct.svg: JCT per iteration, one line per run, op and size;
+//!   compare.svg (with --compare): JCT p50 and p99 per variant.
 //! - schedule.csv: every rank's compute gap per iteration (`iter,rank,
-//!   gap_us`); runs/<transport>-loss<p>/: each job's launch agent,
-//!   hostfile, the program's own CSV and mpirun.log; work/: the program.
+//!   gap_us`); runs/<variant>-loss<p>/: each job's files (MPI: launch
+//!   agent, hostfile, mpirun.log; Gloo: the store, rank<i>.log) and the
+//!   program's own CSV; work/: the program.
 
+mod gloo;
 mod job;
 mod network;
 mod plot;
@@ -35,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use xroce::cc::CcKind;
 
 use self::{
+    gloo::GlooJob,
     job::{Job, Transport},
     network::LossOn,
     results::{Figure, JobFigure, Run},
@@ -43,6 +58,8 @@ use super::{procs, topology, topology::Topology};
 use crate::units::{Fraction, Seconds, Size};
 
 const OPS: [&str; 4] = ["allreduce", "alltoall", "allgather", "reduce_scatter"];
+/// What `--compare` varies.
+const AXES: [&str; 3] = ["tcp", "recovery", "cc"];
 const MIN_SIZE: u64 = 1 << 10;
 const MAX_SIZE: u64 = 256 << 20;
 
@@ -74,9 +91,24 @@ pub struct CollectiveArgs {
     /// drawn from --seed
     #[arg(long, default_value_t = 0.1)]
     pub jitter: f64,
-    /// xroce (Open MPI's pml ucx over xroce), tcp (pml ob1, btl tcp) or both
+    /// The library the ranks run: mpi (Open MPI: allreduce, alltoall,
+    /// allgather, reduce_scatter) or gloo (Gloo's ring allreduce)
+    #[arg(long, default_value = "mpi", value_parser = ["mpi", "gloo"])]
+    pub library: String,
+    /// xroce (MPI: pml ucx over xroce; Gloo: its ibverbs transport over
+    /// xroce), tcp (MPI: pml ob1, btl tcp; Gloo: its TCP transport) or both
     #[arg(long, default_value = "both", value_parser = ["xroce", "tcp", "both"])]
     pub transport: String,
+    /// How xroce's ranks recover loss: gbn (go-back-N), sr (selective
+    /// repeat, forced) or auto (the two xroce peers agree on selective
+    /// repeat in band); the ranks' XROCE_SELECTIVE_REPEAT=off|on|auto
+    #[arg(long, default_value = "auto", value_parser = ["gbn", "sr", "auto"])]
+    pub recovery: String,
+    /// Run the same seed for each variant along these axes (a comma list):
+    /// tcp (xroce vs TCP), recovery (go-back-N vs selective repeat), cc
+    /// (none, dcqcn, timely, swift); writes compare.svg
+    #[arg(long, value_delimiter = ',', value_parser = AXES, conflicts_with = "transport")]
+    pub compare: Vec<String>,
     /// Fraction of frames arriving at the ranks to drop (a lossless run of
     /// each transport comes first as the baseline)
     #[arg(long, value_parser = crate::units::fraction)]
@@ -128,6 +160,14 @@ pub struct Settings {
     pub jitter: f64,
     pub seed: u64,
     pub transports: Vec<String>,
+    /// "mpi" or "gloo".
+    pub library: String,
+    /// --recovery: "gbn", "sr" or "auto".
+    pub recovery: String,
+    /// --compare's axes (empty without it).
+    pub compare: Vec<String>,
+    /// The variants run, in order.
+    pub variants: Vec<String>,
     /// --loss (null: lossless runs only).
     pub loss: Option<f64>,
     /// "all" or "rank:I".
@@ -137,26 +177,30 @@ pub struct Settings {
 }
 
 pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
-    let transports = check(a)?;
+    let variants = check(a)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
     procs::install_signal_handlers();
     topology::sweep_stale();
     let exe = super::xroce_bin()?;
     let work = a.out.join("work");
     std::fs::create_dir_all(&work).with_context(|| format!("create {}", work.display()))?;
-    let program = job::build_program(&work)?;
+    let program = match a.library.as_str() {
+        "gloo" => gloo::build_program(&work)?,
+        _ => job::build_program(&work)?,
+    };
     let gaps = schedule::gaps(a.seed, a.ranks, a.iters, a.compute_gap.value, a.jitter);
     let schedule_path = a.out.join("schedule.csv");
     schedule::write(&schedule_path, &gaps)?;
     eprintln!(
-        "xroce: {} of {} over {} ranks, {} iterations after a {} gap (±{}%), over {}{}; output in {}",
+        "xroce: {} {} of {} over {} ranks, {} iterations after a {} gap (±{}%), as {}{}; output in {}",
+        a.library,
         a.op.join(", "),
         a.sizes.iter().map(Size::text).collect::<Vec<_>>().join(", "),
         a.ranks,
         a.iters,
         a.compute_gap,
         a.jitter * 100.0,
-        transports.iter().map(|t| t.name()).collect::<Vec<_>>().join(" and "),
+        variants.iter().map(|v| v.name.as_str()).collect::<Vec<_>>().join(", "),
         a.loss
             .as_ref()
             .map(|l| format!(" without loss and at {l} loss on {}", loss_on_text(&a.loss_on)))
@@ -171,16 +215,118 @@ pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
         program: &program,
         schedule: &schedule_path,
     };
-    let result = setup.run_all(&transports);
+    let result = setup.run_all(&variants);
     drop(topo);
     result
 }
 
-/// Checked flags; the transports to run, in order.
-fn check(a: &CollectiveArgs) -> anyhow::Result<Vec<Transport>> {
+/// How xroce's ranks recover loss.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Recovery {
+    GoBackN,
+    SelectiveRepeat,
+    Auto,
+}
+
+impl Recovery {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        Ok(match s {
+            "gbn" => Recovery::GoBackN,
+            "sr" => Recovery::SelectiveRepeat,
+            "auto" => Recovery::Auto,
+            _ => bail!("--recovery {s:?}: use gbn, sr or auto"),
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Recovery::GoBackN => "gbn",
+            Recovery::SelectiveRepeat => "sr",
+            Recovery::Auto => "auto",
+        }
+    }
+
+    /// The drop-in library's XROCE_SELECTIVE_REPEAT.
+    fn env_value(self) -> &'static str {
+        match self {
+            Recovery::GoBackN => "off",
+            Recovery::SelectiveRepeat => "on",
+            Recovery::Auto => "auto",
+        }
+    }
+}
+
+/// One configuration the experiment runs: a transport, and over xroce how
+/// it recovers loss and its congestion control.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Variant {
+    /// "xroce", "tcp", or what it varies: "xroce-sr", "xroce-dcqcn".
+    name: String,
+    transport: Transport,
+    recovery: Recovery,
+    cc: CcKind,
+}
+
+/// The variants to run, in order: without `compare`, each of `transports`
+/// with `recovery` and `cc`; with it, each axis's variants (what an axis
+/// does not vary is `recovery` and `cc`), each configuration once.
+fn variants(
+    transports: &[Transport],
+    recovery: Recovery,
+    cc: CcKind,
+    compare: &[String],
+) -> anyhow::Result<Vec<Variant>> {
+    let base = |transport: Transport| Variant {
+        name: transport.name().to_string(),
+        transport,
+        recovery,
+        cc,
+    };
+    if compare.is_empty() {
+        return Ok(transports.iter().map(|&t| base(t)).collect());
+    }
+    let mut out: Vec<Variant> = Vec::new();
+    for axis in compare {
+        let more = match axis.as_str() {
+            "tcp" => vec![base(Transport::Xroce), base(Transport::Tcp)],
+            "recovery" => [Recovery::GoBackN, Recovery::SelectiveRepeat]
+                .into_iter()
+                .map(|r| Variant {
+                    name: format!("xroce-{}", r.name()),
+                    recovery: r,
+                    ..base(Transport::Xroce)
+                })
+                .collect(),
+            "cc" => CcKind::ALL
+                .into_iter()
+                .map(|c| Variant {
+                    name: format!("xroce-{}", c.name()),
+                    cc: c,
+                    ..base(Transport::Xroce)
+                })
+                .collect(),
+            other => bail!("--compare {other:?}: use tcp, recovery or cc"),
+        };
+        for v in more {
+            let same = |o: &Variant| {
+                (o.transport, o.recovery, o.cc) == (v.transport, v.recovery, v.cc)
+                    // Over TCP neither matters.
+                    || (o.transport == Transport::Tcp && v.transport == Transport::Tcp)
+            };
+            if !out.iter().any(same) {
+                out.push(v);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Checked flags; the variants to run, in order.
+fn check(a: &CollectiveArgs) -> anyhow::Result<Vec<Variant>> {
     if !(2..=topology::MAX_RANKS).contains(&a.ranks) {
         bail!("--ranks must be 2..={}", topology::MAX_RANKS);
     }
+    check_library(&a.library, &a.op)?;
     if let Some(s) = a
         .sizes
         .iter()
@@ -199,6 +345,12 @@ fn check(a: &CollectiveArgs) -> anyhow::Result<Vec<Transport>> {
             bail!("--loss-on rank:{i}: there are ranks 0..{}", a.ranks);
         }
     }
+    let transports = match a.transport.as_str() {
+        "xroce" => vec![Transport::Xroce],
+        "tcp" => vec![Transport::Tcp],
+        _ => vec![Transport::Xroce, Transport::Tcp],
+    };
+    let variants = variants(&transports, Recovery::parse(&a.recovery)?, a.cc, &a.compare)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
@@ -208,16 +360,33 @@ fn check(a: &CollectiveArgs) -> anyhow::Result<Vec<Transport>> {
             bail!("`{tool}` is missing; install iproute2 and util-linux (`cargo xtask setup`)");
         }
     }
-    job::check_tools()?;
-    let transports = match a.transport.as_str() {
-        "xroce" => vec![Transport::Xroce],
-        "tcp" => vec![Transport::Tcp],
-        _ => vec![Transport::Xroce, Transport::Tcp],
-    };
-    if a.loss.is_some() && transports.contains(&Transport::Tcp) {
+    match a.library.as_str() {
+        "gloo" => gloo::check_tools()?,
+        _ => job::check_tools()?,
+    }
+    if a.loss.is_some() && variants.iter().any(|v| v.transport == Transport::Tcp) {
         network::check_iptables()?;
     }
-    Ok(transports)
+    Ok(variants)
+}
+
+/// The library can run the ops asked for.
+fn check_library(library: &str, ops: &[String]) -> anyhow::Result<()> {
+    if library == "gloo" {
+        let others: Vec<&str> = ops
+            .iter()
+            .map(String::as_str)
+            .filter(|op| *op != "allreduce")
+            .collect();
+        if !others.is_empty() {
+            bail!(
+                "--library gloo runs allreduce only (Gloo's ring allreduce), not {}: use \
+                 `--op allreduce`, or `--library mpi` for alltoall, allgather and reduce_scatter",
+                others.join(", ")
+            );
+        }
+    }
+    Ok(())
 }
 
 /// A fraction as the user gave it (0.01, not the fixed point's
@@ -244,28 +413,28 @@ struct Setup<'a> {
 }
 
 impl Setup<'_> {
-    /// Every job (each transport, lossless then lossy), then the outputs;
+    /// Every job (each variant, lossless then lossy), then the outputs;
     /// after a failed job the outputs hold the jobs before it.
-    fn run_all(&self, transports: &[Transport]) -> anyhow::Result<()> {
+    fn run_all(&self, variants: &[Variant]) -> anyhow::Result<()> {
         let a = self.a;
         let losses: Vec<Option<&Fraction>> = std::iter::once(None)
             .chain(a.loss.as_ref().map(Some))
             .collect();
         let per_job = (a.op.len() * a.sizes.len() * a.iters) as u64;
-        let bar = progress_bar(per_job * (transports.len() * losses.len()) as u64);
+        let bar = progress_bar(per_job * (variants.len() * losses.len()) as u64);
         let mut runs = Vec::new();
         let mut errors = Vec::new();
-        'jobs: for &transport in transports {
+        'jobs: for variant in variants {
             for &loss in &losses {
                 bar.set_message(format!(
                     "{} at {} loss",
-                    transport.name(),
+                    variant.name,
                     loss.map_or("no".to_string(), |l| l.to_string())
                 ));
-                match self.job(transport, loss, &bar) {
+                match self.job(variant, loss, &bar) {
                     Ok(run) => runs.push(run),
                     Err(e) => {
-                        errors.push(format!("{:#}", e));
+                        errors.push(format!("{}: {:#}", variant.name, e));
                         break 'jobs;
                     }
                 }
@@ -273,7 +442,7 @@ impl Setup<'_> {
         }
         bar.finish_and_clear();
         let figures = results::figures(&runs, a.ranks);
-        self.write(&runs, &figures, &errors)?;
+        self.write(variants, &runs, &figures, &errors)?;
         print_brief(&runs, &figures);
         if !errors.is_empty() {
             bail!(
@@ -285,14 +454,16 @@ impl Setup<'_> {
         Ok(())
     }
 
-    /// One job: the interfaces set up for it, mpirun, its rows checked.
+    /// One job: the interfaces set up for it, the ranks run, their rows
+    /// checked.
     fn job(
         &self,
-        transport: Transport,
+        variant: &Variant,
         loss: Option<&Fraction>,
         bar: &ProgressBar,
     ) -> anyhow::Result<Run> {
         let a = self.a;
+        let transport = variant.transport;
         let head = self.topo.bridge_addr.context("no head node address")?;
         network::prepare(
             self.exe,
@@ -307,37 +478,65 @@ impl Setup<'_> {
         let dir = a
             .out
             .join("runs")
-            .join(format!("{}-loss{loss_value}", transport.name()));
+            .join(format!("{}-loss{loss_value}", variant.name));
         let sizes: Vec<u64> = a.sizes.iter().map(|s| s.value).collect();
-        let job = Job {
-            topo: self.topo,
-            xroce: self.exe,
-            program: self.program,
-            schedule: self.schedule,
-            transport,
-            cc: a.cc,
-            ops: &a.op,
-            sizes: &sizes,
-            iters: a.iters,
-            warmup: a.warmup,
-            dir: &dir,
-            stall: Duration::from_secs_f64(a.stall_timeout.value),
-        };
+        let stall = Duration::from_secs_f64(a.stall_timeout.value);
         let before = network::counts(&self.topo.hosts, transport)?;
-        let finished = job.run(&mut |n| bar.inc(n))?;
+        let (finished, steps_path) = match a.library.as_str() {
+            "gloo" => {
+                let job = GlooJob {
+                    topo: self.topo,
+                    xroce: self.exe,
+                    program: self.program,
+                    schedule: self.schedule,
+                    transport,
+                    cc: variant.cc,
+                    selective_repeat: variant.recovery.env_value(),
+                    sizes: &sizes,
+                    iters: a.iters,
+                    warmup: a.warmup,
+                    dir: &dir,
+                    stall,
+                };
+                (job.run(&mut |n| bar.inc(n))?, job.steps_path())
+            }
+            _ => {
+                let job = Job {
+                    topo: self.topo,
+                    xroce: self.exe,
+                    program: self.program,
+                    schedule: self.schedule,
+                    transport,
+                    cc: variant.cc,
+                    selective_repeat: variant.recovery.env_value(),
+                    ops: &a.op,
+                    sizes: &sizes,
+                    iters: a.iters,
+                    warmup: a.warmup,
+                    dir: &dir,
+                    stall,
+                };
+                (job.run(&mut |n| bar.inc(n))?, job.steps_path())
+            }
+        };
         let after = network::counts(&self.topo.hosts, transport)?;
         let steps = results::parse_steps(&finished.steps)
-            .with_context(|| format!("read {}", job.steps_path().display()))?;
+            .with_context(|| format!("read {}", steps_path.display()))?;
         let want = a.op.len() * a.sizes.len() * a.iters * a.ranks;
         if steps.len() != want {
             bail!(
                 "{} has {} rows, not {want} (ops × sizes × iterations × ranks)",
-                job.steps_path().display(),
+                steps_path.display(),
                 steps.len()
             );
         }
+        let xroce = transport == Transport::Xroce;
         Ok(Run {
+            variant: variant.name.clone(),
+            library: a.library.clone(),
             transport: transport.name().to_string(),
+            recovery: xroce.then(|| variant.recovery.name().to_string()),
+            cc: xroce.then(|| variant.cc.name().to_string()),
             loss: loss_value,
             steps,
             frames: after.frames.saturating_sub(before.frames),
@@ -345,9 +544,21 @@ impl Setup<'_> {
         })
     }
 
-    fn write(&self, runs: &[Run], figures: &[Figure], errors: &[String]) -> anyhow::Result<()> {
+    fn write(
+        &self,
+        variants: &[Variant],
+        runs: &[Run],
+        figures: &[Figure],
+        errors: &[String],
+    ) -> anyhow::Result<()> {
         let a = self.a;
         results::write_iterations(&a.out.join("iterations.csv"), runs)?;
+        let mut transports: Vec<String> = Vec::new();
+        for v in variants {
+            if !transports.iter().any(|t| t == v.transport.name()) {
+                transports.push(v.transport.name().to_string());
+            }
+        }
         let summary = Summary {
             experiment: "collective".into(),
             settings: Settings {
@@ -359,10 +570,11 @@ impl Setup<'_> {
                 compute_gap_s: a.compute_gap.value,
                 jitter: a.jitter,
                 seed: a.seed,
-                transports: match a.transport.as_str() {
-                    "both" => vec!["xroce".into(), "tcp".into()],
-                    t => vec![t.to_string()],
-                },
+                transports,
+                library: a.library.clone(),
+                recovery: a.recovery.clone(),
+                compare: a.compare.clone(),
+                variants: variants.iter().map(|v| v.name.clone()).collect(),
                 loss: a.loss.as_ref().map(as_given),
                 loss_on: loss_on_text(&a.loss_on),
                 cc: a.cc.name().to_string(),
@@ -376,9 +588,18 @@ impl Setup<'_> {
         std::fs::write(&path, serde_json::to_string_pretty(&summary)? + "\n")
             .with_context(|| format!("write {}", path.display()))?;
         if !figures.is_empty() {
-            let title = format!("{} ranks: JCT per iteration", a.ranks);
+            let title = format!("{} ranks, {}: JCT per iteration", a.ranks, a.library);
             if let Err(e) = plot::jct(&a.out.join("jct.svg"), &title, figures) {
                 eprintln!("xroce: jct.svg not drawn: {e:#}");
+            }
+            if !a.compare.is_empty() {
+                let title = format!(
+                    "{} ranks, {}: JCT p50 and p99 per variant (seed {})",
+                    a.ranks, a.library, a.seed
+                );
+                if let Err(e) = plot::compare(&a.out.join("compare.svg"), &title, figures) {
+                    eprintln!("xroce: compare.svg not drawn: {e:#}");
+                }
             }
         }
         Ok(())
@@ -393,12 +614,12 @@ fn print_brief(runs: &[Run], figures: &[Figure]) {
         };
         eprintln!(
             "xroce: {} at loss {}: the ranks received {} {what}, {} dropped",
-            r.transport, r.loss, r.frames, r.dropped
+            r.variant, r.loss, r.frames, r.dropped
         );
     }
     eprintln!(
-        "{:<6} {:>6} {:<14} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6} {:>9}",
-        "trans",
+        "{:<13} {:>6} {:<14} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6} {:>9}",
+        "variant",
         "loss",
         "op",
         "bytes",
@@ -412,8 +633,8 @@ fn print_brief(runs: &[Run], figures: &[Figure]) {
     );
     for f in figures {
         eprintln!(
-            "{:<6} {:>6} {:<14} {:>10} {:>10.3} {:>10.3} {:>10.3} {:>8.1} {:>8.1} {:>6.2} {:>9}",
-            f.transport,
+            "{:<13} {:>6} {:<14} {:>10} {:>10.3} {:>10.3} {:>10.3} {:>8.1} {:>8.1} {:>6.2} {:>9}",
+            f.variant,
             f.loss,
             f.op,
             f.bytes,
@@ -440,4 +661,197 @@ fn progress_bar(iterations: u64) -> ProgressBar {
             .progress_chars("=> "),
     );
     bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Flags {
+        #[command(flatten)]
+        a: CollectiveArgs,
+    }
+
+    fn parse(extra: &[&str]) -> Result<CollectiveArgs, clap::Error> {
+        let args = ["x", "--out", "o"].iter().chain(extra);
+        Flags::try_parse_from(args).map(|f| f.a)
+    }
+
+    fn names(v: &[Variant]) -> Vec<&str> {
+        v.iter().map(|v| v.name.as_str()).collect()
+    }
+
+    #[test]
+    fn flags_parse() {
+        let a = parse(&[]).unwrap();
+        assert_eq!((a.library.as_str(), a.recovery.as_str()), ("mpi", "auto"));
+        assert!(a.compare.is_empty());
+        let a = parse(&[
+            "--library",
+            "gloo",
+            "--recovery",
+            "sr",
+            "--compare",
+            "tcp,cc",
+        ])
+        .unwrap();
+        assert_eq!(a.library, "gloo");
+        assert_eq!(a.recovery, "sr");
+        assert_eq!(a.compare, ["tcp", "cc"]);
+        assert!(parse(&["--library", "nccl"]).is_err());
+        assert!(parse(&["--recovery", "irn"]).is_err());
+        assert!(parse(&["--compare", "mtu"]).is_err());
+        // --compare chooses the transports itself.
+        let e = parse(&["--compare", "tcp", "--transport", "xroce"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn gloo_runs_allreduce_only_and_says_so() {
+        assert!(check_library("gloo", &["allreduce".into()]).is_ok());
+        assert!(check_library("mpi", &["alltoall".into()]).is_ok());
+        let e = check_library("gloo", &["allreduce".into(), "alltoall".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not alltoall"), "{e}");
+        assert!(
+            e.contains("--op allreduce") && e.contains("--library mpi"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn recovery_maps_to_the_libraries_variable() {
+        for (flag, env) in [("gbn", "off"), ("sr", "on"), ("auto", "auto")] {
+            let r = Recovery::parse(flag).unwrap();
+            assert_eq!((r.name(), r.env_value()), (flag, env));
+        }
+        assert!(Recovery::parse("irn").is_err());
+    }
+
+    #[test]
+    fn variants_follow_the_axes_each_configuration_once() {
+        let both = [Transport::Xroce, Transport::Tcp];
+        let v = variants(&both, Recovery::Auto, CcKind::Dcqcn, &[]).unwrap();
+        assert_eq!(names(&v), ["xroce", "tcp"]);
+        assert!(v
+            .iter()
+            .all(|v| v.cc == CcKind::Dcqcn && v.recovery == Recovery::Auto));
+
+        let all: Vec<String> = AXES.iter().map(|s| s.to_string()).collect();
+        let v = variants(&both, Recovery::Auto, CcKind::None, &all).unwrap();
+        assert_eq!(
+            names(&v),
+            [
+                "xroce",
+                "tcp",
+                "xroce-gbn",
+                "xroce-sr",
+                "xroce-dcqcn",
+                "xroce-timely",
+                "xroce-swift"
+            ]
+        );
+        // "xroce-none" is "xroce" (auto recovery, no cc): run once.
+        let sr = &v[3];
+        assert_eq!(
+            (sr.transport, sr.recovery, sr.cc),
+            (Transport::Xroce, Recovery::SelectiveRepeat, CcKind::None)
+        );
+        let swift = &v[6];
+        assert_eq!((swift.recovery, swift.cc), (Recovery::Auto, CcKind::Swift));
+
+        // What an axis does not vary comes from --recovery and --cc.
+        let v = variants(
+            &both,
+            Recovery::GoBackN,
+            CcKind::Swift,
+            &["recovery".into()],
+        )
+        .unwrap();
+        assert_eq!(names(&v), ["xroce-gbn", "xroce-sr"]);
+        assert!(v.iter().all(|v| v.cc == CcKind::Swift));
+        let v = variants(
+            &both,
+            Recovery::SelectiveRepeat,
+            CcKind::None,
+            &["cc".into()],
+        )
+        .unwrap();
+        assert_eq!(
+            names(&v),
+            ["xroce-none", "xroce-dcqcn", "xroce-timely", "xroce-swift"]
+        );
+        assert!(v.iter().all(|v| v.recovery == Recovery::SelectiveRepeat));
+    }
+
+    #[test]
+    fn summary_round_trips_and_refuses_unknown_fields() {
+        let run = Run {
+            variant: "xroce-sr".into(),
+            library: "gloo".into(),
+            transport: "xroce".into(),
+            recovery: Some("sr".into()),
+            cc: Some("none".into()),
+            loss: 0.01,
+            steps: vec![results::Step {
+                op: "allreduce".into(),
+                bytes: 65536,
+                iter: 0,
+                rank: 0,
+                gap_s: 0.005,
+                coll_s: 0.001,
+            }],
+            frames: 100,
+            dropped: 1,
+        };
+        let summary = Summary {
+            experiment: "collective".into(),
+            settings: Settings {
+                ranks: 2,
+                ops: vec!["allreduce".into()],
+                sizes: vec![65536],
+                iters: 1,
+                warmup: 1,
+                compute_gap_s: 0.005,
+                jitter: 0.1,
+                seed: 1,
+                transports: vec!["xroce".into()],
+                library: "gloo".into(),
+                recovery: "auto".into(),
+                compare: vec!["recovery".into()],
+                variants: vec!["xroce-gbn".into(), "xroce-sr".into()],
+                loss: Some(0.01),
+                loss_on: "all".into(),
+                cc: "none".into(),
+                mtu: 1500,
+            },
+            jobs: vec![JobFigure::from(&run)],
+            figures: results::figures(std::slice::from_ref(&run), 2),
+            errors: vec![],
+        };
+        let text = serde_json::to_string(&summary).unwrap();
+        assert_eq!(serde_json::from_str::<Summary>(&text).unwrap(), summary);
+        assert!(text.contains(r#""library":"gloo""#) && text.contains(r#""variant":"xroce-sr""#));
+        let extra = text.replacen(r#""library":"gloo""#, r#""library":"gloo","nccl":1"#, 1);
+        assert!(serde_json::from_str::<Summary>(&extra).is_err());
+
+        let dir = std::env::temp_dir().join(format!("xroce-coll-iter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("iterations.csv");
+        results::write_iterations(&path, &[run]).unwrap();
+        let csv = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let mut lines = csv.lines();
+        assert_eq!(
+            lines.next(),
+            Some("library,variant,transport,loss,op,bytes,iter,rank,gap_s,coll_s,wait_fraction,jct_s")
+        );
+        assert!(lines
+            .next()
+            .unwrap()
+            .starts_with("gloo,xroce-sr,xroce,0.01,allreduce,65536,0,0,"));
+    }
 }

@@ -1,5 +1,6 @@
 //! What a collective experiment measured: the program's rows (one per rank
-//! and iteration), iterations.csv, and summary.json's figures (JCT
+//! and iteration; collective_step.c and collective_step_gloo.cc write the
+//! same CSV), iterations.csv, and summary.json's figures (JCT
 //! quantiles, nccl-tests' algorithm and bus bandwidth, the fraction of
 //! time ranks wait, the slowdown against the lossless run).
 
@@ -10,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::experiment::workload::percentile;
 
-/// One rank's iteration, as collective_step.c writes it.
+/// One rank's iteration, as the programs write it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Step {
     pub op: String,
@@ -61,10 +62,18 @@ pub fn parse_steps(text: &str) -> anyhow::Result<Vec<Step>> {
         .collect()
 }
 
-/// One mpirun's rows: its transport and loss, every rank's iterations,
-/// and what the ranks' ingress counted.
+/// One job's rows: its variant, library, transport and loss, every
+/// rank's iterations, and what the ranks' ingress counted.
 pub struct Run {
+    /// The variant's name ("xroce", "tcp", "xroce-sr", "xroce-dcqcn", ...).
+    pub variant: String,
+    /// "mpi" or "gloo".
+    pub library: String,
     pub transport: String,
+    /// Over xroce: --recovery ("gbn", "sr", "auto"); null over TCP.
+    pub recovery: Option<String>,
+    /// Over xroce: the congestion controller; null over TCP.
+    pub cc: Option<String>,
     pub loss: f64,
     pub steps: Vec<Step>,
     /// RoCEv2 frames (xroce) or TCP packets from other ranks (TCP, counted
@@ -74,11 +83,17 @@ pub struct Run {
     pub dropped: u64,
 }
 
-/// One mpirun in summary.json.
+/// One job in summary.json.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct JobFigure {
+    pub variant: String,
+    pub library: String,
     pub transport: String,
+    /// See [`Run::recovery`].
+    pub recovery: Option<String>,
+    /// See [`Run::cc`].
+    pub cc: Option<String>,
     pub loss: f64,
     /// See [`Run::frames`].
     pub frames: u64,
@@ -90,7 +105,11 @@ pub struct JobFigure {
 impl From<&Run> for JobFigure {
     fn from(r: &Run) -> Self {
         JobFigure {
+            variant: r.variant.clone(),
+            library: r.library.clone(),
             transport: r.transport.clone(),
+            recovery: r.recovery.clone(),
+            cc: r.cc.clone(),
             loss: r.loss,
             frames: r.frames,
             dropped: r.dropped,
@@ -116,13 +135,15 @@ pub fn write_iterations(path: &Path, runs: &[Run]) -> anyhow::Result<()> {
     );
     writeln!(
         f,
-        "transport,loss,op,bytes,iter,rank,gap_s,coll_s,wait_fraction,jct_s"
+        "library,variant,transport,loss,op,bytes,iter,rank,gap_s,coll_s,wait_fraction,jct_s"
     )?;
     for run in runs {
         for s in &run.steps {
             writeln!(
                 f,
-                "{},{},{},{},{},{},{:.9},{:.9},{:.6},{:.9}",
+                "{},{},{},{},{},{},{},{},{:.9},{:.9},{:.6},{:.9}",
+                run.library,
+                run.variant,
                 run.transport,
                 run.loss,
                 s.op,
@@ -140,10 +161,12 @@ pub fn write_iterations(path: &Path, runs: &[Run]) -> anyhow::Result<()> {
         .with_context(|| format!("write {}", path.display()))
 }
 
-/// One transport, loss rate, op and size over its iterations.
+/// One variant, loss rate, op and size over its iterations.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Figure {
+    pub variant: String,
+    pub library: String,
     pub transport: String,
     pub loss: f64,
     pub op: String,
@@ -163,7 +186,7 @@ pub struct Figure {
     /// collective.
     pub wait_fraction: f64,
     /// p50 and p99 JCT over those of the lossless run of the same
-    /// transport, op and size (null for the lossless run, or without one).
+    /// variant, op and size (null for the lossless run, or without one).
     pub slowdown_p50: Option<f64>,
     pub slowdown_p99: Option<f64>,
 }
@@ -179,7 +202,7 @@ pub fn busbw_factor(op: &str, ranks: usize) -> f64 {
 }
 
 /// The figures of every run, op and size, in run order; slowdowns against
-/// the lossless run of the same transport, op and size.
+/// the lossless run of the same variant, op and size.
 pub fn figures(runs: &[Run], ranks: usize) -> Vec<Figure> {
     let mut out: Vec<Figure> = Vec::new();
     for run in runs {
@@ -213,6 +236,8 @@ pub fn figures(runs: &[Run], ranks: usize) -> Vec<Figure> {
                 0.0
             };
             out.push(Figure {
+                variant: run.variant.clone(),
+                library: run.library.clone(),
                 transport: run.transport.clone(),
                 loss: run.loss,
                 busbw_gbyte_s: algbw * busbw_factor(&op, ranks),
@@ -235,7 +260,7 @@ pub fn figures(runs: &[Run], ranks: usize) -> Vec<Figure> {
     for f in out.iter_mut().filter(|f| f.loss > 0.0) {
         if let Some(base) = lossless
             .iter()
-            .find(|b| b.transport == f.transport && b.op == f.op && b.bytes == f.bytes)
+            .find(|b| b.variant == f.variant && b.op == f.op && b.bytes == f.bytes)
         {
             f.slowdown_p50 = Some(f.jct_p50_s / base.jct_p50_s);
             f.slowdown_p99 = Some(f.jct_p99_s / base.jct_p99_s);
@@ -280,7 +305,11 @@ mod tests {
     #[test]
     fn jct_is_the_slowest_rank_and_bandwidths_follow_nccl_tests() {
         let run = |loss: f64, scale: f64| Run {
+            variant: "xroce".into(),
+            library: "mpi".into(),
             transport: "xroce".into(),
+            recovery: Some("auto".into()),
+            cc: Some("none".into()),
             loss,
             frames: 0,
             dropped: 0,
