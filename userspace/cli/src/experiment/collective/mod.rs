@@ -39,6 +39,7 @@ mod network;
 mod plot;
 mod results;
 mod schedule;
+mod variant;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -53,13 +54,12 @@ use self::{
     job::{Job, Transport},
     network::LossOn,
     results::{Figure, JobFigure, Run},
+    variant::{variants, Recovery, Variant, AXES},
 };
 use super::{procs, topology, topology::Topology};
 use crate::units::{Fraction, Seconds, Size};
 
 const OPS: [&str; 4] = ["allreduce", "alltoall", "allgather", "reduce_scatter"];
-/// What `--compare` varies.
-const AXES: [&str; 3] = ["tcp", "recovery", "cc"];
 const MIN_SIZE: u64 = 1 << 10;
 const MAX_SIZE: u64 = 256 << 20;
 
@@ -218,107 +218,6 @@ pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
     let result = setup.run_all(&variants);
     drop(topo);
     result
-}
-
-/// How xroce's ranks recover loss.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Recovery {
-    GoBackN,
-    SelectiveRepeat,
-    Auto,
-}
-
-impl Recovery {
-    fn parse(s: &str) -> anyhow::Result<Self> {
-        Ok(match s {
-            "gbn" => Recovery::GoBackN,
-            "sr" => Recovery::SelectiveRepeat,
-            "auto" => Recovery::Auto,
-            _ => bail!("--recovery {s:?}: use gbn, sr or auto"),
-        })
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Recovery::GoBackN => "gbn",
-            Recovery::SelectiveRepeat => "sr",
-            Recovery::Auto => "auto",
-        }
-    }
-
-    /// The drop-in library's XROCE_SELECTIVE_REPEAT.
-    fn env_value(self) -> &'static str {
-        match self {
-            Recovery::GoBackN => "off",
-            Recovery::SelectiveRepeat => "on",
-            Recovery::Auto => "auto",
-        }
-    }
-}
-
-/// One configuration the experiment runs: a transport, and over xroce how
-/// it recovers loss and its congestion control.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Variant {
-    /// "xroce", "tcp", or what it varies: "xroce-sr", "xroce-dcqcn".
-    name: String,
-    transport: Transport,
-    recovery: Recovery,
-    cc: CcKind,
-}
-
-/// The variants to run, in order: without `compare`, each of `transports`
-/// with `recovery` and `cc`; with it, each axis's variants (what an axis
-/// does not vary is `recovery` and `cc`), each configuration once.
-fn variants(
-    transports: &[Transport],
-    recovery: Recovery,
-    cc: CcKind,
-    compare: &[String],
-) -> anyhow::Result<Vec<Variant>> {
-    let base = |transport: Transport| Variant {
-        name: transport.name().to_string(),
-        transport,
-        recovery,
-        cc,
-    };
-    if compare.is_empty() {
-        return Ok(transports.iter().map(|&t| base(t)).collect());
-    }
-    let mut out: Vec<Variant> = Vec::new();
-    for axis in compare {
-        let more = match axis.as_str() {
-            "tcp" => vec![base(Transport::Xroce), base(Transport::Tcp)],
-            "recovery" => [Recovery::GoBackN, Recovery::SelectiveRepeat]
-                .into_iter()
-                .map(|r| Variant {
-                    name: format!("xroce-{}", r.name()),
-                    recovery: r,
-                    ..base(Transport::Xroce)
-                })
-                .collect(),
-            "cc" => CcKind::ALL
-                .into_iter()
-                .map(|c| Variant {
-                    name: format!("xroce-{}", c.name()),
-                    cc: c,
-                    ..base(Transport::Xroce)
-                })
-                .collect(),
-            other => bail!("--compare {other:?}: use tcp, recovery or cc"),
-        };
-        for v in more {
-            let same = |o: &Variant| {
-                (o.transport, o.recovery, o.cc) == (v.transport, v.recovery, v.cc)
-                    // Over TCP neither matters.
-                    || (o.transport == Transport::Tcp && v.transport == Transport::Tcp)
-            };
-            if !out.iter().any(same) {
-                out.push(v);
-            }
-        }
-    }
-    Ok(out)
 }
 
 /// Checked flags; the variants to run, in order.
@@ -679,10 +578,6 @@ mod tests {
         Flags::try_parse_from(args).map(|f| f.a)
     }
 
-    fn names(v: &[Variant]) -> Vec<&str> {
-        v.iter().map(|v| v.name.as_str()).collect()
-    }
-
     #[test]
     fn flags_parse() {
         let a = parse(&[]).unwrap();
@@ -720,71 +615,6 @@ mod tests {
             e.contains("--op allreduce") && e.contains("--library mpi"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn recovery_maps_to_the_libraries_variable() {
-        for (flag, env) in [("gbn", "off"), ("sr", "on"), ("auto", "auto")] {
-            let r = Recovery::parse(flag).unwrap();
-            assert_eq!((r.name(), r.env_value()), (flag, env));
-        }
-        assert!(Recovery::parse("irn").is_err());
-    }
-
-    #[test]
-    fn variants_follow_the_axes_each_configuration_once() {
-        let both = [Transport::Xroce, Transport::Tcp];
-        let v = variants(&both, Recovery::Auto, CcKind::Dcqcn, &[]).unwrap();
-        assert_eq!(names(&v), ["xroce", "tcp"]);
-        assert!(v
-            .iter()
-            .all(|v| v.cc == CcKind::Dcqcn && v.recovery == Recovery::Auto));
-
-        let all: Vec<String> = AXES.iter().map(|s| s.to_string()).collect();
-        let v = variants(&both, Recovery::Auto, CcKind::None, &all).unwrap();
-        assert_eq!(
-            names(&v),
-            [
-                "xroce",
-                "tcp",
-                "xroce-gbn",
-                "xroce-sr",
-                "xroce-dcqcn",
-                "xroce-timely",
-                "xroce-swift"
-            ]
-        );
-        // "xroce-none" is "xroce" (auto recovery, no cc): run once.
-        let sr = &v[3];
-        assert_eq!(
-            (sr.transport, sr.recovery, sr.cc),
-            (Transport::Xroce, Recovery::SelectiveRepeat, CcKind::None)
-        );
-        let swift = &v[6];
-        assert_eq!((swift.recovery, swift.cc), (Recovery::Auto, CcKind::Swift));
-
-        // What an axis does not vary comes from --recovery and --cc.
-        let v = variants(
-            &both,
-            Recovery::GoBackN,
-            CcKind::Swift,
-            &["recovery".into()],
-        )
-        .unwrap();
-        assert_eq!(names(&v), ["xroce-gbn", "xroce-sr"]);
-        assert!(v.iter().all(|v| v.cc == CcKind::Swift));
-        let v = variants(
-            &both,
-            Recovery::SelectiveRepeat,
-            CcKind::None,
-            &["cc".into()],
-        )
-        .unwrap();
-        assert_eq!(
-            names(&v),
-            ["xroce-none", "xroce-dcqcn", "xroce-timely", "xroce-swift"]
-        );
-        assert!(v.iter().all(|v| v.recovery == Recovery::SelectiveRepeat));
     }
 
     #[test]
