@@ -46,8 +46,18 @@ pub struct QpStatus {
     pub last_rtt_ns: Option<u64>,
     #[serde(deserialize_with = "required")]
     pub srtt_ns: Option<u64>,
-    /// Selective repeat on (else go-back-N).
+    /// Selective repeat in use: either half below runs it (else
+    /// go-back-N both ways). xroce peers agree on it in band; a QP facing
+    /// any other RoCE device stays go-back-N.
     pub selective_repeat: bool,
+    /// The requester runs selective repeat (its WRITEs carry a RETH per
+    /// packet, it reads SACKs); absent in older files.
+    #[serde(default)]
+    pub sr_requester: bool,
+    /// The responder runs selective repeat (places WRITE packets ahead of
+    /// the expected PSN, sends SACKs); absent in older files.
+    #[serde(default)]
+    pub sr_responder: bool,
     /// Data packets sent (requests and READ responses, retransmissions
     /// included) and their bytes.
     pub tx_packets: u64,

@@ -109,6 +109,8 @@ mod tests {
             last_rtt_ns: Some(12_345),
             srtt_ns: None,
             selective_repeat: true,
+            sr_requester: true,
+            sr_responder: false,
             tx_packets: 100,
             tx_bytes: 100_000,
             retransmitted: 7,
