@@ -408,3 +408,69 @@ fn dropped_middle_and_sr(frames: &[(bool, Vec<u8>)], psn0: u32) -> bool {
     sent.first() == Some(&Opcode::RC_RDMA_WRITE_MIDDLE)
         && sent[1..].contains(&Opcode::RC_RDMA_WRITE_FIRST)
 }
+
+/// The responder placed a WRITE's first packet ahead of a hole, and the
+/// requester, which never heard back (every ACK lost), goes back N in
+/// go-back-N format: the hole fills, the placed FIRST is absorbed, and the
+/// retry's go-back-N MIDDLE after it cannot be placed (the responder
+/// knows no go-back-N continuation for a packet placed by its own RETH):
+/// it is dropped as lost and acknowledged, the requester switches and
+/// sends it again in SR format. Both WRITEs complete, the data once.
+#[test]
+fn a_go_back_n_retry_after_a_first_placed_ahead_is_sent_again_in_sr_format() {
+    let (mut sim, a, b) = setup(LinkConfig::default(), 31, SrMode::Auto, SrMode::Auto);
+    let frames = record(&mut sim);
+    let psn0 = (1u32 << 24) - 100;
+    // Lose PSN psn0 (the one-packet WRITE) the first time, and every
+    // frame from B until it goes the second time (A's go-back-N retry).
+    let mut p0_sent = 0;
+    sim.link.drop_when(move |to_b, frame| {
+        let Ok((p, _)) = parse_frame(frame) else {
+            return false;
+        };
+        if to_b && p.transport.bth.psn == psn0 {
+            p0_sent += 1;
+            return p0_sent == 1;
+        }
+        !to_b && p0_sent < 2
+    });
+    lk(&sim.a)
+        .post_send(a.qpn, &write(1, &a, &b, 0, 512))
+        .unwrap();
+    lk(&sim.a)
+        .post_send(a.qpn, &write(2, &a, &b, 512, 8 << 10))
+        .unwrap();
+    let (ca, _) = run(&mut sim, 2, 0);
+    let ids: Vec<u64> = ca.iter().map(|c| c.wc.wr_id).collect();
+    assert_eq!(ids, [1, 2]);
+    assert!(
+        ca.iter().all(|c| c.wc.status == WcStatus::Success),
+        "{ca:?}"
+    );
+    let n = 512 + (8 << 10);
+    // SAFETY: both WRITEs have completed.
+    let got = unsafe { b.mr.to_vec(REGION, n) }.unwrap();
+    assert!(got == pattern(31 ^ 1, REGION)[..n], "the data differs");
+    // PSN psn0 + 2 (the second packet of the 8-packet WRITE) went as a
+    // go-back-N MIDDLE, again in the retry, and then in SR format.
+    let p2 = (psn0 + 2) & 0xff_ffff;
+    let sent: Vec<Opcode> = frames
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(from_a, _)| *from_a)
+        .filter_map(|(_, f)| parse_frame(f).ok())
+        .filter(|(p, _)| p.transport.bth.psn == p2)
+        .map(|(p, _)| p.transport.bth.opcode)
+        .collect();
+    let middles = sent
+        .iter()
+        .take_while(|&&o| o == Opcode::RC_RDMA_WRITE_MIDDLE)
+        .count();
+    assert!(
+        middles >= 2 && sent[middles..].contains(&Opcode::RC_RDMA_WRITE_FIRST),
+        "{sent:?}"
+    );
+    let (sa, sb) = status(&sim, &a, &b);
+    assert!(sa.requester && sb.responder, "{sa:?} {sb:?}");
+}
