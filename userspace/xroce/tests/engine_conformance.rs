@@ -71,6 +71,8 @@ fn pair(seed: u64, qp_type: QpType) -> (Sim, Endpoint, Endpoint) {
 fn zero_length_write_and_read_with_rkey_0_complete_on_both_sides() {
     for mode in [SrMode::Off, SrMode::Auto, SrMode::On] {
         let (mut sim, a, b) = pair(1, QpType::Rc);
+        // A verbs QP agrees in band unless told otherwise.
+        assert_eq!(a.qp.selective_repeat().unwrap().mode, SrMode::Auto);
         sim.a
             .lock()
             .set_selective_repeat(a.qp.qp_num(), mode)
@@ -145,6 +147,15 @@ fn zero_length_write_and_read_with_rkey_0_complete_on_both_sides() {
         );
         assert_eq!(ok(&wb), [(50, Success, RecvRdmaWithImm, 0)], "mode={mode}");
         assert_eq!(wb[0].imm_data, 0x0102_0304);
+        // A's requests went to B: A's requester and B's responder run
+        // selective repeat unless Off; B sent no request.
+        let (sa, sb) = (
+            a.qp.selective_repeat().unwrap(),
+            b.qp.selective_repeat().unwrap(),
+        );
+        let on = mode != SrMode::Off;
+        assert_eq!((sa.requester, sb.responder), (on, on), "mode={mode}");
+        assert_eq!(sb.requester, mode == SrMode::On, "mode={mode}");
         assert_eq!((a.qp.state(), b.qp.state()), (QpState::Rts, QpState::Rts));
         assert_eq!(sim.b.stats().tx_naks_other, 0);
         assert_eq!(events(&sim.a), []);
