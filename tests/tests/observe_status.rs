@@ -261,13 +261,20 @@ fn qps_and_metrics_of_a_known_write_run() {
             ("RC", "RTS"),
             "{q:?}"
         );
+        // Selective repeat agreed in band (neither side asked for it):
+        // on in the direction the data went.
         assert_eq!(
             (q.mtu, q.cc.as_str(), q.selective_repeat),
-            (1024, "none", false)
+            (1024, "none", true),
+            "{q:?}"
         );
         assert_eq!((q.inflight_pkts, q.send_queue), (0, 0), "{q:?}");
         assert_eq!((q.rnr_naks_received, q.seq_naks_received), (0, 0), "{q:?}");
     }
+    // The client's requester and the server's responder switched; the
+    // server sent no request, so the other direction stays go-back-N.
+    assert_eq!((c.sr_requester, c.sr_responder), (true, false), "{c:?}");
+    assert_eq!((s.sr_requester, s.sr_responder), (false, true), "{s:?}");
     assert_eq!(c.peer_qpn, Some(s.qpn));
     assert_eq!(s.peer_qpn, Some(c.qpn));
     assert_eq!(c.peer_gid, Some(format!("::ffff:{}", pair.addr_b)));
@@ -301,6 +308,7 @@ fn qps_and_metrics_of_a_known_write_run() {
     for cell in [
         "RC",
         "RTS",
+        "resp",
         &format!("::ffff:{}", pair.addr_a),
         &format!("{:#08x}", c.qpn),
     ] {
@@ -403,7 +411,7 @@ fn qps_and_metrics_of_a_known_write_run() {
             ("state", "RTS".to_string()),
             ("peer_qpn", c.qpn.to_string()),
             ("peer_gid", format!("::ffff:{}", pair.addr_a)),
-            ("selective_repeat", "false".to_string()),
+            ("selective_repeat", "true".to_string()),
         ])
         .collect();
     assert_eq!(sample(&scraped, "xroce_qp_info", &info), 1.0);

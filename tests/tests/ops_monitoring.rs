@@ -157,6 +157,11 @@ fn stats_interval_rates_on_the_right_rx_queue() {
             "64KiB",
             "--iters",
             &ITERS.to_string(),
+            // Go-back-N: the byte count below has a RETH on each message's
+            // first packet only (selective repeat, agreed in band after
+            // the first ACK, puts one in every packet).
+            "--recovery",
+            "gbn",
         ],
     );
     assert_eq!(report.verified, Some(true), "{report:?}");

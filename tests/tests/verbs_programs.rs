@@ -363,11 +363,15 @@ fn latency(b: Backend) {
 /// Runs a bw tool while tcpdump listens on the bridge port facing the
 /// server, then decodes the capture: every frame a RoCEv2 frame with a good
 /// ICRC, and at least `n` frames of each (opcode-name prefix, n) expected.
+/// `tool` between the two nodes captured on the bridge: every frame
+/// RoCEv2 with a good ICRC, at least `expect` frames of each opcode
+/// prefix and at most `at_most`.
 fn captured_run(
     t: &Topology,
     tool: &str,
     extra: &[&str],
     expect: &[(&str, u64)],
+    at_most: &[(&str, u64)],
 ) -> Result<String, String> {
     let (run, file, summary) = t.captured(&format!("{tool}.pcap"), || bw(t, tool, extra))?;
     let table = run?;
@@ -380,6 +384,18 @@ fn captured_run(
         return Err(format!("bad frames on the wire ({summary}): {r:?}"));
     }
     check_opcode_counts(ops, expect, &summary)?;
+    for (prefix, max) in at_most {
+        let count: u64 = ops
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, c)| c)
+            .sum();
+        if count > *max {
+            return Err(format!(
+                "{count} {prefix}* frames, expected at most {max} ({summary}): {ops:?}"
+            ));
+        }
+    }
     Ok(format!(
         "{table}; {summary}, all RoCEv2 with good ICRC, psn_gaps {}, {ops:?}",
         r.psn_gaps
@@ -391,22 +407,49 @@ fn capture(b: Backend) {
     let _turn = serial();
     // AF_XDP frames never pass tcpdump at either end; a bridge in a third
     // namespace carries them and the capture runs on its port.
-    let t = Topology::bridged(b, 1500);
+    let mut t = Topology::bridged(b, 1500);
     let mut c = Cases::new(&format!("capture/{}", b.as_str()));
-    // 100 messages of 16 KiB at path MTU 1024: 16 packets each.
-    c.case("ib_write_bw on the wire", || {
-        captured_run(
-            &t,
-            "ib_write_bw",
-            &["-s", "16384", "-n", "100"],
-            &[
-                ("RC_RDMA_WRITE_FIRST", 100),
-                ("RC_RDMA_WRITE_MIDDLE", 1400),
-                ("RC_RDMA_WRITE_LAST", 100),
-                ("RC_ACKNOWLEDGE", 1),
-            ],
-        )
-    });
+    // 100 messages of 16 KiB at path MTU 1024: 16 packets each. The two
+    // drop-in libraries agree on selective repeat in band: from the first
+    // ACK on every WRITE packet carries its own RETH (FIRST ... ONLY),
+    // go-back-N's MIDDLE/LAST only before it.
+    c.case(
+        "ib_write_bw on the wire (selective repeat, agreed in band)",
+        || {
+            captured_run(
+                &t,
+                "ib_write_bw",
+                &["-s", "16384", "-n", "100"],
+                &[
+                    ("RC_RDMA_WRITE_FIRST", 1400),
+                    ("RC_RDMA_WRITE_ONLY", 90),
+                    ("RC_ACKNOWLEDGE", 1),
+                ],
+                &[("RC_RDMA_WRITE_MIDDLE", 150), ("RC_RDMA_WRITE_LAST", 10)],
+            )
+        },
+    );
+    // XROCE_SELECTIVE_REPEAT=off on both sides: go-back-N, a RETH on each
+    // message's first packet only.
+    t.env.push(("XROCE_SELECTIVE_REPEAT".into(), "off".into()));
+    c.case(
+        "ib_write_bw on the wire (XROCE_SELECTIVE_REPEAT=off)",
+        || {
+            captured_run(
+                &t,
+                "ib_write_bw",
+                &["-s", "16384", "-n", "100"],
+                &[
+                    ("RC_RDMA_WRITE_FIRST", 100),
+                    ("RC_RDMA_WRITE_MIDDLE", 1400),
+                    ("RC_RDMA_WRITE_LAST", 100),
+                    ("RC_ACKNOWLEDGE", 1),
+                ],
+                &[("RC_RDMA_WRITE_ONLY", 0)],
+            )
+        },
+    );
+    t.env.clear();
     c.case("ib_read_bw on the wire", || {
         captured_run(
             &t,
@@ -418,6 +461,7 @@ fn capture(b: Backend) {
                 ("RC_RDMA_READ_RESPONSE_MIDDLE", 1400),
                 ("RC_RDMA_READ_RESPONSE_LAST", 100),
             ],
+            &[],
         )
     });
     c.case("ib_send_bw on the wire", || {
@@ -430,6 +474,7 @@ fn capture(b: Backend) {
                 ("RC_SEND_MIDDLE", 200),
                 ("RC_SEND_LAST", 100),
             ],
+            &[],
         )
     });
     for (kind, opcode) in [
@@ -442,6 +487,7 @@ fn capture(b: Backend) {
                 "ib_atomic_bw",
                 &["-A", kind, "-n", "100"],
                 &[(opcode, 100), ("RC_ATOMIC_ACKNOWLEDGE", 100)],
+                &[],
             )
         });
     }

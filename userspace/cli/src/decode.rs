@@ -188,9 +188,16 @@ impl Report {
         });
         let q = &mut state.traffic;
         q.packets += 1;
+        q.sr_capable += u64::from(t.bth.sr_capable);
         let psn = t.bth.psn;
         if op.is_response() {
             q.responses += 1;
+            q.sr_responses += u64::from(t.bth.sr_capable);
+            let ack = matches!(t.aeth.map(|a| a.syndrome), Some(Syndrome::Ack { .. }));
+            if ack && op == Opcode::RC_ACKNOWLEDGE && xroce_wire::sack::Sack::parse(payload).is_ok()
+            {
+                q.sacks += 1;
+            }
             match t.aeth.map(|a| a.syndrome) {
                 Some(Syndrome::Nak(_)) => q.naks += 1,
                 Some(Syndrome::RnrNak { .. }) => q.rnr_naks += 1,

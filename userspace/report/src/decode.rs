@@ -70,6 +70,17 @@ pub struct QpTraffic {
     pub psn_repeats: u64,
     pub naks: u64,
     pub rnr_naks: u64,
+    /// Frames carrying xroce's selective-repeat capable bit (BTH byte 4,
+    /// 0x01): requests of an xroce QP, responses of an xroce responder
+    /// running selective repeat. Absent in older reports.
+    #[serde(default)]
+    pub sr_capable: u64,
+    /// Of those, responses: the responder runs selective repeat.
+    #[serde(default)]
+    pub sr_responses: u64,
+    /// ACKs carrying an xroce SACK block.
+    #[serde(default)]
+    pub sacks: u64,
 }
 
 /// A malformed frame or ICRC failure.
@@ -101,8 +112,9 @@ pub struct CmLine {
 mod tests {
     use super::*;
 
-    /// As `xroce decode --json` printed it before these types existed.
-    const DECODE_JSON: &str = r#"{"bytes":1234,"cm":[{"frame":1,"message":"CM REQ tid=0x1"}],"frames":3,"icrc_bad":0,"icrc_ok":3,"link_type":1,"malformed":0,"nanosecond":false,"not_roce":0,"opcodes":{"10":2,"17":1},"opcodes_named":{"RC_ACKNOWLEDGE":1,"RC_RDMA_WRITE_ONLY":2},"problems":[{"frame":2,"reason":"bad ICRC"}],"psn_gaps":0,"qps":[{"dest_qp":17,"dst":"::ffff:10.0.0.1","first_psn":5,"last_psn":6,"naks":0,"packets":3,"psn_gaps":0,"psn_repeats":0,"psns_missing":0,"requests":2,"responses":1,"rnr_naks":0},{"dest_qp":18,"dst":"::ffff:10.0.0.2","first_psn":null,"last_psn":null,"naks":0,"packets":1,"psn_gaps":0,"psn_repeats":0,"psns_missing":0,"requests":0,"responses":1,"rnr_naks":0}],"roce":3}"#;
+    /// As `xroce decode --json` prints it (before these types existed, less
+    /// the selective-repeat counts).
+    const DECODE_JSON: &str = r#"{"bytes":1234,"cm":[{"frame":1,"message":"CM REQ tid=0x1"}],"frames":3,"icrc_bad":0,"icrc_ok":3,"link_type":1,"malformed":0,"nanosecond":false,"not_roce":0,"opcodes":{"10":2,"17":1},"opcodes_named":{"RC_ACKNOWLEDGE":1,"RC_RDMA_WRITE_ONLY":2},"problems":[{"frame":2,"reason":"bad ICRC"}],"psn_gaps":0,"qps":[{"dest_qp":17,"dst":"::ffff:10.0.0.1","first_psn":5,"last_psn":6,"naks":0,"packets":3,"psn_gaps":0,"psn_repeats":0,"psns_missing":0,"requests":2,"responses":1,"rnr_naks":0,"sacks":0,"sr_capable":0,"sr_responses":0},{"dest_qp":18,"dst":"::ffff:10.0.0.2","first_psn":null,"last_psn":null,"naks":0,"packets":1,"psn_gaps":0,"psn_repeats":0,"psns_missing":0,"requests":0,"responses":1,"rnr_naks":0,"sacks":0,"sr_capable":0,"sr_responses":0}],"roce":3}"#;
 
     #[test]
     fn decode_report_reads_and_writes_the_same_fields() {
@@ -115,6 +127,17 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&r).unwrap(),
             serde_json::from_str::<serde_json::Value>(DECODE_JSON).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_report_without_the_selective_repeat_counts_reads_them_as_0() {
+        let old = DECODE_JSON.replace(r#","sacks":0,"sr_capable":0,"sr_responses":0"#, "");
+        assert!(!old.contains("sacks"));
+        let r: DecodeReport = serde_json::from_str(&old).unwrap();
+        assert_eq!(
+            (r.qps[0].sr_capable, r.qps[0].sr_responses, r.qps[0].sacks),
+            (0, 0, 0)
         );
     }
 

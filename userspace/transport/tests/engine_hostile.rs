@@ -25,7 +25,7 @@ use xroce_transport::engine::sim::{
     connect_engines, sim_configs, EngineEndpoint, EngineHost, LinkConfig, PairParams, Sim,
 };
 use xroce_transport::engine::work::{SendWr, WrOpcode};
-use xroce_transport::engine::{AsyncEvent, Engine};
+use xroce_transport::engine::{AsyncEvent, Engine, SrMode};
 use xroce_wire::{
     emit_frame, parse_frame_checked, AtomicEthRepr, BthRepr, FrameRepr, Gid, NakCode, Opcode,
     RethRepr, Syndrome, TransportRepr,
@@ -228,8 +228,8 @@ fn selective_repeat_write_ahead_with_a_bad_rkey_is_an_access_error() {
         ..Default::default()
     };
     let (mut sim, a, b) = pair(32, &p);
-    lk(&sim.a).set_selective_repeat(a.qpn, true).unwrap();
-    lk(&sim.b).set_selective_repeat(b.qpn, true).unwrap();
+    lk(&sim.a).set_selective_repeat(a.qpn, SrMode::On).unwrap();
+    lk(&sim.b).set_selective_repeat(b.qpn, SrMode::On).unwrap();
     let canary = pattern(32, 256);
     // A WRITE 5 PSNs ahead of the expected one (inside the SACK bitmap),
     // with a guessed R_Key.
@@ -275,8 +275,8 @@ fn selective_repeat_write_ahead_with_a_good_rkey_is_still_placed() {
         ..Default::default()
     };
     let (mut sim, a, b) = pair(33, &p);
-    lk(&sim.a).set_selective_repeat(a.qpn, true).unwrap();
-    lk(&sim.b).set_selective_repeat(b.qpn, true).unwrap();
+    lk(&sim.a).set_selective_repeat(a.qpn, SrMode::On).unwrap();
+    lk(&sim.b).set_selective_repeat(b.qpn, SrMode::On).unwrap();
     let mut t = request(b.qpn, Opcode::RC_RDMA_WRITE_ONLY, PSN + 5);
     t.reth = Some(RethRepr {
         va: b.mr.addr(),

@@ -15,7 +15,7 @@ use xroce_transport::engine::sim::{
     connect_engines, EngineEndpoint, EngineHost, LinkConfig, PairParams, Sim,
 };
 use xroce_transport::engine::work::{RecvWr, SendWr, WrOpcode};
-use xroce_transport::engine::{Engine, EngineStats};
+use xroce_transport::engine::{Engine, EngineStats, SrMode};
 
 use xroce_transport::engine::sim::pattern;
 
@@ -45,11 +45,12 @@ fn setup(
         ..Default::default()
     };
     let (a, b) = connect_engines(&sim, &p);
-    if sr {
-        lk(&sim.a).set_selective_repeat(a.qpn, true).unwrap();
-        lk(&sim.b).set_selective_repeat(b.qpn, true).unwrap();
-    }
-    assert_eq!(lk(&sim.a).selective_repeat(a.qpn).unwrap(), sr);
+    // Forced on both sides, or go-back-N (Off) for the comparisons.
+    let mode = if sr { SrMode::On } else { SrMode::Off };
+    lk(&sim.a).set_selective_repeat(a.qpn, mode).unwrap();
+    lk(&sim.b).set_selective_repeat(b.qpn, mode).unwrap();
+    let st = lk(&sim.a).selective_repeat(a.qpn).unwrap();
+    assert_eq!((st.requester, st.responder), (sr, sr));
     // SAFETY: no work request is posted yet.
     unsafe {
         a.mr.write(0, &pattern(seed ^ 1, REGION)).unwrap();
@@ -441,12 +442,12 @@ fn sr_vs_go_back_n_retransmits_and_goodput() {
     );
 }
 
-/// SR refuses a busy QP and non-RC QPs; it is off unless turned on.
+/// The mode is set only while the QP is idle; Off stays off.
 #[test]
-fn sr_is_opt_in_and_only_while_idle() {
+fn sr_mode_is_set_only_while_idle() {
     let (sim, a, b) = setup(LinkConfig::default(), 41, false, Mtu::Mtu1024);
     let mut e = lk(&sim.a);
-    assert!(!e.selective_repeat(a.qpn).unwrap());
+    assert!(!e.selective_repeat(a.qpn).unwrap().requester);
     let wr = SendWr::new(
         1,
         WrOpcode::RdmaWrite {
@@ -456,8 +457,15 @@ fn sr_is_opt_in_and_only_while_idle() {
         vec![a.mr.sge(0, 8)],
     );
     e.post_send(a.qpn, &wr).unwrap();
-    assert!(e.set_selective_repeat(a.qpn, true).is_err(), "busy QP");
-    assert!(!e.selective_repeat(a.qpn).unwrap());
+    assert!(
+        e.set_selective_repeat(a.qpn, SrMode::On).is_err(),
+        "busy QP"
+    );
+    let st = e.selective_repeat(a.qpn).unwrap();
+    assert_eq!(
+        (st.mode, st.requester, st.responder),
+        (SrMode::Off, false, false)
+    );
 }
 
 /// Errors keep go-back-N's semantics: a WRITE to a bad rkey, placed in

@@ -4,6 +4,9 @@
 //! 0: opcode | 1: SE M PadCnt(2) TVer(4) | 2-3: P_Key
 //! 4: F B resv6 (resv8a) | 5-7: DestQP | 8: A resv7 | 9-11: PSN
 //! ```
+//!
+//! xroce uses the lowest bit of byte 4 (in IBA's Resv6a) as
+//! [`BthRepr::sr_capable`]; see [`SR_CAPABLE`].
 
 use crate::bytes::{be16, be24, put16, put24};
 use crate::error::{Error, Layer, Result};
@@ -15,6 +18,12 @@ pub const HEADER_LEN: usize = 12;
 pub const DEFAULT_PKEY: u16 = 0xffff;
 /// Largest QP number (24 bits); PSNs have [`PSN_MASK`].
 pub const QPN_MASK: u32 = 0x00ff_ffff;
+/// The bit of BTH byte 4 xroce sends as [`BthRepr::sr_capable`]: the
+/// lowest of the six IBA reserves there (Resv6a, below FECN 0x80 and BECN
+/// 0x40). IBA transmits reserved bits as 0 and has receivers ignore them,
+/// and the RoCEv2 ICRC covers byte 4 masked to all ones, so the bit
+/// changes neither what another RoCE device does nor the ICRC.
+pub const SR_CAPABLE: u8 = 0x01;
 
 /// Zero-copy view of a BTH.
 #[derive(Debug, Clone)]
@@ -63,6 +72,10 @@ impl<T: AsRef<[u8]>> BthHeader<T> {
     pub fn becn(&self) -> bool {
         self.b()[4] & 0x40 != 0
     }
+    /// [`SR_CAPABLE`], see [`BthRepr::sr_capable`].
+    pub fn sr_capable(&self) -> bool {
+        self.b()[4] & SR_CAPABLE != 0
+    }
     pub fn dest_qp(&self) -> u32 {
         be24(self.b(), 5)
     }
@@ -93,11 +106,15 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> BthHeader<T> {
         let b = self.buffer.as_mut();
         b[4] = (b[4] & !0x80) | ((v as u8) << 7);
     }
+    pub fn set_sr_capable(&mut self, v: bool) {
+        let b = self.buffer.as_mut();
+        b[4] = (b[4] & !SR_CAPABLE) | if v { SR_CAPABLE } else { 0 };
+    }
 }
 
 /// Parsed BTH. The pad count is not here: it is derived from the payload
-/// length on emit and used to trim the payload on parse. Reserved bits are
-/// ignored on parse and written as 0.
+/// length on emit and used to trim the payload on parse. Reserved bits
+/// (but [`SR_CAPABLE`]) are ignored on parse and written as 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BthRepr {
     pub opcode: Opcode,
@@ -110,6 +127,13 @@ pub struct BthRepr {
     pub fecn: bool,
     /// B: backward ECN (resv8a bit 6; masked in the ICRC).
     pub becn: bool,
+    /// xroce's "selective repeat capable" ([`SR_CAPABLE`], resv8a bit 0, a
+    /// reserved bit in IBA; masked in the ICRC). On an RC request: the
+    /// sender's requester understands SACKs and switches to selective
+    /// repeat once a response carries the bit; on an RC response: the
+    /// sender's responder runs selective repeat (see the transport's
+    /// `engine::selective`). Other RoCE devices send 0 and ignore it.
+    pub sr_capable: bool,
     /// Destination QP number, 24 bits.
     pub dest_qp: u32,
     /// A: acknowledge request.
@@ -128,6 +152,7 @@ impl BthRepr {
             pkey: DEFAULT_PKEY,
             fecn: false,
             becn: false,
+            sr_capable: false,
             dest_qp,
             ack_req: false,
             psn,
@@ -149,6 +174,7 @@ impl BthRepr {
                 pkey: h.pkey(),
                 fecn: h.fecn(),
                 becn: h.becn(),
+                sr_capable: h.sr_capable(),
                 dest_qp: h.dest_qp(),
                 ack_req: h.ack_req(),
                 psn: h.psn(),
@@ -177,7 +203,9 @@ impl BthRepr {
         buf[0] = self.opcode as u8;
         buf[1] = ((self.solicited as u8) << 7) | ((self.mig_req as u8) << 6) | (pad << 4);
         put16(buf, 2, self.pkey);
-        buf[4] = ((self.fecn as u8) << 7) | ((self.becn as u8) << 6);
+        buf[4] = ((self.fecn as u8) << 7)
+            | ((self.becn as u8) << 6)
+            | if self.sr_capable { SR_CAPABLE } else { 0 };
         put24(buf, 5, self.dest_qp);
         buf[8] = (self.ack_req as u8) << 7;
         put24(buf, 9, self.psn);

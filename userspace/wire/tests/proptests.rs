@@ -111,19 +111,26 @@ fn udp_repr() -> impl Strategy<Value = UdpRepr> {
 fn bth_repr(op: impl Strategy<Value = Opcode>) -> impl Strategy<Value = BthRepr> {
     (
         op,
-        any::<[bool; 5]>(),
+        any::<[bool; 6]>(),
         any::<u16>(),
         0u32..(1 << 24),
         0u32..(1 << 24),
     )
         .prop_map(
-            |(opcode, [solicited, mig_req, fecn, becn, ack_req], pkey, dest_qp, psn)| BthRepr {
+            |(
+                opcode,
+                [solicited, mig_req, fecn, becn, sr_capable, ack_req],
+                pkey,
+                dest_qp,
+                psn,
+            )| BthRepr {
                 opcode,
                 solicited,
                 mig_req,
                 pkey,
                 fecn,
                 becn,
+                sr_capable,
                 dest_qp,
                 ack_req,
                 psn,
@@ -823,6 +830,80 @@ fn not_roce_is_decided_before_validation() {
     g[24] ^= 1;
     assert_eq!(parse_frame(&g).unwrap_err(), Error::BadIpv4Checksum);
     assert!(!Error::BadIpv4Checksum.is_not_roce());
+}
+
+/// The selective-repeat capable bit (BTH byte 4, 0x01) round-trips, sits
+/// where IBA's Resv6a is, and leaves the ICRC as it is without it (byte 4
+/// is masked to ones in the ICRC, as rxe computes it): a frame with the
+/// bit set has the same ICRC as the one without, and either verifies.
+#[test]
+fn sr_capable_bit_round_trips_and_leaves_the_icrc_unchanged() {
+    for (gids, ip_len) in [
+        (
+            (Gid::from_ipv4([10, 0, 0, 1]), Gid::from_ipv4([10, 0, 0, 2])),
+            20,
+        ),
+        (
+            (
+                Gid::from_hex("fd000000000000000000000000000001").unwrap(),
+                Gid::from_hex("fd000000000000000000000000000002").unwrap(),
+            ),
+            40,
+        ),
+    ] {
+        let frame = |sr_capable: bool| {
+            let mut t = TransportRepr::new(BthRepr {
+                sr_capable,
+                ..BthRepr::new(Opcode::RC_RDMA_WRITE_FIRST, 0x33, 0x12_3456)
+            });
+            t.reth = Some(RethRepr {
+                va: 0x1000,
+                rkey: 7,
+                dma_len: 4096,
+            });
+            let r = FrameRepr::new(
+                [2, 0, 0, 0, 0, 1],
+                [2, 0, 0, 0, 0, 2],
+                gids.0,
+                gids.1,
+                0xc555,
+                t,
+            );
+            let payload = [0x5au8; 1024];
+            let mut f = vec![0u8; r.frame_len(payload.len())];
+            emit_frame(&r, &payload, &mut f).unwrap();
+            f
+        };
+        let (with, without) = (frame(true), frame(false));
+        let bth_off = 14 + ip_len + 8;
+        assert_eq!(with[bth_off + 4], bth::SR_CAPABLE);
+        assert_eq!(without[bth_off + 4], 0);
+        // Only byte 4 of the BTH differs (and over IPv6 the UDP checksum,
+        // which covers it): the ICRC (the last 4 bytes) is the same.
+        let udp_check = bth_off - 2..bth_off;
+        let diff: Vec<usize> = (0..with.len())
+            .filter(|&i| with[i] != without[i] && !udp_check.contains(&i))
+            .collect();
+        assert_eq!(diff, [bth_off + 4]);
+        assert_eq!(
+            icrc::frame_icrc(&with).unwrap(),
+            icrc::frame_icrc(&without).unwrap()
+        );
+        icrc::verify_frame(&with).unwrap();
+        let (p, _) = parse_frame_checked(&with).unwrap();
+        assert!(p.transport.bth.sr_capable);
+        assert!(!(p.transport.bth.fecn || p.transport.bth.becn));
+        let (p, _) = parse_frame_checked(&without).unwrap();
+        assert!(!p.transport.bth.sr_capable);
+        // The view sees and sets the same bit, next to FECN and BECN.
+        let mut b = without[bth_off..bth_off + 12].to_vec();
+        let mut h = bth::BthHeader::new_checked(&mut b[..]).unwrap();
+        h.set_becn(true);
+        h.set_sr_capable(true);
+        assert!(h.sr_capable() && h.becn() && !h.fecn());
+        h.set_sr_capable(false);
+        assert!(!h.sr_capable() && h.becn());
+    }
 }
 
 /// What a congestion point does in flight — set ECN CE, fix the IPv4

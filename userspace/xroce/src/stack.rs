@@ -56,6 +56,10 @@ pub struct StackConfig {
     /// queues; the device then takes the interface's AF_XDP sockets to
     /// itself.
     pub io_threads: usize,
+    /// Selective repeat for every RC QP (the engine's
+    /// [`crate::engine::SrMode`]): Auto (the default) agrees with each
+    /// xroce peer in band and stays go-back-N with any other.
+    pub selective_repeat: crate::engine::SrMode,
 }
 
 impl StackConfig {
@@ -69,6 +73,7 @@ impl StackConfig {
             line_rate_bps: 100_000_000_000,
             busy_poll: false,
             io_threads: 1,
+            selective_repeat: crate::engine::SrMode::Auto,
         }
     }
 
@@ -212,6 +217,7 @@ impl Stack {
             cc: Some(cfg.cc_factory()),
             qpn_block: block.block(),
             qpn_offset: crate::device::random_qpn_offset(),
+            selective_repeat: cfg.selective_repeat,
             ..EngineConfig::default()
         };
         let backend_err = |source| StackError::Backend {
@@ -292,6 +298,7 @@ impl Stack {
                     ip: cfg.local_ip.unwrap_or(Ipv4Addr::UNSPECIFIED),
                     line_rate_bps: cfg.line_rate_bps,
                     cc: Some(cfg.cc_factory()),
+                    selective_repeat: cfg.selective_repeat,
                     ..EngineConfig::default()
                 },
                 path_mtu: path_mtu.bytes(),

@@ -394,6 +394,8 @@ mod tests {
             last_rtt_ns: Some(11),
             srtt_ns: None,
             selective_repeat: true,
+            sr_requester: true,
+            sr_responder: false,
             tx_packets: 12,
             tx_bytes: 13,
             retransmitted: 14,

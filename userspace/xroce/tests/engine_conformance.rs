@@ -5,7 +5,7 @@
 //! error completion at the requester, an affiliated asynchronous error at
 //! the responder when no receive WQE carries it; C9-222.1.1).
 
-use xroce::engine::AsyncEvent;
+use xroce::engine::{AsyncEvent, SrMode};
 use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
 
@@ -69,18 +69,18 @@ fn pair(seed: u64, qp_type: QpType) -> (Sim, Endpoint, Endpoint) {
 
 #[test]
 fn zero_length_write_and_read_with_rkey_0_complete_on_both_sides() {
-    for sr in [false, true] {
+    for mode in [SrMode::Off, SrMode::Auto, SrMode::On] {
         let (mut sim, a, b) = pair(1, QpType::Rc);
-        if sr {
-            sim.a
-                .lock()
-                .set_selective_repeat(a.qp.qp_num(), true)
-                .unwrap();
-            sim.b
-                .lock()
-                .set_selective_repeat(b.qp.qp_num(), true)
-                .unwrap();
-        }
+        // A verbs QP agrees in band unless told otherwise.
+        assert_eq!(a.qp.selective_repeat().unwrap().mode, SrMode::Auto);
+        sim.a
+            .lock()
+            .set_selective_repeat(a.qp.qp_num(), mode)
+            .unwrap();
+        sim.b
+            .lock()
+            .set_selective_repeat(b.qp.qp_num(), mode)
+            .unwrap();
         b.qp.post_recv(&RecvWr {
             wr_id: 50,
             sg_list: vec![b.mr.sge(0, 64)],
@@ -143,10 +143,19 @@ fn zero_length_write_and_read_with_rkey_0_complete_on_both_sides() {
                 (4, Success, RdmaRead, 0),
                 (5, Success, RdmaRead, 0),
             ],
-            "sr={sr}"
+            "mode={mode}"
         );
-        assert_eq!(ok(&wb), [(50, Success, RecvRdmaWithImm, 0)], "sr={sr}");
+        assert_eq!(ok(&wb), [(50, Success, RecvRdmaWithImm, 0)], "mode={mode}");
         assert_eq!(wb[0].imm_data, 0x0102_0304);
+        // A's requests went to B: A's requester and B's responder run
+        // selective repeat unless Off; B sent no request.
+        let (sa, sb) = (
+            a.qp.selective_repeat().unwrap(),
+            b.qp.selective_repeat().unwrap(),
+        );
+        let on = mode != SrMode::Off;
+        assert_eq!((sa.requester, sb.responder), (on, on), "mode={mode}");
+        assert_eq!(sb.requester, mode == SrMode::On, "mode={mode}");
         assert_eq!((a.qp.state(), b.qp.state()), (QpState::Rts, QpState::Rts));
         assert_eq!(sim.b.stats().tx_naks_other, 0);
         assert_eq!(events(&sim.a), []);
@@ -216,18 +225,16 @@ fn zero_length_uc_write_with_rkey_0_is_placed() {
 /// its receive queue.
 #[test]
 fn bad_rkey_write_is_rem_access_err_and_a_responder_access_event() {
-    for sr in [false, true] {
+    for mode in [SrMode::Off, SrMode::Auto, SrMode::On] {
         let (mut sim, a, b) = pair(3, QpType::Rc);
-        if sr {
-            sim.a
-                .lock()
-                .set_selective_repeat(a.qp.qp_num(), true)
-                .unwrap();
-            sim.b
-                .lock()
-                .set_selective_repeat(b.qp.qp_num(), true)
-                .unwrap();
-        }
+        sim.a
+            .lock()
+            .set_selective_repeat(a.qp.qp_num(), mode)
+            .unwrap();
+        sim.b
+            .lock()
+            .set_selective_repeat(b.qp.qp_num(), mode)
+            .unwrap();
         b.qp.post_recv(&RecvWr {
             wr_id: 9,
             sg_list: vec![b.mr.sge(0, 64)],
@@ -259,7 +266,7 @@ fn bad_rkey_write_is_rem_access_err_and_a_responder_access_event() {
                 (2, WrFlushErr, RdmaWrite),
                 (3, WrFlushErr, RdmaWrite)
             ],
-            "sr={sr}"
+            "mode={mode}"
         );
         assert_eq!(
             ok(&wb)
@@ -269,11 +276,11 @@ fn bad_rkey_write_is_rem_access_err_and_a_responder_access_event() {
             [(9, WrFlushErr, Recv)]
         );
         assert_eq!((a.qp.state(), b.qp.state()), (QpState::Err, QpState::Err));
-        assert_eq!(events(&sim.a), [], "sr={sr}");
+        assert_eq!(events(&sim.a), [], "mode={mode}");
         assert_eq!(
             events(&sim.b),
             [AsyncEvent::QpAccessError { qpn: b.qp.qp_num() }],
-            "sr={sr}"
+            "mode={mode}"
         );
         // Posting on the requester in ERR flushes at once.
         a.qp.post_send(&write(4, b.mr.rkey())).unwrap();

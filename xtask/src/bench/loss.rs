@@ -1,7 +1,7 @@
 //! Loss (issue 13, goal 4): RDMA WRITE 64 KiB, 1 QP, AF_XDP, with 0 %,
 //! 0.1 % and 1 % of the requests dropped in the server's XDP program
-//! (`xroce fault --drop`), go-back-N (the default) against selective repeat
-//! (both perf tools pass --selective-repeat), each as a ratio to its own
+//! (`xroce fault --drop`), go-back-N (both perf tools pass --recovery gbn)
+//! against selective repeat (--recovery sr), each as a ratio to its own
 //! lossless run in the same bench and to go-back-N's lossless run; each
 //! point the best of three rounds over all points (other work on a shared
 //! 2-core host moved single 5 s runs between 7.5 and 13.4 Gb/s). Goals: selective repeat keeps
@@ -96,10 +96,11 @@ fn write_run(ns: &NsPair, sr: bool) -> Result<BenchReport> {
         &listen,
         "--json",
     ]);
-    if sr {
-        server.arg("--selective-repeat");
-        client.arg("--selective-repeat");
-    }
+    // Go-back-N explicitly: by default two xroce tools agree on selective
+    // repeat in band.
+    let recovery = if sr { "sr" } else { "gbn" };
+    server.args(["--recovery", recovery]);
+    client.args(["--recovery", recovery]);
     let server = Started::spawn(&mut server)?;
     let out = output(&mut client)?;
     if !server.wait()?.success() {

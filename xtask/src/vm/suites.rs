@@ -1320,7 +1320,31 @@ fn decode(pcap: &Path) -> Result<String> {
             pcap.display()
         );
     }
-    Ok(line)
+    let sr = go_back_n_only(&r).with_context(|| format!("xroce decode {}", pcap.display()))?;
+    Ok(format!("{line}; {sr}"))
+}
+
+/// Every capture of this suite has rxe on at least one side, so no QP in
+/// it may run selective repeat: no response carries the capable bit (an
+/// xroce responder sets it once it runs SR; an xroce requester switches
+/// only on such a response) and no ACK a SACK block. xroce's requests
+/// carry the bit (it advertises); rxe ignores it.
+fn go_back_n_only(r: &xroce_report::DecodeReport) -> Result<String> {
+    let sum = |f: fn(&xroce_report::QpTraffic) -> u64| r.qps.iter().map(f).sum::<u64>();
+    let (bit, responses, sacks) = (
+        sum(|q| q.sr_capable),
+        sum(|q| q.sr_responses),
+        sum(|q| q.sacks),
+    );
+    if responses != 0 || sacks != 0 {
+        bail!(
+            "selective repeat facing rxe: {responses} responses with the SR bit, {sacks} SACKs \
+             (want go-back-N: 0 and 0)"
+        );
+    }
+    Ok(format!(
+        "go-back-N (SR bit on {bit} requests, 0 SR responses, 0 SACKs)"
+    ))
 }
 
 #[cfg(test)]
@@ -1339,6 +1363,26 @@ mod tests {
         let pingpong = "  local address: LID 0x0000\nCouldn't post send\n----\n";
         assert_eq!(failure_line(pingpong), "Couldn't post send");
         assert_eq!(failure_line("a line\n-----\n"), "a line");
+    }
+
+    #[test]
+    fn a_capture_facing_rxe_must_show_go_back_n_only() {
+        let row = |bit, responses, sacks| xroce_report::QpTraffic {
+            sr_capable: bit,
+            sr_responses: responses,
+            sacks,
+            ..Default::default()
+        };
+        let mut r = xroce_report::DecodeReport {
+            qps: vec![row(40, 0, 0), row(0, 0, 0)],
+            ..Default::default()
+        };
+        let ok = go_back_n_only(&r).unwrap();
+        assert!(ok.contains("SR bit on 40 requests"), "{ok}");
+        r.qps.push(row(3, 3, 0));
+        assert!(go_back_n_only(&r).is_err(), "an SR responder");
+        r.qps[2] = row(0, 0, 1);
+        assert!(go_back_n_only(&r).is_err(), "a SACK");
     }
 
     #[test]

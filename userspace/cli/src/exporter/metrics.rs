@@ -443,6 +443,8 @@ mod tests {
             last_rtt_ns: Some(25_000),
             srtt_ns: None,
             selective_repeat: false,
+            sr_requester: false,
+            sr_responder: false,
             tx_packets: 101,
             tx_bytes: 104_000,
             retransmitted: 1,

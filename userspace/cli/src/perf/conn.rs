@@ -21,6 +21,7 @@ use rand::Rng;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use xroce::{
     connect::{self, ConnInfo, Role, Session},
+    engine::SrMode,
     verbs::{
         AccessFlags, AddressVector, CompletionQueue, MemoryRegion, Mtu, ProtectionDomain, QpAttr,
         QpAttrMask, QpInitAttr, QpState, QueuePair, RemoteQp, SendFlags, SendWr, UdAddress, Wc,
@@ -30,7 +31,7 @@ use xroce::{
 
 use super::{
     stack::{first_ipv4, Stack},
-    PerfArgs, RunLength, Transport, OOB_TIMEOUT,
+    PerfArgs, Recovery, RunLength, Transport, OOB_TIMEOUT,
 };
 
 pub const ALL_ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
@@ -113,6 +114,17 @@ pub fn selective_repeat_agreed(hello: &Hello, greeting_offers: bool) -> bool {
     hello.selective_repeat
         && greeting_offers
         && Transport::from_name(&hello.transport).is_ok_and(|t| t == Transport::Rc)
+}
+
+/// The mode our RC QPs are set to under `recovery` (None: the engine's
+/// default, Auto): On when both sides asked for it (`agreed`), Off for
+/// go-back-N.
+pub fn sr_mode(recovery: Recovery, agreed: bool) -> Option<SrMode> {
+    match recovery {
+        Recovery::Gbn => Some(SrMode::Off),
+        Recovery::Sr if agreed => Some(SrMode::On),
+        Recovery::Sr | Recovery::Auto => None,
+    }
 }
 
 /// Client -> server when the run is over.
@@ -240,8 +252,10 @@ pub struct Conn {
     pub inline: usize,
     /// The path MTU the QPs run (the smaller of both sides'), once connected.
     pub mtu: Mtu,
-    /// Both sides agreed on selective repeat ([`selective_repeat_agreed`]).
-    pub selective_repeat: bool,
+    /// How our RC QPs recover loss: forced on when both sides asked for
+    /// it ([`selective_repeat_agreed`]), off for `--recovery gbn`, else
+    /// the engine's default (Auto: agreed in band).
+    pub sr_mode: Option<SrMode>,
     /// Local ACK timeout of our QPs (--qp-timeout; each side its own).
     pub qp_timeout: u8,
 }
@@ -315,7 +329,7 @@ impl Conn {
             grh,
             inline: hello.inline as usize,
             mtu: stack.path_mtu,
-            selective_repeat: false,
+            sr_mode: None,
             qp_timeout: DEFAULT_QP_TIMEOUT,
         })
     }
@@ -425,11 +439,12 @@ impl Conn {
                     peer_mac,
                     dest_ip,
                 )?;
-                if self.selective_repeat {
+                if let Some(mode) = self.sr_mode.filter(|_| self.transport == Transport::Rc) {
                     // Connected and idle; the peer does the same before
                     // the sync that lets either side post.
-                    qp.set_selective_repeat(true)
-                        .with_context(|| format!("selective repeat on QP {:#x}", qp.qp_num()))?;
+                    qp.set_selective_repeat(mode).with_context(|| {
+                        format!("selective repeat {mode} on QP {:#x}", qp.qp_num())
+                    })?;
                 }
             }
         }
@@ -598,15 +613,16 @@ pub fn client_setup_until_ready<'a>(
         bidirectional: args.bidirectional,
         inline: args.inline_size.unwrap_or(0),
         more: run.more,
-        selective_repeat: args.selective_repeat,
+        selective_repeat: args.recovery() == Recovery::Sr,
     };
     let greeting: Greeting = peer.swap(&hello, "greetings")?;
     check_magic(&greeting.magic)?;
     let mut conn = Conn::create(stack, &hello)?;
-    conn.selective_repeat = selective_repeat_agreed(&hello, greeting.selective_repeat);
+    let agreed = selective_repeat_agreed(&hello, greeting.selective_repeat);
+    conn.sr_mode = sr_mode(args.recovery(), agreed);
     conn.qp_timeout = args.qp_timeout;
-    if args.selective_repeat && !conn.selective_repeat {
-        eprintln!("xroce: the server did not offer selective repeat: go-back-N");
+    if hello.selective_repeat && !agreed {
+        eprintln!("xroce: the server did not ask for selective repeat: agreeing in band (auto)");
     }
     if conn.transport == Transport::Ud && size > stack.path_mtu.bytes() as usize {
         bail!(
@@ -636,8 +652,8 @@ pub struct ServerSide<'a> {
     pub stack: &'a Stack,
     pub peer: Peer,
     pub hello: Hello,
-    /// Both sides agreed on selective repeat.
-    pub selective_repeat: bool,
+    /// How our RC QPs recover loss (see [`Conn::sr_mode`]).
+    pub sr_mode: Option<SrMode>,
     /// --hold: keep the QPs after the run until stdin ends.
     pub hold: bool,
     /// --qp-timeout.
@@ -667,7 +683,7 @@ pub fn serve_clients(
     let greeting = Greeting {
         magic: MAGIC.into(),
         backend: stack.backend.into(),
-        selective_repeat: args.selective_repeat,
+        selective_repeat: args.recovery() == Recovery::Sr,
     };
     std::thread::scope(|s| {
         let mut handles = Vec::new();
@@ -686,13 +702,16 @@ pub fn serve_clients(
             }
             let stack = &stack;
             let serve = &serve;
-            let selective_repeat = selective_repeat_agreed(&hello, greeting.selective_repeat);
+            let sr_mode = sr_mode(
+                args.recovery(),
+                selective_repeat_agreed(&hello, greeting.selective_repeat),
+            );
             handles.push(s.spawn(move || {
                 serve(ServerSide {
                     stack,
                     peer,
                     hello,
-                    selective_repeat,
+                    sr_mode,
                     hold: args.hold,
                     qp_timeout: args.qp_timeout,
                 })
@@ -710,7 +729,7 @@ pub fn serve_clients(
 /// and the client's memory.
 pub fn server_connect(side: &mut ServerSide<'_>) -> anyhow::Result<(Conn, Remote)> {
     let mut conn = Conn::create(side.stack, &side.hello)?;
-    conn.selective_repeat = side.selective_repeat;
+    conn.sr_mode = side.sr_mode;
     conn.qp_timeout = side.qp_timeout;
     let addr = side.peer.addr;
     let infos = side
@@ -742,6 +761,15 @@ mod tests {
             more: false,
             selective_repeat: sr,
         }
+    }
+
+    #[test]
+    fn recovery_sets_off_forces_on_when_agreed_and_else_leaves_auto() {
+        assert_eq!(sr_mode(Recovery::Gbn, false), Some(SrMode::Off));
+        assert_eq!(sr_mode(Recovery::Gbn, true), Some(SrMode::Off));
+        assert_eq!(sr_mode(Recovery::Sr, true), Some(SrMode::On));
+        assert_eq!(sr_mode(Recovery::Sr, false), None);
+        assert_eq!(sr_mode(Recovery::Auto, false), None);
     }
 
     #[test]

@@ -30,6 +30,28 @@ use xroce::{cc::CcKind, device::BackendKind};
 pub use bw::run as bench;
 pub use lat::run as lat;
 
+/// `--recovery`: how RC QPs recover loss.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// Selective repeat when the peer is xroce (agreed in band).
+    Auto,
+    /// Go-back-N only.
+    Gbn,
+    /// Selective repeat from the start (both sides ask for it).
+    Sr,
+}
+
+impl PerfArgs {
+    /// `--recovery`, with `--selective-repeat` for `sr`.
+    pub fn recovery(&self) -> Recovery {
+        if self.selective_repeat {
+            Recovery::Sr
+        } else {
+            self.recovery
+        }
+    }
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Write,
@@ -155,9 +177,14 @@ pub struct PerfArgs {
     /// needs N queues); the QPs go round-robin. Default 1
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub io_threads: u16,
-    /// Selective repeat (out-of-order WRITE placement, SACKs) instead of
-    /// go-back-N, for RC between two xroce perf tools: used only when both
-    /// sides pass it (a peer without it runs go-back-N)
+    /// Loss recovery of RC QPs: auto (xroce peers agree on selective
+    /// repeat by themselves, in band; any other RoCE peer gets go-back-N),
+    /// gbn (go-back-N only, e.g. to compare), or sr (selective repeat
+    /// forced from the start, agreed out of band: when the peer asks for
+    /// it too, else auto)
+    #[arg(long, value_enum, default_value_t = Recovery::Auto)]
+    pub recovery: Recovery,
+    /// The same as --recovery sr
     #[arg(long)]
     pub selective_repeat: bool,
     /// print one JSON object on stdout

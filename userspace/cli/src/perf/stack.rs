@@ -109,6 +109,8 @@ impl Stack {
             line_rate_bps: opts.line_rate_bps,
             busy_poll: opts.busy_poll,
             io_threads,
+            // Each connection sets its QPs' mode (--recovery, conn.rs).
+            selective_repeat: xroce::engine::SrMode::Auto,
         })
         .map_err(|e| match e {
             StackError::NotOurAddress { .. } => {

@@ -30,6 +30,19 @@ fn psn(p: u32) -> String {
 }
 
 /// The rows of `qps`, a header first, each line indented by `indent`.
+/// The SR column: which halves run selective repeat ("on": both, "req"
+/// or "resp": one, "off": go-back-N both ways).
+fn sr_cell(q: &QpStatus) -> &'static str {
+    match (q.sr_requester, q.sr_responder) {
+        (true, true) => "on",
+        (true, false) => "req",
+        (false, true) => "resp",
+        // A file from before the halves were reported.
+        (false, false) if q.selective_repeat => "on",
+        (false, false) => "off",
+    }
+}
+
 pub fn render(qps: &[QpStatus], indent: &str) -> String {
     let header = [
         "QPN", "TYPE", "STATE", "PEER GID", "PEER QPN", "NEXT PSN", "UNACKED", "EXPECTED",
@@ -59,7 +72,7 @@ pub fn render(qps: &[QpStatus], indent: &str) -> String {
                 rate(q.rate_bps),
                 duration(q.last_rtt_ns),
                 duration(q.srtt_ns),
-                if q.selective_repeat { "on" } else { "off" }.into(),
+                sr_cell(q).into(),
             ]
         })
         .collect();
@@ -109,6 +122,8 @@ mod tests {
             last_rtt_ns: Some(12_345),
             srtt_ns: None,
             selective_repeat: true,
+            sr_requester: true,
+            sr_responder: true,
             tx_packets: 100,
             tx_bytes: 100_000,
             retransmitted: 7,
@@ -119,6 +134,20 @@ mod tests {
             ce_marked_received: 0,
             cnps_sent: 0,
             cnps_received: 0,
+        }
+    }
+
+    #[test]
+    fn the_sr_column_names_the_halves_running_selective_repeat() {
+        let mut q = qp();
+        for (req, resp, cell) in [
+            (true, true, "on"),
+            (true, false, "req"),
+            (false, true, "resp"),
+            (false, false, "off"),
+        ] {
+            (q.sr_requester, q.sr_responder, q.selective_repeat) = (req, resp, req || resp);
+            assert_eq!(sr_cell(&q), cell);
         }
     }
 

@@ -15,11 +15,16 @@
 //!   every engine. Needs xroce's XDP program (attached by the library, so
 //!   root), AF_XDP unless `XROCE_BACKEND=udp`, at least N RX queues, and
 //!   the interface's AF_XDP sockets to this process alone.
+//! - `XROCE_SELECTIVE_REPEAT`: `auto` (default: each RC QP agrees on
+//!   selective repeat with an xroce peer in band, go-back-N with any other
+//!   RoCE device), `off` (go-back-N always) or `on` (forced: only when
+//!   every peer is xroce).
 //! - `XROCE_VERBS_DEBUG`: say on stderr why a verb failed.
 
 use std::sync::OnceLock;
 
 use xroce::device::BackendKind;
+use xroce::engine::SrMode;
 
 pub(crate) fn ifaces() -> Option<Vec<String>> {
     let v = std::env::var("XROCE_IFACES").ok()?;
@@ -53,6 +58,20 @@ pub(crate) fn cc() -> Result<xroce::cc::CcKind, String> {
     }
 }
 
+/// `XROCE_SELECTIVE_REPEAT`, Auto if unset or empty.
+pub(crate) fn selective_repeat() -> Result<SrMode, String> {
+    parse_selective_repeat(std::env::var("XROCE_SELECTIVE_REPEAT").ok().as_deref())
+}
+
+fn parse_selective_repeat(v: Option<&str>) -> Result<SrMode, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(SrMode::Auto),
+        Some(t) => t
+            .parse()
+            .map_err(|_| format!("XROCE_SELECTIVE_REPEAT={t}: use {}", SrMode::NAMES)),
+    }
+}
+
 /// Most I/O threads `XROCE_IO_THREADS` may ask for.
 const MAX_IO_THREADS: usize = 64;
 
@@ -81,6 +100,22 @@ pub(crate) fn debug() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selective_repeat_defaults_to_auto_and_names_the_accepted_values() {
+        assert_eq!(parse_selective_repeat(None), Ok(SrMode::Auto));
+        assert_eq!(parse_selective_repeat(Some("")), Ok(SrMode::Auto));
+        assert_eq!(parse_selective_repeat(Some("off")), Ok(SrMode::Off));
+        assert_eq!(parse_selective_repeat(Some(" ON ")), Ok(SrMode::On));
+        assert_eq!(parse_selective_repeat(Some("auto")), Ok(SrMode::Auto));
+        for bad in ["1", "yes", "gbn"] {
+            let e = parse_selective_repeat(Some(bad)).unwrap_err();
+            assert_eq!(
+                e,
+                format!("XROCE_SELECTIVE_REPEAT={bad}: use off, auto or on")
+            );
+        }
+    }
 
     #[test]
     fn io_threads_default_to_one_and_reject_what_is_not_1_to_64() {

@@ -170,6 +170,7 @@ impl OpenDevice {
             cc: config::cc()?,
             line_rate_bps: LINE_RATE_BPS,
             io_threads: config::io_threads()?,
+            selective_repeat: config::selective_repeat()?,
             ..StackConfig::new(iface)
         })
         .map_err(|e| error_chain(&e))?;

@@ -190,7 +190,7 @@ impl QpCtx {
         // Selective repeat: a READ/atomic answered at last lets the
         // cumulative ACK already received complete what follows it (the
         // peer will not acknowledge those PSNs again).
-        if let Some(cum) = self.sr.as_ref().map(|s| s.req.cum) {
+        if let Some(cum) = self.sr_req.as_ref().map(|s| s.cum) {
             if psn_lt(self.req.comp_psn, cum) && self.go_error.is_none() {
                 self.ack_up_to(env, cum, now);
             }
@@ -259,7 +259,7 @@ impl QpCtx {
             Syndrome::Ack { .. } => {
                 // ACK: everything up to and including p is done.
                 if psn_lt(p, self.req.comp_psn) {
-                    if self.sr.is_some() && psn_add(p, 1) == self.req.comp_psn {
+                    if self.sr_req.is_some() && psn_add(p, 1) == self.req.comp_psn {
                         // Selective repeat: the same cumulative PSN with
                         // news of what arrived beyond the hole at it.
                         self.sr_on_ack(psn_add(p, 1), payload);
@@ -269,7 +269,7 @@ impl QpCtx {
                     return;
                 }
                 self.ack_up_to(env, psn_add(p, 1), now);
-                if self.sr.is_some() {
+                if self.sr_req.is_some() {
                     self.sr_on_ack(psn_add(p, 1), payload);
                 }
                 // An ACK covering a READ/atomic whose response we have not

@@ -98,6 +98,7 @@ impl QpCtx {
         if opcode.is_response() {
             match self.state {
                 QpState::Rts | QpState::Sqd | QpState::Sqe => {
+                    self.sr_saw_response(t);
                     self.comp_handle(env, t, payload, now)
                 }
                 _ => env.stats.rx_bad_state += 1,
@@ -105,6 +106,7 @@ impl QpCtx {
         } else {
             match self.state {
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {
+                    self.sr_saw_request(t);
                     self.resp_handle(env, t, payload, now)
                 }
                 _ => env.stats.rx_bad_state += 1,

@@ -73,10 +73,12 @@
 //! QP_REQ_ERR (a requester error is reported by its completion alone).
 //!
 //! Selective repeat between two xroce engines (`selective.rs`, after IRN):
-//! per RC QP, off by default, turned on by both sides after they agreed at
-//! connection setup ([`Engine::set_selective_repeat`]); WRITE packets then
-//! carry a RETH each and are placed out of order, ACKs carry a SACK block
-//! and only holes are retransmitted. Every other peer gets go-back-N.
+//! per RC QP, agreed in band by default (a reserved BTH bit says "capable";
+//! each direction switches on by itself once the peer's packets carry it;
+//! [`Engine::set_selective_repeat`] turns that off or forces it on); WRITE
+//! packets then carry a RETH each and are placed out of order, ACKs carry a
+//! SACK block and only holes are retransmitted. Every other peer gets
+//! go-back-N.
 //!
 //! Not yet: end-to-end credits (ACKs carry "invalid credits" 0x1f like
 //! rxe's and incoming credits are ignored); SEND_WITH_INV does not
@@ -126,6 +128,7 @@ use xroce_common::qpn_block;
 pub use post::{check_recv, check_send, PostLimits};
 pub use qp::pacing_frame_bytes;
 pub(crate) use qp::QpCtx;
+pub use selective::{SrMode, SrStatus};
 
 /// First QP number handed out in QPN block 0 (rxe also starts above the
 /// special QPs 0/1); block `b` starts at `b << 16` plus the same offset.
@@ -268,6 +271,9 @@ pub struct EngineConfig {
     /// connected and rejects as stale (REJ 10), where a NIC's or rxe's
     /// device-wide numbering moves on.
     pub qpn_offset: u32,
+    /// Selective repeat for each new RC QP ([`selective::SrMode`]; Auto:
+    /// agreed in band with each peer, go-back-N with any but xroce).
+    pub selective_repeat: selective::SrMode,
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -284,6 +290,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("ack_req_interval_ns", &self.ack_req_interval_ns)
             .field("cnp_interval_ns", &self.cnp_interval_ns)
             .field("qpn_block", &self.qpn_block)
+            .field("selective_repeat", &self.selective_repeat)
             .finish()
     }
 }
@@ -314,6 +321,7 @@ impl Default for EngineConfig {
             cc: None,
             qpn_block: 0,
             qpn_offset: 0,
+            selective_repeat: selective::SrMode::Auto,
         }
     }
 }
@@ -816,7 +824,12 @@ impl Engine {
             None => Box::new(NoCc::new(self.cfg.line_rate_bps)),
         };
         let burst = self.cfg.pacing_burst_bytes;
-        self.qps[idx] = Some(Box::new(QpCtx::new(qpn, c, cc, burst)));
+        let rc = c.qp_type == QpType::Rc;
+        let mut qp = Box::new(QpCtx::new(qpn, c, cc, burst));
+        if rc {
+            qp.set_sr_mode(self.cfg.selective_repeat);
+        }
+        self.qps[idx] = Some(qp);
         self.sched.reset_slot(idx);
         self.reschedule(idx);
         qpn
@@ -964,13 +977,14 @@ impl Engine {
         )
     }
 
-    /// Turn selective repeat (see [`selective`]) on or off for RC QP `qpn`.
-    /// Only for a QP whose peer is an xroce engine that turns it on too
-    /// (agreed at connection setup): WRITEs then carry a RETH in every
-    /// packet and ACKs a SACK block, which no other RoCE peer understands.
-    /// Off by default; only while the QP is idle (nothing posted, sent,
-    /// unacknowledged or received half-way).
-    pub fn set_selective_repeat(&mut self, qpn: u32, on: bool) -> Result<()> {
+    /// Set how RC QP `qpn` uses selective repeat (see [`selective`]):
+    /// [`SrMode::Auto`] (the engine's default) agrees with the peer in
+    /// band, [`SrMode::Off`] keeps go-back-N, [`SrMode::On`] runs it from
+    /// the start (only for a peer that does so too or is Auto: WRITEs then
+    /// carry a RETH in every packet and ACKs a SACK block, which no other
+    /// RoCE peer understands). Only while the QP is idle (nothing posted,
+    /// sent, unacknowledged or received half-way).
+    pub fn set_selective_repeat(&mut self, qpn: u32, mode: SrMode) -> Result<()> {
         self.with_qp(qpn, |qp, _| {
             if qp.qp_type != QpType::Rc {
                 return Err(TransportError::InvalidAttribute(
@@ -988,14 +1002,20 @@ impl Engine {
                     "the QP is not idle".into(),
                 ));
             }
-            qp.sr = on.then(|| Box::new(selective::SrState::new(qp.req.comp_psn, qp.resp.epsn)));
+            qp.set_sr_mode(mode);
             Ok(())
         })
     }
 
-    /// Whether QP `qpn` uses selective repeat.
-    pub fn selective_repeat(&mut self, qpn: u32) -> Result<bool> {
-        self.with_qp(qpn, |qp, _| Ok(qp.sr.is_some()))
+    /// Whether QP `qpn` runs selective repeat, per half.
+    pub fn selective_repeat(&mut self, qpn: u32) -> Result<SrStatus> {
+        self.with_qp(qpn, |qp, _| {
+            Ok(SrStatus {
+                mode: qp.sr_mode,
+                requester: qp.sr_req.is_some(),
+                responder: qp.sr_resp.is_some(),
+            })
+        })
     }
 
     /// `ibv_query_qp`: current attributes (qp_state is the live state).

@@ -86,6 +86,7 @@ impl QpCtx {
         self.resp.nak_sent = false;
         self.resp.msn = 0;
         self.cnp_due = false;
+        self.sr_restart();
     }
 
     pub(crate) fn apply_modify(

@@ -218,9 +218,14 @@ pub(crate) struct QpCtx {
     /// the ACK that frees the room; QPs holding room for half-sent
     /// messages without one would wait for each other until their RTOs).
     pub reserved_end: Option<u32>,
-    /// Selective repeat state (`selective.rs`), on a QP whose peer agreed
-    /// to it at connection setup; None: go-back-N.
-    pub sr: Option<Box<super::selective::SrState>>,
+    /// Whether and how this QP agrees on selective repeat (`selective.rs`).
+    pub sr_mode: super::selective::SrMode,
+    /// The requester's selective repeat state once it runs it (None:
+    /// go-back-N): WRITEs with a RETH in every packet, SACKs read.
+    pub sr_req: Option<Box<super::selective::SrReq>>,
+    /// The responder's selective repeat state once it runs it (None:
+    /// go-back-N): WRITE packets placed ahead, ACKs with SACKs.
+    pub sr_resp: Option<Box<super::selective::SrResp>>,
 }
 
 impl QpCtx {
@@ -304,7 +309,9 @@ impl QpCtx {
             counted_inflight: 0,
             budget_blocked: false,
             reserved_end: None,
-            sr: None,
+            sr_mode: super::selective::SrMode::Off,
+            sr_req: None,
+            sr_resp: None,
         }
     }
 

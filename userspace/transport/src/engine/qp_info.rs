@@ -41,8 +41,14 @@ pub struct QpInfo {
     /// The last round-trip sample and the smoothed RTT (RFC 6298).
     pub last_rtt_ns: Option<u64>,
     pub srtt_ns: Option<u64>,
-    /// Selective repeat on (else go-back-N).
-    pub selective_repeat: bool,
+    /// How the QP agrees on selective repeat.
+    pub sr_mode: super::selective::SrMode,
+    /// The requester runs selective repeat (else go-back-N): its WRITEs
+    /// carry a RETH per packet and it reads SACKs.
+    pub sr_requester: bool,
+    /// The responder runs selective repeat (else go-back-N): it places
+    /// WRITE packets ahead and sends SACKs.
+    pub sr_responder: bool,
     /// Retransmits, timeouts, NAKs received, packets and bytes.
     pub counters: QpStats,
 }
@@ -89,7 +95,9 @@ impl QpCtx {
             rate_bps: self.cc.rate_bps(),
             last_rtt_ns: self.req.last_rtt_ns,
             srtt_ns: self.req.srtt_ns,
-            selective_repeat: self.sr.is_some(),
+            sr_mode: self.sr_mode,
+            sr_requester: self.sr_req.is_some(),
+            sr_responder: self.sr_resp.is_some(),
             counters: self.qstats,
         }
     }
@@ -134,7 +142,10 @@ mod tests {
             (0xff_fffe, 0xff_fffe, 77)
         );
         assert_eq!((qa.mtu, qa.send_window_pkts, qa.cc), (1024, 128, "none"));
-        assert_eq!((qa.last_rtt_ns, qa.selective_repeat), (None, false));
+        assert_eq!(
+            (qa.last_rtt_ns, qa.sr_requester, qa.sr_responder),
+            (None, false, false)
+        );
 
         // One WRITE of 3 packets at a 1024-byte MTU (the PSNs wrap).
         let wr = SendWr::new(

@@ -94,7 +94,7 @@ impl QpCtx {
     /// most [`PROBE_MAX_NS`] and a quarter of the timeout `rto`. None when
     /// that leaves less than the minimum: the timeout itself is short.
     fn probe_ns(&self, rto: u64) -> Option<u64> {
-        if self.sr.is_some() {
+        if self.sr_req.is_some() {
             // Selective repeat: a needless probe costs one packet, not a
             // window, so it comes sooner (IRN's low timeout).
             // None when the timeout itself comes within twice that.
@@ -184,7 +184,7 @@ impl QpCtx {
                 // Only with a round-trip estimate: without one the probe
                 // time may be shorter than the path's round trip.
                 let rtt_known = self.req.srtt_ns.is_some();
-                if self.sr.is_none() && earlier > 0 && rtt_known && self.can_probe() {
+                if self.sr_req.is_none() && earlier > 0 && rtt_known && self.can_probe() {
                     // Go-back-N: the last packet's probe drew nothing. A
                     // responder that NAKed a gap answers no later packet
                     // until the one it NAKed arrives, so if that NAK or the
@@ -206,9 +206,9 @@ impl QpCtx {
                 // the first probe allows for, must not cost many).
                 let rto = self
                     .backed_off_rto_ns()
-                    .filter(|_| self.sr.is_some() || rtt_known);
+                    .filter(|_| self.sr_req.is_some() || rtt_known);
                 if let Some(p) = rto.and_then(|rto| self.probe_ns(rto)) {
-                    let next = if self.sr.is_some() {
+                    let next = if self.sr_req.is_some() {
                         p
                     } else {
                         p.saturating_mul(1 << (2 * self.req.probes.min(15)))
@@ -231,7 +231,7 @@ impl QpCtx {
         if self.req.retry_left != 7 {
             self.req.retry_left -= 1;
         }
-        if self.sr.is_some() && self.req.psn == self.req.max_psn {
+        if self.sr_req.is_some() && self.req.psn == self.req.max_psn {
             // Selective repeat: what is neither acknowledged nor SACKed.
             env.stats.retries_started += 1;
             self.req.rtt_sample = None;
@@ -257,7 +257,7 @@ impl QpCtx {
         let w = &self.sq[idx];
         let k = psn_diff(self.req.psn, w.first_psn) as u32;
         let offset = self.req.offset;
-        let plan = plan_packet(w, k, offset, self.mtu, self.sr.is_some());
+        let plan = plan_packet(w, k, offset, self.mtu, self.sr_req.is_some());
         let f = self.request_frame(env, now, &plan, window);
         let ack_req = f.transport.bth.ack_req;
         // The payload goes from the WR's MRs straight into the datagram.
@@ -366,7 +366,9 @@ impl QpCtx {
                 self.req.psn,
             )
         } else {
-            codec::packet(&self.tmpl, plan.opcode, self.req.psn)
+            let mut f = codec::packet(&self.tmpl, plan.opcode, self.req.psn);
+            f.transport.bth.sr_capable = self.sr_bit_on_request();
+            f
         };
         let t = &mut f.transport;
         t.reth = plan.reth;

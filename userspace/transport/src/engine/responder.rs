@@ -19,13 +19,16 @@
 //! - output (ACK/NAK, READ responses, atomic ACKs) leaves in PSN order.
 
 use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, psn_sub};
-use xroce_wire::{AethRepr, AtomicAckEthRepr, NakCode, Opcode, RethRepr, Syndrome, TransportRepr};
+use xroce_wire::{
+    AethRepr, AtomicAckEthRepr, FrameRepr, NakCode, Opcode, RethRepr, Syndrome, TransportRepr,
+};
 
 use super::codec;
 use super::completion::{WcFlags, WcOpcode, WcStatus};
 use super::memory::AccessFlags;
 use super::qp::{ErrCause, InMsg, QpCtx, ReadRecord, RemoteMr, RespItem, WriteCtx};
 use super::qp_attr::QpState;
+use super::selective::SrInOrder;
 use super::wqe::{sgl_write, RecvWqe};
 use super::{Env, Transmit};
 
@@ -206,7 +209,7 @@ impl QpCtx {
             return;
         }
         let d = psn_diff(t.bth.psn, self.resp.epsn);
-        if d > 0 && self.sr.is_some() {
+        if d > 0 && self.sr_resp.is_some() {
             self.sr_out_of_order(env, t, payload);
             return;
         }
@@ -224,10 +227,10 @@ impl QpCtx {
             self.resp_duplicate(env, t);
             return;
         }
-        if self.sr_takes(t) {
-            self.sr_in_order(env, t, payload);
-        } else {
-            self.resp_in_order(env, t, payload);
+        match self.sr_route(t) {
+            SrInOrder::Gbn => self.resp_in_order(env, t, payload),
+            SrInOrder::Sr => self.sr_in_order(env, t, payload),
+            SrInOrder::Lost => self.sr_in_order_lost(env),
         }
         self.sr_absorb();
     }
@@ -773,6 +776,7 @@ impl QpCtx {
             }
         }
         let alone = self.resp.out.len() == 1;
+        let sr_bit = self.sr_bit_on_response();
         let item = self.resp.out.front_mut()?;
         match item {
             RespItem::Ack {
@@ -781,12 +785,12 @@ impl QpCtx {
                 msn,
                 fatal,
             } => {
-                if self.sr.is_some() && *syndrome == Syndrome::ACK && alone {
+                if self.sr_resp.is_some() && *syndrome == Syndrome::ACK && alone {
                     // Nothing queued behind it: acknowledge all there is.
                     *psn = psn_sub(self.resp.epsn, 1);
                     *msn = self.resp.msn;
                 }
-                let mut f = codec::packet(&self.tmpl, Opcode::RC_ACKNOWLEDGE, *psn);
+                let mut f = response_packet(&self.tmpl, sr_bit, Opcode::RC_ACKNOWLEDGE, *psn);
                 f.transport.aeth = Some(AethRepr {
                     syndrome: *syndrome,
                     msn: *msn,
@@ -814,7 +818,8 @@ impl QpCtx {
                 Some(t)
             }
             RespItem::Atomic { psn, orig, msn, .. } => {
-                let mut f = codec::packet(&self.tmpl, Opcode::RC_ATOMIC_ACKNOWLEDGE, *psn);
+                let mut f =
+                    response_packet(&self.tmpl, sr_bit, Opcode::RC_ATOMIC_ACKNOWLEDGE, *psn);
                 f.transport.aeth = Some(AethRepr {
                     syndrome: Syndrome::ACK,
                     msn: *msn,
@@ -850,7 +855,7 @@ impl QpCtx {
                     (n, k) if k + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
                     _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
                 };
-                let mut f = codec::packet(&self.tmpl, opcode, psn_add(*first, k));
+                let mut f = response_packet(&self.tmpl, sr_bit, opcode, psn_add(*first, k));
                 f.transport.aeth =
                     (opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE).then_some(AethRepr {
                         syndrome: Syndrome::ACK,
@@ -880,4 +885,12 @@ impl QpCtx {
             }
         }
     }
+}
+
+/// A response of `opcode` at `psn` from the QP's template `tmpl`, with
+/// the selective-repeat capable bit if `sr_bit` (the responder runs it).
+fn response_packet(tmpl: &FrameRepr, sr_bit: bool, opcode: Opcode, psn: u32) -> FrameRepr {
+    let mut f = codec::packet(tmpl, opcode, psn);
+    f.transport.bth.sr_capable = sr_bit;
+    f
 }

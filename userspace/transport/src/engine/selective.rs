@@ -2,12 +2,53 @@
 //!
 //! # Design
 //!
-//! - **Enabling.** Per RC QP, off by default: [`super::Engine::set_selective_repeat`]
-//!   while the QP is idle (before traffic). Both sides must turn it on; they
-//!   agree out of band at connection setup (the CLI perf tools' exchange,
-//!   where each side announces the capability and SR is used only if both
-//!   did). Nothing on the wire changes for a QP that did not agree: rxe and
-//!   every other peer get go-back-N exactly as before.
+//! - **Agreement, in band.** Each RC QP has an [`SrMode`]: `Auto` (the
+//!   engine's default, [`super::EngineConfig::selective_repeat`]), `Off`
+//!   or `On` ([`super::Engine::set_selective_repeat`], while the QP is
+//!   idle). Peers agree on the RoCE packets themselves, not at connection
+//!   setup, so programs that exchange QP numbers their own way (UCX, MPI,
+//!   Gloo, RDMA-CM) get it too. The signal is one bit of the BTH's byte 4
+//!   (`xroce_wire::bth::SR_CAPABLE`, 0x01: the lowest of IBA's Resv6a
+//!   bits, below FECN and BECN), which IBA has senders transmit as 0 and
+//!   receivers ignore, and which the RoCEv2 ICRC covers masked to ones:
+//!   rxe's hdr_check looks only at TVer, QPN, P_Key, type/state and
+//!   addresses (bth_qpn masks the reserved byte off), and rxe_icrc.c ORs
+//!   that byte to 0xff before the CRC. The bit means:
+//!   - on a request: the sender's requester understands SACKs and
+//!     switches when a response carries the bit. Auto and On QPs set it on
+//!     every request, Off QPs never.
+//!   - on a response (ACK/NAK, READ response, atomic ACK): the sender's
+//!     responder runs selective repeat. Set only once it does.
+//! - **Two halves.** The directions are independent (A's requester talks
+//!   to B's responder, B's requester to A's responder), so the state is a
+//!   requester half ([`SrReq`]) and a responder half ([`SrResp`]), each
+//!   None until it switches (`On` QPs start with both; a QP reset starts
+//!   its mode over, its next peer may be another).
+//!   - An Auto **responder** switches when a request with the bit arrives,
+//!     before handling it, from the expected PSN on: its peer reads SACKs.
+//!     From then on its responses carry the bit and its ACKs SACKs.
+//!   - An Auto **requester** switches when a response with the bit
+//!     arrives, before handling it (so the ACK that switches it has its
+//!     SACK read), from the oldest unacknowledged PSN on: the responder
+//!     already runs SR. From then on every WRITE packet it sends, new or a
+//!     retransmission of one first sent before, is SR format.
+//!   - A peer that never sets the bit (rxe, a NIC, an Off xroce QP) turns
+//!     neither half on: go-back-N both ways, the packets bit for bit those
+//!     of an Off QP but for the bit on our requests.
+//! - **Mixed formats.** A requester switches in the middle of a WRITE;
+//!   its older packets (in flight, or sent again by a go-back-N retry
+//!   before the switch) are go-back-N format. The SR responder takes an
+//!   in-order WRITE packet by its place ([`SrInOrder`]): a FIRST outside a
+//!   WRITE is the message's start in both formats and goes the go-back-N
+//!   way (its whole range checked, so go-back-N MIDDLE/LAST packets can
+//!   follow it); a FIRST inside a WRITE and every ONLY are SR packets
+//!   placed by their own RETH (after which a go-back-N continuation no
+//!   longer knows its place); a go-back-N MIDDLE/LAST whose place is
+//!   unknown (after an SR packet, or after packets absorbed from the
+//!   bitmap) is dropped as if lost and acknowledged, the requester (which
+//!   has switched: it sent the SR packet before it) sends it again in SR
+//!   format. Ahead of the expected PSN a go-back-N FIRST is placeable as
+//!   an SR one (the same packet), MIDDLE/LAST are not.
 //! - **WRITE packets carry a RETH each**, so the responder can place any of
 //!   them at once. Opcodes stay standard ones that carry a RETH: every
 //!   packet but the last is a WRITE FIRST, the last a WRITE ONLY (or ONLY
@@ -49,6 +90,9 @@
 //!   unSACKed PSN. Retransmitted holes go before new data and outside the
 //!   device's in-flight budget (their PSNs count already); SACKed PSNs do
 //!   not count against the QP's window (IRN counts packets in flight).
+//!   The early probe has a price: on a path whose queue holds packets for
+//!   longer than its wait (engine_pressure's 1 Gb/s link with many QPs)
+//!   it resends packets that were not lost.
 //! - **READ responses** are not placed out of order at the requester: one
 //!   arriving ahead of the expected PSN, RNR NAKs and sequence NAKs keep
 //!   their go-back-N recovery; a READ/atomic answered late lets the
@@ -207,62 +251,174 @@ pub(crate) struct SrResp {
     high: u32,
 }
 
-pub(crate) struct SrState {
-    pub req: SrReq,
-    pub resp: SrResp,
-}
-
-impl SrState {
-    pub(crate) fn new(comp_psn: u32, epsn: u32) -> Self {
+impl SrReq {
+    pub(crate) fn new(comp_psn: u32) -> Self {
         Self {
-            req: SrReq {
-                sacked: PsnRing::new(comp_psn),
-                high: comp_psn,
-                cum: comp_psn,
-                scanned: comp_psn,
-                retx: VecDeque::new(),
-                force: None,
-                sent: VecDeque::new(),
-            },
-            resp: SrResp {
-                got: PsnRing::new(epsn),
-                ends: PsnRing::new(epsn),
-                high: epsn,
-            },
+            sacked: PsnRing::new(comp_psn),
+            high: comp_psn,
+            cum: comp_psn,
+            scanned: comp_psn,
+            retx: VecDeque::new(),
+            force: None,
+            sent: VecDeque::new(),
         }
     }
 }
 
-/// The WRITE opcodes an SR requester sends (each with a RETH).
-fn sr_write(o: Opcode) -> bool {
-    matches!(
-        o,
-        Opcode::RC_RDMA_WRITE_FIRST
-            | Opcode::RC_RDMA_WRITE_ONLY
-            | Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE
-    )
+impl SrResp {
+    pub(crate) fn new(epsn: u32) -> Self {
+        Self {
+            got: PsnRing::new(epsn),
+            ends: PsnRing::new(epsn),
+            high: epsn,
+        }
+    }
+}
+
+/// How an RC QP chooses between go-back-N and selective repeat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SrMode {
+    /// Never: the capable bit is never sent and the peer's is ignored
+    /// (go-back-N in both directions, bit for bit as before).
+    Off,
+    /// Advertise with the capable bit and switch each half on by itself
+    /// once the peer's bit shows it can (see the module header).
+    #[default]
+    Auto,
+    /// Both halves on from the start, whatever the peer says (both sides
+    /// agreed out of band; a peer that does not understand it fails).
+    On,
+}
+
+impl SrMode {
+    /// The names [`FromStr`](std::str::FromStr) accepts.
+    pub const NAMES: &'static str = "off, auto or on";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SrMode::Off => "off",
+            SrMode::Auto => "auto",
+            SrMode::On => "on",
+        }
+    }
+}
+
+impl std::fmt::Display for SrMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for SrMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" => Ok(SrMode::Off),
+            "auto" => Ok(SrMode::Auto),
+            "on" => Ok(SrMode::On),
+            _ => Err(format!("{s:?}: use {}", Self::NAMES)),
+        }
+    }
+}
+
+/// Where an RC QP stands on selective repeat
+/// ([`super::Engine::selective_repeat`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SrStatus {
+    pub mode: SrMode,
+    /// The requester runs it (WRITEs with a RETH per packet, SACKs read).
+    pub requester: bool,
+    /// The responder runs it (WRITE packets placed ahead, SACKs sent).
+    pub responder: bool,
+}
+
+/// How the responder of an SR QP takes an in-order WRITE packet.
+pub(crate) enum SrInOrder {
+    /// The go-back-N path: a message's first packet (the same in both
+    /// formats), a go-back-N packet continuing one, anything not a WRITE.
+    Gbn,
+    /// [`QpCtx::sr_in_order`]: an SR-format packet (its own RETH).
+    Sr,
+    /// A go-back-N MIDDLE/LAST whose place in the message is unknown (the
+    /// packets before it came in SR format or were placed ahead): dropped
+    /// as if lost; the requester, which sent SR packets before it, has
+    /// switched and sends it again in SR format.
+    Lost,
 }
 
 impl QpCtx {
+    // ------------------------------------------------------------ agreement
+
+    /// Set the QP's [`SrMode`] and start it over (see [`Self::sr_restart`]).
+    pub(crate) fn set_sr_mode(&mut self, mode: SrMode) {
+        self.sr_mode = mode;
+        self.sr_restart();
+    }
+
+    /// Start the mode over (a new QP, or a reset one, whose next peer may
+    /// be another): both halves on under [`SrMode::On`], else both off
+    /// until the peer's bits turn them on ([`SrMode::Auto`]).
+    pub(crate) fn sr_restart(&mut self) {
+        let on = self.sr_mode == SrMode::On;
+        self.sr_req = on.then(|| Box::new(SrReq::new(self.req.comp_psn)));
+        self.sr_resp = on.then(|| Box::new(SrResp::new(self.resp.epsn)));
+    }
+
+    /// Whether a request this QP sends carries the capable bit: our
+    /// requester reads SACKs and switches when a response has the bit.
+    pub(crate) fn sr_bit_on_request(&self) -> bool {
+        self.sr_mode != SrMode::Off
+    }
+
+    /// Whether a response this QP sends carries the capable bit: only once
+    /// our responder runs selective repeat, so a requester that sees it
+    /// may send SR-format WRITEs and read the SACKs at once.
+    pub(crate) fn sr_bit_on_response(&self) -> bool {
+        self.sr_resp.is_some()
+    }
+
+    /// A request arrived (before it is handled): one with the capable bit
+    /// comes from a requester that reads SACKs, so an [`SrMode::Auto`]
+    /// responder switches to selective repeat now, from the expected PSN.
+    pub(crate) fn sr_saw_request(&mut self, t: &TransportRepr) {
+        if t.bth.sr_capable && self.sr_mode == SrMode::Auto && self.sr_resp.is_none() {
+            self.sr_resp = Some(Box::new(SrResp::new(self.resp.epsn)));
+        }
+    }
+
+    /// A response arrived (before it is handled, so an ACK that switches
+    /// the requester has its SACK read): one with the capable bit comes
+    /// from a responder running selective repeat, so an [`SrMode::Auto`]
+    /// requester switches: its WRITE packets from now on (retransmissions
+    /// of older ones too) carry a RETH each, and its ACKs' SACKs count.
+    pub(crate) fn sr_saw_response(&mut self, t: &TransportRepr) {
+        if t.bth.sr_capable && self.sr_mode == SrMode::Auto && self.sr_req.is_none() {
+            self.sr_req = Some(Box::new(SrReq::new(self.req.comp_psn)));
+        }
+    }
+
     // ------------------------------------------------------------ responder
 
     /// SR responder entry for a packet ahead of the expected PSN.
     pub(crate) fn sr_out_of_order(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
         let p = t.bth.psn;
         env.stats.rx_out_of_sequence += 1;
-        let Some(sr) = self.sr.as_mut() else { return };
-        sr.resp.got.advance_to(self.resp.epsn);
-        sr.resp.ends.advance_to(self.resp.epsn);
-        if sr.resp.got.contains(p) {
+        let Some(sr) = self.sr_resp.as_mut() else {
+            return;
+        };
+        sr.got.advance_to(self.resp.epsn);
+        sr.ends.advance_to(self.resp.epsn);
+        if sr.got.contains(p) {
             env.stats.rx_duplicate += 1;
             self.queue_ack(psn_sub(self.resp.epsn, 1));
             return;
         }
         // Opens or moves past a gap: the requester learns of it now.
-        let tell = t.bth.ack_req || p != sr.resp.high || psn_lt(sr.resp.high, self.resp.epsn);
+        let tell = t.bth.ack_req || p != sr.high || psn_lt(sr.high, self.resp.epsn);
         let o = t.bth.opcode;
         let placeable = matches!(o, Opcode::RC_RDMA_WRITE_FIRST | Opcode::RC_RDMA_WRITE_ONLY)
-            && sr.resp.got.in_range(p);
+            && sr.got.in_range(p);
         let placed = if placeable {
             match self.sr_place(env, t, payload) {
                 Ok(()) => true,
@@ -281,13 +437,13 @@ impl QpCtx {
             false
         };
         if placed {
-            let sr = self.sr.as_mut().expect("checked");
-            sr.resp.got.insert(p);
+            let sr = self.sr_resp.as_mut().expect("checked");
+            sr.got.insert(p);
             if o == Opcode::RC_RDMA_WRITE_ONLY {
-                sr.resp.ends.insert(p);
+                sr.ends.insert(p);
             }
-            if psn_lt(sr.resp.high, psn_add(p, 1)) {
-                sr.resp.high = psn_add(p, 1);
+            if psn_lt(sr.high, psn_add(p, 1)) {
+                sr.high = psn_add(p, 1);
             }
             env.stats.sr_placed_out_of_order += 1;
         } else {
@@ -340,16 +496,49 @@ impl QpCtx {
         Ok(())
     }
 
-    /// Whether the SR responder takes this in-order packet itself.
-    pub(crate) fn sr_takes(&self, t: &TransportRepr) -> bool {
-        self.sr.is_some() && sr_write(t.bth.opcode)
+    /// How an in-order packet is taken: by the go-back-N path, as an
+    /// SR-format WRITE packet, or dropped as lost (see [`SrInOrder`]). A
+    /// WRITE's packets may come in both formats: the requester switches
+    /// to SR format in the middle of a message (its older packets in
+    /// flight and retransmitted ones then differ).
+    pub(crate) fn sr_route(&self, t: &TransportRepr) -> SrInOrder {
+        if self.sr_resp.is_none() {
+            return SrInOrder::Gbn;
+        }
+        let in_write = self.resp.in_msg == InMsg::Write;
+        match t.bth.opcode {
+            // Not inside a WRITE: the message's first packet, at its
+            // start in either format; the go-back-N path checks its whole
+            // range and can go on with go-back-N MIDDLE/LAST packets. (A
+            // FIRST inside a SEND is the sequence error that path reports.)
+            Opcode::RC_RDMA_WRITE_FIRST if !in_write => SrInOrder::Gbn,
+            // Inside a WRITE: an SR-format packet at its own address.
+            Opcode::RC_RDMA_WRITE_FIRST => SrInOrder::Sr,
+            Opcode::RC_RDMA_WRITE_ONLY | Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE => SrInOrder::Sr,
+            Opcode::RC_RDMA_WRITE_MIDDLE
+            | Opcode::RC_RDMA_WRITE_LAST
+            | Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE
+                if in_write && self.resp.write.is_none() =>
+            {
+                SrInOrder::Lost
+            }
+            _ => SrInOrder::Gbn,
+        }
+    }
+
+    /// SR responder: an in-order go-back-N packet that cannot be placed
+    /// ([`SrInOrder::Lost`]): dropped, and an ACK (with its SACK) tells
+    /// the requester where the hole is.
+    pub(crate) fn sr_in_order_lost(&mut self, env: &mut Env<'_>) {
+        env.stats.sr_dropped_out_of_order += 1;
+        self.queue_ack(psn_sub(self.resp.epsn, 1));
     }
 
     /// SR responder: an in-order WRITE packet.
     pub(crate) fn sr_in_order(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8]) {
         let p = t.bth.psn;
         let o = t.bth.opcode;
-        if self.resp.in_msg != InMsg::None {
+        if self.resp.in_msg == InMsg::Send {
             // A WRITE inside a multi-packet SEND: the opcode sequence broke.
             self.class_c(
                 env,
@@ -377,7 +566,12 @@ impl QpCtx {
         }
         self.resp.epsn = psn_add(p, 1);
         self.resp.nak_sent = false;
-        if o != Opcode::RC_RDMA_WRITE_FIRST {
+        // A go-back-N continuation no longer knows where the message is.
+        self.resp.write = None;
+        if o == Opcode::RC_RDMA_WRITE_FIRST {
+            self.resp.in_msg = InMsg::Write;
+        } else {
+            self.resp.in_msg = InMsg::None;
             self.resp.msn = psn_add(self.resp.msn, 1);
         }
         if with_imm {
@@ -393,23 +587,31 @@ impl QpCtx {
     /// After an in-order packet: move the expected PSN (and the MSN) over
     /// the PSNs already placed after it; acknowledge if it moved.
     pub(crate) fn sr_absorb(&mut self) {
-        let Some(sr) = self.sr.as_mut() else { return };
+        let Some(sr) = self.sr_resp.as_mut() else {
+            return;
+        };
         let mut e = self.resp.epsn;
-        sr.resp.got.advance_to(e);
-        sr.resp.ends.advance_to(e);
-        if sr.resp.got.is_empty() {
+        sr.got.advance_to(e);
+        sr.ends.advance_to(e);
+        if sr.got.is_empty() {
             return;
         }
         let start = e;
-        while sr.resp.got.contains(e) {
-            if sr.resp.ends.contains(e) {
+        let mut ended = true;
+        while sr.got.contains(e) {
+            ended = sr.ends.contains(e);
+            if ended {
                 self.resp.msn = psn_add(self.resp.msn, 1);
             }
             e = psn_add(e, 1);
         }
-        sr.resp.got.advance_to(e);
-        sr.resp.ends.advance_to(e);
+        sr.got.advance_to(e);
+        sr.ends.advance_to(e);
         if e != start {
+            // The last packet absorbed decides whether a WRITE goes on
+            // (placed by its own RETH: no go-back-N continuation).
+            self.resp.write = None;
+            self.resp.in_msg = if ended { InMsg::None } else { InMsg::Write };
             self.resp.epsn = e;
             self.resp.nak_sent = false;
             // The hole closed: the requester's window may move on.
@@ -421,17 +623,19 @@ impl QpCtx {
     /// none (not an SR QP, nothing beyond, or `psn` is not the latest
     /// cumulative acknowledgement).
     pub(crate) fn sr_sack_block(&self, psn: u32, out: &mut [u8]) -> usize {
-        let Some(sr) = self.sr.as_ref() else { return 0 };
-        if psn != psn_sub(self.resp.epsn, 1) || sr.resp.got.is_empty() {
+        let Some(sr) = self.sr_resp.as_ref() else {
+            return 0;
+        };
+        if psn != psn_sub(self.resp.epsn, 1) || sr.got.is_empty() {
             return 0;
         }
         let base = self.resp.epsn;
-        let end = sr.resp.got.end();
+        let end = sr.got.end();
         let n = psn_diff(end, base).max(0) as usize;
         let mut bitmap = [0u8; MAX_BITMAP_BYTES];
         let bytes = n.div_ceil(8).min(MAX_BITMAP_BYTES);
         for i in 0..n.min(MAX_BITMAP_BYTES * 8) {
-            if sr.resp.got.contains(psn_add(base, i as u32)) {
+            if sr.got.contains(psn_add(base, i as u32)) {
                 bitmap[i / 8] |= 1 << (i % 8);
             }
         }
@@ -446,8 +650,9 @@ impl QpCtx {
     pub(crate) fn sr_on_ack(&mut self, cum: u32, payload: &[u8]) {
         let comp = self.req.comp_psn;
         let max = self.req.max_psn;
-        let Some(sr) = self.sr.as_mut() else { return };
-        let r = &mut sr.req;
+        let Some(r) = self.sr_req.as_deref_mut() else {
+            return;
+        };
         r.clamp(comp, max);
         if psn_lt(r.cum, cum) {
             r.cum = if psn_lt(cum, comp) { comp } else { cum };
@@ -503,37 +708,38 @@ impl QpCtx {
     /// `max_inflight_pkts`.
     pub(crate) fn send_window_pkts(&self, max_inflight_pkts: u32) -> u32 {
         let w = max_inflight_pkts.max(1);
-        match self.sr.as_ref() {
-            Some(sr) => (w + sr.req.sacked.count).min((RING_PSNS / 2).max(w)),
+        match self.sr_req.as_ref() {
+            Some(sr) => (w + sr.sacked.count).min((RING_PSNS / 2).max(w)),
             None => w,
         }
     }
 
     /// Whether SR holes wait for retransmission.
     pub(crate) fn sr_retx_pending(&self) -> bool {
-        self.sr
+        self.sr_req
             .as_ref()
-            .is_some_and(|s| !s.req.retx.is_empty() || s.req.force.is_some())
+            .is_some_and(|s| !s.retx.is_empty() || s.force.is_some())
     }
 
     /// Known holes exist (something beyond the completer PSN was SACKed).
     pub(crate) fn sr_has_holes(&self) -> bool {
-        self.sr.as_ref().is_some_and(|s| !s.req.sacked.is_empty())
+        self.sr_req.as_ref().is_some_and(|s| !s.sacked.is_empty())
     }
 
     /// Queue the oldest unacknowledged PSN (the SR tail-loss probe).
     pub(crate) fn sr_probe_oldest(&mut self) {
         let comp = self.req.comp_psn;
-        if let Some(sr) = self.sr.as_mut() {
-            sr.req.force = Some(comp);
+        if let Some(sr) = self.sr_req.as_mut() {
+            sr.force = Some(comp);
         }
     }
 
     /// Timeout on an SR QP: every unacknowledged, unSACKed PSN again.
     pub(crate) fn sr_on_timeout(&mut self) {
         let (comp, max) = (self.req.comp_psn, self.req.max_psn);
-        let Some(sr) = self.sr.as_mut() else { return };
-        let r = &mut sr.req;
+        let Some(r) = self.sr_req.as_deref_mut() else {
+            return;
+        };
         r.clamp(comp, max);
         r.retx.clear();
         r.sent.clear();
@@ -568,14 +774,14 @@ impl QpCtx {
             return None;
         }
         loop {
-            let sr = self.sr.as_mut()?;
-            let forced = sr.req.force;
-            let q = forced.or_else(|| sr.req.retx.front().copied())?;
+            let sr = self.sr_req.as_mut()?;
+            let forced = sr.force;
+            let q = forced.or_else(|| sr.retx.front().copied())?;
             let comp = self.req.comp_psn;
             let stale = psn_lt(q, comp)
                 || !psn_lt(q, self.req.max_psn)
-                || (forced.is_none() && sr.req.sacked.contains(q))
-                || (psn_lt(q, sr.req.cum) && q != comp);
+                || (forced.is_none() && sr.sacked.contains(q))
+                || (psn_lt(q, sr.cum) && q != comp);
             // Only a request's first PSN is sent again (a READ's other
             // PSNs are its responses'; one partly answered resumes at the
             // completer's PSN), and only of a started WQE.
@@ -586,21 +792,21 @@ impl QpCtx {
                         && !psn_lt(w.last_psn, q)
                         && (!w.op.is_read_or_atomic() || q == w.first_psn || q == comp)
                 });
-            let take = |sr: &mut SrState| {
+            let take = |sr: &mut SrReq| {
                 if forced.is_some() {
-                    sr.req.force = None;
+                    sr.force = None;
                 } else {
-                    sr.req.retx.pop_front();
+                    sr.retx.pop_front();
                 }
             };
             if !wqe_ok {
-                take(self.sr.as_mut()?);
+                take(self.sr_req.as_mut()?);
                 continue;
             }
             if !self.pacer_open(now) {
                 return None;
             }
-            take(self.sr.as_mut()?);
+            take(self.sr_req.as_mut()?);
             let saved = (self.req.psn, self.req.idx, self.req.offset, self.req.noack);
             self.seek_req(q);
             self.req.noack = env.cfg.ack_every.saturating_sub(1);
@@ -608,8 +814,8 @@ impl QpCtx {
             (self.req.psn, self.req.idx, self.req.offset, self.req.noack) = saved;
             if r.is_some() {
                 let after = self.req.max_psn;
-                if let Some(sr) = self.sr.as_mut() {
-                    sr.req.sent.push_back((q, after));
+                if let Some(sr) = self.sr_req.as_mut() {
+                    sr.sent.push_back((q, after));
                 }
                 env.stats.sr_holes_retransmitted += 1;
             }

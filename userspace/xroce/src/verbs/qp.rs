@@ -88,11 +88,16 @@ impl QueuePair {
         }
         Ok(r?)
     }
-    /// Selective repeat towards an xroce peer that agreed to it at
-    /// connection setup ([`crate::engine::Engine::set_selective_repeat`]):
-    /// an RC QP, connected, before anything is posted.
-    pub fn set_selective_repeat(&self, on: bool) -> Result<()> {
-        Ok(self.dev.lock().set_selective_repeat(self.qpn, on)?)
+    /// How this RC QP uses selective repeat
+    /// ([`crate::engine::Engine::set_selective_repeat`]; the device's
+    /// default is its engine's, Auto unless configured): before anything
+    /// is posted.
+    pub fn set_selective_repeat(&self, mode: crate::engine::SrMode) -> Result<()> {
+        Ok(self.dev.lock().set_selective_repeat(self.qpn, mode)?)
+    }
+    /// Whether this QP runs selective repeat, per half.
+    pub fn selective_repeat(&self) -> Result<crate::engine::SrStatus> {
+        Ok(self.dev.lock().selective_repeat(self.qpn)?)
     }
     /// This QP's counters.
     pub fn stats(&self) -> Option<crate::engine::QpStats> {
