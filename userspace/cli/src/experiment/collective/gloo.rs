@@ -50,24 +50,14 @@ pub fn check_tools() -> anyhow::Result<()> {
 /// Writes collective_step_gloo.cc into `dir` and compiles it there
 /// against Debian's libgloo (which calls libibverbs and uses threads).
 pub fn build_program(dir: &Path) -> anyhow::Result<PathBuf> {
-    let src = dir.join("collective_step_gloo.cc");
-    let exe = dir.join("collective_step_gloo");
-    std::fs::write(&src, SOURCE).with_context(|| format!("write {}", src.display()))?;
-    let out = Command::new("g++")
-        .args(["-std=c++17", "-O2", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(["-L/usr/lib", "-lgloo", "-libverbs", "-lpthread"])
-        .output()
-        .context("run g++")?;
-    if !out.status.success() {
-        bail!(
-            "g++ {} failed: {}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(exe)
+    super::program::compile(
+        dir,
+        "collective_step_gloo.cc",
+        SOURCE,
+        "g++",
+        &["-std=c++17", "-O2", "-Wall", "-Werror"],
+        &["-L/usr/lib", "-lgloo", "-libverbs", "-lpthread"],
+    )
 }
 
 /// What one Gloo job runs and where.

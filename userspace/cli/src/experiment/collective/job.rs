@@ -68,23 +68,14 @@ pub fn check_tools() -> anyhow::Result<()> {
 
 /// Writes collective_step.c into `dir` and compiles it there.
 pub fn build_program(dir: &Path) -> anyhow::Result<PathBuf> {
-    let src = dir.join("collective_step.c");
-    let exe = dir.join("collective_step");
-    std::fs::write(&src, SOURCE).with_context(|| format!("write {}", src.display()))?;
-    let out = Command::new("mpicc")
-        .args(["-O2", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .context("run mpicc")?;
-    if !out.status.success() {
-        bail!(
-            "mpicc {} failed: {}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(exe)
+    super::program::compile(
+        dir,
+        "collective_step.c",
+        SOURCE,
+        "mpicc",
+        &["-O2", "-Wall", "-Werror"],
+        &[],
+    )
 }
 
 /// What one job runs and where.

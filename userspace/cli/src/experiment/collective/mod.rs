@@ -37,6 +37,7 @@ mod gloo;
 mod job;
 mod network;
 mod plot;
+mod program;
 mod results;
 mod schedule;
 mod variant;
