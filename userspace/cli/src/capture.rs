@@ -21,7 +21,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::BinaryHeap,
+    collections::{BinaryHeap, HashMap, VecDeque},
     fs,
     net::IpAddr,
     os::fd::{AsRawFd, BorrowedFd},
@@ -242,12 +242,35 @@ impl Ord for Pending {
     }
 }
 
-/// Frames from the two sources merged in time order: a frame is written
-/// once nothing older can still come (copies arrive within a batch of
-/// their taking: [`REORDER_WINDOW`]).
+/// Where a copy came from. Each source stamps its copies in the order it
+/// hands them over: a CPU's perf ring (the XDP program on that CPU), a
+/// sending process's tap (its I/O thread).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Source {
+    Ring(u32),
+    Tap { pid: u32, tap: u32 },
+}
+
+/// Frames from every source merged in time order: a frame is written once
+/// nothing older can still come (copies arrive within a batch of their
+/// taking: [`REORDER_WINDOW`]). Each source's copies come in time order,
+/// so they wait in a queue per source and only the queues' heads are
+/// ordered (a heap of a few entries, not of every frame in the window); a
+/// copy older than its source's last is put in its place all the same. A
+/// written frame's buffer is kept for a later copy: hundreds of thousands
+/// of frames a second stream through here, and an allocation and a free
+/// each cost the capture more CPU than ordering them.
+#[derive(Default)]
 struct Reorder {
-    heap: BinaryHeap<Reverse<Pending>>,
+    sources: HashMap<Source, usize>,
+    /// The last source and its queue: copies come in runs from one.
+    last: Option<(Source, usize)>,
+    queues: Vec<VecDeque<Pending>>,
+    /// (time, arrival, queue) of each queue's head, oldest first. An entry
+    /// whose queue's head is no longer that frame is stale and skipped.
+    heads: BinaryHeap<Reverse<(u64, u64, usize)>>,
     order: u64,
+    spare: Vec<Vec<u8>>,
 }
 
 /// How late a copy may arrive after a newer one and still be put in order:
@@ -257,24 +280,85 @@ const REORDER_WINDOW: Duration = Duration::from_millis(50);
 /// The longest the capture waits without looking at the rings.
 const POLL_EVERY: Duration = Duration::from_millis(20);
 
+/// Buffers kept for reuse at most (a few ms of a stream's frames).
+const SPARE_BUFFERS: usize = 4096;
+
 impl Reorder {
-    fn push(&mut self, ts_ns: u64, direction: Direction, orig_len: u32, frame: Vec<u8>) {
+    /// Queues a copy of `frame` from `source`.
+    fn push(
+        &mut self,
+        source: Source,
+        ts_ns: u64,
+        direction: Direction,
+        orig_len: u32,
+        frame: &[u8],
+    ) {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(frame);
         self.order += 1;
-        self.heap.push(Reverse(Pending {
+        let p = Pending {
             ts_ns,
             order: self.order,
             direction,
             orig_len,
-            frame,
-        }));
+            frame: buf,
+        };
+        let key = p.key();
+        let at = match self.last {
+            Some((s, at)) if s == source => at,
+            _ => {
+                let queues = &mut self.queues;
+                let at = *self.sources.entry(source).or_insert_with(|| {
+                    queues.push(VecDeque::new());
+                    queues.len() - 1
+                });
+                self.last = Some((source, at));
+                at
+            }
+        };
+        let q = &mut self.queues[at];
+        if q.back().is_none_or(|b| b.key() <= key) {
+            q.push_back(p);
+            if q.len() == 1 {
+                self.heads.push(Reverse((key.0, key.1, at)));
+            }
+        } else {
+            // Older than its source's last copy: into its place.
+            let i = q.partition_point(|x| x.key() <= key);
+            q.insert(i, p);
+            if i == 0 {
+                self.heads.push(Reverse((key.0, key.1, at)));
+            }
+        }
     }
 
     /// The oldest frame, if it is older than `before_ns`.
     fn pop_before(&mut self, before_ns: u64) -> Option<Pending> {
-        if self.heap.peek()?.0.ts_ns < before_ns {
-            self.heap.pop().map(|Reverse(p)| p)
-        } else {
-            None
+        loop {
+            let Reverse((ts, order, at)) = *self.heads.peek()?;
+            let q = &mut self.queues[at];
+            if q.front().map(Pending::key) != Some((ts, order)) {
+                self.heads.pop();
+                continue;
+            }
+            if ts >= before_ns {
+                return None;
+            }
+            self.heads.pop();
+            let p = q.pop_front();
+            if let Some(next) = q.front() {
+                let (t, o) = next.key();
+                self.heads.push(Reverse((t, o, at)));
+            }
+            return p;
+        }
+    }
+
+    /// Takes back a popped frame's buffer once it is written.
+    fn recycle(&mut self, p: Pending) {
+        if self.spare.len() < SPARE_BUFFERS {
+            self.spare.push(p.frame);
         }
     }
 }
@@ -351,8 +435,8 @@ impl RxCopies {
     }
 
     /// Moves every copy waiting in the rings to `out`.
-    fn drain(&mut self, snaplen: u32, out: &mut impl FnMut(CaptureMeta, Vec<u8>)) {
-        self.rings.drain(&mut |sample| {
+    fn drain(&mut self, snaplen: u32, out: &mut impl FnMut(u32, CaptureMeta, &[u8])) {
+        self.rings.drain(&mut |cpu, sample| {
             let Some(meta) = CaptureMeta::parse(sample) else {
                 return;
             };
@@ -360,7 +444,7 @@ impl RxCopies {
             // program made it.
             let copied = meta.frame_len.min(snaplen).min(MAX_COPY) as usize;
             let end = (META_LEN + copied).min(sample.len());
-            out(meta, sample[META_LEN..end].to_vec());
+            out(cpu, meta, &sample[META_LEN..end]);
         });
     }
 
@@ -477,10 +561,7 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
     let packet_buffered = args.packet_buffered || to_stdout;
     let mut fds: Vec<i32> = rx.rings.fds();
     fds.push(tx.as_raw_fd());
-    let mut order = Reorder {
-        heap: BinaryHeap::new(),
-        order: 0,
-    };
+    let mut order = Reorder::default();
     let (mut frames, mut bytes, mut rx_frames, mut tx_frames, mut filtered_out) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut finishing = false;
@@ -517,10 +598,17 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
             }
         }
         let rx_before = rx_frames + filtered_out;
-        rx.drain(copy, &mut |meta, frame| {
-            if filter.pass(&frame) {
+        rx.drain(copy, &mut |cpu, meta, frame| {
+            if filter.pass(frame) {
                 rx_frames += 1;
-                order.push(meta.ts_ns, Direction::Inbound, meta.frame_len, frame);
+                let source = Source::Ring(cpu);
+                order.push(
+                    source,
+                    meta.ts_ns,
+                    Direction::Inbound,
+                    meta.frame_len,
+                    frame,
+                );
             } else {
                 filtered_out += 1;
             }
@@ -535,7 +623,11 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
                     } else {
                         Direction::Inbound
                     };
-                    order.push(r.ts_ns, dir, r.orig_len, r.frame.to_vec());
+                    let source = Source::Tap {
+                        pid: r.pid,
+                        tap: r.tap,
+                    };
+                    order.push(source, r.ts_ns, dir, r.orig_len, r.frame);
                 } else {
                     filtered_out += 1;
                 }
@@ -560,6 +652,7 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
             bytes += u64::from(p.orig_len);
             let ts = Duration::from_nanos(p.ts_ns.saturating_add(realtime_offset));
             result = sink.write(ts, &p);
+            order.recycle(p);
             if result.is_err() {
                 break;
             }
@@ -709,20 +802,52 @@ mod tests {
 
     #[test]
     fn copies_come_out_in_time_order_within_the_window() {
-        let mut r = Reorder {
-            heap: BinaryHeap::new(),
-            order: 0,
-        };
-        r.push(30, Direction::Inbound, 1, vec![3]);
-        r.push(10, Direction::Outbound, 1, vec![1]);
-        r.push(20, Direction::Inbound, 1, vec![2]);
-        r.push(20, Direction::Outbound, 1, vec![22]);
+        let (a, b) = (Source::Ring(0), Source::Tap { pid: 7, tap: 0 });
+        let mut r = Reorder::default();
+        r.push(a, 30, Direction::Inbound, 1, &[3]);
+        r.push(b, 10, Direction::Outbound, 1, &[1]);
+        r.push(a, 20, Direction::Inbound, 1, &[2]);
+        r.push(b, 20, Direction::Outbound, 1, &[22]);
         assert_eq!(r.pop_before(10), None, "nothing older than 10");
         let out: Vec<u8> = std::iter::from_fn(|| r.pop_before(25))
             .map(|p| p.frame[0])
             .collect();
-        assert_eq!(out, [1, 2, 22], "by time, then arrival");
-        assert_eq!(r.pop_before(u64::MAX).map(|p| p.frame), Some(vec![3]));
+        assert_eq!(out, [1, 2, 22], "by time, then arrival, across sources");
+        let last = r.pop_before(u64::MAX).unwrap();
+        assert_eq!(last.frame, [3]);
+        assert!(r.pop_before(u64::MAX).is_none());
+        // A written frame's buffer carries the next copy, and only that.
+        r.recycle(last);
+        r.push(a, 40, Direction::Inbound, 2, &[4, 4]);
+        assert!(r.spare.is_empty(), "the spare buffer was taken");
+        assert_eq!(r.pop_before(u64::MAX).map(|p| p.frame), Some(vec![4, 4]));
+    }
+
+    #[test]
+    fn many_sources_merge_in_time_order_even_out_of_order_within_one() {
+        let mut r = Reorder::default();
+        let mut want = Vec::new();
+        // Four sources, each in order but for one late copy in source 2.
+        for i in 0..400u64 {
+            let source = Source::Ring((i % 4) as u32);
+            let ts = if i == 202 {
+                5
+            } else {
+                1000 + (i * 37) % 1009 * 4 + i % 4
+            };
+            r.push(source, ts, Direction::Inbound, 0, &i.to_le_bytes());
+            want.push((ts, i));
+        }
+        want.sort();
+        let got: Vec<(u64, u64)> = std::iter::from_fn(|| r.pop_before(u64::MAX))
+            .map(|p| {
+                (
+                    p.ts_ns,
+                    u64::from_le_bytes(p.frame[..8].try_into().unwrap()),
+                )
+            })
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

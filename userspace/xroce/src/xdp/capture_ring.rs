@@ -283,12 +283,14 @@ impl CaptureRings {
         })
     }
 
-    /// Hands every copy waiting in the rings to `f` (a `CaptureMeta` and
-    /// the frame's first bytes, padding after); returns how many.
-    pub fn drain(&mut self, f: &mut dyn FnMut(&[u8])) -> u64 {
+    /// Hands every copy waiting in the rings to `f` (the ring's CPU, then
+    /// a `CaptureMeta` and the frame's first bytes, padding after; each
+    /// ring's in the order the program made them); returns how many.
+    pub fn drain(&mut self, f: &mut dyn FnMut(u32, &[u8])) -> u64 {
         let mut n = 0;
         for r in &mut self.rings {
-            let (samples, lost) = r.drain(&mut self.scratch, f);
+            let cpu = r.cpu;
+            let (samples, lost) = r.drain(&mut self.scratch, &mut |sample| f(cpu, sample));
             n += samples;
             self.lost += lost;
         }
