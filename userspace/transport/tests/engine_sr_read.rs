@@ -220,3 +220,68 @@ fn short_reads_with_losses_complete_in_order() {
     let (_, st) = reads(SrMode::On, &lens, &drops);
     assert_eq!(st.rx_bad_response, 0, "{st:?}");
 }
+
+/// An atomic whose answer is lost, then a READ whose responses arrive
+/// (one of them lost): the READ's responses are placed behind the atomic;
+/// the probe sends the atomic again (the responder answers from its
+/// replay cache: executed once), then the READ's gap is asked for. Both
+/// complete in order, the atomic's original value and the data right.
+#[test]
+fn a_read_behind_an_atomic_whose_answer_was_lost() {
+    let (mut sim, a, b) = setup(SrMode::On, 9);
+    let mut atomic_acks = 1;
+    let gap = psn_add(PSN_A, 1 + 3);
+    let mut gap_drops = 1;
+    sim.link.drop_when(move |to_b, frame| {
+        let Ok((p, _)) = parse_frame(frame) else {
+            return false;
+        };
+        let o = p.transport.bth.opcode;
+        if to_b {
+            return false;
+        }
+        if o == Opcode::RC_ATOMIC_ACKNOWLEDGE && atomic_acks > 0 {
+            atomic_acks -= 1;
+            return true;
+        }
+        if is_read_response(o) && p.transport.bth.psn == gap && gap_drops > 0 {
+            gap_drops -= 1;
+            return true;
+        }
+        false
+    });
+    let counter = 2 * REGION - 8;
+    let add = SendWr::new(
+        1,
+        WrOpcode::AtomicFetchAndAdd {
+            remote_addr: b.mr.addr() + counter as u64,
+            rkey: b.mr.rkey(),
+            add: 7,
+        },
+        vec![a.mr.sge(0, 8)],
+    );
+    lk(&sim.a).post_send(a.qpn, &add).unwrap();
+    lk(&sim.a)
+        .post_send(a.qpn, &read(2, &a, &b, 0, 8 << 10))
+        .unwrap();
+    let ca = run(&mut sim, 2);
+    let got: Vec<_> = ca.iter().map(|c| (c.wc.wr_id, c.wc.status)).collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    // SAFETY: both have completed.
+    let (orig, after, data) = unsafe {
+        (
+            a.mr.to_vec(0, 8).unwrap(),
+            b.mr.to_vec(counter, 8).unwrap(),
+            a.mr.to_vec(REGION, 8 << 10).unwrap(),
+        )
+    };
+    assert_eq!(u64::from_ne_bytes(orig.try_into().unwrap()), 0);
+    assert_eq!(
+        u64::from_ne_bytes(after.try_into().unwrap()),
+        7,
+        "executed once"
+    );
+    assert!(data == pattern(9, REGION)[..8 << 10]);
+    let st = lk(&sim.a).stats();
+    assert!(st.sr_read_placed_out_of_order > 0, "{st:?}");
+}

@@ -761,11 +761,14 @@ impl QpCtx {
             return;
         };
         sr.read_got.advance_to(comp);
-        if sr.read_got.is_empty() {
-            sr.force = Some(comp);
-        } else {
+        if !sr.read_got.is_empty() {
             sr.read_asked = comp;
             self.sr_read_ask_gap();
+        }
+        // Nothing to ask of the front READ (or no READ in front, e.g. an
+        // atomic whose answer was lost): the oldest PSN again.
+        if let Some(sr) = self.sr_req.as_mut().filter(|s| s.read_ask.is_none()) {
+            sr.force = Some(comp);
         }
     }
 
