@@ -23,7 +23,7 @@ impl QpCtx {
     }
 
     /// Pop the (finished) front WQE, with a completion if signaled.
-    fn complete_front_ok(&mut self, env: &mut Env<'_>) {
+    pub(crate) fn complete_front_ok(&mut self, env: &mut Env<'_>) {
         let Some(w) = self.pop_send_wqe(env) else {
             return;
         };
@@ -44,7 +44,7 @@ impl QpCtx {
     /// Everything before `end` (exclusive) is acknowledged: complete SEND and
     /// WRITE WQEs ending before it. Stops at a READ/atomic still waiting for
     /// its response. Returns true if the completer's PSN advanced.
-    fn ack_up_to(&mut self, env: &mut Env<'_>, end: u32, now: u64) -> bool {
+    pub(crate) fn ack_up_to(&mut self, env: &mut Env<'_>, end: u32, now: u64) -> bool {
         let old = self.req.comp_psn;
         while let Some(w) = self.sq.front() {
             if !w.started {
@@ -74,7 +74,7 @@ impl QpCtx {
     }
 
     /// The completer PSN moved forward from `old`.
-    fn on_progress(&mut self, env: &mut Env<'_>, old: u32, now: u64) {
+    pub(crate) fn on_progress(&mut self, env: &mut Env<'_>, old: u32, now: u64) {
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
         self.req.started_retry = false;
@@ -193,6 +193,8 @@ impl QpCtx {
         if let Some(cum) = self.sr_req.as_ref().map(|s| s.cum) {
             if psn_lt(self.req.comp_psn, cum) && self.go_error.is_none() {
                 self.ack_up_to(env, cum, now);
+                // READ responses placed ahead may follow.
+                self.sr_read_absorb(env, now);
             }
         }
         self.complete_local_errors(env);
@@ -203,6 +205,10 @@ impl QpCtx {
         self.ack_up_to(env, p, now);
         if self.req.comp_psn != p {
             // A response beyond the next expected one: something was lost.
+            // Selective repeat places it and asks for the gap alone.
+            if self.sr_read_ahead(env, t, payload) {
+                return;
+            }
             env.stats.rx_out_of_sequence += 1;
             self.retry_if_new(env);
             return;
@@ -222,17 +228,16 @@ impl QpCtx {
         }
         let k = psn_diff(p, w.first_psn) as usize;
         let offset = k * mtu;
-        let final_pkt = matches!(
-            t.bth.opcode,
-            Opcode::RC_RDMA_READ_RESPONSE_LAST | Opcode::RC_RDMA_READ_RESPONSE_ONLY
-        );
         let is_last_psn = p == w.last_psn;
-        let len = w.len as usize;
-        let ok_len = if final_pkt {
-            is_last_psn && offset + payload.len() == len
-        } else {
-            !is_last_psn && payload.len() == mtu
-        };
+        let ok_len = super::sr_read::read_payload_fits(
+            t.bth.opcode,
+            offset,
+            payload.len(),
+            w.len as usize,
+            mtu,
+            is_last_psn,
+            self.sr_req.is_some(),
+        );
         if !ok_len {
             env.stats.rx_bad_response += 1;
             return;
@@ -243,10 +248,11 @@ impl QpCtx {
         }
         let old = self.req.comp_psn;
         self.req.comp_psn = psn_add(p, 1);
-        if final_pkt {
+        if is_last_psn {
             self.complete_front_ok(env);
         }
         self.on_progress(env, old, now);
+        self.sr_read_absorb(env, now);
     }
 
     fn on_ack(&mut self, env: &mut Env<'_>, t: &TransportRepr, payload: &[u8], now: u64) {

@@ -147,6 +147,10 @@ impl QpCtx {
         if matches!(self.state, QpState::Rts | QpState::Sqd) {
             // Selective repeat: holes go before new data, outside the
             // device budget (their PSNs are counted already).
+            if let Some(t) = self.sr_read_request(env, now, buf) {
+                self.prefer_req = false;
+                return Some(t);
+            }
             if let Some(t) = self.sr_retransmit(env, now, buf) {
                 self.prefer_req = false;
                 return Some(t);

@@ -104,6 +104,7 @@ mod responder;
 mod schedule;
 pub mod selective;
 pub mod sim;
+mod sr_read;
 pub mod srq;
 pub mod timers;
 mod uc;
@@ -431,6 +432,10 @@ counters! {
         pub sr_dropped_out_of_order: u64,
         pub tx_sacks: u64,
         pub sr_holes_retransmitted: u64,
+        /// Selective repeat: READ response packets placed ahead of the
+        /// completer's PSN, and READ requests for just the gap before them.
+        pub sr_read_placed_out_of_order: u64,
+        pub sr_read_gaps_requested: u64,
     }
 }
 

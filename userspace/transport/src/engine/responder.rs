@@ -238,13 +238,19 @@ impl QpCtx {
     fn resp_duplicate(&mut self, env: &mut Env<'_>, t: &TransportRepr) {
         match t.bth.opcode {
             Opcode::RC_RDMA_READ_REQUEST => {
-                let Some(r) = t.reth else { return };
+                let Some(asked) = t.reth else { return };
                 // Only a READ executed before runs again, from what was
                 // checked then: its R_Key, and its range from this PSN on.
-                let Some((r, npkts)) = self.recorded_read(t.bth.psn, &r) else {
+                let Some((mut r, mut npkts)) = self.recorded_read(t.bth.psn, &asked) else {
                     env.stats.dup_read_unmatched += 1;
                     return;
                 };
+                // Or a part of that range from here (a selective-repeat
+                // requester asks for a gap alone): only those packets.
+                if asked.va == r.va && asked.dma_len < r.dma_len {
+                    r.dma_len = asked.dma_len;
+                    npkts = asked.dma_len.div_ceil(self.mtu).max(1);
+                }
                 let Some((mr, off)) = resolve_remote(
                     env,
                     self.pd,

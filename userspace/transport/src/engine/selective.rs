@@ -93,10 +93,11 @@
 //!   The early probe has a price: on a path whose queue holds packets for
 //!   longer than its wait (engine_pressure's 1 Gb/s link with many QPs)
 //!   it resends packets that were not lost.
-//! - **READ responses** are not placed out of order at the requester: one
-//!   arriving ahead of the expected PSN, RNR NAKs and sequence NAKs keep
-//!   their go-back-N recovery; a READ/atomic answered late lets the
-//!   cumulative ACK already received complete the WRITEs behind it.
+//! - **READ responses** that arrive ahead of the completer's PSN are placed
+//!   at once and only the gap before them is asked for again
+//!   (`sr_read.rs`); RNR NAKs and sequence NAKs keep their go-back-N
+//!   recovery; a READ/atomic answered late lets the cumulative ACK already
+//!   received complete the WRITEs behind it.
 
 use std::collections::VecDeque;
 
@@ -137,7 +138,7 @@ impl PsnRing {
         (i / 64, 1 << (i % 64))
     }
 
-    fn in_range(&self, p: u32) -> bool {
+    pub(crate) fn in_range(&self, p: u32) -> bool {
         let d = psn_diff(p, self.base);
         (0..RING_PSNS as i32).contains(&d)
     }
@@ -192,6 +193,18 @@ impl PsnRing {
         self.count == 0
     }
 
+    /// The lowest marked PSN.
+    pub(crate) fn first(&self) -> Option<u32> {
+        if self.count == 0 {
+            return None;
+        }
+        let mut p = self.base;
+        while !self.contains(p) {
+            p = psn_add(p, 1);
+        }
+        Some(p)
+    }
+
     /// One past the highest marked PSN (the base when empty).
     fn end(&self) -> u32 {
         if self.count == 0 {
@@ -225,6 +238,13 @@ pub(crate) struct SrReq {
     /// Retransmitted holes not yet acknowledged: (PSN, the first new PSN
     /// sent after it). A SACK beyond that second PSN means it was lost again.
     sent: VecDeque<(u32, u32)>,
+    /// Response PSNs of the front READ placed ahead of the completer's
+    /// (`sr_read.rs`).
+    pub read_got: PsnRing,
+    /// The gap [start, end) of the front READ to ask for.
+    pub read_ask: Option<(u32, u32)>,
+    /// Gaps were asked for up to here (each once).
+    pub read_asked: u32,
 }
 
 impl SrReq {
@@ -261,6 +281,9 @@ impl SrReq {
             retx: VecDeque::new(),
             force: None,
             sent: VecDeque::new(),
+            read_got: PsnRing::new(comp_psn),
+            read_ask: None,
+            read_asked: comp_psn,
         }
     }
 }
@@ -721,15 +744,30 @@ impl QpCtx {
             .is_some_and(|s| !s.retx.is_empty() || s.force.is_some())
     }
 
-    /// Known holes exist (something beyond the completer PSN was SACKed).
+    /// Known holes exist (something beyond the completer PSN was SACKed,
+    /// or READ responses beyond it placed).
     pub(crate) fn sr_has_holes(&self) -> bool {
-        self.sr_req.as_ref().is_some_and(|s| !s.sacked.is_empty())
+        self.sr_req
+            .as_ref()
+            .is_some_and(|s| !s.sacked.is_empty() || !s.read_got.is_empty())
     }
 
-    /// Queue the oldest unacknowledged PSN (the SR tail-loss probe).
+    /// The SR tail-loss probe: queue the oldest unacknowledged PSN; when
+    /// the front READ has responses placed ahead, ask for its gap again
+    /// instead (its re-request or those responses were lost).
     pub(crate) fn sr_probe_oldest(&mut self) {
         let comp = self.req.comp_psn;
-        if let Some(sr) = self.sr_req.as_mut() {
+        let Some(sr) = self.sr_req.as_mut() else {
+            return;
+        };
+        sr.read_got.advance_to(comp);
+        if !sr.read_got.is_empty() {
+            sr.read_asked = comp;
+            self.sr_read_ask_gap();
+        }
+        // Nothing to ask of the front READ (or no READ in front, e.g. an
+        // atomic whose answer was lost): the oldest PSN again.
+        if let Some(sr) = self.sr_req.as_mut().filter(|s| s.read_ask.is_none()) {
             sr.force = Some(comp);
         }
     }

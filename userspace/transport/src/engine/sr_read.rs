@@ -1,0 +1,233 @@
+//! Selective repeat of READ responses at the requester (after IRN): on a
+//! QP whose requester runs selective repeat, a response packet of the READ
+//! at the front of the send queue that arrives ahead of the completer's
+//! PSN is placed at once (its offset follows from its PSN: (PSN - the
+//! READ's first PSN) x MTU) and its PSN remembered ([`SrReq::read_got`]);
+//! the gap before it is asked for once by a READ request for just that
+//! range (its first PSN, its address and length), which an xroce responder
+//! answers with those packets alone (`responder.rs`, a duplicate READ
+//! naming part of what it executed). In-order responses then move the
+//! completer's PSN over the PSNs placed ahead; a further gap is asked for
+//! when the completer reaches it. A gap whose re-request is lost too is
+//! the tail-loss probe's and the timeout's: they ask for the READ's rest
+//! from the completer's PSN, as before. A response packet ending a partial
+//! re-request (LAST or ONLY short of the READ's last PSN) is accepted on
+//! such a QP when it carries a full MTU.
+
+use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, Opcode, RethRepr, TransportRepr};
+
+use super::codec;
+use super::qp::QpCtx;
+use super::selective::SrReq;
+use super::work::WrOpcode;
+use super::wqe::sgl_write;
+use super::{Env, Transmit};
+
+/// Whether a READ response packet's payload fits its place in a READ of
+/// `len` bytes and `mtu`: the READ's last PSN ends it exactly (LAST/ONLY);
+/// any other is a full MTU (with selective repeat `partial_end`: a LAST or
+/// ONLY may end a re-requested part there).
+pub(crate) fn read_payload_fits(
+    opcode: Opcode,
+    offset: usize,
+    payload: usize,
+    len: usize,
+    mtu: usize,
+    is_last_psn: bool,
+    partial_end: bool,
+) -> bool {
+    let final_pkt = matches!(
+        opcode,
+        Opcode::RC_RDMA_READ_RESPONSE_LAST | Opcode::RC_RDMA_READ_RESPONSE_ONLY
+    );
+    if is_last_psn {
+        final_pkt && offset + payload == len
+    } else {
+        payload == mtu && (!final_pkt || partial_end)
+    }
+}
+
+impl QpCtx {
+    /// A READ response at a PSN ahead of the completer's on an SR
+    /// requester: placed if it belongs to a READ under way (true), else
+    /// false (the caller goes back N as before).
+    pub(crate) fn sr_read_ahead(
+        &mut self,
+        env: &mut Env<'_>,
+        t: &TransportRepr,
+        payload: &[u8],
+    ) -> bool {
+        let p = t.bth.psn;
+        let comp = self.req.comp_psn;
+        let mtu = self.mtu as usize;
+        let Some(sr) = self.sr_req.as_deref_mut() else {
+            return false;
+        };
+        let Some(w) = self.sq.iter().take_while(|w| w.started).find(|w| {
+            matches!(w.op, WrOpcode::RdmaRead { .. })
+                && psn_le(w.first_psn, p)
+                && psn_le(p, w.last_psn)
+        }) else {
+            return false;
+        };
+        sr.read_got.advance_to(comp);
+        if !psn_lt(comp, p) || !sr.read_got.in_range(p) {
+            return false;
+        }
+        env.stats.rx_out_of_sequence += 1;
+        if sr.read_got.contains(p) {
+            env.stats.rx_duplicate += 1;
+            return true;
+        }
+        let offset = psn_diff(p, w.first_psn) as usize * mtu;
+        let fits = read_payload_fits(
+            t.bth.opcode,
+            offset,
+            payload.len(),
+            w.len as usize,
+            mtu,
+            p == w.last_psn,
+            true,
+        );
+        if !fits {
+            env.stats.rx_bad_response += 1;
+            return true;
+        }
+        if !sgl_write(&w.sges, offset, payload) {
+            // The front WQE fails only if it is this one; a later READ's
+            // SGE fails when its turn comes (its data is placed again).
+            env.stats.rx_bad_response += 1;
+            return true;
+        }
+        sr.read_got.insert(p);
+        env.stats.sr_read_placed_out_of_order += 1;
+        self.sr_read_ask_gap();
+        true
+    }
+
+    /// After a response moved the completer's PSN: move on over the PSNs
+    /// placed ahead, completing each READ that reaches its end, and over
+    /// the WRITEs and SENDs before a READ answered ahead (the responder
+    /// ran them, in order, before it); then ask for the next gap.
+    pub(crate) fn sr_read_absorb(&mut self, env: &mut Env<'_>, now: u64) {
+        loop {
+            let comp = self.req.comp_psn;
+            let Some(sr) = self.sr_req.as_deref_mut() else {
+                return;
+            };
+            sr.read_got.advance_to(comp);
+            let Some(first_got) = sr.read_got.first() else {
+                return;
+            };
+            let Some(w) = self.sq.front().filter(|w| w.started) else {
+                return;
+            };
+            if first_got != comp {
+                if !w.op.is_read_or_atomic() && self.ack_up_to(env, first_got, now) {
+                    continue;
+                }
+                break;
+            }
+            if !matches!(w.op, WrOpcode::RdmaRead { .. })
+                || psn_lt(comp, w.first_psn)
+                || psn_lt(w.last_psn, comp)
+            {
+                break;
+            }
+            let last = w.last_psn;
+            let mut e = comp;
+            while psn_le(e, last) && sr.read_got.contains(e) {
+                e = psn_add(e, 1);
+            }
+            sr.read_got.advance_to(e);
+            self.req.comp_psn = e;
+            if e == psn_add(last, 1) {
+                self.complete_front_ok(env);
+            }
+            self.on_progress(env, comp, now);
+        }
+        self.sr_read_ask_gap();
+    }
+
+    /// Ask once for the gap of the front READ at the completer's PSN: up
+    /// to the first PSN placed ahead or the READ's end.
+    pub(crate) fn sr_read_ask_gap(&mut self) {
+        let comp = self.req.comp_psn;
+        let (Some(sr), Some(w)) = (self.sr_req.as_deref_mut(), self.sq.front()) else {
+            return;
+        };
+        sr.read_got.advance_to(comp);
+        let Some(first_got) = sr.read_got.first() else {
+            return;
+        };
+        let front_read = matches!(w.op, WrOpcode::RdmaRead { .. })
+            && w.started
+            && psn_le(w.first_psn, comp)
+            && psn_le(comp, w.last_psn);
+        if !front_read || first_got == comp || psn_lt(comp, sr.read_asked) {
+            return;
+        }
+        let end = psn_add(w.last_psn, 1);
+        let e = if psn_lt(first_got, end) {
+            first_got
+        } else {
+            end
+        };
+        sr.read_ask = Some((comp, e));
+        sr.read_asked = e;
+    }
+
+    /// The READ request for the gap asked for, if any (one packet).
+    pub(crate) fn sr_read_request(
+        &mut self,
+        env: &mut Env<'_>,
+        now: u64,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let (s, e) = self.sr_req.as_ref()?.read_ask?;
+        let comp = self.req.comp_psn;
+        let mtu = self.mtu;
+        let part = self.sq.front().and_then(|w| match w.op {
+            WrOpcode::RdmaRead { remote_addr, rkey }
+                if w.started
+                    && psn_le(comp, s)
+                    && psn_lt(s, e)
+                    && psn_le(e, psn_add(w.last_psn, 1)) =>
+            {
+                let off = psn_diff(s, w.first_psn) as u32 * mtu;
+                let len = (psn_diff(e, s) as u32 * mtu).min(w.len - off);
+                Some(RethRepr {
+                    va: remote_addr + u64::from(off),
+                    rkey,
+                    dma_len: len,
+                })
+            }
+            _ => None,
+        });
+        let Some(reth) = part else {
+            take_ask(self.sr_req.as_deref_mut()?);
+            return None;
+        };
+        if !self.pacer_open(now) {
+            return None;
+        }
+        let mut f = codec::packet(&self.tmpl, Opcode::RC_RDMA_READ_REQUEST, s);
+        f.transport.bth.sr_capable = self.sr_bit_on_request();
+        f.transport.reth = Some(reth);
+        let t = codec::emit_copy(&f, &[], buf).ok()?;
+        take_ask(self.sr_req.as_deref_mut()?);
+        let n = t.frame_len();
+        env.stats.sr_read_gaps_requested += 1;
+        env.stats.tx_data_packets += 1;
+        env.stats.tx_retransmitted += 1;
+        self.qstats.tx_packets += 1;
+        self.qstats.tx_bytes += n as u64;
+        self.qstats.retransmitted += 1;
+        self.paced_send(now, n);
+        Some(t)
+    }
+}
+
+fn take_ask(sr: &mut SrReq) {
+    sr.read_ask = None;
+}
