@@ -220,6 +220,11 @@ fn duplicate_reads_run_again_only_as_recorded() {
     );
 }
 
+/// A WRITE ahead of the expected PSN with a guessed R_Key writes nothing,
+/// stops all placing ahead (so later guesses write nothing either), and
+/// costs the QP under its own PSN once the expected PSN reaches it: then
+/// the responder NAKs that PSN (remote access error) and its QP goes to
+/// ERR, whatever the packet at that PSN holds.
 #[test]
 fn selective_repeat_write_ahead_with_a_bad_rkey_is_an_access_error() {
     const PSN: u32 = 500;
@@ -230,19 +235,44 @@ fn selective_repeat_write_ahead_with_a_bad_rkey_is_an_access_error() {
     let (mut sim, a, b) = pair(32, &p);
     lk(&sim.a).set_selective_repeat(a.qpn, SrMode::On).unwrap();
     lk(&sim.b).set_selective_repeat(b.qpn, SrMode::On).unwrap();
-    let canary = pattern(32, 256);
-    // A WRITE 5 PSNs ahead of the expected one (inside the SACK bitmap),
-    // with a guessed R_Key.
-    let mut t = request(b.qpn, Opcode::RC_RDMA_WRITE_ONLY, PSN + 5);
-    t.reth = Some(RethRepr {
-        va: b.mr.addr(),
-        rkey: b.mr.rkey() ^ 0x0101,
-        dma_len: 256,
-    });
-    let out = to_b(&mut sim, &frame(t, &[0xee; 256]));
+    let canary = pattern(32, 1024);
+    let write = |psn: u32, rkey: u32, at: u64, byte: u8| {
+        let mut t = request(b.qpn, Opcode::RC_RDMA_WRITE_ONLY, psn);
+        t.reth = Some(RethRepr {
+            va: b.mr.addr() + at,
+            rkey,
+            dma_len: 64,
+        });
+        frame(t, &[byte; 64])
+    };
+    // 5 PSNs ahead of the expected one (inside the SACK bitmap), a guessed
+    // R_Key: no NAK yet (it would have to name the expected PSN), nothing
+    // written, the QP still up.
+    let out = to_b(&mut sim, &write(PSN + 5, b.mr.rkey() ^ 0x0101, 0, 0xee));
+    assert_eq!(naks(&out), [], "{:?}", summary(&out));
+    assert_eq!(lk(&sim.b).query_qp(b.qpn).unwrap().qp_state, QpState::Rts);
+    // The right R_Key ahead is no longer placed either.
+    let out = to_b(&mut sim, &write(PSN + 6, b.mr.rkey(), 64, 0xdd));
+    assert_eq!(naks(&out), []);
+    assert_eq!(lk(&sim.b).stats().sr_placed_out_of_order, 0);
+    // SAFETY: nothing writes B's region but the requests here.
+    assert_eq!(unsafe { b.mr.to_vec(0, 1024) }.unwrap(), canary);
+    // In order up to the guessed PSN: placed as usual.
+    for k in 0..5 {
+        let out = to_b(
+            &mut sim,
+            &write(PSN + k, b.mr.rkey(), 256 + 64 * u64::from(k), 0xcc),
+        );
+        assert_eq!(naks(&out), [], "PSN {}", PSN + k);
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { b.mr.to_vec(256, 320) }.unwrap(), vec![0xcc; 320]);
+    // The guessed PSN comes in order, even with the right R_Key: the NAK
+    // names it, and the QP goes to ERR with its asynchronous event.
+    let out = to_b(&mut sim, &write(PSN + 5, b.mr.rkey(), 0, 0xbb));
     assert_eq!(
         naks(&out),
-        [(PSN, NakCode::RemoteAccessError)],
+        [(PSN + 5, NakCode::RemoteAccessError)],
         "{:?}",
         summary(&out)
     );
@@ -253,18 +283,10 @@ fn selective_repeat_write_ahead_with_a_bad_rkey_is_an_access_error() {
         [AsyncEvent::QpAccessError { qpn: b.qpn }]
     );
     drop(b_eng);
-    // SAFETY: nothing writes B's region.
-    assert_eq!(unsafe { b.mr.to_vec(0, 256) }.unwrap(), canary);
     // Later frames to the dead QP change nothing.
-    let mut t = request(b.qpn, Opcode::RC_RDMA_WRITE_ONLY, PSN + 6);
-    t.reth = Some(RethRepr {
-        va: b.mr.addr(),
-        rkey: b.mr.rkey(),
-        dma_len: 256,
-    });
-    assert_eq!(to_b(&mut sim, &frame(t, &[0xee; 256])), []);
+    assert_eq!(to_b(&mut sim, &write(PSN + 6, b.mr.rkey(), 0, 0xaa)), []);
     // SAFETY: as above.
-    assert_eq!(unsafe { b.mr.to_vec(0, 256) }.unwrap(), canary);
+    assert_eq!(unsafe { b.mr.to_vec(0, 256) }.unwrap(), canary[..256]);
 }
 
 #[test]

@@ -227,6 +227,9 @@ impl QpCtx {
             self.resp_duplicate(env, t);
             return;
         }
+        if self.sr_refused_now(env, t.bth.psn) {
+            return;
+        }
         match self.sr_route(t) {
             SrInOrder::Gbn => self.resp_in_order(env, t, payload),
             SrInOrder::Sr => self.sr_in_order(env, t, payload),

@@ -67,10 +67,15 @@
 //!   dropped unmarked, as if lost: those run in order only, which keeps
 //!   receive-WQE consumption, RNR NAKs and READ/atomic execution order
 //!   exactly as in go-back-N. A placeable packet failing its check (R_Key,
-//!   bounds, access, length) is the class C error it would be in order:
-//!   NAK (remote access error or invalid request) of the expected PSN, the
-//!   QP to ERR with its asynchronous event, so guessing R_Keys out of order
-//!   costs the QP as in order. No sequence
+//!   bounds, access, length) is the class C error it would be in order,
+//!   under its own PSN: nothing more is placed ahead, and when the
+//!   expected PSN reaches that PSN the responder NAKs it (remote access
+//!   error or invalid request) and the QP goes to ERR with its
+//!   asynchronous event, whatever the packet then at that PSN holds. So a
+//!   guessed R_Key ahead writes nothing and costs the QP as in order, and
+//!   the error fails the work request it belongs to (a NAK of the expected
+//!   PSN at once would fail the one there, which may be a SEND waiting out
+//!   an RNR NAK). No sequence
 //!   NAK is sent: an arrival that opens or moves past a gap (or asks for an
 //!   ACK) is answered by an ACK carrying a SACK.
 //! - **ACK.** The BTH PSN is the cumulative acknowledgement as always; an
@@ -269,6 +274,10 @@ pub(crate) struct SrResp {
     ends: PsnRing,
     /// One past the highest PSN placed ahead of the expected one.
     high: u32,
+    /// A packet ahead failed its check (R_Key, bounds, access, length):
+    /// its PSN and the NAK it earns once the expected PSN reaches it.
+    /// Nothing is placed ahead from then on.
+    refused: Option<(u32, NakCode)>,
 }
 
 impl SrReq {
@@ -294,6 +303,7 @@ impl SrResp {
             got: PsnRing::new(epsn),
             ends: PsnRing::new(epsn),
             high: epsn,
+            refused: None,
         }
     }
 }
@@ -441,19 +451,24 @@ impl QpCtx {
         let tell = t.bth.ack_req || p != sr.high || psn_lt(sr.high, self.resp.epsn);
         let o = t.bth.opcode;
         let placeable = matches!(o, Opcode::RC_RDMA_WRITE_FIRST | Opcode::RC_RDMA_WRITE_ONLY)
-            && sr.got.in_range(p);
+            && sr.got.in_range(p)
+            && sr.refused.is_none();
         let placed = if placeable {
             match self.sr_place(env, t, payload) {
                 Ok(()) => true,
                 Err(code) => {
-                    // A failed check is the class C error it is in order
-                    // (a guessed R_Key must cost the QP, not just the
-                    // packet). The NAK names the expected PSN: one naming
-                    // `p` would acknowledge the holes before it.
-                    env.stats.sr_dropped_out_of_order += 1;
-                    let e = self.resp.epsn;
-                    self.class_c(env, e, Syndrome::Nak(code), None);
-                    return;
+                    // A failed check is the class C error it is in order,
+                    // under its own PSN, once the expected PSN reaches it
+                    // ([`Self::sr_refused_now`]): a NAK now would have to
+                    // name the expected PSN (one naming `p` acknowledges
+                    // the holes before it) and so fail the request there,
+                    // which may be well (a SEND waiting out an RNR NAK).
+                    // Until then nothing more is placed ahead, so guessed
+                    // R_Keys ahead write nothing, and the guess costs the
+                    // QP when its PSN comes.
+                    let sr = self.sr_resp.as_mut().expect("checked");
+                    sr.refused = Some((p, code));
+                    false
                 }
             }
         } else {
@@ -475,6 +490,24 @@ impl QpCtx {
         if tell {
             self.queue_ack(psn_sub(self.resp.epsn, 1));
         }
+    }
+
+    /// Before an in-order packet at PSN `p`: if a packet ahead under this
+    /// PSN failed its check, the QP gets that class C error now (NAK of
+    /// `p`, the QP to ERR) whatever the packet now at `p` holds. True when
+    /// it did.
+    pub(crate) fn sr_refused_now(&mut self, env: &mut Env<'_>, p: u32) -> bool {
+        let Some((at, code)) = self.sr_resp.as_ref().and_then(|sr| sr.refused) else {
+            return false;
+        };
+        if at != p {
+            return false;
+        }
+        if let Some(sr) = self.sr_resp.as_mut() {
+            sr.refused = None;
+        }
+        self.class_c(env, p, Syndrome::Nak(code), None);
+        true
     }
 
     /// Check and place one SR WRITE packet (its RETH gives its address).
