@@ -87,7 +87,13 @@ impl QpCtx {
                 let r = now.saturating_sub(t);
                 rtt = Some(r);
                 self.req.rtt_sample = None;
-                // Smoothed as TCP does (RFC 6298, alpha 1/8), for the probe.
+                // Smoothed as TCP does (RFC 6298: alpha 1/8, beta 1/4, the
+                // variance against the smoothed value before this sample),
+                // for the probe.
+                self.req.rttvar_ns = match self.req.srtt_ns {
+                    None => r / 2,
+                    Some(s) => self.req.rttvar_ns - self.req.rttvar_ns / 4 + s.abs_diff(r) / 4,
+                };
                 self.req.srtt_ns = Some(self.req.srtt_ns.map_or(r, |s| s - s / 8 + r / 8));
                 self.req.last_rtt_ns = Some(r);
             }

@@ -58,6 +58,10 @@ pub(crate) struct ReqState {
     /// (`arm_rto`); on go-back-N each waits four times the one before.
     pub probes: u8,
     pub srtt_ns: Option<u64>,
+    /// How much the samples stray from `srtt_ns` (RFC 6298's RTTVAR): a
+    /// queue that grows and drains makes the round trip swing, and a probe
+    /// that waits only a few smoothed round trips would fire on the swing.
+    pub rttvar_ns: u64,
     /// The latest round-trip sample (shown by `xroce status --qps`).
     pub last_rtt_ns: Option<u64>,
     /// When the oldest packet sent since the last that asked for an ACK

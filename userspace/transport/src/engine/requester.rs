@@ -89,26 +89,30 @@ impl QpCtx {
     }
 
     /// How long the tail-loss probe waits for an acknowledgement: a few
-    /// smoothed round trips, at least [`PROBE_MIN_NS`] (on a busy host
-    /// the peer's thread can be off its core for a millisecond or two), at
-    /// most [`PROBE_MAX_NS`] and a quarter of the timeout `rto`. None when
-    /// that leaves less than the minimum: the timeout itself is short.
+    /// smoothed round trips, or the smoothed round trip and four times its
+    /// variance if longer (RFC 6298's timeout: where a queue makes the
+    /// round trip swing, a few smoothed ones are too short and the probe
+    /// resends what is not lost), at least [`PROBE_MIN_NS`] (on a busy
+    /// host the peer's thread can be off its core for a millisecond or
+    /// two), at most [`PROBE_MAX_NS`] and a quarter of the timeout `rto`.
+    /// None when that leaves less than the minimum: the timeout itself is
+    /// short.
     fn probe_ns(&self, rto: u64) -> Option<u64> {
+        let rtts = self.req.srtt_ns.map(|s| {
+            s.saturating_mul(PROBE_RTTS)
+                .max(s.saturating_add(self.req.rttvar_ns.saturating_mul(4)))
+        });
         if self.sr_req.is_some() {
             // Selective repeat: a needless probe costs one packet, not a
             // window, so it comes sooner (IRN's low timeout).
             // None when the timeout itself comes within twice that.
-            let p = self
-                .req
-                .srtt_ns
-                .map_or(SR_PROBE_MIN_NS, |s| s.saturating_mul(PROBE_RTTS))
+            let p = rtts
+                .unwrap_or(SR_PROBE_MIN_NS)
                 .clamp(SR_PROBE_MIN_NS, PROBE_MAX_NS);
             return (p <= rto / 2).then_some(p);
         }
-        let p = self
-            .req
-            .srtt_ns
-            .map_or(PROBE_MIN_NS, |s| s.saturating_mul(PROBE_RTTS))
+        let p = rtts
+            .unwrap_or(PROBE_MIN_NS)
             .clamp(PROBE_MIN_NS, PROBE_MAX_NS)
             .min(rto / PROBE_RTO_RATIO);
         (p >= PROBE_MIN_NS).then_some(p)
