@@ -43,7 +43,7 @@ use super::{
 use crate::units::{Fraction, Rate, Seconds, Size};
 
 pub use node::{receiver, sender, NodeArgs};
-pub use results::percentile;
+pub use results::{ideal_fct_s, percentile, slowdown};
 
 /// Flags of a workload, shared by `workload` and `compare`.
 #[derive(clap::Args, Debug, Clone)]
