@@ -14,7 +14,8 @@
 //! and over the TCP variant (no XDP program on the ranks) alike.
 //!
 //! At the job's end the stop file tells the senders to start no more
-//! flows; they wait for the acknowledgements of those started, and the
+//! flows; they wait for the acknowledgements of those started (for as long
+//! as flows keep completing, up to --stall-timeout without one), and the
 //! receivers check every one. The processes are killed when a [`Running`]
 //! drops (a failed rank, a stall, a signal).
 
@@ -309,33 +310,67 @@ impl Running {
         Ok(())
     }
 
-    /// Stops the flows (the stop file), waits for the processes to end
-    /// and reads what they did; errors: every process that failed and
-    /// every flow whose data check failed.
-    pub fn finish(mut self) -> anyhow::Result<(Figure, Vec<String>)> {
+    /// Stops the flows (the stop file) and waits for the processes to end
+    /// while the flows started still complete (killed once nothing
+    /// completed for `stall`); reads what they did. Errors: every process
+    /// that failed and every flow whose data check failed.
+    pub fn finish(mut self, stall: Duration) -> anyhow::Result<(Figure, Vec<String>)> {
         let seconds = self.started.elapsed().as_secs_f64();
         let mut errors = Vec::new();
         std::fs::write(node::stop_file(&self.dir), b"")?;
+        let mut last = (self.progress(), Instant::now());
+        loop {
+            let running: usize = self
+                .senders
+                .iter_mut()
+                .chain(self.receivers.iter_mut())
+                .map(|(p, _)| usize::from(p.poll().is_none()))
+                .sum();
+            if running == 0 {
+                break;
+            }
+            if procs::stop_requested() {
+                errors.push("interrupted while the background's last flows ran".into());
+                break;
+            }
+            let now = self.progress();
+            if now != last.0 {
+                last = (now, Instant::now());
+            } else if last.1.elapsed() > stall {
+                errors.push(format!(
+                    "no background flow completed for {} s after the job: killed",
+                    stall.as_secs_f64()
+                ));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
         for (what, nodes) in [
             ("sender", &mut self.senders),
             ("receiver", &mut self.receivers),
         ] {
             for (i, (p, log)) in nodes.iter_mut().enumerate() {
-                match p.wait_for(Duration::from_secs(30)) {
+                match p.poll() {
                     Some(s) if s.success() => {}
                     Some(s) => errors.push(format!("background {what} {i} ({s}): {}", tail(log))),
                     None => {
                         p.kill();
-                        errors.push(format!(
-                            "background {what} {i} did not end within 30 s: killed ({})",
-                            tail(log)
-                        ));
+                        errors.push(format!("background {what} {i} killed ({})", tail(log)));
                     }
                 }
             }
         }
         let figure = self.figure(seconds, &mut errors)?;
         Ok((figure, errors))
+    }
+
+    /// Bytes the nodes' CSVs hold: they grow with every flow completed.
+    fn progress(&self) -> u64 {
+        let len = |p: PathBuf| std::fs::metadata(p).map_or(0, |m| m.len());
+        (0..self.senders.len())
+            .map(|i| len(node::sender_csv(&self.dir, i)))
+            .chain((0..self.receivers.len()).map(|j| len(node::receiver_csv(&self.dir, j))))
+            .sum()
     }
 
     /// The senders' acknowledged flows and the receivers' checks.

@@ -478,7 +478,7 @@ impl Setup<'_> {
         let after = network::counts(&self.topo.hosts, transport)?;
         let background = match running {
             Some(r) => {
-                let (figure, errors) = r.finish()?;
+                let (figure, errors) = r.finish(stall)?;
                 if !errors.is_empty() {
                     bail!("the background: {}", errors.join("; "));
                 }
