@@ -714,6 +714,7 @@ fn collectives_under_an_incast_background_are_checked_and_the_flows_verified() {
         );
         assert!(0.0 < p50 && p50 <= p99, "{job}");
         assert!(b["seconds"].as_f64().unwrap() > 0.0, "{job}");
+        assert_eq!(b["errors"], serde_json::json!([]), "{job}");
     }
     // Every flow a sender completed arrived once at rank 0's receiver,
     // checked (received-r0.csv: flow,src,size_bytes,verified,t_ns).

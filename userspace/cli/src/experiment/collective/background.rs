@@ -85,6 +85,9 @@ pub struct Figure {
     pub slowdown_p99: Option<f64>,
     /// From the background's start to its stop.
     pub seconds: f64,
+    /// Background processes that failed, flows whose data check failed
+    /// (also in summary.json's errors; the job's own results stand).
+    pub errors: Vec<String>,
 }
 
 /// The background drawn for every job.
@@ -314,7 +317,7 @@ impl Running {
     /// while the flows started still complete (killed once nothing
     /// completed for `stall`); reads what they did. Errors: every process
     /// that failed and every flow whose data check failed.
-    pub fn finish(mut self, stall: Duration) -> anyhow::Result<(Figure, Vec<String>)> {
+    pub fn finish(mut self, stall: Duration) -> anyhow::Result<Figure> {
         let seconds = self.started.elapsed().as_secs_f64();
         let mut errors = Vec::new();
         std::fs::write(node::stop_file(&self.dir), b"")?;
@@ -360,8 +363,7 @@ impl Running {
                 }
             }
         }
-        let figure = self.figure(seconds, &mut errors)?;
-        Ok((figure, errors))
+        self.figure(seconds, errors)
     }
 
     /// Bytes the nodes' CSVs hold: they grow with every flow completed.
@@ -373,48 +375,10 @@ impl Running {
             .sum()
     }
 
-    /// The senders' acknowledged flows and the receivers' checks.
-    fn figure(&self, seconds: f64, errors: &mut Vec<String>) -> anyhow::Result<Figure> {
-        let mut slowdowns = Vec::new();
-        let (mut flows, mut bytes, mut verified) = (0, 0, 0);
-        for i in 0..self.senders.len() {
-            let report: Option<node::SenderReport> =
-                std::fs::read_to_string(node::sender_json(&self.dir, i))
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok());
-            for r in rows(&node::sender_csv(&self.dir, i), node::SENDER_CSV_HEADER, 8)? {
-                let (size, dst) = (r[2], r[1] as usize);
-                flows += 1;
-                bytes += size;
-                if r[7] == 1 {
-                    verified += 1;
-                } else {
-                    errors.push(format!("background flow {} failed its data check", r[0]));
-                }
-                let rtt_s = report
-                    .as_ref()
-                    .and_then(|rep| rep.base_rtt_ns.get(dst))
-                    .map_or(0.0, |&ns| ns as f64 / 1e9);
-                let fct_s = r[5].saturating_sub(r[3]) as f64 / 1e9;
-                let ideal = workload::ideal_fct_s(size, self.rate_bps, rtt_s);
-                slowdowns.push(workload::slowdown(fct_s, ideal));
-            }
-        }
-        for j in 0..self.receivers.len() {
-            for r in rows(
-                &node::receiver_csv(&self.dir, j),
-                node::RECEIVER_CSV_HEADER,
-                5,
-            )? {
-                if r[3] != 1 {
-                    errors.push(format!(
-                        "background flow {} failed its data check at the receiver",
-                        r[0]
-                    ));
-                }
-            }
-        }
-        if flows > 0
+    fn figure(&self, seconds: f64, errors: Vec<String>) -> anyhow::Result<Figure> {
+        let nodes = (self.senders.len(), self.receivers.len());
+        let figure = figure(&self.dir, nodes, self.rate_bps, seconds, errors)?;
+        if figure.flows > 0
             && self
                 .schedule
                 .iter()
@@ -425,17 +389,64 @@ impl Running {
                 self.schedule.len()
             );
         }
-        errors.truncate(20);
-        slowdowns.sort_by(f64::total_cmp);
-        Ok(Figure {
-            flows,
-            bytes,
-            verified,
-            slowdown_p50: workload::percentile(&slowdowns, 0.5),
-            slowdown_p99: workload::percentile(&slowdowns, 0.99),
-            seconds,
-        })
+        Ok(figure)
     }
+}
+
+/// What the `senders` and `receivers` left in `dir`: the senders'
+/// acknowledged flows and the receivers' checks, added to `errors`.
+fn figure(
+    dir: &Path,
+    (senders, receivers): (usize, usize),
+    rate_bps: u64,
+    seconds: f64,
+    mut errors: Vec<String>,
+) -> anyhow::Result<Figure> {
+    let mut slowdowns = Vec::new();
+    let (mut flows, mut bytes, mut verified) = (0, 0, 0);
+    for i in 0..senders {
+        let report: Option<node::SenderReport> = std::fs::read_to_string(node::sender_json(dir, i))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok());
+        for r in rows(&node::sender_csv(dir, i), node::SENDER_CSV_HEADER, 8)? {
+            let (size, dst) = (r[2], r[1] as usize);
+            flows += 1;
+            bytes += size;
+            if r[7] == 1 {
+                verified += 1;
+            } else {
+                errors.push(format!("background flow {} failed its data check", r[0]));
+            }
+            let rtt_s = report
+                .as_ref()
+                .and_then(|rep| rep.base_rtt_ns.get(dst))
+                .map_or(0.0, |&ns| ns as f64 / 1e9);
+            let fct_s = r[5].saturating_sub(r[3]) as f64 / 1e9;
+            let ideal = workload::ideal_fct_s(size, rate_bps, rtt_s);
+            slowdowns.push(workload::slowdown(fct_s, ideal));
+        }
+    }
+    for j in 0..receivers {
+        for r in rows(&node::receiver_csv(dir, j), node::RECEIVER_CSV_HEADER, 5)? {
+            if r[3] != 1 {
+                errors.push(format!(
+                    "background flow {} failed its data check at the receiver",
+                    r[0]
+                ));
+            }
+        }
+    }
+    errors.truncate(20);
+    slowdowns.sort_by(f64::total_cmp);
+    Ok(Figure {
+        flows,
+        bytes,
+        verified,
+        slowdown_p50: workload::percentile(&slowdowns, 0.5),
+        slowdown_p99: workload::percentile(&slowdowns, 0.99),
+        seconds,
+        errors,
+    })
 }
 
 /// The rows of a node's CSV (none if it is missing).
@@ -466,6 +477,35 @@ fn rows(path: &Path, header: &str, cols: usize) -> anyhow::Result<Vec<Vec<u64>>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_figure_counts_acknowledged_flows_and_names_failed_checks() {
+        let dir = std::env::temp_dir().join(format!("xroce-bg-figure-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // flow,dst,size_bytes,start_ns,post_ns,done_ns,ack_ns,verified
+        let sender = format!(
+            "{}\n1,0,1000,0,10,1000000,1000100,1\n2,0,3000,0,10,2000000,2000100,0\n",
+            node::SENDER_CSV_HEADER
+        );
+        std::fs::write(node::sender_csv(&dir, 0), sender).unwrap();
+        // flow,src,size_bytes,verified,t_ns
+        let receiver = format!(
+            "{}\n1,0,1000,1,5\n2,0,3000,0,6\n",
+            node::RECEIVER_CSV_HEADER
+        );
+        std::fs::write(node::receiver_csv(&dir, 0), receiver).unwrap();
+        let f = figure(&dir, (1, 1), 1_000_000_000, 0.5, vec![]).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((f.flows, f.bytes, f.verified), (2, 4000, 1));
+        assert!(f.slowdown_p50.unwrap() >= 1.0 && f.slowdown_p50 <= f.slowdown_p99);
+        assert_eq!(
+            f.errors,
+            [
+                "background flow 2 failed its data check",
+                "background flow 2 failed its data check at the receiver"
+            ]
+        );
+    }
 
     #[test]
     fn plans_incast_to_rank_0_and_load_to_every_rank() {

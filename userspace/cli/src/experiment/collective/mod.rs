@@ -382,7 +382,13 @@ impl Setup<'_> {
                     loss.map_or("no".to_string(), |l| l.to_string())
                 ));
                 match self.job(variant, loss, &bar) {
-                    Ok(run) => runs.push(run),
+                    Ok(run) => {
+                        // A failed background flow is an error of the
+                        // experiment; the job's own results stand.
+                        let bg = run.background.iter().flat_map(|b| &b.errors);
+                        errors.extend(bg.map(|e| format!("{}: the background: {e}", variant.name)));
+                        runs.push(run);
+                    }
                     Err(e) => {
                         errors.push(format!("{}: {:#}", variant.name, e));
                         break 'jobs;
@@ -476,16 +482,7 @@ impl Setup<'_> {
             }
         };
         let after = network::counts(&self.topo.hosts, transport)?;
-        let background = match running {
-            Some(r) => {
-                let (figure, errors) = r.finish(stall)?;
-                if !errors.is_empty() {
-                    bail!("the background: {}", errors.join("; "));
-                }
-                Some(figure)
-            }
-            None => None,
-        };
+        let background = running.map(|r| r.finish(stall)).transpose()?;
         let steps = results::parse_steps(&finished.steps)
             .with_context(|| format!("read {}", steps_path.display()))?;
         let want = a.op.len() * a.sizes.len() * a.iters * a.ranks;
@@ -756,6 +753,7 @@ mod tests {
                 slowdown_p50: Some(1.5),
                 slowdown_p99: Some(4.0),
                 seconds: 0.5,
+                errors: vec![],
             }),
         };
         let summary = Summary {
