@@ -17,6 +17,13 @@
 //! same seed and gives one figure per variant and compare.svg; a wrong
 //! flag combination fails with the error naming the fix.
 //!
+//! With `--background incast` (Gloo, 2 ranks, over xroce and TCP): the
+//! workload generator's xroce flows from two hosts beside the ranks burst
+//! into rank 0's link while each job runs; the collectives are still
+//! checked, summary.json records the background and, per job, its flows
+//! completed with every byte verified; an interrupted run with a
+//! background leaves nothing behind; a wrong background flag names the fix.
+//!
 //! That the same seed gives the same schedule is a unit test of the
 //! schedule (userspace/cli/src/experiment/collective/schedule.rs).
 //! The experiments make and remove their own namespaces.
@@ -632,4 +639,173 @@ fn a_wrong_flag_combination_names_the_fix() {
         stderr.contains("'--compare <COMPARE>' cannot be used with '--transport <TRANSPORT>'"),
         "{stderr}"
     );
+}
+
+/// A small flow-size CDF (4 KiB to 64 KiB) for a light background.
+fn small_cdf(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let path = dir.join("small-cdf.txt");
+    std::fs::write(&path, "4096 0\n16384 50\n65536 100\n").unwrap();
+    path
+}
+
+/// The background flags of the tests: incast from 2 senders into rank 0,
+/// small flows at 30 % of 100 Mbit/s.
+fn background_flags(cdf: &Path) -> Vec<String> {
+    [
+        "--background",
+        "incast",
+        "--background-senders",
+        "2",
+        "--background-load",
+        "0.3",
+        "--background-rate",
+        "100mbit",
+        "--background-cdf",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([cdf.to_string_lossy().into_owned()])
+    .collect()
+}
+
+#[test]
+fn collectives_under_an_incast_background_are_checked_and_the_flows_verified() {
+    gloo_prerequisites();
+    let dir = temp("collective-bg");
+    let _ = std::fs::remove_dir_all(&dir);
+    let cdf = small_cdf(&temp("collective-bg-cdf"));
+    const ITERS: usize = 40;
+    let flags = background_flags(&cdf);
+    let extra: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let stderr = run_to_success(&mut gloo_experiment(&dir, "64KiB", ITERS, &extra), &dir);
+    assert!(
+        stderr.contains("under incast background"),
+        "the header names the background:\n{stderr}"
+    );
+    for job in ["xroce-loss0", "tcp-loss0"] {
+        let recovery = job.starts_with("xroce").then_some("auto");
+        gloo_checked(&dir, job, ITERS, recovery);
+    }
+    let summary: Value = serde_json::from_str(&read(&dir.join("summary.json"))).unwrap();
+    assert_eq!(
+        summary["errors"].as_array().map(Vec::len),
+        Some(0),
+        "{summary}"
+    );
+    let bg = &summary["settings"]["background"];
+    assert_eq!(bg["kind"], "incast", "{bg}");
+    assert_eq!(bg["senders"], 2, "{bg}");
+    assert_eq!(bg["receivers"], serde_json::json!([0]), "{bg}");
+    assert_eq!(bg["rate_bps"], 100_000_000, "{bg}");
+    assert!(bg["flows"].as_u64().unwrap() > 0, "{bg}");
+    let jobs = summary["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 2, "{summary}");
+    for job in jobs {
+        let b = &job["background"];
+        let flows = b["flows"].as_u64().unwrap_or(0);
+        assert!(flows > 0, "no background flow completed during {job}");
+        assert_eq!(b["verified"], flows, "{job}");
+        let bytes = b["bytes"].as_u64().unwrap();
+        assert!(bytes >= flows * 4096 && bytes <= flows * 65536, "{job}");
+        let (p50, p99) = (
+            b["slowdown_p50"].as_f64().unwrap(),
+            b["slowdown_p99"].as_f64().unwrap(),
+        );
+        assert!(0.0 < p50 && p50 <= p99, "{job}");
+        assert!(b["seconds"].as_f64().unwrap() > 0.0, "{job}");
+        assert_eq!(b["errors"], serde_json::json!([]), "{job}");
+    }
+    // Every flow a sender completed arrived once at rank 0's receiver,
+    // checked (received-r0.csv: flow,src,size_bytes,verified,t_ns).
+    for (job, summary_job) in ["xroce-loss0", "tcp-loss0"].iter().zip(jobs) {
+        let (_, rows) = csv_rows(&dir.join(format!("runs/{job}/background/received-r0.csv")));
+        assert_eq!(
+            rows.len() as u64,
+            summary_job["background"]["flows"].as_u64().unwrap(),
+            "{job}"
+        );
+        assert!(rows.iter().all(|r| r["verified"] == "1"), "{job}: {rows:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(temp("collective-bg-cdf"));
+}
+
+#[test]
+fn an_interrupted_experiment_with_a_background_leaves_nothing_behind() {
+    gloo_prerequisites();
+    let dir = temp("collective-bg-int");
+    let cdf = small_cdf(&temp("collective-bg-int-cdf"));
+    let flags = background_flags(&cdf);
+    let mut extra: Vec<&str> = flags.iter().map(String::as_str).collect();
+    extra.extend(["--transport", "xroce"]);
+    let mut child = gloo_experiment(&dir, "16KiB", 1_000_000, &extra)
+        .spawn()
+        .expect("start xroce experiment collective");
+    let pid = child.id();
+    // Interrupt once rank 0 has finished an iteration and the background
+    // has completed a flow: every process is up.
+    let progress = dir.join("runs/xroce-loss0/steps.csv.progress");
+    let flows = dir.join("runs/xroce-loss0/background/flows-s0.csv");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let started = |p: &Path| std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() > 1);
+    while std::fs::metadata(&progress).map(|m| m.len()).unwrap_or(0) == 0 || !started(&flows) {
+        if let Some(status) = child.try_wait().expect("poll the experiment") {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr);
+            panic!("the experiment ended ({status}) before its first iteration:\n{stderr}");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("no iteration within 300 s; outputs in {}", dir.display());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !processes_mentioning(&dir.join("runs/xroce-loss0/background").to_string_lossy())
+            .is_empty(),
+        "the background's processes run"
+    );
+    // SAFETY: signalling the child we started and have not waited for.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGINT) };
+    let out = child.wait_with_output().expect("wait for the experiment");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    nothing_left(pid, &dir);
+    assert!(
+        !out.status.success(),
+        "an interrupted run succeeded:\n{stderr}"
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(temp("collective-bg-int-cdf"));
+}
+
+#[test]
+fn a_wrong_background_flag_names_the_fix() {
+    let dir = temp("collective-bg-flags");
+    let run = |extra: &[&str]| {
+        let out = Command::new(workspace_bin("xroce"))
+            .args(["experiment", "collective", "--out"])
+            .arg(&dir)
+            .args(extra)
+            .output()
+            .expect("run xroce");
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let e = run(&["--background", "storm"]);
+    assert!(
+        e.contains("storm") && e.contains("none, incast, load"),
+        "{e}"
+    );
+    let e = run(&["--background", "incast", "--background-load", "1.5"]);
+    assert!(e.contains("--background-load must be in (0, 1]"), "{e}");
+    let e = run(&["--background", "load", "--background-senders", "9"]);
+    assert!(e.contains("--background-senders must be 1..=8"), "{e}");
+    let e = run(&["--background", "incast", "--background-cdf", "/no/such/cdf"]);
+    assert!(
+        e.contains("--background-cdf") && e.contains("websearch, hadoop"),
+        "{e}"
+    );
+    assert!(!dir.exists(), "a refused run made {}", dir.display());
 }

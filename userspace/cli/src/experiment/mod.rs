@@ -45,6 +45,7 @@ mod rng;
 mod sampler;
 mod summary;
 mod topology;
+mod traffic;
 mod workload;
 
 use std::{

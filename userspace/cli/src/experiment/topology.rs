@@ -38,6 +38,9 @@ pub const MAX_SENDERS: usize = 250;
 pub const MAX_RANKS: usize = 16;
 /// The bridge's address in the ranks' shape: the head node's.
 const HEAD_OCTET: u8 = 254;
+/// Hosts beside the ranks: at most this many, from this address on.
+pub const MAX_OTHERS: usize = 16;
+const OTHERS_OCTET: u8 = 200;
 
 /// `n` in base 36 (a PID fits in 5 digits).
 fn base36(mut n: u32) -> String {
@@ -80,6 +83,9 @@ pub struct Topology {
     pub bridge_addr: Option<Ipv4Addr>,
     /// The receiver first in the incast's shape; rank order in the ranks'.
     pub hosts: Vec<Host>,
+    /// Hosts beside those on the same bridge (the collective's background
+    /// senders `b0`, `b1`, ...).
+    pub others: Vec<Host>,
     /// Namespaces made so far, deleted on drop, the first (the bridge's)
     /// last.
     made: Vec<Netns>,
@@ -95,23 +101,36 @@ impl Topology {
         let hosts = std::iter::once(host("r", 1))
             .chain((0..senders).map(|i| host(&format!("s{i}"), i as u8 + 2)))
             .collect();
-        Self::with_hosts(hosts, None, mtu)
+        Self::with_hosts(hosts, Vec::new(), None, mtu)
     }
 
     /// The collective's shape: `ranks` hosts `c0`, `c1`, ... and the
-    /// bridge addressed as the head node, with interface MTU `mtu`.
-    pub fn ranks(ranks: usize, mtu: u32) -> anyhow::Result<Self> {
+    /// bridge addressed as the head node, with interface MTU `mtu`; and
+    /// `others` hosts `b0`, `b1`, ... beside them.
+    pub fn ranks(ranks: usize, others: usize, mtu: u32) -> anyhow::Result<Self> {
         if !(1..=MAX_RANKS).contains(&ranks) {
             bail!("--ranks must be 1..={MAX_RANKS}, not {ranks}");
+        }
+        if others > MAX_OTHERS {
+            bail!("at most {MAX_OTHERS} hosts beside the ranks, not {others}");
         }
         let hosts = (0..ranks)
             .map(|i| host(&format!("c{i:x}"), i as u8 + 1))
             .collect();
-        Self::with_hosts(hosts, Some(Ipv4Addr::new(10, 201, 0, HEAD_OCTET)), mtu)
+        let others = (0..others)
+            .map(|i| host(&format!("b{i:x}"), OTHERS_OCTET + i as u8))
+            .collect();
+        Self::with_hosts(
+            hosts,
+            others,
+            Some(Ipv4Addr::new(10, 201, 0, HEAD_OCTET)),
+            mtu,
+        )
     }
 
     fn with_hosts(
         hosts: Vec<Host>,
+        others: Vec<Host>,
         bridge_addr: Option<Ipv4Addr>,
         mtu: u32,
     ) -> anyhow::Result<Self> {
@@ -119,6 +138,7 @@ impl Topology {
             bridge_netns: netns_name("br"),
             bridge_addr,
             hosts,
+            others,
             made: Vec::new(),
         };
         // On error, `topo` drops here and removes what was made.
@@ -169,7 +189,7 @@ impl Topology {
             )?;
         }
         ip_in(&br_ns, &["link", "set", &bridge, "up"])?;
-        let hosts = self.hosts.clone();
+        let hosts: Vec<Host> = self.hosts.iter().chain(&self.others).cloned().collect();
         for h in &hosts {
             self.add_netns(&h.netns)?;
             xroce_netns::add_veth(
@@ -219,7 +239,10 @@ impl Topology {
 
     /// Every interface of the experiment that may have XDP pins.
     pub fn interfaces(&self) -> impl Iterator<Item = &str> {
-        self.hosts.iter().map(|h| h.iface.as_str())
+        self.hosts
+            .iter()
+            .chain(&self.others)
+            .map(|h| h.iface.as_str())
     }
 }
 

@@ -8,7 +8,9 @@
 //! running collective_step_gloo.cc. Per iteration a compute gap from the
 //! seeded schedule (schedule.rs), then the collective, every element
 //! checked. With `--loss`, a lossless run of each variant comes first as
-//! the baseline, then the lossy one (network.rs).
+//! the baseline, then the lossy one (network.rs). With `--background
+//! incast|load`, the workload generator's xroce flows run into the ranks'
+//! links while each job runs (background.rs).
 //!
 //! Variants: without `--compare`, each transport of `--transport` with
 //! `--recovery` and `--cc`. `--compare tcp,recovery,cc` runs, on the same
@@ -33,6 +35,7 @@
 //!   agent, hostfile, mpirun.log; Gloo: the store, rank<i>.log) and the
 //!   program's own CSV; work/: the program.
 
+mod background;
 mod gloo;
 mod job;
 mod network;
@@ -132,6 +135,27 @@ pub struct CollectiveArgs {
     /// A job with no finished iteration for this long is killed
     #[arg(long, default_value = "300", value_parser = crate::units::seconds)]
     pub stall_timeout: Seconds,
+    /// Traffic of the workload generator while each job runs, over xroce
+    /// with the variant's congestion control: none, incast (bursts from
+    /// every background sender at once to rank 0) or load (Poisson flows
+    /// from the background senders to every rank)
+    #[arg(long, default_value = "none", value_parser = background::KINDS)]
+    pub background: String,
+    /// The background's offered load: a fraction of each receiving rank's
+    /// link at --background-rate
+    #[arg(long, default_value_t = 0.3)]
+    pub background_load: f64,
+    /// The background's flow sizes: websearch, hadoop or a file of
+    /// `size_bytes cdf_percent` lines (HPCC's traffic_gen format)
+    #[arg(long, default_value = "websearch")]
+    pub background_cdf: String,
+    /// Hosts beside the ranks that send the background (1 to 8)
+    #[arg(long, default_value_t = 2)]
+    pub background_senders: usize,
+    /// The link rate the background's load is a fraction of (and its
+    /// senders' line rate)
+    #[arg(long, default_value = "1gbit", value_parser = crate::units::rate)]
+    pub background_rate: crate::units::Rate,
 }
 
 /// summary.json.
@@ -175,9 +199,13 @@ pub struct Settings {
     pub loss_on: String,
     pub cc: String,
     pub mtu: u32,
+    /// --background (null: none).
+    pub background: Option<background::Settings>,
 }
 
 pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
+    // Its flags first: refused before anything is made.
+    let background = plan_background(a)?;
     let variants = check(a)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
     procs::install_signal_handlers();
@@ -193,7 +221,7 @@ pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
     let schedule_path = a.out.join("schedule.csv");
     schedule::write(&schedule_path, &gaps)?;
     eprintln!(
-        "xroce: {} {} of {} over {} ranks, {} iterations after a {} gap (±{}%), as {}{}; output in {}",
+        "xroce: {} {} of {} over {} ranks, {} iterations after a {} gap (±{}%), as {}{}{}; output in {}",
         a.library,
         a.op.join(", "),
         a.sizes.iter().map(Size::text).collect::<Vec<_>>().join(", "),
@@ -206,11 +234,17 @@ pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
             .as_ref()
             .map(|l| format!(" without loss and at {l} loss on {}", loss_on_text(&a.loss_on)))
             .unwrap_or_default(),
+        background
+            .as_ref()
+            .map(|b| format!(", under {}", b.text()))
+            .unwrap_or_default(),
         a.out.display()
     );
-    let topo = Topology::ranks(a.ranks, a.mtu).context("build the namespaces")?;
+    let others = background.as_ref().map_or(0, |b| b.settings.senders);
+    let topo = Topology::ranks(a.ranks, others, a.mtu).context("build the namespaces")?;
     let setup = Setup {
         a,
+        background: background.as_ref(),
         topo: &topo,
         exe: &exe,
         program: &program,
@@ -270,6 +304,21 @@ fn check(a: &CollectiveArgs) -> anyhow::Result<Vec<Variant>> {
     Ok(variants)
 }
 
+/// The background's flows (None without --background), drawn over the
+/// longest a job may run between two iterations, or ten minutes if longer.
+fn plan_background(a: &CollectiveArgs) -> anyhow::Result<Option<background::Plan>> {
+    background::plan(
+        &a.background,
+        &a.background_cdf,
+        a.background_senders,
+        a.background_load,
+        a.background_rate.value,
+        a.ranks,
+        a.stall_timeout.value.max(600.0),
+        a.seed,
+    )
+}
+
 /// The library can run the ops asked for.
 fn check_library(library: &str, ops: &[String]) -> anyhow::Result<()> {
     if library == "gloo" {
@@ -306,6 +355,7 @@ fn loss_on_text(on: &LossOn) -> String {
 /// What every job of the experiment shares.
 struct Setup<'a> {
     a: &'a CollectiveArgs,
+    background: Option<&'a background::Plan>,
     topo: &'a Topology,
     exe: &'a Path,
     program: &'a Path,
@@ -332,7 +382,13 @@ impl Setup<'_> {
                     loss.map_or("no".to_string(), |l| l.to_string())
                 ));
                 match self.job(variant, loss, &bar) {
-                    Ok(run) => runs.push(run),
+                    Ok(run) => {
+                        // A failed background flow is an error of the
+                        // experiment; the job's own results stand.
+                        let bg = run.background.iter().flat_map(|b| &b.errors);
+                        errors.extend(bg.map(|e| format!("{}: the background: {e}", variant.name)));
+                        runs.push(run);
+                    }
                     Err(e) => {
                         errors.push(format!("{}: {:#}", variant.name, e));
                         break 'jobs;
@@ -381,6 +437,12 @@ impl Setup<'_> {
             .join(format!("{}-loss{loss_value}", variant.name));
         let sizes: Vec<u64> = a.sizes.iter().map(|s| s.value).collect();
         let stall = Duration::from_secs_f64(a.stall_timeout.value);
+        // Killed on every way out of this function (dropped) unless
+        // finished below.
+        let running = match self.background {
+            Some(b) => Some(b.start(self.exe, self.topo, variant.cc, &dir.join("background"))?),
+            None => None,
+        };
         let before = network::counts(&self.topo.hosts, transport)?;
         let (finished, steps_path) = match a.library.as_str() {
             "gloo" => {
@@ -420,6 +482,7 @@ impl Setup<'_> {
             }
         };
         let after = network::counts(&self.topo.hosts, transport)?;
+        let background = running.map(|r| r.finish(stall)).transpose()?;
         let steps = results::parse_steps(&finished.steps)
             .with_context(|| format!("read {}", steps_path.display()))?;
         let want = a.op.len() * a.sizes.len() * a.iters * a.ranks;
@@ -441,6 +504,7 @@ impl Setup<'_> {
             steps,
             frames: after.frames.saturating_sub(before.frames),
             dropped: after.dropped.saturating_sub(before.dropped),
+            background,
         })
     }
 
@@ -479,6 +543,7 @@ impl Setup<'_> {
                 loss_on: loss_on_text(&a.loss_on),
                 cc: a.cc.name().to_string(),
                 mtu: a.mtu,
+                background: self.background.map(|b| b.settings.clone()),
             },
             jobs: runs.iter().map(JobFigure::from).collect(),
             figures: figures.to_vec(),
@@ -516,6 +581,19 @@ fn print_brief(runs: &[Run], figures: &[Figure]) {
             "xroce: {} at loss {}: the ranks received {} {what}, {} dropped",
             r.variant, r.loss, r.frames, r.dropped
         );
+        if let Some(b) = &r.background {
+            eprintln!(
+                "xroce: {} at loss {}: the background completed {} flows ({} bytes, {} verified), \
+                 FCT slowdown p50 {} p99 {}",
+                r.variant,
+                r.loss,
+                b.flows,
+                b.bytes,
+                b.verified,
+                b.slowdown_p50.map_or("-".into(), |s| format!("{s:.1}")),
+                b.slowdown_p99.map_or("-".into(), |s| format!("{s:.1}"))
+            );
+        }
     }
     eprintln!(
         "{:<13} {:>6} {:<14} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6} {:>9}",
@@ -599,6 +677,37 @@ mod tests {
         assert!(parse(&["--library", "nccl"]).is_err());
         assert!(parse(&["--recovery", "irn"]).is_err());
         assert!(parse(&["--compare", "mtu"]).is_err());
+        assert_eq!(a.background, "none");
+        let a = parse(&[
+            "--background",
+            "incast",
+            "--background-load",
+            "0.2",
+            "--background-cdf",
+            "hadoop",
+            "--background-senders",
+            "3",
+            "--background-rate",
+            "100mbit",
+        ])
+        .unwrap();
+        assert_eq!(
+            (
+                a.background.as_str(),
+                a.background_load,
+                a.background_cdf.as_str()
+            ),
+            ("incast", 0.2, "hadoop")
+        );
+        assert_eq!(
+            (a.background_senders, a.background_rate.value),
+            (3, 100_000_000)
+        );
+        let e = parse(&["--background", "storm"]).unwrap_err().to_string();
+        assert!(
+            e.contains("none") && e.contains("incast") && e.contains("load"),
+            "{e}"
+        );
         // --compare chooses the transports itself.
         let e = parse(&["--compare", "tcp", "--transport", "xroce"]).unwrap_err();
         assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
@@ -637,6 +746,15 @@ mod tests {
             }],
             frames: 100,
             dropped: 1,
+            background: Some(background::Figure {
+                flows: 3,
+                bytes: 3000,
+                verified: 3,
+                slowdown_p50: Some(1.5),
+                slowdown_p99: Some(4.0),
+                seconds: 0.5,
+                errors: vec![],
+            }),
         };
         let summary = Summary {
             experiment: "collective".into(),
@@ -658,6 +776,18 @@ mod tests {
                 loss_on: "all".into(),
                 cc: "none".into(),
                 mtu: 1500,
+                background: background::plan(
+                    "incast",
+                    "websearch",
+                    2,
+                    0.3,
+                    1_000_000_000,
+                    2,
+                    1.0,
+                    1,
+                )
+                .unwrap()
+                .map(|b| b.settings),
             },
             jobs: vec![JobFigure::from(&run)],
             figures: results::figures(std::slice::from_ref(&run), 2),
@@ -668,6 +798,14 @@ mod tests {
         assert!(text.contains(r#""library":"gloo""#) && text.contains(r#""variant":"xroce-sr""#));
         let extra = text.replacen(r#""library":"gloo""#, r#""library":"gloo","nccl":1"#, 1);
         assert!(serde_json::from_str::<Summary>(&extra).is_err());
+        assert!(text.contains(r#""kind":"incast""#) && text.contains(r#""verified":3"#));
+        for (field, with) in [
+            (r#""kind":"incast""#, r#""kind":"incast","x":1"#),
+            (r#""verified":3"#, r#""verified":3,"x":1"#),
+        ] {
+            let extra = text.replacen(field, with, 1);
+            assert!(serde_json::from_str::<Summary>(&extra).is_err(), "{with}");
+        }
 
         let dir = std::env::temp_dir().join(format!("xroce-coll-iter-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -81,6 +81,8 @@ pub struct Run {
     pub frames: u64,
     /// Of those, dropped by the loss.
     pub dropped: u64,
+    /// What the background did while the job ran (--background).
+    pub background: Option<super::background::Figure>,
 }
 
 /// One job in summary.json.
@@ -100,6 +102,8 @@ pub struct JobFigure {
     pub dropped: u64,
     /// dropped / frames (null when nothing was counted).
     pub dropped_fraction: Option<f64>,
+    /// See [`Run::background`].
+    pub background: Option<super::background::Figure>,
 }
 
 impl From<&Run> for JobFigure {
@@ -114,6 +118,7 @@ impl From<&Run> for JobFigure {
             frames: r.frames,
             dropped: r.dropped,
             dropped_fraction: (r.frames > 0).then(|| r.dropped as f64 / r.frames as f64),
+            background: r.background.clone(),
         }
     }
 }
@@ -313,6 +318,7 @@ mod tests {
             loss,
             frames: 0,
             dropped: 0,
+            background: None,
             steps: vec![
                 step("allreduce", 0, 0, 0.003, 0.001 * scale),
                 step("allreduce", 0, 1, 0.001, 0.003 * scale),

@@ -19,9 +19,6 @@
 //! - queue.csv (receiver 0; queue-r<j>.csv for others): the sampler's rows;
 //! - slowdown.svg, queue_cdf.svg; the processes' logs and raw CSVs.
 
-mod cdf;
-mod flows;
-mod node;
 mod plots;
 mod results;
 
@@ -37,6 +34,7 @@ use serde::{Deserialize, Serialize};
 use xroce::cc::CcKind;
 
 use self::{cdf::Cdf, flows::Flow, results::Bucket};
+use super::traffic::{cdf, flows, node};
 use super::{
     procs::{self, Proc},
     sampler::{Sample, Sampler},
@@ -45,7 +43,7 @@ use super::{
 use crate::units::{Fraction, Rate, Seconds, Size};
 
 pub use node::{receiver, sender, NodeArgs};
-pub use results::percentile;
+pub use results::{ideal_fct_s, percentile, slowdown};
 
 /// Flags of a workload, shared by `workload` and `compare`.
 #[derive(clap::Args, Debug, Clone)]

@@ -13,7 +13,7 @@ use std::{collections::HashMap, io::Write, path::Path};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use super::{
+use crate::experiment::traffic::{
     flows::Flow,
     node::{self, SenderReport},
 };

@@ -100,6 +100,55 @@ impl Spec<'_> {
     }
 }
 
+impl Spec<'_> {
+    /// Incast: bursts arriving as a Poisson process, each one flow from
+    /// every sender to one receiver (drawn uniformly) at the same instant,
+    /// the sizes from the CDF; the bursts' bytes are `load` of the
+    /// receivers' capacity. `Length::Flows` counts bursts.
+    pub fn bursts(&self) -> anyhow::Result<Vec<Flow>> {
+        if self.senders == 0 || self.receivers == 0 {
+            bail!("an incast needs senders and receivers");
+        }
+        if !(self.load > 0.0 && self.load.is_finite()) {
+            bail!("the load must be above 0, not {}", self.load);
+        }
+        let mut rng = Rng::new(self.seed);
+        let gap = self.mean_gap_s() * self.senders as f64;
+        let mut flows: Vec<Flow> = Vec::new();
+        let mut t = 0.0f64;
+        for burst in 0.. {
+            match self.length {
+                Length::Flows(n) if burst >= n => break,
+                _ => {}
+            }
+            if flows.len() + self.senders > MAX_FLOWS {
+                bail!("over {MAX_FLOWS} flows: shorten the time or lower the load");
+            }
+            // Fixed draw order: gap, destination, each sender's size.
+            t += rng.exponential(gap);
+            let dst = rng.below(self.receivers);
+            if let Length::Seconds(s) = self.length {
+                if t > s {
+                    break;
+                }
+            }
+            for src in 0..self.senders {
+                flows.push(Flow {
+                    id: flows.len() as u32,
+                    src,
+                    dst,
+                    size: self.cdf.quantile(rng.unit()),
+                    start_ns: (t * 1e9) as u64,
+                });
+            }
+        }
+        if flows.is_empty() {
+            bail!("no burst arrives within the time at this load; lengthen it");
+        }
+        Ok(flows)
+    }
+}
+
 pub const SCHEDULE_HEADER: &str = "flow,src,dst,size_bytes,start_ns";
 
 pub fn write_schedule(path: &Path, flows: &[Flow]) -> anyhow::Result<()> {
@@ -178,6 +227,35 @@ pub fn matches(key: u64, offset: u64, buf: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bursts_send_from_every_sender_at_once_at_the_load() {
+        let cdf = Cdf::load("websearch").unwrap();
+        let spec = Spec {
+            cdf: &cdf,
+            senders: 3,
+            receivers: 1,
+            load: 0.5,
+            link_rate_bps: 1_000_000_000,
+            seed: 7,
+            length: Length::Seconds(20.0),
+        };
+        let flows = spec.bursts().unwrap();
+        assert_eq!(flows, spec.bursts().unwrap(), "same seed, same bursts");
+        assert_eq!(flows.len() % 3, 0);
+        for (k, burst) in flows.chunks(3).enumerate() {
+            assert!(burst
+                .iter()
+                .all(|f| f.start_ns == burst[0].start_ns && f.dst == 0));
+            let srcs: Vec<usize> = burst.iter().map(|f| f.src).collect();
+            assert_eq!(srcs, [0, 1, 2]);
+            assert!(burst.iter().all(|f| f.id as usize / 3 == k));
+        }
+        let bytes: u64 = flows.iter().map(|f| f.size).sum();
+        let span = flows.last().unwrap().start_ns as f64 / 1e9;
+        let load = bytes as f64 * 8.0 / span / 1e9;
+        assert!((0.3..0.8).contains(&load), "offered load {load}");
+    }
 
     fn spec(cdf: &Cdf, seed: u64, length: Length) -> Spec<'_> {
         Spec {

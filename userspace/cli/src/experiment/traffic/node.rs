@@ -25,6 +25,11 @@
 //! sender writes a row to flows-s<i>.csv as each flow is acknowledged (the
 //! progress bar counts them), the receiver a row to received-r<j>.csv as
 //! each flow arrives.
+//!
+//! A sender whose stop file appears in the folder (`collective
+//! --background`: the job ended) starts no more flows, waits for the
+//! acknowledgements of those it started and ends as after its last flow:
+//! the receivers check and count only the flows it started.
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -108,6 +113,11 @@ pub struct NodeArgs {
     /// write or read (see `workload --op`)
     #[arg(long, default_value = "write", value_parser = ["write", "read"])]
     pub op: String,
+    /// afxdp (the interface's AF_XDP sockets) or udp (the kernel's UDP
+    /// sockets: beside a process that owns the AF_XDP sockets, or on an
+    /// interface without xroce's XDP program)
+    #[arg(long, default_value = "afxdp", value_parser = ["afxdp", "udp"])]
+    pub backend: String,
 }
 
 /// Sender -> receiver: who we are and what to make.
@@ -165,6 +175,15 @@ pub fn ready_file(dir: &Path, i: usize) -> PathBuf {
 }
 pub fn start_file(dir: &Path) -> PathBuf {
     dir.join("start")
+}
+/// Sender `i`'s flows started per receiver (`n0,n1,...`), written once
+/// every one was acknowledged: after a stop, what each receiver waits for.
+pub fn started_file(dir: &Path, i: usize) -> PathBuf {
+    dir.join(format!("started-s{i}"))
+}
+/// Its presence tells the senders to start no more flows.
+pub fn stop_file(dir: &Path) -> PathBuf {
+    dir.join("stop")
 }
 
 pub const SENDER_CSV_HEADER: &str = "flow,dst,size_bytes,start_ns,post_ns,done_ns,ack_ns,verified";
@@ -382,7 +401,10 @@ fn open_stack(a: &NodeArgs, ip: IpAddr) -> anyhow::Result<Stack> {
     Stack::open_with(
         &StackOptions {
             iface: a.iface.clone(),
-            backend: BackendKind::AfXdp,
+            backend: match a.backend.as_str() {
+                "udp" => BackendKind::Udp,
+                _ => BackendKind::AfXdp,
+            },
             mtu: None,
             cc: a.cc,
             line_rate_bps: a.rate_bps,
@@ -485,7 +507,11 @@ fn serve(
     let mut errors = Vec::new();
     let mut wcs = [Wc::default(); 64];
     let mut chunk = vec![0u8; 64 << 10];
-    while seen.len() < expected.len() {
+    // All of the sender's flows to us, or after a stop those it started.
+    let mut want = expected.len();
+    let (stop, started) = (stop_file(&a.out), started_file(&a.out, hello.sender));
+    let mut stop_checked = Instant::now();
+    while seen.len() < want {
         let n = cq.poll(&mut wcs)?;
         for wc in &wcs[..n] {
             let (kind, _, q, value) = split(wc.wr_id);
@@ -568,6 +594,16 @@ fn serve(
             if stop_requested() {
                 bail!("interrupted");
             }
+            if stop_checked.elapsed() >= Duration::from_millis(2) && stop.exists() {
+                stop_checked = Instant::now();
+                if let Ok(text) = std::fs::read_to_string(&started) {
+                    want = text
+                        .split(',')
+                        .nth(a.index)
+                        .and_then(|n| n.trim().parse().ok())
+                        .with_context(|| format!("{}: {text:?}", started.display()))?;
+                }
+            }
             stack.check_running()?;
             cq.wait(Duration::from_millis(5))?;
         }
@@ -575,11 +611,10 @@ fn serve(
     // Wait for the sender's end (its last acks must reach it first).
     peer.session.set_timeout(Duration::from_secs(600));
     let done: Done = peer.recv("the end of the run")?;
-    if done.flows != expected.len() as u64 {
+    if done.flows != want as u64 {
         errors.push(format!(
-            "the sender says {} flows, the schedule {}",
+            "the sender says {} flows, we expected {want}",
             done.flows,
-            expected.len()
         ));
     }
     peer.session.set_timeout(OOB_TIMEOUT);
@@ -723,9 +758,24 @@ pub fn sender(a: &NodeArgs) -> anyhow::Result<()> {
     let mut pending: VecDeque<usize> = VecDeque::new();
     let mut next = 0;
     let mut acked = 0;
+    // Flows posted, and how many must be acknowledged before the end: all
+    // of them, or those posted when the stop file appeared.
+    let mut posted = 0;
+    let mut total = mine.len();
+    let stop = stop_file(&a.out);
+    let mut stop_checked = Instant::now();
     let mut wcs = [Wc::default(); 64];
-    while acked < mine.len() {
+    while acked < total {
         let now = monotonic_ns().saturating_sub(t0);
+        if total == mine.len() && stop_checked.elapsed() >= Duration::from_millis(2) {
+            stop_checked = Instant::now();
+            if stop.exists() {
+                pending.clear();
+                next = mine.len();
+                total = posted;
+                continue;
+            }
+        }
         while next < mine.len() && mine[next].start_ns <= now {
             pending.push_back(next);
             next += 1;
@@ -742,6 +792,7 @@ pub fn sender(a: &NodeArgs) -> anyhow::Result<()> {
                     post_flow(p, f, q, off, a.seed, a.op == "read")?;
                     state[fi].post_ns = Some(monotonic_ns().saturating_sub(t0));
                     state[fi].region = Some((q, off));
+                    posted += 1;
                     pending.remove(k);
                     continue;
                 }
@@ -816,9 +867,21 @@ pub fn sender(a: &NodeArgs) -> anyhow::Result<()> {
             }
         }
     }
+    let started: Vec<u64> = (0..pairs.len())
+        .map(|j| {
+            mine.iter()
+                .zip(&state)
+                .filter(|(f, s)| f.dst == j && s.post_ns.is_some())
+                .count() as u64
+        })
+        .collect();
+    let text: Vec<String> = started.iter().map(u64::to_string).collect();
+    let tmp = a.out.join(format!("started-s{}.tmp", a.index));
+    std::fs::write(&tmp, text.join(","))?;
+    std::fs::rename(&tmp, started_file(&a.out, a.index))?;
     let mut errors = Vec::new();
     for (j, p) in pairs.iter_mut().enumerate() {
-        let flows = mine.iter().filter(|f| f.dst == j).count() as u64;
+        let flows = started[j];
         p.peer.send(&Done { flows }, "the end of the run")?;
         let v: Verdict = p.peer.recv("the receiver's verdict")?;
         if v.received != flows {
