@@ -3,11 +3,24 @@
 //! and starts again from the QP's own after progress) while retry_cnt keeps
 //! counting expiries; and a lost last packet (request or ACK) is recovered
 //! by a tail-loss probe a few milliseconds later instead of the full local
-//! ACK timeout, with every message delivered exactly once.
+//! ACK timeout, with every message delivered exactly once. These are
+//! go-back-N's timers: the QPs here do not agree on selective repeat
+//! (engine_selective and engine_sr_agree have its probe's).
 
+use xroce::engine::SrMode;
 use xroce::engine::{sim::pattern, timers};
-use xroce::verbs::sim::{connect_pair, sim_pair, Endpoint, LinkConfig, PairParams, Sim};
+use xroce::verbs::sim::{sim_pair, Endpoint, LinkConfig, PairParams, Sim};
 use xroce::verbs::*;
+
+/// A connected pair that recovers with go-back-N.
+fn connect_pair(sim: &Sim, p: &PairParams) -> (Endpoint, Endpoint) {
+    let (a, b) = xroce::verbs::sim::connect_pair(sim, p);
+    a.qp.set_selective_repeat(SrMode::Off)
+        .expect("a: go-back-N");
+    b.qp.set_selective_repeat(SrMode::Off)
+        .expect("b: go-back-N");
+    (a, b)
+}
 
 const MS: u64 = 1_000_000;
 
