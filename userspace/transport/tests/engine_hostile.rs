@@ -246,10 +246,16 @@ fn selective_repeat_write_ahead_with_a_bad_rkey_is_an_access_error() {
         frame(t, &[byte; 64])
     };
     // 5 PSNs ahead of the expected one (inside the SACK bitmap), a guessed
-    // R_Key: no NAK yet (it would have to name the expected PSN), nothing
+    // R_Key: no access error yet (its NAK would have to name the expected
+    // PSN), only the sequence NAK of a packet dropped ahead; nothing
     // written, the QP still up.
     let out = to_b(&mut sim, &write(PSN + 5, b.mr.rkey() ^ 0x0101, 0, 0xee));
-    assert_eq!(naks(&out), [], "{:?}", summary(&out));
+    assert_eq!(
+        naks(&out),
+        [(PSN, NakCode::PsnSequenceError)],
+        "{:?}",
+        summary(&out)
+    );
     assert_eq!(lk(&sim.b).query_qp(b.qpn).unwrap().qp_state, QpState::Rts);
     // The right R_Key ahead is no longer placed either.
     let out = to_b(&mut sim, &write(PSN + 6, b.mr.rkey(), 64, 0xdd));

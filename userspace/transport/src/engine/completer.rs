@@ -334,7 +334,22 @@ impl QpCtx {
                     NakCode::PsnSequenceError => {
                         env.stats.rx_seq_naks += 1;
                         self.qstats.seq_naks_received += 1;
-                        self.retry_if_new(env);
+                        let sr_repeat = self.sr_req.is_some()
+                            && self.req.psn == self.req.max_psn
+                            && !(self.req.started_retry && self.req.retry_psn == self.req.comp_psn);
+                        if sr_repeat {
+                            // Selective repeat: the responder dropped
+                            // something that runs in order only behind the
+                            // gap. What is neither acknowledged nor SACKed
+                            // goes again; the packets it placed do not.
+                            self.req.started_retry = true;
+                            self.req.retry_psn = self.req.comp_psn;
+                            env.stats.retries_started += 1;
+                            self.req.rtt_sample = None;
+                            self.sr_on_timeout();
+                        } else {
+                            self.retry_if_new(env);
+                        }
                         return;
                     }
                     NakCode::InvalidRequest | NakCode::InvalidRdRequest => WcStatus::RemInvReqErr,

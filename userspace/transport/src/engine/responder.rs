@@ -86,7 +86,7 @@ impl QpCtx {
         }
     }
 
-    fn queue_nak(
+    pub(super) fn queue_nak(
         &mut self,
         env: &mut Env<'_>,
         psn: u32,
