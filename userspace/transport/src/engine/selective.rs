@@ -75,9 +75,12 @@
 //!   guessed R_Key ahead writes nothing and costs the QP as in order, and
 //!   the error fails the work request it belongs to (a NAK of the expected
 //!   PSN at once would fail the one there, which may be a SEND waiting out
-//!   an RNR NAK). No sequence
-//!   NAK is sent: an arrival that opens or moves past a gap (or asks for an
-//!   ACK) is answered by an ACK carrying a SACK.
+//!   an RNR NAK). A placed arrival that opens or moves past a gap (or
+//!   asks for an ACK) is answered by an ACK carrying a SACK. A packet
+//!   dropped ahead draws a sequence NAK, once per gap: the SR requester
+//!   then resends everything neither acknowledged nor SACKed (what runs
+//!   in order only must come again, the placed packets need not), where
+//!   a SACK alone would name nothing to resend for it.
 //! - **ACK.** The BTH PSN is the cumulative acknowledgement as always; an
 //!   xroce-only SACK block (`xroce_wire::sack`) in the ACK's payload marks
 //!   the PSNs received beyond it. Only SR QPs send or read it.
