@@ -327,6 +327,19 @@ fn long_round_trips_do_not_push_the_probe_past_8_ms() {
 /// timeout (UCX asks for a second), with the message delivered once.
 #[test]
 fn a_lost_nak_costs_a_few_probe_times_not_the_local_ack_timeout() {
+    lost_nak(false);
+}
+
+/// The same under selective repeat (two Auto QPs agree on it during the
+/// warm-up): B drops the SEND's packets behind the gap and NAKs the gap
+/// once; with that NAK lost, nothing is SACKed, and the second probe sends
+/// everything unacknowledged again.
+#[test]
+fn a_lost_nak_costs_a_few_probe_times_under_selective_repeat_too() {
+    lost_nak(true);
+}
+
+fn lost_nak(selective_repeat: bool) {
     use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
     use xroce_wire::{parse_frame, Syndrome};
     let mut sim = sim_pair(LinkConfig::default(), 25);
@@ -337,7 +350,11 @@ fn a_lost_nak_costs_a_few_probe_times_not_the_local_ack_timeout() {
         ..Default::default()
     };
     let rto = timers::ack_timeout_ns(18).unwrap();
-    let (a, b) = connect_pair(&sim, &p);
+    let (a, b) = if selective_repeat {
+        xroce::verbs::sim::connect_pair(&sim, &p)
+    } else {
+        connect_pair(&sim, &p)
+    };
     post_recvs(&b, 2, 8192);
     // Warm-up: a round-trip estimate for the probe timer.
     a.qp.post_send(&send_wr(1, &a, 0, 8)).unwrap();
@@ -347,6 +364,15 @@ fn a_lost_nak_costs_a_few_probe_times_not_the_local_ack_timeout() {
         wb.extend(drain(&b.cq));
         wa.len() == 1 && wb.len() == 1
     }));
+    let (ra, rb) = (
+        a.qp.selective_repeat().unwrap(),
+        b.qp.selective_repeat().unwrap(),
+    );
+    assert_eq!(
+        (ra.requester, rb.responder),
+        (selective_repeat, selective_repeat),
+        "A's requester and B's responder agreed on selective repeat or not"
+    );
     // From here: the third data frame towards B, and the first NAK back.
     let to_b = std::sync::Arc::new(AtomicU32::new(0));
     let naks = std::sync::Arc::new(AtomicU32::new(0));

@@ -198,6 +198,20 @@ impl QpCtx {
                     // the back-off are the timeout's.
                     env.stats.probe_retries += 1;
                     self.start_retry(env);
+                } else if self.sr_req.is_some()
+                    && earlier > 0
+                    && !self.sr_has_holes()
+                    && self.req.psn == self.req.max_psn
+                {
+                    // Selective repeat with nothing SACKed: the last
+                    // packet's probe drew nothing. The responder drops what
+                    // runs in order only behind a gap and NAKs the gap
+                    // once; if that NAK was lost, only sending everything
+                    // unacknowledged again ends the silence before the
+                    // local ACK timeout. Not an expiry either.
+                    env.stats.probe_retries += 1;
+                    self.req.rtt_sample = None;
+                    self.sr_on_timeout();
                 } else {
                     self.send_tail_probe(env);
                 }
