@@ -141,10 +141,16 @@ impl QpCtx {
 
     /// Retry from the completer PSN unless a retry for it already started.
     fn retry_if_new(&mut self, env: &mut Env<'_>) {
-        if self.req.started_retry && self.req.retry_psn == self.req.comp_psn {
+        if self.retry_running() {
             return;
         }
         self.start_retry(env);
+    }
+
+    /// A retry already runs from the completer's PSN (a duplicate NAK or
+    /// out-of-sequence response asks for nothing new).
+    fn retry_running(&self) -> bool {
+        self.req.started_retry && self.req.retry_psn == self.req.comp_psn
     }
 
     pub(crate) fn comp_handle(
@@ -336,7 +342,7 @@ impl QpCtx {
                         self.qstats.seq_naks_received += 1;
                         let sr_repeat = self.sr_req.is_some()
                             && self.req.psn == self.req.max_psn
-                            && !(self.req.started_retry && self.req.retry_psn == self.req.comp_psn);
+                            && !self.retry_running();
                         if sr_repeat {
                             // Selective repeat: the responder dropped
                             // something that runs in order only behind the
