@@ -351,7 +351,6 @@ impl QpCtx {
                             self.req.started_retry = true;
                             self.req.retry_psn = self.req.comp_psn;
                             env.stats.retries_started += 1;
-                            self.req.rtt_sample = None;
                             self.sr_on_timeout();
                         } else {
                             self.retry_if_new(env);

@@ -210,7 +210,6 @@ impl QpCtx {
                     // unacknowledged again ends the silence before the
                     // local ACK timeout. Not an expiry either.
                     env.stats.probe_retries += 1;
-                    self.req.rtt_sample = None;
                     self.sr_on_timeout();
                 } else {
                     self.send_tail_probe(env);
@@ -252,7 +251,6 @@ impl QpCtx {
         if self.sr_req.is_some() && self.req.psn == self.req.max_psn {
             // Selective repeat: what is neither acknowledged nor SACKed.
             env.stats.retries_started += 1;
-            self.req.rtt_sample = None;
             self.sr_on_timeout();
         } else {
             self.start_retry(env);

@@ -821,8 +821,11 @@ impl QpCtx {
         }
     }
 
-    /// Timeout on an SR QP: every unacknowledged, unSACKed PSN again.
+    /// Every unacknowledged, unSACKed PSN again (an SR QP's timeout, a
+    /// sequence NAK, a second probe that drew nothing).
     pub(crate) fn sr_on_timeout(&mut self) {
+        // What goes again is never a round-trip sample (Karn).
+        self.req.rtt_sample = None;
         let (comp, max) = (self.req.comp_psn, self.req.max_psn);
         let Some(r) = self.sr_req.as_deref_mut() else {
             return;
