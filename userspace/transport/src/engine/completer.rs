@@ -96,6 +96,7 @@ impl QpCtx {
                 };
                 self.req.srtt_ns = Some(self.req.srtt_ns.map_or(r, |s| s - s / 8 + r / 8));
                 self.req.last_rtt_ns = Some(r);
+                self.req.probe_backoff = 0;
             }
         }
         self.cc.on_ack(now, acked * self.mtu as usize, rtt);

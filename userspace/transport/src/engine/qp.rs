@@ -57,6 +57,12 @@ pub(crate) struct ReqState {
     /// Tail-loss probes since the retransmission timer was last armed
     /// (`arm_rto`); on go-back-N each waits four times the one before.
     pub probes: u8,
+    /// Probes that sent a window again since the last round-trip sample:
+    /// each makes every later probe wait four times as long (Karn's
+    /// back-off). What is sent again is never a sample, so behind a queue
+    /// deeper than the estimate the estimate would never catch up, and
+    /// every probe would add a window to that queue.
+    pub probe_backoff: u8,
     pub srtt_ns: Option<u64>,
     /// How much the samples stray from `srtt_ns` (RFC 6298's RTTVAR): a
     /// queue that grows and drains makes the round trip swing, and a probe

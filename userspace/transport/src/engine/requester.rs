@@ -94,10 +94,12 @@ impl QpCtx {
     /// round trip swing, a few smoothed ones are too short and the probe
     /// resends what is not lost), at least [`PROBE_MIN_NS`] (on a busy
     /// host the peer's thread can be off its core for a millisecond or
-    /// two), at most [`PROBE_MAX_NS`] and a quarter of the timeout `rto`.
-    /// None when that leaves less than the minimum: the timeout itself is
-    /// short.
+    /// two), at most [`PROBE_MAX_NS`] and a quarter of the timeout `rto`;
+    /// then four times as long for each probe that sent a window again
+    /// since the last round-trip sample (`probe_backoff`). None when that
+    /// leaves less than the minimum: the timeout itself is short.
     fn probe_ns(&self, rto: u64) -> Option<u64> {
+        let backoff = 1u64 << (2 * self.req.probe_backoff.min(15));
         let rtts = self.req.srtt_ns.map(|s| {
             s.saturating_mul(PROBE_RTTS)
                 .max(s.saturating_add(self.req.rttvar_ns.saturating_mul(4)))
@@ -108,14 +110,33 @@ impl QpCtx {
             // None when the timeout itself comes within twice that.
             let p = rtts
                 .unwrap_or(SR_PROBE_MIN_NS)
-                .clamp(SR_PROBE_MIN_NS, PROBE_MAX_NS);
+                .clamp(SR_PROBE_MIN_NS, PROBE_MAX_NS)
+                .saturating_mul(backoff);
             return (p <= rto / 2).then_some(p);
         }
         let p = rtts
             .unwrap_or(PROBE_MIN_NS)
             .clamp(PROBE_MIN_NS, PROBE_MAX_NS)
+            .saturating_mul(backoff)
             .min(rto / PROBE_RTO_RATIO);
         (p >= PROBE_MIN_NS).then_some(p)
+    }
+
+    /// Whether nothing was acknowledged for longer than the round trip and
+    /// four times its variance (RFC 6298's timeout without its floor)
+    /// since the timer that is due at `rto_at` was armed. The probe time
+    /// is capped for hosts that stall, so behind a standing queue deeper
+    /// than the cap the probes come before any ACK could: sending a window
+    /// again then must wait for this, or each probe adds a window to the
+    /// queue that delays the ACKs (4 senders into 200 Mbit/s collapsed to
+    /// 7 % of the link). False without a round-trip estimate.
+    fn silent_past_rtt(&self, now: u64, rto_at: u64) -> bool {
+        let (Some(srtt), Some(rto)) = (self.req.srtt_ns, self.backed_off_rto_ns()) else {
+            return false;
+        };
+        let armed_at = rto_at.saturating_sub(rto);
+        let rtt_bound = srtt.saturating_add(self.req.rttvar_ns.saturating_mul(4));
+        now.saturating_sub(armed_at) >= rtt_bound
     }
 
     /// (Re)arm the retransmission timer from `now`. Before any expiry, when
@@ -188,6 +209,7 @@ impl QpCtx {
                 // Only with a round-trip estimate: without one the probe
                 // time may be shorter than the path's round trip.
                 let rtt_known = self.req.srtt_ns.is_some();
+                let mut went_back = self.sr_req.is_none();
                 if self.sr_req.is_none() && earlier > 0 && rtt_known && self.can_probe() {
                     // Go-back-N: the last packet's probe drew nothing. A
                     // responder that NAKed a gap answers no later packet
@@ -197,11 +219,13 @@ impl QpCtx {
                     // (UCX asks for a second). Not an expiry: retry_cnt and
                     // the back-off are the timeout's.
                     env.stats.probe_retries += 1;
+                    self.req.probe_backoff = self.req.probe_backoff.saturating_add(1);
                     self.start_retry(env);
                 } else if self.sr_req.is_some()
                     && earlier > 0
                     && !self.sr_has_holes()
                     && self.req.psn == self.req.max_psn
+                    && self.silent_past_rtt(now, at)
                 {
                     // Selective repeat with nothing SACKed: the last
                     // packet's probe drew nothing. The responder drops what
@@ -210,25 +234,28 @@ impl QpCtx {
                     // unacknowledged again ends the silence before the
                     // local ACK timeout. Not an expiry either.
                     env.stats.probe_retries += 1;
+                    self.req.probe_backoff = self.req.probe_backoff.saturating_add(1);
                     self.sr_on_timeout();
+                    went_back = true;
                 } else {
                     self.send_tail_probe(env);
                 }
                 // Probe again while nothing moves, up to the timeout
                 // (go-back-N: once the round trip is known):
                 // selective repeat every probe time (a probe costs one
-                // packet; the re-sent hole may be lost too), go-back-N four
-                // times as late as the probe before (each may resend a
-                // window, so a host stalled for a few milliseconds, which
-                // the first probe allows for, must not cost many).
+                // packet; the re-sent hole may be lost too), but four times
+                // as late as the probe before where it sent everything
+                // again, as go-back-N always (each may resend a window, so
+                // a host stalled for a few milliseconds, which the first
+                // probe allows for, must not cost many).
                 let rto = self
                     .backed_off_rto_ns()
                     .filter(|_| self.sr_req.is_some() || rtt_known);
                 if let Some(p) = rto.and_then(|rto| self.probe_ns(rto)) {
-                    let next = if self.sr_req.is_some() {
-                        p
-                    } else {
+                    let next = if went_back {
                         p.saturating_mul(1 << (2 * self.req.probes.min(15)))
+                    } else {
+                        p
                     };
                     if now + next < at {
                         self.req.timers.arm(Timer::Retransmit, now + next);

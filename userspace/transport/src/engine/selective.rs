@@ -94,8 +94,13 @@
 //!   needless probe costs one packet, not a window), repeats while nothing
 //!   moves, and, when holes are known, resends the oldest unacknowledged
 //!   packet (even if SACKed: it draws the ACK that may have been lost)
-//!   instead of the last one; the timeout queues every unacknowledged,
-//!   unSACKed PSN. Retransmitted holes go before new data and outside the
+//!   instead of the last one. With nothing SACKed, a second probe queues
+//!   every unacknowledged PSN, but only after a silence longer than the
+//!   round trip and four times its variance, and each such probe makes the
+//!   later ones wait four times as long until a fresh round-trip sample
+//!   (copies are never samples, so behind a queue deeper than the estimate
+//!   it would never catch up otherwise). The timeout queues every
+//!   unacknowledged, unSACKed PSN. Retransmitted holes go before new data and outside the
 //!   device's in-flight budget (their PSNs count already); SACKed PSNs do
 //!   not count against the QP's window (IRN counts packets in flight).
 //!   The early probe has a price: on a path whose queue holds packets for
