@@ -5,7 +5,8 @@
 //! by a tail-loss probe a few milliseconds later instead of the full local
 //! ACK timeout, with every message delivered exactly once. These are
 //! go-back-N's timers: the QPs here do not agree on selective repeat
-//! (engine_selective and engine_sr_agree have its probe's).
+//! (engine_selective and engine_sr_agree have its probe's), but for the
+//! cases marked so, which hold under both.
 
 use xroce::engine::SrMode;
 use xroce::engine::{sim::pattern, timers};
@@ -421,4 +422,101 @@ fn lost_nak(selective_repeat: bool) {
     assert_eq!(unsafe { b.mr.to_vec(8192, 8000) }.unwrap(), msg);
     sim.run_until(sim.now + 100 * MS, |_| false);
     assert!(drain(&b.cq).is_empty(), "the message arrived twice");
+}
+
+/// A READ of 512 packets (more PSNs than the window of 128) whose request
+/// is lost: the probe asks again for the whole READ, under go-back-N and
+/// under selective repeat. It used to ask for the last response alone,
+/// a PSN beyond the window, so nothing went, no later probe came, and the
+/// READ waited out the local ACK timeout (UCX's rendezvous READs at 1 %
+/// loss: 1.1 s at the p99).
+#[test]
+fn a_lost_read_request_longer_than_the_window_costs_a_probe_time() {
+    lost_read_request(false);
+}
+
+#[test]
+fn a_lost_read_request_longer_than_the_window_costs_a_probe_time_under_selective_repeat() {
+    lost_read_request(true);
+}
+
+fn lost_read_request(selective_repeat: bool) {
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    use xroce_wire::{parse_frame, Opcode};
+    const LEN: usize = 512 * 1024;
+    let mut sim = sim_pair(LinkConfig::default(), 26);
+    let p = PairParams {
+        mtu: Mtu::Mtu1024,
+        timeout: 18,
+        retry_cnt: 7,
+        mr_len: 2 * LEN,
+        ..Default::default()
+    };
+    let rto = timers::ack_timeout_ns(18).unwrap();
+    let (a, b) = if selective_repeat {
+        xroce::verbs::sim::connect_pair(&sim, &p)
+    } else {
+        connect_pair(&sim, &p)
+    };
+    let data = pattern(26, LEN);
+    // SAFETY: nothing posted touches B's bytes yet.
+    unsafe { b.mr.write(0, &data) }.unwrap();
+    let read = |id: u64, len: usize| {
+        SendWr::new(
+            id,
+            WrOpcode::RdmaRead {
+                remote_addr: b.mr.addr(),
+                rkey: b.mr.rkey(),
+            },
+            vec![a.mr.sge(LEN, len)],
+        )
+    };
+    // Warm-up: a round-trip estimate, and selective repeat agreed or not.
+    a.qp.post_send(&read(1, 4096)).unwrap();
+    let mut wa = Vec::new();
+    assert!(sim.run_until(sim.now + 100 * MS, |_| {
+        wa.extend(drain(&a.cq));
+        wa.len() == 1
+    }));
+    assert_eq!(
+        a.qp.selective_repeat().unwrap().requester,
+        selective_repeat,
+        "A's requester agreed on selective repeat or not"
+    );
+    // The next READ request towards B is lost.
+    let requests = std::sync::Arc::new(AtomicU32::new(0));
+    let r = requests.clone();
+    sim.link.drop_when(move |towards_b, frame| {
+        towards_b
+            && parse_frame(frame).is_ok_and(|(f, _)| {
+                f.transport.bth.opcode == Opcode::RC_RDMA_READ_REQUEST
+                    && r.fetch_add(1, Relaxed) == 0
+            })
+    });
+    let t0 = sim.now;
+    a.qp.post_send(&read(2, LEN)).unwrap();
+    assert!(
+        sim.run_until(t0 + 2 * rto, |_| {
+            wa.extend(drain(&a.cq));
+            wa.len() == 2
+        }),
+        "A {wa:?}"
+    );
+    let took = sim.now - t0;
+    assert_eq!(
+        wa.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(
+        sim.a.stats().retry_timeouts,
+        0,
+        "no local ACK timeout expired"
+    );
+    assert!(took < 50 * MS && took < rto / 20, "took {took} ns");
+    assert_eq!(requests.load(Relaxed), 2, "the READ was asked for twice");
+    // SAFETY: the READ has completed.
+    assert!(
+        unsafe { a.mr.to_vec(LEN, LEN) }.unwrap() == data,
+        "the data READ"
+    );
 }

@@ -185,12 +185,32 @@ impl QpCtx {
             return;
         }
         let last = psn_sub(self.req.max_psn, 1);
-        self.seek_req(last);
+        // A READ's last PSN is its last response's: a request for just
+        // that one may lie beyond the window (a READ spans more PSNs than
+        // the window holds), and then nothing went and no later probe came
+        // (the QP waited out its local ACK timeout, 1 s under UCX). Ask
+        // again for what the completer still waits for of it instead.
+        let comp = self.req.comp_psn;
+        let at = match self
+            .sq
+            .iter()
+            .find(|w| w.started && psn_le(w.first_psn, last) && psn_le(last, w.last_psn))
+        {
+            Some(w) if w.op.is_read_or_atomic() => {
+                if psn_lt(comp, w.first_psn) {
+                    w.first_psn
+                } else {
+                    comp
+                }
+            }
+            _ => last,
+        };
+        self.seek_req(at);
         // The probe asks for an ACK even when that packet did not (a
         // middle packet the pacer or the device budget left last).
         self.req.noack = env.cfg.ack_every.saturating_sub(1);
         // A probe is never an RTT sample (Karn), as any retransmission.
-        if self.req.rtt_sample.is_some_and(|(p, _)| p == last) {
+        if self.req.rtt_sample.is_some_and(|(p, _)| !psn_lt(p, at)) {
             self.req.rtt_sample = None;
         }
     }
