@@ -17,7 +17,7 @@ use xroce_transport::engine::{Engine, EngineStats, SrMode};
 use xroce_wire::{parse_frame, psn_add, Opcode};
 
 const SEC: u64 = 1_000_000_000;
-const REGION: usize = 1 << 20;
+const REGION: usize = 8 << 20;
 /// A's first PSN: across the wrap.
 const PSN_A: u32 = (1 << 24) - 20;
 
@@ -180,6 +180,27 @@ fn read_responses_ahead_are_placed_and_only_the_gaps_are_asked_for() {
         gbn.len()
     );
     assert_eq!(gst.sr_read_placed_out_of_order, 0);
+}
+
+/// A READ of 4,096 packets, four times the SACK's reach, loses its
+/// response 3: the 4,092 after it are placed ahead, however far, and only
+/// that one is sent again, while the READ is still under way. Before,
+/// responses beyond 1,024 were refused and the READ went back N; and B,
+/// asked for the gap, went back to it and sent again the 177 responses it
+/// had sent since.
+#[test]
+fn a_read_longer_than_the_sack_reach_asks_only_for_its_gap() {
+    let (sent, st) = reads(SrMode::On, &[4 << 20], &[(3, 1)]);
+    assert_eq!(sent.len(), 4096 + 1, "responses sent; {st:?}");
+    let gap = psn_add(PSN_A, 3);
+    assert_eq!(sent.iter().filter(|&&p| p == gap).count(), 2);
+    let again = sent.iter().rposition(|&p| p == gap).unwrap();
+    assert!(again < 4096, "the gap went before the READ's end ({again})");
+    assert_eq!(st.sr_read_gaps_requested, 1, "{st:?}");
+    // What came between the loss and the gap's answer was placed ahead,
+    // nothing arrived twice.
+    assert!(st.sr_read_placed_out_of_order > 0, "{st:?}");
+    assert_eq!(st.rx_duplicate, 0, "{st:?}");
 }
 
 /// The same agreed in band (Auto): the first response switches A's

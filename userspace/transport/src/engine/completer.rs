@@ -292,10 +292,17 @@ impl QpCtx {
                     self.sr_on_ack(psn_add(p, 1), payload);
                 }
                 // An ACK covering a READ/atomic whose response we have not
-                // seen means the response was lost: retry it.
+                // seen means the response was lost: retry it. Selective
+                // repeat with responses of that READ placed ahead: only its
+                // gaps are missing, asked for one at a time (going back
+                // would ask for all it placed again).
                 if let Some(w) = self.sq.front() {
                     if w.started && w.op.is_read_or_atomic() && psn_le(self.req.comp_psn, p) {
-                        self.retry_if_new(env);
+                        if self.sr_read_placed_ahead() {
+                            self.sr_read_ask_gap();
+                        } else {
+                            self.retry_if_new(env);
+                        }
                     }
                 }
             }

@@ -250,7 +250,8 @@ impl QpCtx {
                 };
                 // Or a part of that range from here (a selective-repeat
                 // requester asks for a gap alone): only those packets.
-                if asked.va == r.va && asked.dma_len < r.dma_len {
+                let gap_only = asked.va == r.va && asked.dma_len < r.dma_len;
+                if gap_only {
                     r.dma_len = asked.dma_len;
                     npkts = asked.dma_len.div_ceil(self.mtu).max(1);
                 }
@@ -281,10 +282,34 @@ impl QpCtx {
                     _ => None,
                 });
                 if let Some((k, sent)) = covering {
-                    if k < *sent {
+                    if k >= *sent {
+                        return;
+                    }
+                    if !gap_only {
                         *sent = k;
                         env.stats.read_reexecuted += 1;
+                        return;
                     }
+                    // A gap alone, of a READ still under way: those packets
+                    // next, and then the rest from where it was. Going back
+                    // sent again all it had sent since the gap, a round
+                    // trip of responses per loss, which the requester had
+                    // placed already (a 16 MiB allreduce at 1 % loss
+                    // carried 2.6x the frames of the lossless one).
+                    if self.resp.out.len() >= MAX_OUT {
+                        return;
+                    }
+                    env.stats.read_reexecuted += 1;
+                    self.resp.out.push_front(RespItem::Read {
+                        mr,
+                        off,
+                        len: r.dma_len,
+                        psn: q,
+                        sent: 0,
+                        npkts,
+                        msn: self.resp.msn,
+                        dup: true,
+                    });
                     return;
                 }
                 if self.resp.out.len() >= MAX_OUT {

@@ -6,7 +6,9 @@
 //! the gap before it is asked for once by a READ request for just that
 //! range (its first PSN, its address and length), which an xroce responder
 //! answers with those packets alone (`responder.rs`, a duplicate READ
-//! naming part of what it executed). In-order responses then move the
+//! naming part of what it executed), ahead of the rest of a READ it is
+//! still sending. An ACK beyond such a READ asks for its gap, not for the
+//! READ again. In-order responses then move the
 //! completer's PSN over the PSNs placed ahead; a further gap is asked for
 //! when the completer reaches it. A gap whose re-request is lost too is
 //! the tail-loss probe's and the timeout's: they ask for the READ's rest
@@ -147,6 +149,16 @@ impl QpCtx {
             self.on_progress(env, comp, now);
         }
         self.sr_read_ask_gap();
+    }
+
+    /// Whether responses of the front READ wait, placed ahead of the
+    /// completer's PSN, for a gap before them.
+    pub(crate) fn sr_read_placed_ahead(&mut self) -> bool {
+        let comp = self.req.comp_psn;
+        self.sr_req.as_deref_mut().is_some_and(|sr| {
+            sr.read_got.advance_to(comp);
+            !sr.read_got.is_empty()
+        })
     }
 
     /// Ask once for the gap of the front READ at the completer's PSN: up
