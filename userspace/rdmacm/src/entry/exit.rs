@@ -11,6 +11,9 @@
 
 use std::time::{Duration, Instant};
 
+/// The most the library's destructor waits for the agents to take in
+/// what arrived (an RTU behind the data the program got last).
+const EXIT_CATCH_UP: Duration = Duration::from_millis(50);
 /// The most the library's destructor waits for the ids' locks.
 const EXIT_END: Duration = Duration::from_millis(100);
 /// The most the library's destructor waits for all agents.
@@ -23,6 +26,7 @@ extern "C" fn flush_at_exit() {
     if !crate::objects::agent::running_here() {
         return;
     }
+    crate::objects::agent::catch_up_all(EXIT_CATCH_UP);
     crate::objects::teardown::end_connections_at_exit(Instant::now() + EXIT_END);
     crate::objects::agent::flush_all(EXIT_FLUSH);
 }

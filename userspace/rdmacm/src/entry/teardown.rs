@@ -28,6 +28,12 @@ fn disconnect(cm: &CmId, id: *mut rdma_cm_id) -> Result<(), i32> {
         // A DREQ (DISCONNECTED follows its DREP) or the DREP of the
         // peer's DREQ (DISCONNECTED already queued).
         Ok(()) => cm.complete(),
+        // The peer ended the connection first (a REJ after the RTU: a
+        // server that exits before the RTU reaches it sends one): nothing
+        // is left to send and no event will come. Linux's rdma_disconnect
+        // returns 0 then too, once the QP is in ERR (cma.c ignores what
+        // ib_send_cm_dreq and ib_send_cm_drep return).
+        Err(xroce_cm::CmError::UnknownConn(_)) => Ok(()),
         Err(e) => Err(fail(libc::EINVAL, format_args!("rdma_disconnect: {e}"))),
     }
 }

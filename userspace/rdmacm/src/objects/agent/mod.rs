@@ -104,6 +104,9 @@ pub(crate) struct Agent {
     registered: Mutex<BTreeSet<u64>>,
     /// In the QP1 holder: how many other processes use its relay now.
     relayed_processes: AtomicUsize,
+    /// Rounds the thread began (each waits, then takes what arrived), for
+    /// [`catch_up_all`].
+    rounds: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -390,6 +393,7 @@ fn start(dev: &'static Device, gsi: Option<Gsi>) -> Result<&'static Agent, i32> 
         relay,
         registered: Mutex::new(BTreeSet::new()),
         relayed_processes: AtomicUsize::new(0),
+        rounds: AtomicU64::new(0),
     }));
     std::thread::Builder::new()
         .name("xroce-cm".into())
@@ -467,6 +471,7 @@ fn run(agent: &'static Agent, gsi: Gsi, mut server: Option<relay::Server>, ifind
     let mut repost = Vec::new();
     let mut events = Vec::new();
     loop {
+        agent.rounds.fetch_add(1, Ordering::AcqRel);
         let now = now_ns();
         let engine_due = agent.lock().poll_timeout();
         let deadline = engine_due.into_iter().chain(sender.next_retry(now)).min();
@@ -599,6 +604,7 @@ fn run_relayed(agent: &'static Agent) {
     let mut events = Vec::new();
     let mut open = true;
     loop {
+        agent.rounds.fetch_add(1, Ordering::AcqRel);
         let now = now_ns();
         let due = agent.lock().poll_timeout();
         let fds = if open { vec![relay.fd()] } else { Vec::new() };
@@ -684,6 +690,25 @@ pub(crate) fn running_here() -> bool {
     let pid = AGENTS_PID.load(Ordering::Acquire);
     // SAFETY: getpid has no preconditions.
     pid != 0 && pid == unsafe { libc::getpid() } as u32
+}
+
+/// Waits (up to `limit` for all) until every agent has taken in what
+/// arrived before this call: woken, its thread begins a round, takes what
+/// came, and begins the next. At exit, an RTU can wait in the agent's
+/// queue behind the program's own thread, which got the data sent after
+/// it and exited: ended unread, the connection was still waiting for it
+/// and ended with a REJ, where the kernel (which takes MADs in as they
+/// come) sends a DREQ, and the peer saw REJECTED instead of DISCONNECTED.
+pub(crate) fn catch_up_all(limit: Duration) {
+    let agents = AGENTS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let deadline = Instant::now() + limit;
+    for agent in &agents {
+        let began = agent.rounds.load(Ordering::Acquire);
+        agent.wake();
+        while agent.rounds.load(Ordering::Acquire) < began + 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
 }
 
 /// Waits (up to `limit` for all) until every agent sent what its engine
