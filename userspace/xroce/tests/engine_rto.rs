@@ -23,6 +23,16 @@ fn connect_pair(sim: &Sim, p: &PairParams) -> (Endpoint, Endpoint) {
     (a, b)
 }
 
+/// A connected pair that agrees on selective repeat (the default, Auto)
+/// or, if `selective_repeat` is false, recovers with go-back-N.
+fn connect_recovering(sim: &Sim, p: &PairParams, selective_repeat: bool) -> (Endpoint, Endpoint) {
+    if selective_repeat {
+        xroce::verbs::sim::connect_pair(sim, p)
+    } else {
+        connect_pair(sim, p)
+    }
+}
+
 const MS: u64 = 1_000_000;
 
 fn drain(cq: &CompletionQueue) -> Vec<Wc> {
@@ -351,11 +361,7 @@ fn lost_nak(selective_repeat: bool) {
         ..Default::default()
     };
     let rto = timers::ack_timeout_ns(18).unwrap();
-    let (a, b) = if selective_repeat {
-        xroce::verbs::sim::connect_pair(&sim, &p)
-    } else {
-        connect_pair(&sim, &p)
-    };
+    let (a, b) = connect_recovering(&sim, &p, selective_repeat);
     post_recvs(&b, 2, 8192);
     // Warm-up: a round-trip estimate for the probe timer.
     a.qp.post_send(&send_wr(1, &a, 0, 8)).unwrap();
@@ -453,11 +459,7 @@ fn lost_read_request(selective_repeat: bool) {
         ..Default::default()
     };
     let rto = timers::ack_timeout_ns(18).unwrap();
-    let (a, b) = if selective_repeat {
-        xroce::verbs::sim::connect_pair(&sim, &p)
-    } else {
-        connect_pair(&sim, &p)
-    };
+    let (a, b) = connect_recovering(&sim, &p, selective_repeat);
     let data = pattern(26, LEN);
     // SAFETY: nothing posted touches B's bytes yet.
     unsafe { b.mr.write(0, &data) }.unwrap();

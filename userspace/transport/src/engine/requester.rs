@@ -45,6 +45,11 @@ const PROBE_MAX_NS: u64 = 8_000_000;
 /// long timeouts; a short one recovers soon anyway).
 const PROBE_RTO_RATIO: u64 = 4;
 
+/// 4^n, n capped at 15: the probes' back-off factor.
+fn four_to_the(n: u8) -> u64 {
+    1 << (2 * n.min(15))
+}
+
 impl QpCtx {
     /// Point the requester at `p` (a PSN the completer has not yet seen
     /// acknowledged): find the started WQE containing it and the offset.
@@ -99,7 +104,7 @@ impl QpCtx {
     /// since the last round-trip sample (`probe_backoff`). None when that
     /// leaves less than the minimum: the timeout itself is short.
     fn probe_ns(&self, rto: u64) -> Option<u64> {
-        let backoff = 1u64 << (2 * self.req.probe_backoff.min(15));
+        let backoff = four_to_the(self.req.probe_backoff);
         let rtts = self.req.srtt_ns.map(|s| {
             s.saturating_mul(PROBE_RTTS)
                 .max(s.saturating_add(self.req.rttvar_ns.saturating_mul(4)))
@@ -273,7 +278,7 @@ impl QpCtx {
                     .filter(|_| self.sr_req.is_some() || rtt_known);
                 if let Some(p) = rto.and_then(|rto| self.probe_ns(rto)) {
                     let next = if went_back {
-                        p.saturating_mul(1 << (2 * self.req.probes.min(15)))
+                        p.saturating_mul(four_to_the(self.req.probes))
                     } else {
                         p
                     };
