@@ -49,6 +49,11 @@ const QPS: usize = 4;
 const ARENA: u64 = 4 << 20;
 /// Most senders beside the ranks.
 pub const MAX_SENDERS: usize = 8;
+/// The defaults of --background-cdf, -senders, -load and -rate.
+pub const DEFAULT_CDF: &str = "websearch";
+pub const DEFAULT_SENDERS: usize = 2;
+pub const DEFAULT_LOAD: f64 = 0.3;
+pub const DEFAULT_RATE_BPS: u64 = 1_000_000_000;
 
 /// The background's settings in summary.json.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

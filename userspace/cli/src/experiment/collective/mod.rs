@@ -110,7 +110,8 @@ pub struct CollectiveArgs {
     pub recovery: String,
     /// Run the same seed for each variant along these axes (a comma list):
     /// tcp (xroce vs TCP), recovery (go-back-N vs selective repeat), cc
-    /// (none, dcqcn, timely, swift); writes compare.svg
+    /// (none, dcqcn, timely, swift); writes compare.svg. It picks the
+    /// transports itself: instead of --transport, `--compare tcp` runs both
     #[arg(long, value_delimiter = ',', value_parser = AXES, conflicts_with = "transport")]
     pub compare: Vec<String>,
     /// Fraction of frames arriving at the ranks to drop (a lossless run of
@@ -142,20 +143,21 @@ pub struct CollectiveArgs {
     #[arg(long, default_value = "none", value_parser = background::KINDS)]
     pub background: String,
     /// The background's offered load: a fraction of each receiving rank's
-    /// link at --background-rate
-    #[arg(long, default_value_t = 0.3)]
-    pub background_load: f64,
+    /// link at --background-rate [default: 0.3]
+    #[arg(long)]
+    pub background_load: Option<f64>,
     /// The background's flow sizes: websearch, hadoop or a file of
     /// `size_bytes cdf_percent` lines (HPCC's traffic_gen format)
-    #[arg(long, default_value = "websearch")]
-    pub background_cdf: String,
-    /// Hosts beside the ranks that send the background (1 to 8)
-    #[arg(long, default_value_t = 2)]
-    pub background_senders: usize,
+    /// [default: websearch]
+    #[arg(long)]
+    pub background_cdf: Option<String>,
+    /// Hosts beside the ranks that send the background (1 to 8) [default: 2]
+    #[arg(long)]
+    pub background_senders: Option<usize>,
     /// The link rate the background's load is a fraction of (and its
-    /// senders' line rate)
-    #[arg(long, default_value = "1gbit", value_parser = crate::units::rate)]
-    pub background_rate: crate::units::Rate,
+    /// senders' line rate) [default: 1gbit]
+    #[arg(long, value_parser = crate::units::rate)]
+    pub background_rate: Option<crate::units::Rate>,
 }
 
 /// summary.json.
@@ -307,12 +309,27 @@ fn check(a: &CollectiveArgs) -> anyhow::Result<Vec<Variant>> {
 /// The background's flows (None without --background), drawn over the
 /// longest a job may run between two iterations, or ten minutes if longer.
 fn plan_background(a: &CollectiveArgs) -> anyhow::Result<Option<background::Plan>> {
+    if a.background == "none" {
+        let given = [
+            ("--background-load", a.background_load.is_some()),
+            ("--background-cdf", a.background_cdf.is_some()),
+            ("--background-senders", a.background_senders.is_some()),
+            ("--background-rate", a.background_rate.is_some()),
+        ];
+        if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+            bail!("{flag} shapes a background: add --background incast or --background load");
+        }
+    }
     background::plan(
         &a.background,
-        &a.background_cdf,
-        a.background_senders,
-        a.background_load,
-        a.background_rate.value,
+        a.background_cdf
+            .as_deref()
+            .unwrap_or(background::DEFAULT_CDF),
+        a.background_senders.unwrap_or(background::DEFAULT_SENDERS),
+        a.background_load.unwrap_or(background::DEFAULT_LOAD),
+        a.background_rate
+            .as_ref()
+            .map_or(background::DEFAULT_RATE_BPS, |r| r.value),
         a.ranks,
         a.stall_timeout.value.max(600.0),
         a.seed,
@@ -695,13 +712,16 @@ mod tests {
             (
                 a.background.as_str(),
                 a.background_load,
-                a.background_cdf.as_str()
+                a.background_cdf.as_deref()
             ),
-            ("incast", 0.2, "hadoop")
+            ("incast", Some(0.2), Some("hadoop"))
         );
         assert_eq!(
-            (a.background_senders, a.background_rate.value),
-            (3, 100_000_000)
+            (
+                a.background_senders,
+                a.background_rate.as_ref().map(|r| r.value)
+            ),
+            (Some(3), Some(100_000_000))
         );
         let e = parse(&["--background", "storm"]).unwrap_err().to_string();
         assert!(
@@ -711,6 +731,21 @@ mod tests {
         // --compare chooses the transports itself.
         let e = parse(&["--compare", "tcp", "--transport", "xroce"]).unwrap_err();
         assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn background_flags_without_a_background_name_the_fix() {
+        let a = parse(&["--background-load", "0.5"]).unwrap();
+        let e = plan_background(&a).err().unwrap().to_string();
+        assert!(
+            e.contains("--background-load") && e.contains("--background incast"),
+            "{e}"
+        );
+        let a = parse(&["--background", "none", "--background-senders", "3"]).unwrap();
+        let e = plan_background(&a).err().unwrap().to_string();
+        assert!(e.contains("--background-senders"), "{e}");
+        // Without any, nothing is planned and nothing fails.
+        assert!(plan_background(&parse(&[]).unwrap()).unwrap().is_none());
     }
 
     #[test]
