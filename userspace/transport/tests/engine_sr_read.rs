@@ -306,3 +306,71 @@ fn a_read_behind_an_atomic_whose_answer_was_lost() {
     let st = lk(&sim.a).stats();
     assert!(st.sr_read_placed_out_of_order > 0, "{st:?}");
 }
+
+/// A READ loses two responses, 30 packets apart (less than a round trip
+/// of them): each gap is asked for as soon as a response beyond it
+/// arrives, both before the first answer comes back. Asked for only when
+/// the completer reached it, the second waited for the answer to the
+/// first, and for everything queued ahead of that answer: a round trip
+/// and a queue per loss.
+#[test]
+fn every_gap_is_asked_for_when_seen_not_when_the_completer_reaches_it() {
+    let (mut sim, a, b) = setup(SrMode::On, 11);
+    let lost = [10, 40].map(|k| psn_add(PSN_A, k));
+    // (A's READ request or B's response, PSN), in the order put on the link.
+    let log: Arc<Mutex<Vec<(bool, u32)>>> = Arc::default();
+    let l = log.clone();
+    sim.link.tap_frames(move |_, frame| {
+        if let Ok((p, _)) = parse_frame(frame) {
+            let o = p.transport.bth.opcode;
+            let request = o == Opcode::RC_RDMA_READ_REQUEST;
+            if request || is_read_response(o) {
+                l.lock().unwrap().push((request, p.transport.bth.psn));
+            }
+        }
+    });
+    let mut drops = lost.map(|p| (p, 1));
+    sim.link.drop_when(move |to_b, frame| {
+        let Ok((p, _)) = parse_frame(frame) else {
+            return false;
+        };
+        if to_b || !is_read_response(p.transport.bth.opcode) {
+            return false;
+        }
+        let psn = p.transport.bth.psn;
+        drops.iter_mut().any(|(q, n)| {
+            let hit = *q == psn && *n > 0;
+            *n -= u32::from(hit);
+            hit
+        })
+    });
+    let len = 256 << 10;
+    lk(&sim.a)
+        .post_send(a.qpn, &read(1, &a, &b, 0, len))
+        .unwrap();
+    let ca = run(&mut sim, 1);
+    assert_eq!(ca.len(), 1);
+    assert_eq!(ca[0].wc.status, WcStatus::Success);
+    // SAFETY: the READ has completed.
+    let data = unsafe { a.mr.to_vec(REGION, len) }.unwrap();
+    assert!(data == pattern(11, REGION)[..len], "the data differs");
+
+    let log = std::mem::take(&mut *log.lock().unwrap());
+    let responses = log.iter().filter(|(req, _)| !req).count();
+    assert_eq!(responses, 256 + 2, "each lost response once more");
+    let asks: Vec<u32> = log.iter().skip(1).filter(|e| e.0).map(|e| e.1).collect();
+    assert_eq!(asks, lost, "one request per gap, in order");
+    let first_answer = log.iter().rposition(|&e| e == (false, lost[0])).unwrap();
+    let last_ask = log.iter().rposition(|&(req, _)| req).unwrap();
+    assert!(
+        last_ask < first_answer,
+        "every gap asked before the first was answered: {:?}",
+        &log[first_answer.min(last_ask)..=first_answer.max(last_ask)]
+    );
+    let st = lk(&sim.a).stats();
+    assert_eq!(
+        (st.sr_read_gaps_requested, st.retries_started),
+        (2, 0),
+        "{st:?}"
+    );
+}

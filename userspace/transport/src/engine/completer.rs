@@ -293,13 +293,14 @@ impl QpCtx {
                 }
                 // An ACK covering a READ/atomic whose response we have not
                 // seen means the response was lost: retry it. Selective
-                // repeat with responses of that READ placed ahead: only its
-                // gaps are missing, asked for one at a time (going back
-                // would ask for all it placed again).
+                // repeat with responses of that READ placed ahead: its gaps
+                // were asked for when seen, and what followed the last
+                // response seen is missing too (going back would ask for
+                // all it placed again).
                 if let Some(w) = self.sq.front() {
                     if w.started && w.op.is_read_or_atomic() && psn_le(self.req.comp_psn, p) {
                         if self.sr_read_placed_ahead() {
-                            self.sr_read_ask_gap();
+                            self.sr_read_ask_tail();
                         } else {
                             self.retry_if_new(env);
                         }

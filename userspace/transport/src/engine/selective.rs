@@ -276,12 +276,13 @@ pub(crate) struct SrReq {
     /// Retransmitted holes not yet acknowledged: (PSN, the first new PSN
     /// sent after it). A SACK beyond that second PSN means it was lost again.
     sent: VecDeque<(u32, u32)>,
-    /// Response PSNs of the front READ placed ahead of the completer's
+    /// Response PSNs of READs under way placed ahead of the completer's
     /// (`sr_read.rs`).
     pub read_got: ReadRing,
-    /// The gap [start, end) of the front READ to ask for.
-    pub read_ask: Option<(u32, u32)>,
-    /// Gaps were asked for up to here (each once).
+    /// Gaps [start, end) of READs under way to ask for, oldest first.
+    pub read_asks: VecDeque<(u32, u32)>,
+    /// Every response PSN below this one was seen or asked for (each
+    /// missing one once).
     pub read_asked: u32,
 }
 
@@ -324,7 +325,7 @@ impl SrReq {
             force: None,
             sent: VecDeque::new(),
             read_got: ReadRing::new(comp_psn),
-            read_ask: None,
+            read_asks: VecDeque::new(),
             read_asked: comp_psn,
         }
     }
@@ -836,18 +837,12 @@ impl QpCtx {
     /// instead (its re-request or those responses were lost).
     pub(crate) fn sr_probe_oldest(&mut self) {
         let comp = self.req.comp_psn;
-        let Some(sr) = self.sr_req.as_mut() else {
-            return;
-        };
-        sr.read_got.advance_to(comp);
-        if !sr.read_got.is_empty() {
-            sr.read_asked = comp;
-            self.sr_read_ask_gap();
-        }
-        // Nothing to ask of the front READ (or no READ in front, e.g. an
-        // atomic whose answer was lost): the oldest PSN again.
-        if let Some(sr) = self.sr_req.as_mut().filter(|s| s.read_ask.is_none()) {
-            sr.force = Some(comp);
+        if !self.sr_read_ask_front_gap() {
+            // Nothing to ask of the front READ (or no READ in front, e.g.
+            // an atomic whose answer was lost): the oldest PSN again.
+            if let Some(sr) = self.sr_req.as_mut() {
+                sr.force = Some(comp);
+            }
         }
     }
 

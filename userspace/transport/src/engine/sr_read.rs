@@ -1,26 +1,28 @@
 //! Selective repeat of READ responses at the requester (after IRN): on a
-//! QP whose requester runs selective repeat, a response packet of the READ
-//! at the front of the send queue that arrives ahead of the completer's
-//! PSN is placed at once (its offset follows from its PSN: (PSN - the
-//! READ's first PSN) x MTU) and its PSN remembered ([`SrReq::read_got`]);
-//! the gap before it is asked for once by a READ request for just that
-//! range (its first PSN, its address and length), which an xroce responder
-//! answers with those packets alone (`responder.rs`, a duplicate READ
-//! naming part of what it executed), ahead of the rest of a READ it is
-//! still sending. An ACK beyond such a READ asks for its gap, not for the
-//! READ again. In-order responses then move the
-//! completer's PSN over the PSNs placed ahead; a further gap is asked for
-//! when the completer reaches it. A gap whose re-request is lost too is
-//! the tail-loss probe's and the timeout's: they ask for the READ's rest
-//! from the completer's PSN, as before. A response packet ending a partial
+//! QP whose requester runs selective repeat, a response packet of a READ
+//! under way that arrives ahead of the completer's PSN is placed at once
+//! (its offset follows from its PSN: (PSN - the READ's first PSN) x MTU)
+//! and its PSN remembered ([`SrReq::read_got`]). A responder sends a
+//! READ's packets in order, so the PSNs between the last one seen and it
+//! are lost: each such gap is asked for at once, by a READ request for just
+//! that range (its first PSN, its address and length), which an xroce
+//! responder answers with those packets alone (`responder.rs`, a duplicate
+//! READ naming part of what it executed), ahead of the rest of a READ it
+//! is still sending. An ACK beyond the front READ asks for what followed
+//! its last response seen, not for the READ again. In-order responses then
+//! move the completer's PSN over the PSNs placed ahead. A gap whose
+//! re-request is lost too is the tail-loss probe's (it asks for the gap at
+//! the completer's PSN again) and the timeout's (the READ's rest from the
+//! completer's PSN, as before). A response packet ending a partial
 //! re-request (LAST or ONLY short of the READ's last PSN) is accepted on
 //! such a QP when it carries a full MTU.
+//!
+//! [`SrReq::read_got`]: super::selective::SrReq::read_got
 
 use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, Opcode, RethRepr, TransportRepr};
 
 use super::codec;
 use super::qp::QpCtx;
-use super::selective::SrReq;
 use super::work::WrOpcode;
 use super::wqe::sgl_write;
 use super::{Env, Transmit};
@@ -103,14 +105,66 @@ impl QpCtx {
         }
         sr.read_got.insert(p);
         env.stats.sr_read_placed_out_of_order += 1;
-        self.sr_read_ask_gap();
+        self.sr_read_note_gaps(p);
         true
+    }
+
+    /// Response `p` was placed ahead: every PSN between the last one seen
+    /// and `p` is lost (a responder sends a READ's packets in order), so
+    /// each run of them within a READ is asked for now. Asked only when
+    /// the completer reached it, each gap after the first waited for all
+    /// that was queued ahead of the answer to the one before: a round trip
+    /// and a queue per loss (a 64 MiB stream of 512 KiB READs at 1 % loss
+    /// ran at 0.66x its lossless rate in simulation).
+    fn sr_read_note_gaps(&mut self, p: u32) {
+        let comp = self.req.comp_psn;
+        let Some(sr) = self.sr_req.as_deref_mut() else {
+            return;
+        };
+        let mut x = if psn_lt(sr.read_asked, comp) {
+            comp
+        } else {
+            sr.read_asked
+        };
+        if !psn_lt(x, p) {
+            return;
+        }
+        sr.read_asked = psn_add(p, 1);
+        for w in self.sq.iter().take_while(|w| w.started) {
+            if !psn_lt(x, p) {
+                break;
+            }
+            if !matches!(w.op, WrOpcode::RdmaRead { .. }) || psn_lt(w.last_psn, x) {
+                continue;
+            }
+            if psn_lt(x, w.first_psn) {
+                x = w.first_psn;
+            }
+            let end = if psn_lt(w.last_psn, p) {
+                psn_add(w.last_psn, 1)
+            } else {
+                p
+            };
+            // Runs of PSNs not placed in [x, end).
+            while psn_lt(x, end) {
+                while psn_lt(x, end) && sr.read_got.contains(x) {
+                    x = psn_add(x, 1);
+                }
+                let s = x;
+                while psn_lt(x, end) && !sr.read_got.contains(x) {
+                    x = psn_add(x, 1);
+                }
+                if psn_lt(s, x) {
+                    sr.read_asks.push_back((s, x));
+                }
+            }
+        }
     }
 
     /// After a response moved the completer's PSN: move on over the PSNs
     /// placed ahead, completing each READ that reaches its end, and over
     /// the WRITEs and SENDs before a READ answered ahead (the responder
-    /// ran them, in order, before it); then ask for the next gap.
+    /// ran them, in order, before it). Its gaps were asked for when seen.
     pub(crate) fn sr_read_absorb(&mut self, env: &mut Env<'_>, now: u64) {
         loop {
             let comp = self.req.comp_psn;
@@ -148,7 +202,6 @@ impl QpCtx {
             }
             self.on_progress(env, comp, now);
         }
-        self.sr_read_ask_gap();
     }
 
     /// Whether responses of the front READ wait, placed ahead of the
@@ -161,23 +214,50 @@ impl QpCtx {
         })
     }
 
-    /// Ask once for the gap of the front READ at the completer's PSN: up
-    /// to the first PSN placed ahead or the READ's end.
-    pub(crate) fn sr_read_ask_gap(&mut self) {
+    /// An ACK beyond the front READ: the responder sent all of it, so what
+    /// follows the last response seen of it was lost; ask for that once.
+    pub(crate) fn sr_read_ask_tail(&mut self) {
         let comp = self.req.comp_psn;
         let (Some(sr), Some(w)) = (self.sr_req.as_deref_mut(), self.sq.front()) else {
-            return;
-        };
-        sr.read_got.advance_to(comp);
-        let Some(first_got) = sr.read_got.first() else {
             return;
         };
         let front_read = matches!(w.op, WrOpcode::RdmaRead { .. })
             && w.started
             && psn_le(w.first_psn, comp)
             && psn_le(comp, w.last_psn);
-        if !front_read || first_got == comp || psn_lt(comp, sr.read_asked) {
+        let s = if psn_lt(sr.read_asked, comp) {
+            comp
+        } else {
+            sr.read_asked
+        };
+        if !front_read || psn_lt(w.last_psn, s) {
             return;
+        }
+        let end = psn_add(w.last_psn, 1);
+        sr.read_asks.push_back((s, end));
+        sr.read_asked = end;
+    }
+
+    /// The tail-loss probe: ask again for the front READ's gap at the
+    /// completer's PSN (up to the first PSN placed ahead), whether asked
+    /// before or not (the request or its answer may be lost). False when
+    /// no response of it waits ahead.
+    pub(crate) fn sr_read_ask_front_gap(&mut self) -> bool {
+        let comp = self.req.comp_psn;
+        let (Some(sr), Some(w)) = (self.sr_req.as_deref_mut(), self.sq.front()) else {
+            return false;
+        };
+        sr.read_got.advance_to(comp);
+        let Some(first_got) = sr.read_got.first() else {
+            return false;
+        };
+        let front_read = matches!(w.op, WrOpcode::RdmaRead { .. })
+            && w.started
+            && psn_le(w.first_psn, comp)
+            && psn_lt(comp, first_got)
+            && psn_le(comp, w.last_psn);
+        if !front_read {
+            return false;
         }
         let end = psn_add(w.last_psn, 1);
         let e = if psn_lt(first_got, end) {
@@ -185,40 +265,56 @@ impl QpCtx {
         } else {
             end
         };
-        sr.read_ask = Some((comp, e));
-        sr.read_asked = e;
+        sr.read_asks.push_front((comp, e));
+        true
     }
 
-    /// The READ request for the gap asked for, if any (one packet).
+    /// The READ request for the oldest gap still missing, if any (one
+    /// packet); gaps the completer passed or whose responses came since
+    /// are dropped.
     pub(crate) fn sr_read_request(
         &mut self,
         env: &mut Env<'_>,
         now: u64,
         buf: &mut [u8],
     ) -> Option<Transmit> {
-        let (s, e) = self.sr_req.as_ref()?.read_ask?;
         let comp = self.req.comp_psn;
         let mtu = self.mtu;
-        let part = self.sq.front().and_then(|w| match w.op {
-            WrOpcode::RdmaRead { remote_addr, rkey }
-                if w.started
-                    && psn_le(comp, s)
-                    && psn_lt(s, e)
-                    && psn_le(e, psn_add(w.last_psn, 1)) =>
-            {
-                let off = psn_diff(s, w.first_psn) as u32 * mtu;
-                let len = (psn_diff(e, s) as u32 * mtu).min(w.len - off);
-                Some(RethRepr {
-                    va: remote_addr + u64::from(off),
-                    rkey,
-                    dma_len: len,
-                })
+        let (s, reth) = loop {
+            let sr = self.sr_req.as_deref_mut()?;
+            let &(mut s, e) = sr.read_asks.front()?;
+            if psn_lt(s, comp) {
+                s = comp;
             }
-            _ => None,
-        });
-        let Some(reth) = part else {
-            take_ask(self.sr_req.as_deref_mut()?);
-            return None;
+            while psn_lt(s, e) && sr.read_got.contains(s) {
+                s = psn_add(s, 1);
+            }
+            let part = self
+                .sq
+                .iter()
+                .take_while(|w| w.started)
+                .find_map(|w| match w.op {
+                    WrOpcode::RdmaRead { remote_addr, rkey }
+                        if psn_lt(s, e)
+                            && psn_le(w.first_psn, s)
+                            && psn_le(e, psn_add(w.last_psn, 1)) =>
+                    {
+                        let off = psn_diff(s, w.first_psn) as u32 * mtu;
+                        let len = (psn_diff(e, s) as u32 * mtu).min(w.len - off);
+                        Some(RethRepr {
+                            va: remote_addr + u64::from(off),
+                            rkey,
+                            dma_len: len,
+                        })
+                    }
+                    _ => None,
+                });
+            match part {
+                Some(reth) => break (s, reth),
+                None => {
+                    sr.read_asks.pop_front();
+                }
+            }
         };
         if !self.pacer_open(now) {
             return None;
@@ -227,7 +323,7 @@ impl QpCtx {
         f.transport.bth.sr_capable = self.sr_bit_on_request();
         f.transport.reth = Some(reth);
         let t = codec::emit_copy(&f, &[], buf).ok()?;
-        take_ask(self.sr_req.as_deref_mut()?);
+        self.sr_req.as_deref_mut()?.read_asks.pop_front();
         let n = t.frame_len();
         env.stats.sr_read_gaps_requested += 1;
         env.stats.tx_data_packets += 1;
@@ -238,8 +334,4 @@ impl QpCtx {
         self.paced_send(now, n);
         Some(t)
     }
-}
-
-fn take_ask(sr: &mut SrReq) {
-    sr.read_ask = None;
 }
