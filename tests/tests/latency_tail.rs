@@ -5,15 +5,19 @@
 //! In a ping-pong every lost packet is the last one in flight, so nothing
 //! after it reveals the gap and no sequence NAK comes: before the
 //! tail-loss probe each loss waited for the local ACK timeout, 67 ms at
-//! timeout 14 (xroce lat's and perftest's). The bound, 60 ms per round
-//! trip (send, answer and acknowledgement), is under that timeout, so
-//! every injected loss breaks it without the probe (about 80 in a run),
-//! and it is six times the issue's 10 ms goal, so that a loaded 2-core
-//! host does not break it. A host this busy can still keep a process off
-//! its cores for that long now and then (lat prints each iteration over
-//! 10 ms with the engine's recovery counters; with XROCE_LAT_SCHEDSTAT set,
-//! also its threads' run-queue wait): two such round trips in 20,000 are
-//! allowed, far from the ~80 a missing probe makes.
+//! timeout 14 (xroce lat's and perftest's). So the test counts the events
+//! that make the tail, not its length: the local ACK timeouts both ends'
+//! engines took (each `lat` prints them at its end). Without the probe
+//! every injected loss is one (about 80 in a run, at least 20); with it a
+//! timeout needs the probe lost too, or a peer kept off its cores longer
+//! than the timeout, and a few are allowed.
+//!
+//! The length of the tail is a figure that needs CPU: beside two CPU hogs
+//! on a 2-core host, a fifth of the round trips took over 10 ms and a few
+//! over 100 ms with no timeout at all, the processes waiting for a core.
+//! It is measured in the bench (`latency_tail`: p99, and no stall over
+//! 10 ms). Here each round trip over 60 ms is printed with the engine's
+//! counters, for the record.
 //!
 //! Every message carries its iteration number, checked by the receiver.
 //! XROCE_LATENCY_TAIL_BIN runs another `xroce` binary (to check that the
@@ -34,13 +38,33 @@ use xroce_tests::{
 
 const ROUNDS: u64 = 20_000;
 const DROP: &str = "0.002";
-/// Round trips longer than this: the local ACK timeout (67 ms) is over it.
+/// Round trips longer than this are printed: the local ACK timeout (67 ms)
+/// is over it.
 const BOUND_MS: f64 = 60.0;
-/// Round trips over the bound allowed for a host that stalls the process.
-const ALLOWED_OVER: usize = 2;
+/// Local ACK timeouts allowed, both ends together: a probe lost as well,
+/// or a peer off its cores for longer than the timeout.
+const ALLOWED_TIMEOUTS: u64 = 4;
 
 fn xroce_bin() -> PathBuf {
     std::env::var_os("XROCE_LATENCY_TAIL_BIN").map_or_else(|| workspace_bin("xroce"), PathBuf::from)
+}
+
+/// The local ACK timeouts a `lat` side reported at its end ("lat client:
+/// N iterations over 10ms; T retransmit timeouts, ...").
+fn timeouts(stderr: &str, side: &str) -> u64 {
+    let prefix = format!("lat {side}: ");
+    stderr
+        .lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(" iterations over "))
+        .find_map(|l| {
+            l.split("; ")
+                .nth(1)?
+                .split(" retransmit timeouts")
+                .next()?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no recovery line from the {side}: {stderr}"))
 }
 
 /// The round trips the client reported as slow (> 10 ms), in ms.
@@ -120,25 +144,36 @@ fn ping_pong(backend: &str) {
         slow.len(),
         over.len(),
     );
-    // Enough loss to matter: each would be a 67 ms stall without the probe.
+    // Enough loss to matter: each would be a local ACK timeout without
+    // the probe.
     assert!(drops >= 20, "{backend}: only {drops} frames dropped");
     assert!(r.retransmits > 0, "{r:?}");
+    let (tc, ts) = (timeouts(&cerr, "client"), timeouts(&serr, "server"));
     assert!(
-        over.len() <= ALLOWED_OVER,
-        "{backend}: {} of {ROUNDS} round trips over {BOUND_MS} ms with {drops} frames \
-         dropped: {over:?}\nclient: {cerr}\nserver: {serr}",
-        over.len()
+        tc + ts <= ALLOWED_TIMEOUTS,
+        "{backend}: {drops} frames dropped and {tc} + {ts} (client + server) local ACK \
+         timeouts: losses waited for the timeout, not for the probe\nclient: {cerr}\n\
+         server: {serr}"
     );
 }
 
 #[test]
-fn send_round_trips_stay_short_under_loss_afxdp() {
+fn send_losses_are_recovered_without_the_timeout_afxdp() {
     require_root();
     ping_pong("afxdp");
 }
 
 #[test]
-fn send_round_trips_stay_short_under_loss_udp() {
+fn send_losses_are_recovered_without_the_timeout_udp() {
     require_root();
     ping_pong("udp");
+}
+
+#[test]
+fn the_recovery_line_gives_the_timeouts() {
+    let err = "lat client: iteration 7 took 11.20 ms; since the last slow one: 1 retransmit \
+               timeouts, 2 retransmitted, 0 sequence NAKs in, 0 duplicates in\n\
+               lat client: 3 iterations over 10ms; 2 retransmit timeouts, 5 retransmitted, \
+               1 retries, 0 sequence NAKs in, 0 duplicates in\n";
+    assert_eq!(timeouts(err, "client"), 2);
 }
