@@ -4,7 +4,10 @@
 //! capture on both ends (no file: the copies are taken and counted, so the
 //! figure is the copying's, not the disk's), medians of each. Also what the
 //! captures kept up with: copies lost (perf buffers or the capture's socket
-//! full) per copy taken.
+//! full) per copy taken; and the cores the two capture processes used while
+//! the WRITEs ran. On a host whose cores the traffic fills (this one has
+//! two), those cores are taken from the traffic: a rate within noise needs
+//! a core to spare.
 
 use std::{
     io::{BufRead, BufReader, Read},
@@ -40,6 +43,10 @@ pub struct CaptureCost {
     /// Copies the two captures took and lost over the captured WRITE rounds.
     pub write_copies: u64,
     pub write_copies_lost: u64,
+    /// CPU seconds of the two capture processes per second of a captured
+    /// WRITE round (median), and the machine's cores.
+    pub write_capture_cores: f64,
+    pub cores: usize,
     /// Every round's data arrived as sent.
     pub verified: bool,
 }
@@ -68,8 +75,27 @@ fn start_capture(ns: &str, iface: &str, extra: &[&str]) -> Result<Started> {
     Ok(child)
 }
 
-/// Ends a capture (SIGINT) and reads its report.
-fn stop_capture(mut c: Started) -> Result<CaptureReport> {
+/// CPU seconds (user and system) the process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    // Fields after the command's closing parenthesis start at the state
+    // (field 3); utime and stime are fields 14 and 15, in clock ticks.
+    let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / hz)
+}
+
+/// Ends a capture (SIGINT) and reads its report, with the CPU seconds it
+/// used.
+fn stop_capture(mut c: Started) -> Result<(CaptureReport, f64)> {
+    let cpu = cpu_seconds(c.0.id())?;
     // SAFETY: kill(2) on the child we started, by its PID.
     unsafe { libc::kill(c.0.id() as i32, libc::SIGINT) };
     let mut out = String::new();
@@ -80,20 +106,22 @@ fn stop_capture(mut c: Started) -> Result<CaptureReport> {
     if !c.wait()?.success() {
         bail!("xroce capture failed");
     }
-    serde_json::from_str(out.trim()).context("xroce capture's JSON report")
+    let report = serde_json::from_str(out.trim()).context("xroce capture's JSON report")?;
+    Ok((report, cpu))
 }
 
 /// Runs `f` with a capture (`extra` arguments) on both ends; the two
-/// captures' reports.
+/// captures' reports and the CPU seconds they used together.
 fn captured<T>(
     ns: &NsPair,
     extra: &[&str],
     f: impl FnOnce() -> Result<T>,
-) -> Result<(T, [CaptureReport; 2])> {
+) -> Result<(T, [CaptureReport; 2], f64)> {
     let a = start_capture(&ns.a, &ns.if_a, extra)?;
     let b = start_capture(&ns.b, &ns.if_b, extra)?;
     let r = f()?;
-    Ok((r, [stop_capture(a)?, stop_capture(b)?]))
+    let ((ra, ca), (rb, cb)) = (stop_capture(a)?, stop_capture(b)?);
+    Ok((r, [ra, rb], ca + cb))
 }
 
 pub fn measure(ns: &NsPair) -> Result<CaptureCost> {
@@ -118,11 +146,14 @@ pub fn measure(ns: &NsPair) -> Result<CaptureCost> {
     let (mut plain_w, mut cap_w, mut head_w) = (Vec::new(), Vec::new(), Vec::new());
     let (mut plain_l, mut cap_l) = (Vec::new(), Vec::new());
     let (mut copies, mut lost, mut verified) = (0, 0, true);
+    let mut capture_cores = Vec::new();
     for round in 0..ROUNDS {
         eprintln!("capture cost: round {} of {ROUNDS}", round + 1);
         let p: BenchReport = xroce_pair(ns, "bench", &write)?;
-        let (c, reports): (BenchReport, _) = captured(ns, &[], || xroce_pair(ns, "bench", &write))?;
-        let (h, _): (BenchReport, _) =
+        let (c, reports, cpu): (BenchReport, _, _) =
+            captured(ns, &[], || xroce_pair(ns, "bench", &write))?;
+        capture_cores.push(cpu / c.seconds.max(1e-9));
+        let (h, _, _): (BenchReport, _, _) =
             captured(ns, &["-s", "128"], || xroce_pair(ns, "bench", &write))?;
         verified &= [&p, &c, &h].iter().all(|r| r.verified == Some(true));
         head_w.push(h.gbps);
@@ -133,7 +164,7 @@ pub fn measure(ns: &NsPair) -> Result<CaptureCost> {
         plain_w.push(p.gbps);
         cap_w.push(c.gbps);
         let pl: LatReport = xroce_pair(ns, "lat", &lat)?;
-        let (cl, _): (LatReport, _) = captured(ns, &[], || xroce_pair(ns, "lat", &lat))?;
+        let (cl, _, _): (LatReport, _, _) = captured(ns, &[], || xroce_pair(ns, "lat", &lat))?;
         plain_l.push(pl);
         cap_l.push(cl);
     }
@@ -153,6 +184,8 @@ pub fn measure(ns: &NsPair) -> Result<CaptureCost> {
         lat_p50_captured_vs_plain: p50(&cap_l) / p50(&plain_l),
         write_copies: copies,
         write_copies_lost: lost,
+        write_capture_cores: median(&capture_cores),
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         verified,
     };
     eprintln!("{}", serde_json::to_string(&out)?);
