@@ -163,6 +163,11 @@ impl<const WORDS: usize> PsnRing<WORDS> {
         (i / 64, 1 << (i % 64))
     }
 
+    /// PSNs it tracks from its base.
+    pub(crate) fn reach(&self) -> u32 {
+        Self::PSNS
+    }
+
     pub(crate) fn in_range(&self, p: u32) -> bool {
         let d = psn_diff(p, self.base);
         (0..Self::PSNS as i32).contains(&d)

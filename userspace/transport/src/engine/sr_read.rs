@@ -23,6 +23,7 @@ use xroce_wire::{psn_add, psn_diff, psn_le, psn_lt, Opcode, RethRepr, TransportR
 
 use super::codec;
 use super::qp::QpCtx;
+use super::selective::SrReq;
 use super::work::WrOpcode;
 use super::wqe::sgl_write;
 use super::{Env, Transmit};
@@ -121,11 +122,7 @@ impl QpCtx {
         let Some(sr) = self.sr_req.as_deref_mut() else {
             return;
         };
-        let mut x = if psn_lt(sr.read_asked, comp) {
-            comp
-        } else {
-            sr.read_asked
-        };
+        let mut x = sr.seen_from(comp);
         if !psn_lt(x, p) {
             return;
         }
@@ -225,11 +222,7 @@ impl QpCtx {
             && w.started
             && psn_le(w.first_psn, comp)
             && psn_le(comp, w.last_psn);
-        let s = if psn_lt(sr.read_asked, comp) {
-            comp
-        } else {
-            sr.read_asked
-        };
+        let s = sr.seen_from(comp);
         if !front_read || psn_lt(w.last_psn, s) {
             return;
         }
@@ -333,5 +326,46 @@ impl QpCtx {
         self.qstats.retransmitted += 1;
         self.paced_send(now, n);
         Some(t)
+    }
+}
+
+impl SrReq {
+    /// The first response PSN not yet seen or asked for: `read_asked`,
+    /// unless the completer's PSN `comp` passed it. A mark further than the
+    /// ring's reach from `comp` is stale (responses in order moved the
+    /// completer on, far enough for the PSN to wrap) and counts as passed.
+    fn seen_from(&self, comp: u32) -> u32 {
+        let ahead = psn_diff(self.read_asked, comp);
+        if (0..self.read_got.reach() as i32).contains(&ahead) {
+            self.read_asked
+        } else {
+            comp
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_seen_mark_counts_as_passed() {
+        let comp = 100;
+        let mut sr = SrReq::new(comp);
+        // Ahead within the ring's reach: still the mark.
+        sr.read_asked = 150;
+        assert_eq!(sr.seen_from(comp), 150);
+        // Behind the completer: the completer's PSN.
+        sr.read_asked = 90;
+        assert_eq!(sr.seen_from(comp), comp);
+        // Left behind so long that the PSN wrapped and it looks ahead by
+        // millions: the completer's PSN, not a walk over millions of PSNs.
+        sr.read_asked = psn_add(comp, 5_000_000);
+        assert_eq!(sr.seen_from(comp), comp);
+        // Across the wrap, within reach.
+        let comp = (1 << 24) - 10;
+        let mut sr = SrReq::new(comp);
+        sr.read_asked = 5;
+        assert_eq!(sr.seen_from(comp), 5);
     }
 }
