@@ -59,7 +59,7 @@ const ROUNDS: usize = 3;
 
 /// XDP attached on both ends for the whole figure (the loss is set in the
 /// server's program between runs); detached on every exit path.
-struct Attached<'a>(&'a NsPair);
+pub(super) struct Attached<'a>(pub(super) &'a NsPair);
 
 impl Drop for Attached<'_> {
     fn drop(&mut self) {
