@@ -344,16 +344,7 @@ fn every_gap_is_asked_for_when_seen_not_when_the_completer_reaches_it() {
             hit
         })
     });
-    let len = 256 << 10;
-    lk(&sim.a)
-        .post_send(a.qpn, &read(1, &a, &b, 0, len))
-        .unwrap();
-    let ca = run(&mut sim, 1);
-    assert_eq!(ca.len(), 1);
-    assert_eq!(ca[0].wc.status, WcStatus::Success);
-    // SAFETY: the READ has completed.
-    let data = unsafe { a.mr.to_vec(REGION, len) }.unwrap();
-    assert!(data == pattern(11, REGION)[..len], "the data differs");
+    read_256_packets(&mut sim, &a, &b, 11);
 
     let log = std::mem::take(&mut *log.lock().unwrap());
     let responses = log.iter().filter(|(req, _)| !req).count();
@@ -373,4 +364,44 @@ fn every_gap_is_asked_for_when_seen_not_when_the_completer_reaches_it() {
         (2, 0),
         "{st:?}"
     );
+}
+
+/// The responder's host stalls for 5 ms with a READ's 256 responses
+/// queued: nothing is lost, but nothing arrives for longer than the
+/// tail-loss probe waits. Each probe asks for the READ's last response
+/// alone, one packet sent again; asking for the rest from the completer's
+/// PSN made the responder execute the READ again, 256 packets a probe
+/// (2,560 duplicates in this run).
+#[test]
+fn a_probe_over_late_responses_asks_for_the_last_one_alone() {
+    let (mut sim, a, b) = setup(SrMode::On, 13);
+    let sent = impair(&mut sim, vec![]);
+    let stall = sim.now + 5_000_000;
+    sim.link.stall_until(false, stall);
+    read_256_packets(&mut sim, &a, &b, 13);
+    let st = lk(&sim.a).stats();
+    let probes = st.tx_retransmitted;
+    assert!(probes >= 1, "the probe fired: {st:?}");
+    let sent = std::mem::take(&mut *sent.lock().unwrap());
+    let last = psn_add(PSN_A, 255);
+    assert_eq!(
+        sent.len() as u64,
+        256 + probes,
+        "one response again per probe: {st:?}"
+    );
+    assert!(sent[256..].iter().all(|&p| p == last), "{:?}", &sent[256..]);
+    assert_eq!(st.retries_started, 0, "{st:?}");
+}
+
+/// One READ of 256 packets from `b`'s region (written from `seed`) to
+/// `a`'s: it completes, and the data is right.
+fn read_256_packets(sim: &mut EngineSim, a: &EngineEndpoint, b: &EngineEndpoint, seed: u64) {
+    let len = 256 << 10;
+    lk(&sim.a).post_send(a.qpn, &read(1, a, b, 0, len)).unwrap();
+    let ca = run(sim, 1);
+    assert_eq!(ca.len(), 1);
+    assert_eq!(ca[0].wc.status, WcStatus::Success);
+    // SAFETY: the READ has completed.
+    let data = unsafe { a.mr.to_vec(REGION, len) }.unwrap();
+    assert!(data == pattern(seed, REGION)[..len], "the data differs");
 }

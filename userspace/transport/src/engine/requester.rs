@@ -189,6 +189,13 @@ impl QpCtx {
             self.sr_probe_oldest();
             return;
         }
+        if self.sr_read_ask_last() {
+            // Selective repeat, the front READ under way and nothing of it
+            // placed ahead: its last response alone (sr_read.rs). Never a
+            // round-trip sample (Karn).
+            self.req.rtt_sample = None;
+            return;
+        }
         let last = psn_sub(self.req.max_psn, 1);
         // A READ's last PSN is its last response's: a request for just
         // that one may lie beyond the window (a READ spans more PSNs than

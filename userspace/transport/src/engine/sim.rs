@@ -235,6 +235,15 @@ impl SimLink {
         });
     }
 
+    /// Frames put on the link towards B (`to_b`) or A from now on leave no
+    /// earlier than `until_ns`, behind one another: the sending host off
+    /// its cores for a while, its frames waiting in its queue. Nothing is
+    /// lost, everything is late.
+    pub fn stall_until(&mut self, to_b: bool, until_ns: u64) {
+        let d = to_b as usize;
+        self.busy_until[d] = self.busy_until[d].max(until_ns);
+    }
+
     /// Put a frame on the link at `now`.
     pub fn send(&mut self, to_b: bool, frame: &[u8], now: u64) {
         if let Some(tap) = &mut self.tap {

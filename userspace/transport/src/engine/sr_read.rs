@@ -13,7 +13,9 @@
 //! move the completer's PSN over the PSNs placed ahead. A gap whose
 //! re-request is lost too is the tail-loss probe's (it asks for the gap at
 //! the completer's PSN again) and the timeout's (the READ's rest from the
-//! completer's PSN, as before). A response packet ending a partial
+//! completer's PSN, as before). With nothing placed ahead, the probe asks
+//! for the READ's last response alone: late responses cost a packet, lost
+//! ones show as a gap before it. A response packet ending a partial
 //! re-request (LAST or ONLY short of the READ's last PSN) is accepted on
 //! such a QP when it carries a full MTU.
 //!
@@ -259,6 +261,31 @@ impl QpCtx {
             end
         };
         sr.read_asks.push_front((comp, e));
+        true
+    }
+
+    /// The tail-loss probe of a front READ with no response placed ahead:
+    /// ask for its last response alone (TLP's last segment). Responses
+    /// that are only late (a peer or this host off its cores for longer
+    /// than the probe waits) then cost one packet again, where asking for
+    /// the rest from the completer's PSN made the responder go back and
+    /// send all of it again; lost ones are revealed by the answer, which
+    /// lands ahead of them and asks for the gap before it. False when the
+    /// front is not a READ under way short of its last PSN.
+    pub(crate) fn sr_read_ask_last(&mut self) -> bool {
+        let comp = self.req.comp_psn;
+        let (Some(sr), Some(w)) = (self.sr_req.as_deref_mut(), self.sq.front()) else {
+            return false;
+        };
+        let under_way = matches!(w.op, WrOpcode::RdmaRead { .. })
+            && w.started
+            && psn_le(w.first_psn, comp)
+            && psn_lt(comp, w.last_psn);
+        if !under_way {
+            return false;
+        }
+        sr.read_asks
+            .push_front((w.last_psn, psn_add(w.last_psn, 1)));
         true
     }
 
