@@ -267,7 +267,13 @@ impl QpCtx {
                     // local ACK timeout. Not an expiry either.
                     env.stats.probe_retries += 1;
                     self.req.probe_backoff = self.req.probe_backoff.saturating_add(1);
-                    self.sr_on_timeout();
+                    // A READ under way with nothing of it placed ahead:
+                    // its last response again tells as much (sr_read.rs).
+                    if self.sr_read_ask_last() {
+                        self.req.rtt_sample = None;
+                    } else {
+                        self.sr_on_timeout();
+                    }
                     went_back = true;
                 } else {
                     self.send_tail_probe(env);
