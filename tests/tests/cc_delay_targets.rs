@@ -34,6 +34,8 @@ use xroce_tests::{
 };
 
 const RATE: &str = "200mbit";
+/// Runs of the control (`none`) allowed to find the queue formed.
+const CONTROL_RUNS: usize = 3;
 
 fn incast(cc: &str) -> Incast {
     run_incast(
@@ -58,21 +60,40 @@ fn incast(cc: &str) -> Incast {
 #[test]
 fn timely_and_swift_hold_their_delay_targets_on_a_real_queue() {
     require_root();
-    let none = incast("none");
-    let n = none.brief();
-    let none_p50 = none.num("/queue/delay/p50_us");
-    let none_util = none.num("/link_utilisation");
-    eprintln!("none: queue delay p50 {none_p50:.0} us, utilisation {none_util:.3}");
     // The precondition of every bound below: without congestion control the
     // senders stand a queue over the controllers' 200 us targets (about 2 ms
     // at the median unloaded). Senders the host starves leave it empty, and
-    // there is nothing to hold down.
-    assert!(
-        none_p50 > 200.0,
-        "precondition: without congestion control the queue delay's median is \
-         {none_p50} us (utilisation {none_util:.2}): the senders did not outrun the \
-         link, so the host starved them (the run needs about one free core): {n}"
-    );
+    // there is nothing to hold down. Beside two CPU hogs that happened in
+    // about one run of four (0.52 of the link carried, against 0.82-0.93
+    // in the others), so the control runs again, up to CONTROL_RUNS times,
+    // until the queue forms: the run waits for its premise, it does not
+    // lower a bound. (A slower link instead was tried: at 100 Mbit/s TIMELY
+    // held an 8 ms queue even on a quiet host.)
+    let mut starved = Vec::new();
+    let none = loop {
+        let none = incast("none");
+        let p50 = none.num("/queue/delay/p50_us");
+        let util = none.num("/link_utilisation");
+        eprintln!("none: queue delay p50 {p50:.0} us, utilisation {util:.3}");
+        if p50 > 200.0 {
+            break none;
+        }
+        starved.push(format!(
+            "queue delay median {p50} us, utilisation {util:.2}: {}",
+            none.brief()
+        ));
+        none.remove();
+        assert!(
+            starved.len() < CONTROL_RUNS,
+            "precondition: without congestion control the senders did not outrun the \
+             link in {CONTROL_RUNS} runs, so the host starved them (the run needs about \
+             one free core):\n{}",
+            starved.join("\n")
+        );
+    };
+    let n = none.brief();
+    let none_p50 = none.num("/queue/delay/p50_us");
+    let none_util = none.num("/link_utilisation");
     let mut runs = vec![none];
     for cc in ["timely", "swift"] {
         let r = incast(cc);
