@@ -231,11 +231,7 @@ impl QpCtx {
             env.stats.rx_bad_response += 1;
             return;
         };
-        if !matches!(w.op, super::work::WrOpcode::RdmaRead { .. })
-            || !w.started
-            || !psn_le(w.first_psn, p)
-            || !psn_le(p, w.last_psn)
-        {
+        if !w.is_read_holding(p) {
             env.stats.rx_bad_response += 1;
             return;
         }

@@ -191,9 +191,7 @@ impl QpCtx {
         }
         if self.sr_read_ask_last() {
             // Selective repeat, the front READ under way and nothing of it
-            // placed ahead: its last response alone (sr_read.rs). Never a
-            // round-trip sample (Karn).
-            self.req.rtt_sample = None;
+            // placed ahead: its last response alone (sr_read.rs).
             return;
         }
         let last = psn_sub(self.req.max_psn, 1);
@@ -269,9 +267,7 @@ impl QpCtx {
                     self.req.probe_backoff = self.req.probe_backoff.saturating_add(1);
                     // A READ under way with nothing of it placed ahead:
                     // its last response again tells as much (sr_read.rs).
-                    if self.sr_read_ask_last() {
-                        self.req.rtt_sample = None;
-                    } else {
+                    if !self.sr_read_ask_last() {
                         self.sr_on_timeout();
                     }
                     went_back = true;

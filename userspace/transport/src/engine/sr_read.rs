@@ -70,11 +70,12 @@ impl QpCtx {
         let Some(sr) = self.sr_req.as_deref_mut() else {
             return false;
         };
-        let Some(w) = self.sq.iter().take_while(|w| w.started).find(|w| {
-            matches!(w.op, WrOpcode::RdmaRead { .. })
-                && psn_le(w.first_psn, p)
-                && psn_le(p, w.last_psn)
-        }) else {
+        let Some(w) = self
+            .sq
+            .iter()
+            .take_while(|w| w.started)
+            .find(|w| w.is_read_holding(p))
+        else {
             return false;
         };
         sr.read_got.advance_to(comp);
@@ -183,10 +184,7 @@ impl QpCtx {
                 }
                 break;
             }
-            if !matches!(w.op, WrOpcode::RdmaRead { .. })
-                || psn_lt(comp, w.first_psn)
-                || psn_lt(w.last_psn, comp)
-            {
+            if !w.is_read_holding(comp) {
                 break;
             }
             let last = w.last_psn;
@@ -220,12 +218,8 @@ impl QpCtx {
         let (Some(sr), Some(w)) = (self.sr_req.as_deref_mut(), self.sq.front()) else {
             return;
         };
-        let front_read = matches!(w.op, WrOpcode::RdmaRead { .. })
-            && w.started
-            && psn_le(w.first_psn, comp)
-            && psn_le(comp, w.last_psn);
         let s = sr.seen_from(comp);
-        if !front_read || psn_lt(w.last_psn, s) {
+        if !w.is_read_holding(comp) || psn_lt(w.last_psn, s) {
             return;
         }
         let end = psn_add(w.last_psn, 1);
@@ -246,12 +240,7 @@ impl QpCtx {
         let Some(first_got) = sr.read_got.first() else {
             return false;
         };
-        let front_read = matches!(w.op, WrOpcode::RdmaRead { .. })
-            && w.started
-            && psn_le(w.first_psn, comp)
-            && psn_lt(comp, first_got)
-            && psn_le(comp, w.last_psn);
-        if !front_read {
+        if !w.is_read_holding(comp) || !psn_lt(comp, first_got) {
             return false;
         }
         let end = psn_add(w.last_psn, 1);
@@ -270,22 +259,20 @@ impl QpCtx {
     /// than the probe waits) then cost one packet again, where asking for
     /// the rest from the completer's PSN made the responder go back and
     /// send all of it again; lost ones are revealed by the answer, which
-    /// lands ahead of them and asks for the gap before it. False when the
-    /// front is not a READ under way short of its last PSN.
+    /// lands ahead of them and asks for the gap before it. Like any
+    /// probe, never a round-trip sample (Karn). False when the front is
+    /// not a READ under way short of its last PSN.
     pub(crate) fn sr_read_ask_last(&mut self) -> bool {
         let comp = self.req.comp_psn;
         let (Some(sr), Some(w)) = (self.sr_req.as_deref_mut(), self.sq.front()) else {
             return false;
         };
-        let under_way = matches!(w.op, WrOpcode::RdmaRead { .. })
-            && w.started
-            && psn_le(w.first_psn, comp)
-            && psn_lt(comp, w.last_psn);
-        if !under_way {
+        if !w.is_read_holding(comp) || comp == w.last_psn {
             return false;
         }
         sr.read_asks
             .push_front((w.last_psn, psn_add(w.last_psn, 1)));
+        self.req.rtt_sample = None;
         true
     }
 

@@ -123,6 +123,14 @@ impl SendWqe {
             None => sgl_read(&self.sges, offset, dst),
         }
     }
+
+    /// A started RDMA READ whose response PSNs include `p`.
+    pub(crate) fn is_read_holding(&self, p: u32) -> bool {
+        matches!(self.op, WrOpcode::RdmaRead { .. })
+            && self.started
+            && xroce_wire::psn_le(self.first_psn, p)
+            && xroce_wire::psn_le(p, self.last_psn)
+    }
 }
 
 pub(crate) struct RecvWqe {
