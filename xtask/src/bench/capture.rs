@@ -75,27 +75,10 @@ fn start_capture(ns: &str, iface: &str, extra: &[&str]) -> Result<Started> {
     Ok(child)
 }
 
-/// CPU seconds (user and system) the process `pid` has used so far.
-fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("read /proc/{pid}/stat"))?;
-    // Fields after the command's closing parenthesis start at the state
-    // (field 3); utime and stime are fields 14 and 15, in clock ticks.
-    let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = [11, 12]
-        .iter()
-        .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
-        .sum();
-    // SAFETY: sysconf only reads a configuration value.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok(ticks as f64 / hz)
-}
-
 /// Ends a capture (SIGINT) and reads its report, with the CPU seconds it
 /// used.
 fn stop_capture(mut c: Started) -> Result<(CaptureReport, f64)> {
-    let cpu = cpu_seconds(c.0.id())?;
+    let cpu = super::cpu::process_seconds(c.0.id())?;
     // SAFETY: kill(2) on the child we started, by its PID.
     unsafe { libc::kill(c.0.id() as i32, libc::SIGINT) };
     let mut out = String::new();

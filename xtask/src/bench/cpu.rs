@@ -27,6 +27,23 @@ fn busy_seconds() -> Result<f64> {
     Ok(busy as f64 / hz)
 }
 
+/// CPU seconds (user and system) the process `pid` has used so far.
+pub fn process_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    // Fields after the command's closing parenthesis start at the state
+    // (field 3); utime and stime are fields 14 and 15, in clock ticks.
+    let rest = stat.rsplit_once(')').context("/proc/PID/stat")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<u64>().ok())
+        .sum();
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Ok(ticks as f64 / hz)
+}
+
 /// What one measured transfer cost.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy)]
 #[serde(deny_unknown_fields)]

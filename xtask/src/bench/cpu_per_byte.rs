@@ -9,7 +9,7 @@
 
 use std::{process::Stdio, thread, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use xroce_report::BenchReport;
 
@@ -74,25 +74,11 @@ fn idle_percent(exe: &std::path::Path, ns: &NsPair) -> Result<f64> {
     thread::sleep(Duration::from_secs(2));
     // nsenter execs the program: the child is the server itself.
     let pid = server.0.id();
-    let ticks = || -> Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .with_context(|| format!("/proc/{pid}/stat"))?;
-        // Fields after the command's closing parenthesis; utime, stime are
-        // the 14th and 15th of the whole line.
-        let rest = stat.rsplit(')').next().unwrap_or("");
-        let f: Vec<f64> = rest
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0.0))
-            .collect();
-        Ok(f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0))
-    };
-    let a = ticks()?;
+    let a = cpu::process_seconds(pid)?;
     thread::sleep(Duration::from_secs(10));
-    let b = ticks()?;
+    let b = cpu::process_seconds(pid)?;
     drop(server);
-    // SAFETY: sysconf only reads a configuration value.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    Ok((b - a) / hz / 10.0 * 100.0)
+    Ok((b - a) / 10.0 * 100.0)
 }
 
 pub fn measure(ns: &NsPair) -> Result<CpuPerByte> {
