@@ -6,7 +6,8 @@
 //! same count with every ICRC right. Ctrl-C (SIGINT) ends a capture with a
 //! complete file, `-w -` streams a capture to stdout, `--seconds` ends an
 //! idle one, a second capture of the device is refused, and the capture
-//! takes no QPN block a process would use. During a verified `xroce bench`
+//! takes no QPN block a process would use; its snap length reaches the
+//! processes that send. During a verified `xroce bench`
 //! run, a capture on each end records every frame both ways: what one end
 //! sent is what the other received, frame for frame, none lost.
 
@@ -486,6 +487,39 @@ fn a_second_capture_is_refused_and_block_0_stays_free() {
     for f in [file, second] {
         let _ = std::fs::remove_dir_all(f.parent().unwrap());
     }
+}
+
+/// `-s N` reaches the processes that send, as well as the XDP program:
+/// while the capture runs, the file beside its socket, which each sender
+/// reads when it connects (the capture tap's unit tests show a sender
+/// cuts its copies to it), says N; it goes with the capture. (It once
+/// said nothing, and every sender copied whole frames into a `-s 128`
+/// capture.)
+#[test]
+fn the_snap_length_reaches_the_sending_processes() {
+    require_root();
+    let pair = VethPair::new(1500);
+    let _xdp = AttachedXdp::new(&pair.b, &pair.if_b, "native");
+    let cap = Running::start(
+        &pair.b,
+        &["-i", &pair.if_b, "-s", "96", "--seconds", "120", "--json"],
+    );
+    let if_b = pair.if_b.clone();
+    let side = in_netns(&pair.b.name, move || {
+        let ifindex = xroce::xdp::if_index(&if_b).unwrap();
+        xroce::capture_tap::snaplen_path(&xroce::capture_tap::tap_path(ifindex).unwrap())
+    });
+    let said = std::fs::read_to_string(&side).unwrap_or_default();
+    assert_eq!(said.trim(), "96", "{}", side.display());
+    // SAFETY: kill(2) on the child we started, by its PID.
+    assert_eq!(
+        unsafe { libc::kill(cap.child.id() as i32, libc::SIGINT) },
+        0
+    );
+    let (ok, stdout, stderr) = cap.finish();
+    let c = report(ok, &stdout, &stderr);
+    assert_eq!(c.snaplen, 96, "{c:?}");
+    assert!(!side.exists(), "the snap length goes with the capture");
 }
 
 /// The RoCE part of each frame of `file` in `direction`, BTH to payload:

@@ -709,6 +709,7 @@ pub struct TapListener {
     streams: HashMap<(u32, u32), u64>,
     lost: u64,
     malformed: u64,
+    datagrams: u64,
 }
 
 impl TapListener {
@@ -754,6 +755,7 @@ impl TapListener {
             streams: HashMap::new(),
             lost: 0,
             malformed: 0,
+            datagrams: 0,
         };
         // bind made it 0777 & ~umask; every user's senders must connect.
         // (Should this fail, dropping `listener` unlinks the socket.)
@@ -778,6 +780,11 @@ impl TapListener {
     /// Datagrams thrown away because they did not parse.
     pub fn malformed(&self) -> u64 {
         self.malformed
+    }
+
+    /// Datagrams read so far, good or not.
+    pub fn datagrams(&self) -> u64 {
+        self.datagrams
     }
 
     /// Waits up to `timeout` (zero: just looks) for a datagram, then reads
@@ -807,6 +814,7 @@ impl TapListener {
                 }
             };
             datagrams += 1;
+            self.datagrams += 1;
             let Some(len) = len else {
                 self.malformed += 1;
                 continue;
@@ -969,7 +977,7 @@ impl AsFd for TapListener {
 
 /// Beside the socket: the capture's snap length, which senders read when
 /// they connect.
-fn snaplen_path(sock: &Path) -> PathBuf {
+pub fn snaplen_path(sock: &Path) -> PathBuf {
     let mut p = sock.as_os_str().to_owned();
     p.push(".snaplen");
     PathBuf::from(p)
