@@ -30,7 +30,7 @@ use std::{
 };
 
 use xroce_common::Counter;
-use xroce_report::LatReport;
+use xroce_report::{lat_lines, LatReport};
 use xroce_tests::{
     perf::{next_port, Server},
     require_root, workspace_bin, AttachedXdp, VethPair,
@@ -49,31 +49,10 @@ fn xroce_bin() -> PathBuf {
     std::env::var_os("XROCE_LATENCY_TAIL_BIN").map_or_else(|| workspace_bin("xroce"), PathBuf::from)
 }
 
-/// The local ACK timeouts a `lat` side reported at its end ("lat client:
-/// N iterations over 10ms; T retransmit timeouts, ...").
+/// The local ACK timeouts a `lat` side reported at its end.
 fn timeouts(stderr: &str, side: &str) -> u64 {
-    let prefix = format!("lat {side}: ");
-    stderr
-        .lines()
-        .filter(|l| l.starts_with(&prefix) && l.contains(" iterations over "))
-        .find_map(|l| {
-            l.split("; ")
-                .nth(1)?
-                .split(" retransmit timeouts")
-                .next()?
-                .parse()
-                .ok()
-        })
+    lat_lines::retransmit_timeouts(stderr, side)
         .unwrap_or_else(|| panic!("no recovery line from the {side}: {stderr}"))
-}
-
-/// The round trips the client reported as slow (> 10 ms), in ms.
-fn slow_round_trips(stderr: &str) -> Vec<f64> {
-    stderr
-        .lines()
-        .filter(|l| l.starts_with("lat client: iteration "))
-        .filter_map(|l| l.split(" took ").nth(1)?.split(" ms").next()?.parse().ok())
-        .collect()
 }
 
 fn ping_pong(backend: &str) {
@@ -131,7 +110,7 @@ fn ping_pong(backend: &str) {
         .in_b(xroce::xdp::read_counters)
         .unwrap()
         .get(Counter::DropFault);
-    let slow = slow_round_trips(&cerr);
+    let slow = lat_lines::slow_iterations_ms(&cerr);
     let over: Vec<f64> = slow.iter().copied().filter(|&ms| ms > BOUND_MS).collect();
     eprintln!(
         "latency_tail {backend}: {ROUNDS} round trips in {took:?}, {drops} frames dropped, \
@@ -167,13 +146,4 @@ fn send_losses_are_recovered_without_the_timeout_afxdp() {
 fn send_losses_are_recovered_without_the_timeout_udp() {
     require_root();
     ping_pong("udp");
-}
-
-#[test]
-fn the_recovery_line_gives_the_timeouts() {
-    let err = "lat client: iteration 7 took 11.20 ms; since the last slow one: 1 retransmit \
-               timeouts, 2 retransmitted, 0 sequence NAKs in, 0 duplicates in\n\
-               lat client: 3 iterations over 10ms; 2 retransmit timeouts, 5 retransmitted, \
-               1 retries, 0 sequence NAKs in, 0 duplicates in\n";
-    assert_eq!(timeouts(err, "client"), 2);
 }

@@ -17,6 +17,7 @@ mod decode;
 pub use decode::{CmLine, DecodeReport, Problem, QpTraffic};
 mod capture;
 pub use capture::CaptureReport;
+pub mod lat_lines;
 mod qp;
 pub use qp::QpStatus;
 mod status;

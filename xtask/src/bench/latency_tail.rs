@@ -135,12 +135,7 @@ fn lat(ns: &NsPair, backend: &str, port: u16) -> Result<Tail> {
     }
     let r: LatReport = serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim())
         .context("xroce lat's JSON report")?;
-    // "lat client: iteration 8596 took 17.08 ms; ..."
-    let slow: Vec<f64> = stderr
-        .lines()
-        .filter(|l| l.starts_with("lat client: iteration "))
-        .filter_map(|l| l.split(" took ").nth(1)?.split(" ms").next()?.parse().ok())
-        .collect();
+    let slow = xroce_report::lat_lines::slow_iterations_ms(&stderr);
     for l in stderr.lines().filter(|l| l.starts_with("lat client:")) {
         eprintln!("{l}");
     }
