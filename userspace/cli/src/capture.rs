@@ -534,21 +534,18 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
         eprintln!("xroce: {iface}: attached the XDP program for the capture");
     }
     let mut rx = RxCopies::open(iface)?;
-    let mut tx = TapListener::bind(ifindex)
-        .with_context(|| format!("{iface}: open the socket the sending processes copy to"))?;
     // Enough of each frame for the filters to read its headers.
     let copy = if filter.any() {
         snaplen.max(128)
     } else {
         snaplen
     };
+    // The senders cut their copies to it too, read when each connects (one
+    // that connected in the moment between bind and that copies whole
+    // frames, which the file cuts).
+    let mut tx = TapListener::bind(ifindex, copy)
+        .with_context(|| format!("{iface}: open the socket the sending processes copy to"))?;
     xdp::set_capture_snaplen(iface, copy)?;
-    // The senders cut their copies too: each reads this when it connects
-    // (one that connected in the moment since bind copies whole frames,
-    // which the file cuts). Without it a `-s 128` capture had every
-    // sender copy and send whole frames.
-    tx.set_snaplen(copy)
-        .with_context(|| format!("{iface}: tell the sending processes the snap length"))?;
     let copying = CopyingOn(iface);
 
     let mut sink = match &args.write {
@@ -586,8 +583,8 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
     let mut finishing = false;
     // The last round found ring copies and no datagram.
     let mut busy = false;
-    // The last round found datagrams from the senders; many.
-    let (mut streaming, mut queue_filling) = (false, false);
+    // Datagrams from the senders the last round found.
+    let mut datagrams = 0;
     let stopped_by = loop {
         let now = Instant::now();
         let stop = if crate::stop::stop_requested() {
@@ -603,10 +600,10 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
             }
             // One last look at both sources, then everything is written.
             finishing = true;
-        } else if streaming {
+        } else if datagrams > 0 {
             // (After a round that found the queue half full, the next
             // comes at once.)
-            if !queue_filling {
+            if datagrams < QUEUE_HALF {
                 std::thread::sleep(STREAM_NAP);
             }
         } else {
@@ -664,10 +661,8 @@ pub fn run(args: &CaptureArgs) -> anyhow::Result<()> {
         // Only the rings can wait: the senders' socket holds a few
         // datagrams (net.unix.max_dgram_qlen), so while they stream it is
         // read every STREAM_NAP, or at once when it was filling.
-        let datagrams = tx.datagrams() - datagrams_before;
+        datagrams = tx.datagrams() - datagrams_before;
         busy = rx_copies > 0 && records == 0;
-        streaming = datagrams > 0;
-        queue_filling = datagrams >= QUEUE_HALF;
         let horizon = if finishing {
             u64::MAX
         } else {

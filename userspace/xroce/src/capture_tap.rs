@@ -714,9 +714,13 @@ pub struct TapListener {
 
 impl TapListener {
     /// Binds the socket of interface `ifindex` in the calling thread's
-    /// network namespace, making [`TAP_DIR`] if needed.
-    pub fn bind(ifindex: u32) -> io::Result<Self> {
-        Self::bind_at(&tap_path(ifindex)?)
+    /// network namespace, making [`TAP_DIR`] if needed, and tells the
+    /// senders to copy at most `snaplen` bytes of a frame (see
+    /// [`set_snaplen`](Self::set_snaplen)).
+    pub fn bind(ifindex: u32, snaplen: u32) -> io::Result<Self> {
+        let listener = Self::bind_at(&tap_path(ifindex)?)?;
+        listener.set_snaplen(snaplen)?;
+        Ok(listener)
     }
 
     /// Binds at `path` (tests: a folder in a temporary directory). The
@@ -798,10 +802,10 @@ impl TapListener {
     ) -> io::Result<usize> {
         let mut delivered = 0;
         let mut waited = timeout.is_zero();
-        let mut datagrams = 0;
-        while datagrams < RECV_BURST {
+        let start = self.datagrams;
+        while self.datagrams - start < RECV_BURST as u64 {
             let Some((len, pid)) = self.recv_datagram()? else {
-                if waited || datagrams > 0 {
+                if waited || self.datagrams > start {
                     break;
                 }
                 waited = true;
@@ -813,7 +817,6 @@ impl TapListener {
                     Err(e) => return Err(e.into()),
                 }
             };
-            datagrams += 1;
             self.datagrams += 1;
             let Some(len) = len else {
                 self.malformed += 1;
