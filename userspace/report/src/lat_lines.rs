@@ -2,8 +2,63 @@
 //! that read it (the end-to-end latency test, the bench's latency tail): a
 //! line per slow iteration (`lat client: iteration 7 took 11.20 ms; ...`)
 //! and each side's recovery line at its end (`lat server: 3 iterations
-//! over 10ms; 2 retransmit timeouts, ...`), both written by the CLI's
-//! `perf/lat.rs`.
+//! over 10ms; 2 retransmit timeouts, ...`). The CLI's `perf/lat.rs`
+//! writes them with [`slow_iteration_line`] and [`recovery_line`], so the
+//! readers here and the writers cannot drift apart.
+
+use std::time::Duration;
+
+/// The engine's recovery counters a line reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    pub retransmit_timeouts: u64,
+    pub retransmitted: u64,
+    /// Retries started (the recovery line only).
+    pub retries: u64,
+    pub sequence_naks_in: u64,
+    pub duplicates_in: u64,
+}
+
+/// `side`'s line for its iteration `i`, which took `took`; `cpu_wait`: how
+/// long its threads waited for a CPU meanwhile, where known; `since`: the
+/// counters since the last slow iteration.
+pub fn slow_iteration_line(
+    side: &str,
+    i: u64,
+    took: Duration,
+    cpu_wait: Option<Duration>,
+    since: &Recovery,
+) -> String {
+    let waited = cpu_wait.map_or(String::new(), |w| {
+        format!(
+            "; its threads waited {:.2} ms for a CPU",
+            w.as_secs_f64() * 1e3
+        )
+    });
+    format!(
+        "lat {side}: iteration {i} took {:.2} ms{waited}; since the last slow one: {} \
+         retransmit timeouts, {} retransmitted, {} sequence NAKs in, {} duplicates in",
+        took.as_secs_f64() * 1e3,
+        since.retransmit_timeouts,
+        since.retransmitted,
+        since.sequence_naks_in,
+        since.duplicates_in,
+    )
+}
+
+/// `side`'s line at its end: `slow` iterations took longer than `over`;
+/// `total`: the counters of the whole run.
+pub fn recovery_line(side: &str, slow: u64, over: Duration, total: &Recovery) -> String {
+    format!(
+        "lat {side}: {slow} iterations over {over:?}; {} retransmit timeouts, {} retransmitted, \
+         {} retries, {} sequence NAKs in, {} duplicates in",
+        total.retransmit_timeouts,
+        total.retransmitted,
+        total.retries,
+        total.sequence_naks_in,
+        total.duplicates_in,
+    )
+}
 
 /// The iterations the client reported as slow, in ms.
 pub fn slow_iterations_ms(stderr: &str) -> Vec<f64> {
@@ -35,26 +90,48 @@ pub fn retransmit_timeouts(stderr: &str, side: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
-    const CLIENT: &str = "lat client: iteration 7 took 11.20 ms; since the last slow one: 1 \
-        retransmit timeouts, 2 retransmitted, 0 sequence NAKs in, 0 duplicates in\n\
-        lat client: iteration 9 took 61.05 ms; its threads waited 3.10 ms for a CPU; since the \
-        last slow one: 0 retransmit timeouts, 0 retransmitted, 0 sequence NAKs in, 0 duplicates in\n\
-        lat client: 2 iterations over 10ms; 2 retransmit timeouts, 5 retransmitted, 1 retries, \
-        0 sequence NAKs in, 0 duplicates in\n";
+    fn counts(n: u64) -> Recovery {
+        Recovery {
+            retransmit_timeouts: n,
+            retransmitted: n + 3,
+            retries: 1,
+            sequence_naks_in: 0,
+            duplicates_in: 0,
+        }
+    }
+
+    /// What a client prints: two slow iterations (one with its CPU wait),
+    /// then its recovery line.
+    fn client() -> String {
+        let ms = Duration::from_micros;
+        [
+            slow_iteration_line("client", 7, ms(11_200), None, &counts(1)),
+            slow_iteration_line("client", 9, ms(61_050), Some(ms(3_100)), &counts(0)),
+            recovery_line("client", 2, Duration::from_millis(10), &counts(2)),
+        ]
+        .join("\n")
+    }
+
+    #[test]
+    fn the_lines_read_as_written() {
+        let client = client();
+        assert!(client.contains("iterations over 10ms"), "{client}");
+        assert!(client.contains("waited 3.10 ms for a CPU"), "{client}");
+    }
 
     #[test]
     fn slow_iterations_are_read_from_their_lines() {
-        assert_eq!(slow_iterations_ms(CLIENT), vec![11.20, 61.05]);
+        assert_eq!(slow_iterations_ms(&client()), vec![11.20, 61.05]);
         assert!(slow_iterations_ms("").is_empty());
     }
 
     #[test]
     fn the_recovery_line_gives_the_timeouts() {
+        let client = client();
         // Not the per-iteration lines' counts: the end's.
-        assert_eq!(retransmit_timeouts(CLIENT, "client"), Some(2));
-        assert_eq!(retransmit_timeouts(CLIENT, "server"), None);
-        let server = "lat server: 0 iterations over 10ms; 0 retransmit timeouts, 0 \
-                      retransmitted, 0 retries, 0 sequence NAKs in, 0 duplicates in\n";
-        assert_eq!(retransmit_timeouts(server, "server"), Some(0));
+        assert_eq!(retransmit_timeouts(&client, "client"), Some(2));
+        assert_eq!(retransmit_timeouts(&client, "server"), None);
+        let server = recovery_line("server", 0, Duration::from_millis(10), &counts(0));
+        assert_eq!(retransmit_timeouts(&server, "server"), Some(0));
     }
 }

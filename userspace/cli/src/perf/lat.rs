@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use xroce::verbs::{RecvWr, Wc, WrOpcode};
+use xroce_report::lat_lines::{self, Recovery};
 
 use super::{
     conn::{
@@ -77,6 +78,17 @@ impl RunQueueWait {
     }
 }
 
+/// The engine's recovery counters, as `lat`'s stderr lines report them.
+fn recovery(s: &xroce::engine::EngineStats) -> Recovery {
+    Recovery {
+        retransmit_timeouts: s.retry_timeouts,
+        retransmitted: s.tx_retransmitted,
+        retries: s.retries_started,
+        sequence_naks_in: s.rx_seq_naks,
+        duplicates_in: s.rx_duplicate,
+    }
+}
+
 /// Reports a slow iteration with the engine's recovery counters since the
 /// last one reported (`last`), which it then updates.
 fn report_slow(
@@ -88,32 +100,26 @@ fn report_slow(
     waited: Option<&RunQueueWait>,
 ) {
     let s = stack.device.stats();
-    let waited = waited.map_or(String::new(), |w| {
-        format!(
-            "; its threads waited {:.2} ms for a CPU",
-            w.since_start() as f64 / 1e6
-        )
-    });
+    let (now, before) = (recovery(&s), recovery(last));
+    let since = Recovery {
+        retransmit_timeouts: now.retransmit_timeouts - before.retransmit_timeouts,
+        retransmitted: now.retransmitted - before.retransmitted,
+        retries: now.retries - before.retries,
+        sequence_naks_in: now.sequence_naks_in - before.sequence_naks_in,
+        duplicates_in: now.duplicates_in - before.duplicates_in,
+    };
+    let cpu_wait = waited.map(|w| Duration::from_nanos(w.since_start()));
     eprintln!(
-        "lat {side}: iteration {i} took {:.2} ms{waited}; since the last slow one: {} \
-         retransmit timeouts, {} retransmitted, {} sequence NAKs in, {} duplicates in",
-        took.as_secs_f64() * 1e3,
-        s.retry_timeouts - last.retry_timeouts,
-        s.tx_retransmitted - last.tx_retransmitted,
-        s.rx_seq_naks - last.rx_seq_naks,
-        s.rx_duplicate - last.rx_duplicate,
+        "{}",
+        lat_lines::slow_iteration_line(side, i, took, cpu_wait, &since)
     );
     *last = s;
 }
 
 /// The engine's recovery counters at the end of a run, on stderr.
 fn report_recovery(side: &str, stack: &Stack, slow: u64) {
-    let s = stack.device.stats();
-    eprintln!(
-        "lat {side}: {slow} iterations over {SLOW:?}; {} retransmit timeouts, {} retransmitted, \
-         {} retries, {} sequence NAKs in, {} duplicates in",
-        s.retry_timeouts, s.tx_retransmitted, s.retries_started, s.rx_seq_naks, s.rx_duplicate
-    );
+    let total = recovery(&stack.device.stats());
+    eprintln!("{}", lat_lines::recovery_line(side, slow, SLOW, &total));
 }
 
 pub fn run(args: &PerfArgs) -> anyhow::Result<()> {
