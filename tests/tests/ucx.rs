@@ -203,35 +203,19 @@ fn final_is_whole(numbers: &[&str], iters: u64) -> bool {
 
 #[test]
 fn a_final_line_is_judged_by_its_overall_columns() {
-    fn f(l: &str) -> Vec<&str> {
-        l.split_whitespace().collect()
+    for (line, whole) in [
+        // Quiet host, and a busy one whose last interval held no iteration.
+        ("1000 14.2 14.5 14.6 0.52 0.52 68000 68100", true),
+        ("1000 3995.725 inf 4028.024 0.00 0.00 0 248", true),
+        // Too few iterations, no overall rate, no overall latency, a short line.
+        ("999 14.2 14.5 14.6 0.52 0.52 68000 68100", false),
+        ("1000 14.2 14.5 14.6 0.52 0.52 68000 0", false),
+        ("1000 14.2 14.5 inf 0.52 0.52 68000 68100", false),
+        ("1000 14.2 14.5 14.6 0.52 0.52 68000", false),
+    ] {
+        let columns: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(final_is_whole(&columns, 1000), whole, "{line}");
     }
-    // Quiet host, and a busy one whose last interval held no iteration.
-    assert!(final_is_whole(
-        &f("1000 14.2 14.5 14.6 0.52 0.52 68000 68100"),
-        1000
-    ));
-    assert!(final_is_whole(
-        &f("1000 3995.725 inf 4028.024 0.00 0.00 0 248"),
-        1000
-    ));
-    // Too few iterations, no overall rate, no overall latency, a short line.
-    assert!(!final_is_whole(
-        &f("999 14.2 14.5 14.6 0.52 0.52 68000 68100"),
-        1000
-    ));
-    assert!(!final_is_whole(
-        &f("1000 14.2 14.5 14.6 0.52 0.52 68000 0"),
-        1000
-    ));
-    assert!(!final_is_whole(
-        &f("1000 14.2 14.5 inf 0.52 0.52 68000 68100"),
-        1000
-    ));
-    assert!(!final_is_whole(
-        &f("1000 14.2 14.5 14.6 0.52 0.52 68000"),
-        1000
-    ));
 }
 
 fn uct_transports(b: Backend) {
