@@ -19,6 +19,19 @@ pub struct Recovery {
     pub duplicates_in: u64,
 }
 
+impl Recovery {
+    /// The counts since `earlier` (counters only grow).
+    pub fn since(&self, earlier: &Recovery) -> Recovery {
+        Recovery {
+            retransmit_timeouts: self.retransmit_timeouts - earlier.retransmit_timeouts,
+            retransmitted: self.retransmitted - earlier.retransmitted,
+            retries: self.retries - earlier.retries,
+            sequence_naks_in: self.sequence_naks_in - earlier.sequence_naks_in,
+            duplicates_in: self.duplicates_in - earlier.duplicates_in,
+        }
+    }
+}
+
 /// `side`'s line for its iteration `i`, which took `took`; `cpu_wait`: how
 /// long its threads waited for a CPU meanwhile, where known; `since`: the
 /// counters since the last slow iteration.
@@ -117,6 +130,19 @@ mod tests {
         let client = client();
         assert!(client.contains("iterations over 10ms"), "{client}");
         assert!(client.contains("waited 3.10 ms for a CPU"), "{client}");
+    }
+
+    #[test]
+    fn a_slow_line_counts_since_the_last_one() {
+        let since = counts(5).since(&counts(2));
+        assert_eq!(
+            (
+                since.retransmit_timeouts,
+                since.retransmitted,
+                since.retries
+            ),
+            (3, 3, 0)
+        );
     }
 
     #[test]

@@ -96,24 +96,16 @@ fn report_slow(
     i: u64,
     took: Duration,
     stack: &Stack,
-    last: &mut xroce::engine::EngineStats,
+    last: &mut Recovery,
     waited: Option<&RunQueueWait>,
 ) {
-    let s = stack.device.stats();
-    let (now, before) = (recovery(&s), recovery(last));
-    let since = Recovery {
-        retransmit_timeouts: now.retransmit_timeouts - before.retransmit_timeouts,
-        retransmitted: now.retransmitted - before.retransmitted,
-        retries: now.retries - before.retries,
-        sequence_naks_in: now.sequence_naks_in - before.sequence_naks_in,
-        duplicates_in: now.duplicates_in - before.duplicates_in,
-    };
+    let now = recovery(&stack.device.stats());
     let cpu_wait = waited.map(|w| Duration::from_nanos(w.since_start()));
     eprintln!(
         "{}",
-        lat_lines::slow_iteration_line(side, i, took, cpu_wait, &since)
+        lat_lines::slow_iteration_line(side, i, took, cpu_wait, &now.since(last))
     );
-    *last = s;
+    *last = now;
 }
 
 /// The engine's recovery counters at the end of a run, on stderr.
@@ -321,7 +313,7 @@ fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
     };
     // Pong every ping.
     let mut seen = Seen::default();
-    let mut last = stack.device.stats();
+    let mut last = recovery(&stack.device.stats());
     let mut waits = RunQueueWait::open();
     let mut slow = 0;
     let mut t0 = Instant::now();
@@ -382,7 +374,7 @@ fn client(
     let mut samples = Vec::with_capacity(iters as usize);
     let mut verified = true;
     let mut seen = Seen::default();
-    let mut last = stack.device.stats();
+    let mut last = recovery(&stack.device.stats());
     let mut waits = RunQueueWait::open();
     let mut slow = 0;
     let start = Instant::now();
