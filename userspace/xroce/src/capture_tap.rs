@@ -660,6 +660,10 @@ impl<P: PacketIo + ?Sized> PacketIo for Tapped<P> {
         self.inner.before_sleep();
     }
 
+    fn rx_waiting(&mut self) -> Option<bool> {
+        self.inner.rx_waiting()
+    }
+
     fn stats(&mut self) -> IoStats {
         self.inner.stats()
     }

@@ -22,8 +22,8 @@ pub mod shards;
 use std::{
     os::fd::{AsFd, BorrowedFd},
     sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, OnceLock,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, OnceLock,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -74,6 +74,16 @@ pub struct RuntimeConfig {
     /// ib_write_lat typical 1,980 us with 2 ms, 22 us with 300 us;
     /// ib_send_lat 32 -> 20 us; ib_write_bw 64 KiB 1.9 -> 3.3 Gb/s.
     pub spin_after_activity: Duration,
+    /// Let an application thread whose CQ poll finds nothing run a round
+    /// of this thread's work itself ([`Device::set_progress`]), when frames
+    /// or posted work wait and this thread is not in a round. Only on a
+    /// backend that tells without a syscall whether frames wait
+    /// ([`PacketIo::rx_waiting`]: AF_XDP). Two programs spinning on their
+    /// CQs and two I/O threads on 2 cores (drop-in, AF_XDP veth, medians
+    /// of 5 runs, off -> on): ib_send_lat 8 B typical 14.5 -> 10.3 us, 99th
+    /// percentile 30.4 -> 26.1 us; ib_write_lat 8 B average 32.8 -> 18.0
+    /// us; UCX tag_lat 8 B 16.8 -> 14.7 us (3 runs); bandwidth unchanged.
+    pub app_progress: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -83,6 +93,7 @@ impl Default for RuntimeConfig {
             max_wait: Duration::from_millis(1),
             max_sleep: Duration::from_millis(100),
             spin_after_activity: Duration::from_micros(300),
+            app_progress: true,
         }
     }
 }
@@ -153,14 +164,25 @@ impl Runtime {
         let backend = io.name();
         let flag = stop.clone();
         let bell = Doorbell::new();
-        let thread_bell = bell.clone();
+        let app_progress = config.app_progress && io.rx_waiting().is_some();
+        let cell = Arc::new(IoCell {
+            io: Mutex::new(io),
+            bell: bell.clone(),
+            wakes_at: AtomicU64::new(0),
+        });
         let hook = bell.clone();
         device.set_doorbell(Some(Arc::new(move || hook.ring())));
+        if app_progress {
+            let cell = cell.clone();
+            device.set_progress(Some(Arc::new(move |d: &Device| cell.app_round(d))));
+        }
         let handle = device.clone();
         let thread = std::thread::Builder::new()
             .name(format!("xroce-io-{backend}"))
             .spawn(move || {
-                run(&device, io.as_mut(), &flag, &thread_bell, config).map(|()| io.stats())
+                let result = run(&device, &cell, &flag, config);
+                let stats = cell.io.lock().unwrap_or_else(|e| e.into_inner()).stats();
+                result.map(|()| stats)
             })
             .expect("spawn the I/O thread");
         Self {
@@ -204,6 +226,7 @@ impl Runtime {
         self.stop.store(true, Ordering::Release);
         if self.thread.is_some() {
             self.device.set_doorbell(None);
+            self.device.set_progress(None);
         }
         self.bell.ring_always();
         match self.thread.take() {
@@ -219,20 +242,102 @@ impl Drop for Runtime {
     }
 }
 
+/// What the I/O thread shares with the application threads that drive
+/// the device from an empty poll ([`Device::set_progress`]): the backend,
+/// one round at a time.
+struct IoCell {
+    io: Mutex<Box<dyn PacketIo>>,
+    bell: Doorbell,
+    /// When the I/O thread's sleep ends (ns on [`now_ns`]); 0 while it is
+    /// awake. Written with `io` held, so a round is either seen by the
+    /// thread's planning or sees its plan.
+    wakes_at: AtomicU64,
+}
+
+impl IoCell {
+    /// The backend for the I/O thread, or `None` (after a yield) while a
+    /// program's thread is in a round: that round does this thread's work,
+    /// and waiting on the mutex would cost a futex sleep and wake-up per
+    /// round.
+    fn io_unless_busy(&self) -> Option<std::sync::MutexGuard<'_, Box<dyn PacketIo>>> {
+        match self.io.try_lock() {
+            Ok(io) => Some(io),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::yield_now();
+                None
+            }
+        }
+    }
+
+    /// One round in an application thread whose poll found its CQ empty,
+    /// if frames or posted work wait and the I/O thread is not in a round
+    /// (then it is doing this work already). Returns whether the round
+    /// moved a frame. Rings the I/O thread when the round armed a timer
+    /// that falls before the end of its sleep: the engine's timers are
+    /// that thread's, and a program may stop polling at any time.
+    fn app_round(&self, device: &Device) -> bool {
+        let Ok(mut io) = self.io.try_lock() else {
+            return false;
+        };
+        // An empty round would only cost the program the engine's lock.
+        if io.rx_waiting() != Some(true) && !device.has_posted_work() {
+            return false;
+        }
+        match round(device, io.as_mut(), Duration::ZERO) {
+            Ok(r) => {
+                let wakes_at = self.wakes_at.load(Ordering::SeqCst);
+                if wakes_at != 0 && r.moved() {
+                    // The sleeping thread does not flush what this round
+                    // batched (copies for a capture) before it wakes.
+                    io.before_sleep();
+                }
+                drop(io);
+                if r.next_timer.is_some_and(|t| t < wakes_at) {
+                    self.bell.ring();
+                }
+                r.moved()
+            }
+            // The I/O thread meets the error on its next round and stops.
+            Err(_) => {
+                drop(io);
+                self.bell.ring();
+                false
+            }
+        }
+    }
+}
+
+/// What one round did.
+struct Round {
+    received: usize,
+    sent: usize,
+    looped: usize,
+    /// The engine's next timer after the round (0: it still has frames to
+    /// send that the backend had no room for).
+    next_timer: Option<u64>,
+}
+
+impl Round {
+    fn moved(&self) -> bool {
+        self.received + self.sent + self.looped > 0
+    }
+}
+
 fn run(
     device: &Device,
-    io: &mut dyn PacketIo,
+    cell: &IoCell,
     stop: &AtomicBool,
-    bell: &Doorbell,
     config: RuntimeConfig,
 ) -> Result<(), IoError> {
+    let bell = &cell.bell;
+    let backend_fds = cell.io.lock().unwrap_or_else(|e| e.into_inner()).poll_fds();
     // The backend's descriptors and the doorbell, for the idle wait.
     let mut pollfds: Vec<PollFd> = match bell.fd() {
-        Some(b) if !io.poll_fds().is_empty() => io
-            .poll_fds()
+        Some(b) if !backend_fds.is_empty() => backend_fds
             .into_iter()
             // SAFETY: the backend keeps its descriptors open while it
-            // lives, and it outlives this loop.
+            // lives, and it outlives this loop (the cell owns it).
             .map(|fd| unsafe { BorrowedFd::borrow_raw(fd) })
             .chain([b])
             .map(|fd| PollFd::new(fd, PollFlags::POLLIN))
@@ -246,7 +351,8 @@ fn run(
     // The last round moved no frame.
     let mut idle_round = true;
     while !stop.load(Ordering::Acquire) {
-        let mut wait = if config.busy_poll || last_activity.elapsed() < config.spin_after_activity {
+        let mut wait = Duration::ZERO;
+        if config.busy_poll || last_activity.elapsed() < config.spin_after_activity {
             // Spinning: let the application threads have the core too, but
             // only after a round that found nothing: a sched_yield(2)
             // after every busy round costs a syscall and often a context
@@ -254,111 +360,145 @@ fn run(
             if idle_round {
                 std::thread::yield_now();
             }
-            Duration::ZERO
         } else {
             let longest = if pollfds.is_empty() {
                 config.max_wait
             } else {
                 config.max_sleep
             };
-            idle_wait(device, longest)
-        };
-        if !wait.is_zero() && !pollfds.is_empty() {
-            io.before_sleep();
-            bell.asleep.store(true, Ordering::SeqCst);
-            // A WR posted while this thread was still awake rang no bell:
-            // look at the post rings after saying we sleep (SeqCst on both
-            // sides), so it is never left until `wait` ends.
-            let rung = if device.has_posted_work() {
-                Ok(true)
-            } else {
-                sleep(&mut pollfds, wait)
+            // Planned with the backend held: an application's round is
+            // wholly before (its timers are in the plan) or after (it
+            // sees `wakes_at`).
+            let Some(mut io) = cell.io_unless_busy() else {
+                continue;
             };
-            bell.asleep.store(false, Ordering::SeqCst);
-            if rung? {
-                // Rung: the application posted work; stay awake a while.
-                bell.drain();
-                last_activity = Instant::now();
+            wait = idle_wait(device, longest);
+            if !wait.is_zero() && !pollfds.is_empty() {
+                io.before_sleep();
+                cell.wakes_at.store(
+                    now_ns().saturating_add(wait.as_nanos() as u64),
+                    Ordering::SeqCst,
+                );
+                bell.asleep.store(true, Ordering::SeqCst);
+                drop(io);
+                // A WR posted while this thread was still awake rang no bell:
+                // look at the post rings after saying we sleep (SeqCst on both
+                // sides), so it is never left until `wait` ends.
+                let rung = if device.has_posted_work() {
+                    Ok(true)
+                } else {
+                    sleep(&mut pollfds, wait)
+                };
+                bell.asleep.store(false, Ordering::SeqCst);
+                cell.wakes_at.store(0, Ordering::SeqCst);
+                if rung? {
+                    // Rung: the application posted work; stay awake a while.
+                    bell.drain();
+                    last_activity = Instant::now();
+                }
+                wait = Duration::ZERO;
             }
-            wait = Duration::ZERO;
         }
-        // Receive without the lock; take it once the first frame is here.
-        let mut guard = None;
-        // One clock read per batch, not per frame: the frames of a batch
-        // waited on the ring together.
-        let mut arrived = None;
-        let received = io.recv_datagrams(wait, &mut |r| {
-            let t = *arrived.get_or_insert_with(now_ns);
-            let engine = guard.get_or_insert_with(|| device.lock());
-            match r {
-                Ok(d) => engine.handle_datagram(&d, t),
-                Err(rejected) => engine.count_rejected(&rejected),
-            }
-        })?;
-        let mut engine = guard.unwrap_or_else(|| device.lock());
-        // A receive ring filling up reaches the senders as CE marks (CNPs).
-        engine.set_rx_pressure(io.rx_pressure());
+        let Some(mut io) = cell.io_unless_busy() else {
+            continue;
+        };
+        let r = round(device, io.as_mut(), wait)?;
         let now = now_ns();
-        if engine.poll_timeout().is_some_and(|t| t <= now) {
-            engine.handle_timeout(now);
-        }
-        // Completions of what arrived are for the application now, not
-        // after the sends below.
-        engine.deliver_completions();
-        // Send all the engine has now. When the backend's TX ring is full,
-        // give it a moment, then go back to receiving (ACKs free the ring).
-        let mut sent = 0;
-        let own_mac = engine.config().mac;
-        let own_block = engine.config().qpn_block;
-        let mut looped = 0;
-        let mut engine = Some(engine);
-        for _ in 0..4 {
-            let mut engine_empty = false;
-            sent += io.transmit_datagrams(&mut |buf| loop {
-                let e = engine.as_mut()?;
-                let t = e.poll_transmit(now, buf);
-                if t.is_none() {
-                    engine_empty = true;
-                    // Unlock before the backend hands the frames to the
-                    // kernel: on AF_XDP that kick runs the whole kernel TX
-                    // path (on a veth the peer's receive too), and an
-                    // application posting work should not wait for it.
-                    // Completions reach their CQs now, not after it.
-                    engine = None;
-                    return None;
-                }
-                // Loopback (as rxe): a datagram to our own MAC is for a QP
-                // of this device; the link would never bring it back. One
-                // for another process's QPN block goes to the backend,
-                // which hands it to that process.
-                match t {
-                    Some(t)
-                        if t.dst_mac == own_mac
-                            && dest_block(t.payload(buf)) == Some(own_block) =>
-                    {
-                        e.handle_datagram(&t.looped_back(buf), now);
-                        looped += 1;
-                    }
-                    t => return t,
-                }
-            })?;
-            if engine_empty {
-                break;
-            }
-            io.wait_writable(Duration::from_micros(50))?;
-        }
-        drop(engine);
         if now.saturating_sub(io_stats_at) >= IO_STATS_EVERY_NS {
             device.set_io_stats(io.stats());
             io_stats_at = now;
         }
-        idle_round = received + sent + looped == 0;
+        drop(io);
+        idle_round = !r.moved();
         if !idle_round {
             last_activity = Instant::now();
         }
     }
-    device.set_io_stats(io.stats());
+    device.set_io_stats(cell.io.lock().unwrap_or_else(|e| e.into_inner()).stats());
     Ok(())
+}
+
+/// One round of the transport's I/O: what arrived within `wait` into the
+/// engine, due timers, completions to their CQs, then everything the
+/// engine has to send.
+fn round(device: &Device, io: &mut dyn PacketIo, wait: Duration) -> Result<Round, IoError> {
+    // Receive without the lock; take it once the first frame is here.
+    let mut guard = None;
+    // One clock read per batch, not per frame: the frames of a batch
+    // waited on the ring together.
+    let mut arrived = None;
+    let received = io.recv_datagrams(wait, &mut |r| {
+        let t = *arrived.get_or_insert_with(now_ns);
+        let engine = guard.get_or_insert_with(|| device.lock());
+        match r {
+            Ok(d) => engine.handle_datagram(&d, t),
+            Err(rejected) => engine.count_rejected(&rejected),
+        }
+    })?;
+    let mut engine = guard.unwrap_or_else(|| device.lock());
+    // A receive ring filling up reaches the senders as CE marks (CNPs).
+    engine.set_rx_pressure(io.rx_pressure());
+    let now = now_ns();
+    if engine.poll_timeout().is_some_and(|t| t <= now) {
+        engine.handle_timeout(now);
+    }
+    // Completions of what arrived are for the application now, not
+    // after the sends below.
+    engine.deliver_completions();
+    // Send all the engine has now. When the backend's TX ring is full,
+    // give it a moment, then go back to receiving (ACKs free the ring).
+    let mut sent = 0;
+    let own_mac = engine.config().mac;
+    let own_block = engine.config().qpn_block;
+    let mut looped = 0;
+    let mut next_timer = None;
+    let mut engine = Some(engine);
+    for _ in 0..4 {
+        let mut engine_empty = false;
+        sent += io.transmit_datagrams(&mut |buf| loop {
+            let e = engine.as_mut()?;
+            let t = e.poll_transmit(now, buf);
+            if t.is_none() {
+                engine_empty = true;
+                next_timer = e.poll_timeout();
+                // Unlock before the backend hands the frames to the
+                // kernel: on AF_XDP that kick runs the whole kernel TX
+                // path (on a veth the peer's receive too), and an
+                // application posting work should not wait for it.
+                // Completions reach their CQs now, not after it.
+                engine = None;
+                return None;
+            }
+            // Loopback (as rxe): a datagram to our own MAC is for a QP
+            // of this device; the link would never bring it back. One
+            // for another process's QPN block goes to the backend,
+            // which hands it to that process.
+            match t {
+                Some(t)
+                    if t.dst_mac == own_mac && dest_block(t.payload(buf)) == Some(own_block) =>
+                {
+                    e.handle_datagram(&t.looped_back(buf), now);
+                    looped += 1;
+                }
+                t => return t,
+            }
+        })?;
+        if engine_empty {
+            break;
+        }
+        io.wait_writable(Duration::from_micros(50))?;
+    }
+    if engine.is_some() {
+        // The backend took not all the engine had: work is due now.
+        next_timer = Some(0);
+    }
+    drop(engine);
+    Ok(Round {
+        received,
+        sent,
+        looped,
+        next_timer,
+    })
 }
 
 /// The QPN block of the destination QP of a datagram (from its BTH).
@@ -445,65 +585,36 @@ mod tests {
         assert!(wait > Duration::ZERO && wait < long, "{wait:?}");
     }
 
-    /// A backend that never receives (its poll descriptor is a pipe nobody
-    /// writes) and records when the engine first hands it a frame.
-    struct Silent {
-        pipe: [OwnedFd; 2],
-        first_tx: Arc<Mutex<Option<Instant>>>,
-    }
-
-    impl PacketIo for Silent {
-        fn name(&self) -> &'static str {
-            "silent"
-        }
-        fn max_frame_len(&self) -> usize {
-            9216
-        }
-        fn recv_batch(
-            &mut self,
-            timeout: Duration,
-            _: &mut dyn FnMut(&[u8]),
-        ) -> crate::io::Result<usize> {
-            std::thread::sleep(timeout);
-            Ok(0)
-        }
-        fn transmit(
-            &mut self,
-            fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
-        ) -> crate::io::Result<usize> {
-            let mut buf = vec![0u8; 9216];
-            let mut n = 0;
-            while let Some(len) = fill(&mut buf) {
-                if len == 0 {
-                    break;
-                }
-                n += 1;
-                self.first_tx
-                    .lock()
-                    .unwrap()
-                    .get_or_insert_with(Instant::now);
-            }
-            Ok(n)
-        }
-        fn wait_writable(&mut self, _: Duration) -> crate::io::Result<bool> {
-            Ok(true)
-        }
-        fn stats(&mut self) -> IoStats {
-            IoStats::default()
-        }
-        fn poll_fd(&self) -> Option<i32> {
-            Some(self.pipe[0].as_raw_fd())
+    /// A runtime that, idle, sleeps for a minute unless woken.
+    fn sleepy(app_progress: bool) -> RuntimeConfig {
+        RuntimeConfig {
+            busy_poll: false,
+            max_wait: Duration::from_secs(60),
+            max_sleep: Duration::from_secs(60),
+            spin_after_activity: Duration::from_millis(1),
+            app_progress,
         }
     }
 
-    #[test]
-    fn a_wr_posted_while_the_thread_sleeps_goes_out_on_the_doorbell() {
+    fn wait_asleep(rt: &Runtime) {
+        while !rt.bell.asleep.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+    }
+
+    /// A pipe nobody writes: a test backend's poll descriptor that never
+    /// wakes the I/O thread.
+    fn quiet_pipe() -> [OwnedFd; 2] {
         let mut fds = [0; 2];
         // SAFETY: pipe2 fills two fresh descriptors we then own.
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         // SAFETY: as above.
-        let pipe = fds.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
-        let first_tx = Arc::new(Mutex::new(None));
+        fds.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    #[test]
+    fn a_wr_posted_while_the_thread_sleeps_goes_out_on_the_doorbell() {
+        let threads = Arc::new(Mutex::new(Vec::new()));
         let device = Device::new(EngineConfig::default());
         let pd = device.alloc_pd();
         let cq = device.create_cq(16).unwrap();
@@ -525,33 +636,230 @@ mod tests {
         let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         let rt = Runtime::start(
             device.clone(),
-            Box::new(Silent {
-                pipe,
-                first_tx: first_tx.clone(),
+            Box::new(Handed {
+                pipe: quiet_pipe(),
+                knows_rx: false,
+                frames: Arc::default(),
+                threads: threads.clone(),
             }),
-            RuntimeConfig {
-                busy_poll: false,
-                // Without the doorbell the WR would wait most of this.
-                max_wait: Duration::from_secs(5),
-                max_sleep: Duration::from_secs(5),
-                spin_after_activity: Duration::from_millis(1),
-            },
+            // Without the doorbell the WR would wait out the minute.
+            sleepy(false),
         );
-        // Let the thread go to sleep.
-        std::thread::sleep(Duration::from_millis(100));
+        wait_asleep(&rt);
         let posted = Instant::now();
         // post_send rings the doorbell the runtime put on the device.
         qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![mr.sge(0, 8)]))
             .unwrap();
-        while first_tx.lock().unwrap().is_none() && posted.elapsed() < Duration::from_secs(10) {
+        while !threads.lock().unwrap().iter().any(|(w, _)| *w == "tx") {
+            assert!(
+                posted.elapsed() < Duration::from_secs(30),
+                "the SEND did not go out within 30 s of posting"
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
-        let sent = first_tx.lock().unwrap().expect("the SEND never went out");
-        let after = sent.duration_since(posted);
-        assert!(
-            after < Duration::from_secs(1),
-            "sent {after:?} after posting"
-        );
         rt.stop().unwrap();
+    }
+
+    /// A backend whose frames come only when it is asked for them (its
+    /// descriptor is a pipe nobody writes, so a sleeping I/O thread never
+    /// wakes for them); it records which threads asked for frames
+    /// ("recv"), received ("rx") and sent ("tx").
+    struct Handed {
+        pipe: [OwnedFd; 2],
+        /// Whether it answers `rx_waiting` (as AF_XDP does) or not (UDP).
+        knows_rx: bool,
+        frames: Arc<Mutex<std::collections::VecDeque<Vec<u8>>>>,
+        threads: Arc<Mutex<Vec<(&'static str, std::thread::ThreadId)>>>,
+    }
+
+    impl Handed {
+        fn log(&self, what: &'static str) {
+            let me = std::thread::current().id();
+            self.threads.lock().unwrap().push((what, me));
+        }
+    }
+
+    impl PacketIo for Handed {
+        fn name(&self) -> &'static str {
+            "handed"
+        }
+        fn rx_waiting(&mut self) -> Option<bool> {
+            self.knows_rx
+                .then(|| !self.frames.lock().unwrap().is_empty())
+        }
+        fn max_frame_len(&self) -> usize {
+            9216
+        }
+        fn recv_batch(
+            &mut self,
+            _: Duration,
+            on_frame: &mut dyn FnMut(&[u8]),
+        ) -> crate::io::Result<usize> {
+            self.log("recv");
+            let mut n = 0;
+            while let Some(f) = self.frames.lock().unwrap().pop_front() {
+                self.log("rx");
+                on_frame(&f);
+                n += 1;
+            }
+            Ok(n)
+        }
+        fn transmit(
+            &mut self,
+            fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        ) -> crate::io::Result<usize> {
+            let mut buf = vec![0u8; 9216];
+            let mut n = 0;
+            while fill(&mut buf).is_some_and(|len| len > 0) {
+                self.log("tx");
+                n += 1;
+            }
+            Ok(n)
+        }
+        fn wait_writable(&mut self, _: Duration) -> crate::io::Result<bool> {
+            Ok(true)
+        }
+        fn stats(&mut self) -> IoStats {
+            IoStats::default()
+        }
+        fn poll_fd(&self) -> Option<i32> {
+            Some(self.pipe[0].as_raw_fd())
+        }
+    }
+
+    /// Host B of a simulated pair behind a runtime on a [`Handed`] backend
+    /// that sleeps for a minute when idle (nothing wakes it: frames are
+    /// only handed over when asked for), with a receive posted (wr_id 9);
+    /// returns once its I/O thread sleeps, with A's SEND of 8 bytes
+    /// waiting in the backend.
+    struct HandedHost {
+        rt: Runtime,
+        b: crate::verbs::sim::Endpoint,
+        threads: Arc<Mutex<Vec<(&'static str, std::thread::ThreadId)>>>,
+        _sim: crate::verbs::sim::Sim,
+        _a: crate::verbs::sim::Endpoint,
+    }
+
+    fn handed_host(knows_rx: bool) -> HandedHost {
+        use crate::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
+        use crate::verbs::RecvWr;
+        let pipe = quiet_pipe();
+        let sim = sim_pair(LinkConfig::default(), 5);
+        let (a, b) = connect_pair(&sim, &PairParams::default());
+        let frames = Arc::new(Mutex::new(std::collections::VecDeque::new()));
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        b.qp.post_recv(&RecvWr {
+            wr_id: 9,
+            sg_list: vec![b.mr.sge(0, 64)],
+        })
+        .unwrap();
+        let rt = Runtime::start(
+            sim.b.clone(),
+            Box::new(Handed {
+                pipe,
+                knows_rx,
+                frames: frames.clone(),
+                threads: threads.clone(),
+            }),
+            sleepy(true),
+        );
+        wait_asleep(&rt);
+        a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 8)]))
+            .unwrap();
+        let mut buf = vec![0u8; 9216];
+        while let Some(n) = sim.a.poll_transmit_frame(now_ns(), &mut buf) {
+            frames.lock().unwrap().push_back(buf[..n].to_vec());
+        }
+        assert_eq!(frames.lock().unwrap().len(), 1, "one SEND frame");
+        HandedHost {
+            rt,
+            b,
+            threads,
+            _sim: sim,
+            _a: a,
+        }
+    }
+
+    impl HandedHost {
+        /// Polls B's CQ until A's SEND completes there.
+        fn poll_until_received(&self) -> crate::engine::completion::Wc {
+            let mut wc = [crate::engine::completion::Wc::default()];
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while self.b.cq.poll(&mut wc).unwrap() == 0 {
+                assert!(Instant::now() < deadline, "the SEND never completed");
+                std::thread::yield_now();
+            }
+            wc[0]
+        }
+
+        /// Polls B's empty CQ `n` times.
+        fn poll_empty(&self, n: usize) {
+            let mut wc = [crate::engine::completion::Wc::default()];
+            for _ in 0..n {
+                assert_eq!(self.b.cq.poll(&mut wc).unwrap(), 0);
+            }
+        }
+
+        /// What this thread did with the backend, from the `from`th entry
+        /// of the log on; the whole log, for messages.
+        fn done_here(&self, from: usize) -> (Vec<&'static str>, String) {
+            let me = std::thread::current().id();
+            let seen = self.threads.lock().unwrap();
+            let here = seen[from..]
+                .iter()
+                .filter(|(_, t)| *t == me)
+                .map(|(w, _)| *w)
+                .collect();
+            (here, format!("{:?}", &seen[from..]))
+        }
+    }
+
+    /// A program spinning on an empty CQ runs the transport in its own
+    /// thread: the SEND that arrives while the I/O thread sleeps completes
+    /// into the polled CQ, received and acknowledged by the polling thread.
+    #[test]
+    fn an_empty_poll_runs_the_transport_in_the_polling_thread() {
+        use crate::engine::completion::{WcOpcode, WcStatus};
+        let host = handed_host(true);
+        let wc = host.poll_until_received();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+            (9, WcStatus::Success, WcOpcode::Recv, 8)
+        );
+        let (here, seen) = host.done_here(0);
+        assert_eq!(here.first(), Some(&"recv"), "{seen}");
+        assert!(here.contains(&"rx"), "the SEND was received here: {seen}");
+        assert!(here.contains(&"tx"), "the ACK went out from here: {seen}");
+        assert!(
+            host.rt.bell.asleep.load(Ordering::SeqCst),
+            "the I/O thread slept through"
+        );
+        host.rt.stop().unwrap();
+    }
+
+    /// On a backend that cannot tell cheaply whether frames wait (UDP), an
+    /// empty poll never runs a round: the polling thread does not touch
+    /// the backend, and what waits is the sleeping I/O thread's.
+    #[test]
+    fn an_empty_poll_leaves_a_backend_that_cannot_tell_to_the_io_thread() {
+        let host = handed_host(false);
+        host.poll_empty(10_000);
+        let (here, seen) = host.done_here(0);
+        assert!(here.is_empty(), "{seen}");
+        assert!(host.rt.bell.asleep.load(Ordering::SeqCst));
+        host.rt.stop().unwrap();
+    }
+
+    /// With nothing arrived and nothing posted, an empty poll costs no
+    /// round: the polling thread never asks the backend for frames.
+    #[test]
+    fn an_empty_poll_with_nothing_waiting_runs_no_round() {
+        let host = handed_host(true);
+        host.poll_until_received();
+        let before = host.threads.lock().unwrap().len();
+        host.poll_empty(10_000);
+        let (here, seen) = host.done_here(before);
+        assert!(here.is_empty(), "{seen}");
+        host.rt.stop().unwrap();
     }
 }

@@ -60,6 +60,9 @@ pub struct StackConfig {
     /// [`crate::engine::SrMode`]): Auto (the default) agrees with each
     /// xroce peer in band and stays go-back-N with any other.
     pub selective_repeat: crate::engine::SrMode,
+    /// Application threads whose CQ poll finds nothing run the transport
+    /// themselves ([`RuntimeConfig::app_progress`]); on by default.
+    pub app_progress: bool,
 }
 
 impl StackConfig {
@@ -74,6 +77,7 @@ impl StackConfig {
             busy_poll: false,
             io_threads: 1,
             selective_repeat: crate::engine::SrMode::Auto,
+            app_progress: true,
         }
     }
 
@@ -262,6 +266,7 @@ impl Stack {
             io,
             RuntimeConfig {
                 busy_poll: cfg.busy_poll,
+                app_progress: cfg.app_progress,
                 ..RuntimeConfig::default()
             },
         );
@@ -304,6 +309,7 @@ impl Stack {
                 path_mtu: path_mtu.bytes(),
                 runtime: RuntimeConfig {
                     busy_poll: cfg.busy_poll,
+                    app_progress: cfg.app_progress,
                     ..RuntimeConfig::default()
                 },
             },

@@ -111,6 +111,7 @@ impl Stack {
             io_threads,
             // Each connection sets its QPs' mode (--recovery, conn.rs).
             selective_repeat: xroce::engine::SrMode::Auto,
+            app_progress: true,
         })
         .map_err(|e| match e {
             StackError::NotOurAddress { .. } => {

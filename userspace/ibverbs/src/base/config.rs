@@ -19,6 +19,10 @@
 //!   selective repeat with an xroce peer in band, go-back-N with any other
 //!   RoCE device), `off` (go-back-N always) or `on` (forced: only when
 //!   every peer is xroce).
+//! - `XROCE_APP_PROGRESS`: `on` (default: on AF_XDP, a thread whose
+//!   `ibv_poll_cq` finds the CQ empty runs the transport itself when
+//!   frames or posted work wait, instead of waiting for the device's I/O
+//!   thread to get a core) or `off` (only the I/O thread does).
 //! - `XROCE_VERBS_DEBUG`: say on stderr why a verb failed.
 
 use std::sync::OnceLock;
@@ -92,6 +96,19 @@ fn parse_io_threads(v: Option<&str>) -> Result<usize, String> {
     }
 }
 
+/// `XROCE_APP_PROGRESS`, on if unset or empty.
+pub(crate) fn app_progress() -> Result<bool, String> {
+    parse_app_progress(std::env::var("XROCE_APP_PROGRESS").ok().as_deref())
+}
+
+fn parse_app_progress(v: Option<&str>) -> Result<bool, String> {
+    match v.map(str::trim) {
+        None | Some("") | Some("on") => Ok(true),
+        Some("off") => Ok(false),
+        Some(t) => Err(format!("XROCE_APP_PROGRESS={t}: use on or off")),
+    }
+}
+
 pub(crate) fn debug() -> bool {
     static DEBUG: OnceLock<bool> = OnceLock::new();
     *DEBUG.get_or_init(|| std::env::var_os("XROCE_VERBS_DEBUG").is_some())
@@ -100,6 +117,20 @@ pub(crate) fn debug() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn app_progress_defaults_to_on_and_names_the_accepted_values() {
+        assert_eq!(parse_app_progress(None), Ok(true));
+        assert_eq!(parse_app_progress(Some("")), Ok(true));
+        assert_eq!(parse_app_progress(Some("on")), Ok(true));
+        assert_eq!(parse_app_progress(Some(" off ")), Ok(false));
+        for bad in ["0", "1", "yes"] {
+            assert_eq!(
+                parse_app_progress(Some(bad)).unwrap_err(),
+                format!("XROCE_APP_PROGRESS={bad}: use on or off")
+            );
+        }
+    }
 
     #[test]
     fn selective_repeat_defaults_to_auto_and_names_the_accepted_values() {

@@ -171,6 +171,7 @@ impl OpenDevice {
             line_rate_bps: LINE_RATE_BPS,
             io_threads: config::io_threads()?,
             selective_repeat: config::selective_repeat()?,
+            app_progress: config::app_progress()?,
             ..StackConfig::new(iface)
         })
         .map_err(|e| error_chain(&e))?;

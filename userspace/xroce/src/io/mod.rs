@@ -241,6 +241,14 @@ pub trait PacketIo: Send {
     /// The I/O thread is about to sleep (nothing to do for a while): a
     /// backend holding something back sends it now.
     fn before_sleep(&mut self) {}
+
+    /// Whether frames wait to be received, read without a syscall (AF_XDP:
+    /// its RX rings); `None` where the backend cannot tell so cheaply. The
+    /// runtime lets application threads drive only backends that can
+    /// ([`crate::runtime::RuntimeConfig::app_progress`]).
+    fn rx_waiting(&mut self) -> Option<bool> {
+        None
+    }
 }
 
 /// A boxed backend is a backend (for code generic over `impl PacketIo`).
@@ -293,6 +301,9 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn before_sleep(&mut self) {
         (**self).before_sleep()
+    }
+    fn rx_waiting(&mut self) -> Option<bool> {
+        (**self).rx_waiting()
     }
 }
 

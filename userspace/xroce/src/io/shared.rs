@@ -98,6 +98,11 @@ impl WireAndLocal {
 }
 
 impl PacketIo for WireAndLocal {
+    /// The wire's rings only: the local socket's datagrams (other
+    /// processes' frames, rare) are the I/O thread's, which polls it.
+    fn rx_waiting(&mut self) -> Option<bool> {
+        self.wire.rx_waiting()
+    }
     fn name(&self) -> &'static str {
         self.wire.name()
     }

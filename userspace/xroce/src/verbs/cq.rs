@@ -14,7 +14,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crossbeam_queue::ArrayQueue;
 use std::time::{Duration, Instant};
@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
+use super::device::{Device, DeviceShared};
 use super::error::{Result, TransportError, VerbsError};
 use crate::engine::completion::{CqId, Wc, WcFlags, WcStatus};
 
@@ -191,6 +192,10 @@ pub struct CompletionQueue {
     pub(crate) inner: Arc<CqInner>,
     /// What the device's engine calls this CQ.
     pub(crate) id: CqId,
+    /// The engines whose QPs complete here (a group's members: all of
+    /// them), whose I/O an empty poll drives (`Device::progress`). Weak:
+    /// a device does not live on for its CQs.
+    pub(crate) devices: Arc<[Weak<DeviceShared>]>,
 }
 
 impl std::fmt::Debug for CompletionQueue {
@@ -206,8 +211,26 @@ impl CompletionQueue {
     /// `ibv_poll_cq`: move up to `wc.len()` completions into `wc`; returns
     /// how many. Once the CQ has overflowed and is drained, returns
     /// [`VerbsError::CqOverflow`].
+    ///
+    /// An empty poll runs a round of its devices' transport in this thread
+    /// when frames or posted work wait (the progress hook the runtime
+    /// installs on AF_XDP): a program spinning on its CQ then moves its own
+    /// frames instead of waiting for the I/O thread to get a core, which on
+    /// a host with fewer cores than spinning threads can take a time slice.
     pub fn poll(&self, wc: &mut [Wc]) -> Result<usize> {
-        self.inner.poll(wc)
+        let n = self.inner.poll(wc)?;
+        if n > 0 || wc.is_empty() {
+            return Ok(n);
+        }
+        let mut moved = false;
+        for d in self.devices.iter().filter_map(Weak::upgrade) {
+            moved |= Device::of(d).progress();
+        }
+        if moved {
+            self.inner.poll(wc)
+        } else {
+            Ok(0)
+        }
     }
 
     /// Poll one completion.
@@ -315,6 +338,7 @@ mod tests {
         CompletionQueue {
             inner: Arc::new(CqInner::new(4, true).unwrap()),
             id: CqId(1),
+            devices: Arc::new([]),
         }
     }
 

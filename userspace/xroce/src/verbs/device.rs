@@ -60,6 +60,13 @@ use crate::engine::{AsyncEvent, Engine, EngineConfig, EngineStats, QpCreate};
 /// [`crate::runtime::Doorbell`]).
 pub type DoorbellHook = Arc<dyn Fn() + Send + Sync>;
 
+/// What a poller calls when its CQ is empty: one round of the I/O thread's
+/// work (receive, timers, transmit) in the poller's own thread, if frames
+/// or posted work wait and the backend is free. Returns whether the round
+/// moved a frame. Installed by the runtime ([`crate::runtime::Runtime`]);
+/// takes the device it drives.
+pub type ProgressHook = Arc<dyn Fn(&Device) -> bool + Send + Sync>;
+
 /// Receives the engine's asynchronous events as they happen (called with
 /// the engine locked: it must not call back into the device).
 pub type AsyncHandler = Arc<dyn Fn(AsyncEvent) + Send + Sync>;
@@ -86,6 +93,7 @@ pub(crate) struct DeviceShared {
     /// Shared by the members of a group (one PD id space).
     next_pd: Arc<AtomicU32>,
     doorbell: std::sync::RwLock<Option<DoorbellHook>>,
+    progress: std::sync::RwLock<Option<ProgressHook>>,
     on_async: std::sync::RwLock<Option<AsyncHandler>>,
     /// QPs created on this engine and not yet destroyed.
     pub(crate) live_qps: AtomicUsize,
@@ -273,6 +281,14 @@ impl EngineHost for Device {
 }
 
 impl Device {
+    /// A plain (not spreading) handle on `shared`.
+    pub(crate) fn of(shared: Arc<DeviceShared>) -> Self {
+        Self {
+            shared,
+            spread: false,
+        }
+    }
+
     pub fn new(cfg: EngineConfig) -> Self {
         Self::with_mrs(cfg, MrTable::default())
     }
@@ -306,6 +322,7 @@ impl Device {
             mrs: mrs.clone(),
             next_pd,
             doorbell: std::sync::RwLock::new(None),
+            progress: std::sync::RwLock::new(None),
             on_async: std::sync::RwLock::new(None),
             live_qps: AtomicUsize::new(0),
             io_stats: Mutex::new(crate::io::IoStats::default()),
@@ -421,6 +438,28 @@ impl Device {
             .unwrap_or_else(|e| e.into_inner()) = f;
     }
 
+    /// Install the progress hook: what [`CompletionQueue::poll`] runs when
+    /// it finds the CQ empty (see [`ProgressHook`]).
+    pub fn set_progress(&self, f: Option<ProgressHook>) {
+        *self
+            .shared
+            .progress
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = f;
+    }
+
+    /// Runs the progress hook once, if one is installed; returns whether
+    /// it moved a frame.
+    pub(crate) fn progress(&self) -> bool {
+        let hook = self
+            .shared
+            .progress
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        hook.is_some_and(|h| h(self))
+    }
+
     /// Deliver asynchronous events to `f` as they happen instead of
     /// queueing them for [`Device::poll_async_event`].
     /// On a [`spreading`](Self::spreading) handle: every member's.
@@ -500,7 +539,11 @@ impl Device {
         let inner = Arc::new(CqInner::new(depth, with_eventfd)?);
         let Some(group) = &self.shared.group else {
             let id = self.lock().g.add_cq(&inner);
-            return Ok(CompletionQueue { inner, id });
+            return Ok(CompletionQueue {
+                inner,
+                id,
+                devices: Arc::new([Arc::downgrade(&self.shared)]),
+            });
         };
         // One slot for the whole group, registered in every member's
         // engine: QPs of any shard complete into it.
@@ -513,12 +556,14 @@ impl Device {
             }
         };
         slots[i] = Arc::downgrade(&inner);
-        for d in group.members() {
+        let members = group.members();
+        for d in &members {
             d.lock().g.set_cq(i, &inner);
         }
         Ok(CompletionQueue {
             inner,
             id: CqId(i as u32),
+            devices: members.iter().map(|d| Arc::downgrade(&d.shared)).collect(),
         })
     }
 

@@ -71,6 +71,14 @@ impl XskMultiQueue {
 }
 
 impl PacketIo for XskMultiQueue {
+    fn rx_waiting(&mut self) -> Option<bool> {
+        Some(
+            self.sockets
+                .iter_mut()
+                .any(|s| s.rx_waiting() == Some(true)),
+        )
+    }
+
     fn name(&self) -> &'static str {
         "afxdp"
     }

@@ -363,6 +363,10 @@ impl XskSocket {
 }
 
 impl PacketIo for XskSocket {
+    fn rx_waiting(&mut self) -> Option<bool> {
+        Some(self.rx.nb_avail_exact() > 0)
+    }
+
     fn name(&self) -> &'static str {
         "afxdp"
     }
