@@ -185,6 +185,12 @@ impl Seen {
         mut done: impl FnMut(&Seen, &Conn) -> anyhow::Result<bool>,
     ) -> anyhow::Result<()> {
         let deadline = Instant::now() + STALL;
+        // Where an empty poll runs the transport (AF_XDP), keep polling, as
+        // perftest does: yielding gives the core to the other spinning
+        // threads of a small host. Elsewhere (UDP) the I/O thread does the
+        // work and needs the core. A WRITE's memory check takes the
+        // engine's lock: it yields.
+        let spin = op != Op::Write && conn.qps[0].device().polls_drive_transport();
         loop {
             self.poll(conn, op)?;
             if done(self, conn)? {
@@ -197,8 +203,11 @@ impl Seen {
                     qp_state(conn)
                 );
             }
-            // Yield, do not spin: the I/O thread needs the CQ lock to deliver.
-            std::thread::yield_now();
+            if spin {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
         }
     }
 

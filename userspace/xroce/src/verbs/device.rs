@@ -448,6 +448,17 @@ impl Device {
             .unwrap_or_else(|e| e.into_inner()) = f;
     }
 
+    /// Whether a poll of an empty CQ runs this device's transport (a
+    /// progress hook is installed): a program waiting for a completion
+    /// then does better to keep polling than to yield its core.
+    pub fn polls_drive_transport(&self) -> bool {
+        self.shared
+            .progress
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
     /// Runs the progress hook once, if one is installed; returns whether
     /// it moved a frame.
     pub(crate) fn progress(&self) -> bool {
