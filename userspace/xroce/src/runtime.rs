@@ -287,7 +287,7 @@ impl IoCell {
         match round(device, io.as_mut(), Duration::ZERO) {
             Ok(r) => {
                 let wakes_at = self.wakes_at.load(Ordering::SeqCst);
-                if wakes_at != 0 && r.moved() {
+                if wakes_at != 0 && r.moved {
                     // The sleeping thread does not flush what this round
                     // batched (copies for a capture) before it wakes.
                     io.before_sleep();
@@ -296,7 +296,7 @@ impl IoCell {
                 if r.next_timer.is_some_and(|t| t < wakes_at) {
                     self.bell.ring();
                 }
-                r.moved()
+                r.moved
             }
             // The I/O thread meets the error on its next round and stops.
             Err(_) => {
@@ -310,18 +310,11 @@ impl IoCell {
 
 /// What one round did.
 struct Round {
-    received: usize,
-    sent: usize,
-    looped: usize,
+    /// A frame came in, went out or looped back to this device.
+    moved: bool,
     /// The engine's next timer after the round (0: it still has frames to
     /// send that the backend had no room for).
     next_timer: Option<u64>,
-}
-
-impl Round {
-    fn moved(&self) -> bool {
-        self.received + self.sent + self.looped > 0
-    }
 }
 
 fn run(
@@ -409,7 +402,7 @@ fn run(
             io_stats_at = now;
         }
         drop(io);
-        idle_round = !r.moved();
+        idle_round = !r.moved;
         if !idle_round {
             last_activity = Instant::now();
         }
@@ -494,9 +487,7 @@ fn round(device: &Device, io: &mut dyn PacketIo, wait: Duration) -> Result<Round
     }
     drop(engine);
     Ok(Round {
-        received,
-        sent,
-        looped,
+        moved: received + sent + looped > 0,
         next_timer,
     })
 }

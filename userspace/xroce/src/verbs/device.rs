@@ -71,6 +71,28 @@ pub type ProgressHook = Arc<dyn Fn(&Device) -> bool + Send + Sync>;
 /// the engine locked: it must not call back into the device).
 pub type AsyncHandler = Arc<dyn Fn(AsyncEvent) + Send + Sync>;
 
+/// A callback the device runs, set and cleared from other threads: callers
+/// take a clone and run it without holding the slot.
+struct HookSlot<F>(std::sync::RwLock<Option<F>>);
+
+impl<F: Clone> HookSlot<F> {
+    fn new() -> Self {
+        Self(std::sync::RwLock::new(None))
+    }
+
+    fn set(&self, f: Option<F>) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = f;
+    }
+
+    fn get(&self) -> Option<F> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn is_set(&self) -> bool {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+}
+
 /// What the engine lock guards: the engine and where its completions go.
 struct Locked {
     engine: Engine,
@@ -92,9 +114,9 @@ pub(crate) struct DeviceShared {
     pub(crate) mrs: Arc<MrTable>,
     /// Shared by the members of a group (one PD id space).
     next_pd: Arc<AtomicU32>,
-    doorbell: std::sync::RwLock<Option<DoorbellHook>>,
-    progress: std::sync::RwLock<Option<ProgressHook>>,
-    on_async: std::sync::RwLock<Option<AsyncHandler>>,
+    doorbell: HookSlot<DoorbellHook>,
+    progress: HookSlot<ProgressHook>,
+    on_async: HookSlot<AsyncHandler>,
     /// QPs created on this engine and not yet destroyed.
     pub(crate) live_qps: AtomicUsize,
     /// The packet backend's counters, as its I/O thread last published them.
@@ -146,7 +168,7 @@ impl std::fmt::Debug for Device {
 /// completions produced meanwhile into their CQs and signals them.
 pub struct DeviceGuard<'a> {
     g: MutexGuard<'a, Locked>,
-    on_async: &'a std::sync::RwLock<Option<AsyncHandler>>,
+    on_async: &'a HookSlot<AsyncHandler>,
     /// CQs that got completions: their eventfds are written on drop.
     signal: Vec<Arc<CqInner>>,
 }
@@ -183,12 +205,7 @@ impl Drop for DeviceGuard<'_> {
     fn drop(&mut self) {
         self.deliver_completions();
         if self.g.engine.has_async_events() {
-            let handler = self
-                .on_async
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
-            if let Some(h) = handler {
+            if let Some(h) = self.on_async.get() {
                 while let Some(e) = self.g.engine.poll_async_event() {
                     h(e);
                 }
@@ -321,9 +338,9 @@ impl Device {
             posted: PostedRings::default(),
             mrs: mrs.clone(),
             next_pd,
-            doorbell: std::sync::RwLock::new(None),
-            progress: std::sync::RwLock::new(None),
-            on_async: std::sync::RwLock::new(None),
+            doorbell: HookSlot::new(),
+            progress: HookSlot::new(),
+            on_async: HookSlot::new(),
             live_qps: AtomicUsize::new(0),
             io_stats: Mutex::new(crate::io::IoStats::default()),
             group,
@@ -431,44 +448,26 @@ impl Device {
     /// until the engine's next timer can wake up and transmit (e.g. write an
     /// eventfd it polls, or unpark the thread).
     pub fn set_doorbell(&self, f: Option<DoorbellHook>) {
-        *self
-            .shared
-            .doorbell
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = f;
+        self.shared.doorbell.set(f);
     }
 
     /// Install the progress hook: what [`CompletionQueue::poll`] runs when
     /// it finds the CQ empty (see [`ProgressHook`]).
     pub fn set_progress(&self, f: Option<ProgressHook>) {
-        *self
-            .shared
-            .progress
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = f;
+        self.shared.progress.set(f);
     }
 
     /// Whether a poll of an empty CQ runs this device's transport (a
     /// progress hook is installed): a program waiting for a completion
     /// then does better to keep polling than to yield its core.
     pub fn polls_drive_transport(&self) -> bool {
-        self.shared
-            .progress
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
+        self.shared.progress.is_set()
     }
 
     /// Runs the progress hook once, if one is installed; returns whether
     /// it moved a frame.
     pub(crate) fn progress(&self) -> bool {
-        let hook = self
-            .shared
-            .progress
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        hook.is_some_and(|h| h(self))
+        self.shared.progress.get().is_some_and(|h| h(self))
     }
 
     /// Deliver asynchronous events to `f` as they happen instead of
@@ -481,7 +480,7 @@ impl Device {
             vec![self.clone()]
         };
         for d in members {
-            *d.shared.on_async.write().unwrap_or_else(|e| e.into_inner()) = f.clone();
+            d.shared.on_async.set(f.clone());
         }
     }
 
@@ -708,13 +707,7 @@ impl Device {
 
     /// Rings the I/O thread's doorbell; false if the device has none.
     pub(crate) fn ring(&self) -> bool {
-        let d = self
-            .shared
-            .doorbell
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        match d {
+        match self.shared.doorbell.get() {
             Some(d) => {
                 d();
                 true
