@@ -7,7 +7,9 @@
 //! /proc/thread-self/ns/net), the device's ifindex and the hold, and holds
 //! its holder's pid. The lock dies with its process however it ends; the
 //! holder unlinks the file when it lets go, and what a SIGKILLed holder
-//! leaves (unlocked) the next taker removes.
+//! leaves (unlocked) the next taker removes. A program that exits
+//! without letting go (a C program calling exit() with its device open,
+//! as rping does) has its files removed by an exit handler.
 //!
 //! Sweeping a dead holder's file and listing the holds take the lock for a
 //! moment, so a taker that finds a file locked looks at the pid in it: a
@@ -25,6 +27,7 @@ use std::{
         unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt},
     },
     path::{Path, PathBuf},
+    sync::{Mutex, Once},
 };
 
 /// Where root's holds live (0700, root's).
@@ -210,6 +213,7 @@ pub(crate) fn try_take(ifindex: u32, what: &str) -> io::Result<Option<RootLock>>
                 lock.file.set_len(0)?;
                 lock.file
                     .write_all_at(format!("{}\n", std::process::id()).as_bytes(), 0)?;
+                remove_at_exit(&lock.path);
                 return Ok(Some(lock));
             }
             r => return r,
@@ -221,8 +225,50 @@ pub(crate) fn try_take(ifindex: u32, what: &str) -> io::Result<Option<RootLock>>
     )))
 }
 
+/// The files of the holds this process has now, which [`exit_handler`]
+/// removes if the process exits still holding them.
+static HELD_HERE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Puts `path` on [`HELD_HERE`], installing the exit handler the first time.
+fn remove_at_exit(path: &Path) {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        // SAFETY: registers a function that takes no arguments, never
+        // unwinds and touches only statics. In a shared library glibc
+        // runs it at exit() or, earlier, when the library is unloaded.
+        unsafe { libc::atexit(exit_handler) };
+    });
+    HELD_HERE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(path.to_path_buf());
+}
+
+/// Removes the files of the holds the process still has as it exits. The
+/// locks go only when the kernel closes the files a moment later; a taker
+/// that comes in between and creates the file anew is safe all the same:
+/// an AF_XDP socket waits out the queue the dying one still binds
+/// (`io::afxdp::socket`), and a QPN block whose UDP port is still bound
+/// is skipped.
+extern "C" fn exit_handler() {
+    // try_lock: a thread that called exit() while another held the list
+    // must not hang; its holds are left to the next taker's sweep.
+    if let Ok(held) = HELD_HERE.try_lock() {
+        for path in held.iter() {
+            let _ = fs::remove_file(path);
+        }
+        if !held.is_empty() {
+            let _ = fs::remove_dir(HOLDS_DIR);
+        }
+    }
+}
+
 impl Drop for RootLock {
     fn drop(&mut self) {
+        HELD_HERE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|p| p != &self.path);
         // Unlinked while still locked, so no one locks a file that is
         // about to go; then the folder, if that was the last hold.
         let _ = fs::remove_file(&self.path);
@@ -280,6 +326,45 @@ mod tests {
         let other = try_take(ifindex, "block.201").unwrap().unwrap();
         assert!(!stale.exists(), "swept");
         assert!(live.path.exists() && other.path.exists());
+    }
+
+    /// Set in the child [`a_program_that_exits_holding_leaves_no_file`]
+    /// starts: the ifindex whose hold the child takes before it exits.
+    const EXIT_CHILD: &str = "XROCE_TEST_ROOT_LOCK_EXIT_CHILD";
+
+    /// The child's part: take a hold and exit() with it, as a C program
+    /// that never closes its device does. Does nothing in a normal run.
+    #[test]
+    fn exit_child_takes_a_hold_and_exits() {
+        if let Ok(ifindex) = std::env::var(EXIT_CHILD) {
+            let lock = try_take(ifindex.parse().unwrap(), "afxdp")
+                .unwrap()
+                .unwrap();
+            std::mem::forget(lock);
+            std::process::exit(0);
+        }
+    }
+
+    /// A process that exits still holding (no destructor runs) leaves no
+    /// file: the next taker's sweep is no help when none comes.
+    #[test]
+    fn a_program_that_exits_holding_leaves_no_file() {
+        let ifindex = 0x7fa0_0000 + std::process::id() % 0x1000;
+        let path = Path::new(HOLDS_DIR).join(file_name(netns_id().unwrap(), ifindex, "afxdp"));
+        let st = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "device::root_lock::tests::exit_child_takes_a_hold_and_exits",
+            ])
+            .env(EXIT_CHILD, ifindex.to_string())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        assert!(
+            !path.exists(),
+            "{} left after its holder exited",
+            path.display()
+        );
     }
 
     /// Root's holds are exclusive, seen with their pid, and leave no file.
