@@ -411,10 +411,11 @@ counters! {
         pub device_window_cuts: u64,
         pub retry_timeouts: u64,
         pub retries_started: u64,
-        /// Go-back-N retries a second tail-loss probe started before the
-        /// local ACK timeout: the first probe drew no answer, so the
-        /// responder waits, silent, for a packet it already NAKed (the NAK
-        /// or the retransmission was lost).
+        /// Second tail-loss probes before the local ACK timeout: the
+        /// first drew no answer, so the responder may wait, silent, for a
+        /// packet it already NAKed (the NAK or the retransmission was
+        /// lost). Go-back-N sends everything unacknowledged again;
+        /// selective repeat with nothing SACKed the oldest packet.
         pub probe_retries: u64,
         pub rx_rnr_naks: u64,
         pub rx_seq_naks: u64,

@@ -285,10 +285,12 @@ impl QpCtx {
                 // (go-back-N: once the round trip is known):
                 // selective repeat every probe time (a probe costs one
                 // packet; the re-sent hole may be lost too), but four times
-                // as late as the probe before where it sent everything
-                // again, as go-back-N always (each may resend a window, so
-                // a host stalled for a few milliseconds, which the first
-                // probe allows for, must not cost many).
+                // as late as the probe before after a second probe, as
+                // go-back-N always (each may resend a window, so a host
+                // stalled for a few milliseconds, which the first probe
+                // allows for, must not cost many; and behind a standing
+                // queue deeper than the probe time, single packets every
+                // probe time would add up to windows).
                 let rto = self
                     .backed_off_rto_ns()
                     .filter(|_| self.sr_req.is_some() || rtt_known);
