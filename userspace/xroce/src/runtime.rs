@@ -284,7 +284,7 @@ impl IoCell {
         if io.rx_waiting() != Some(true) && !device.has_posted_work() {
             return false;
         }
-        match round(device, io.as_mut(), Duration::ZERO) {
+        match round(device, io.as_mut(), Duration::ZERO, Caller::Application) {
             Ok(r) => {
                 let wakes_at = self.wakes_at.load(Ordering::SeqCst);
                 if wakes_at != 0 && r.moved {
@@ -395,7 +395,7 @@ fn run(
         let Some(mut io) = cell.io_unless_busy() else {
             continue;
         };
-        let r = round(device, io.as_mut(), wait)?;
+        let r = round(device, io.as_mut(), wait, Caller::IoThread)?;
         let now = now_ns();
         if now.saturating_sub(io_stats_at) >= IO_STATS_EVERY_NS {
             device.set_io_stats(io.stats());
@@ -411,10 +411,27 @@ fn run(
     Ok(())
 }
 
+/// Who runs a [`round`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// The I/O thread: when the backend's TX ring is full, it waits a
+    /// little for room (ACKs free it) before going back to receiving.
+    IoThread,
+    /// A program's thread from an empty CQ poll: never waits for TX room
+    /// (that would hold the program in its poll); what is left is the
+    /// I/O thread's, which the round's `next_timer` of 0 brings.
+    Application,
+}
+
 /// One round of the transport's I/O: what arrived within `wait` into the
 /// engine, due timers, completions to their CQs, then everything the
 /// engine has to send.
-fn round(device: &Device, io: &mut dyn PacketIo, wait: Duration) -> Result<Round, IoError> {
+fn round(
+    device: &Device,
+    io: &mut dyn PacketIo,
+    wait: Duration,
+    caller: Caller,
+) -> Result<Round, IoError> {
     // Receive without the lock; take it once the first frame is here.
     let mut guard = None;
     // One clock read per batch, not per frame: the frames of a batch
@@ -476,7 +493,7 @@ fn round(device: &Device, io: &mut dyn PacketIo, wait: Duration) -> Result<Round
                 t => return t,
             }
         })?;
-        if engine_empty {
+        if engine_empty || caller == Caller::Application {
             break;
         }
         io.wait_writable(Duration::from_micros(50))?;
@@ -531,7 +548,7 @@ fn idle_wait(device: &Device, longest: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::{atomic::AtomicUsize, Mutex};
 
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -632,6 +649,7 @@ mod tests {
                 knows_rx: false,
                 frames: Arc::default(),
                 threads: threads.clone(),
+                tx_room: Arc::new(AtomicUsize::new(usize::MAX)),
             }),
             // Without the doorbell the WR would wait out the minute.
             sleepy(false),
@@ -661,6 +679,9 @@ mod tests {
         knows_rx: bool,
         frames: Arc<Mutex<std::collections::VecDeque<Vec<u8>>>>,
         threads: Arc<Mutex<Vec<(&'static str, std::thread::ThreadId)>>>,
+        /// Frames its TX ring has room for (it logs "wait" when asked to
+        /// wait for more).
+        tx_room: Arc<AtomicUsize>,
     }
 
     impl Handed {
@@ -701,14 +722,18 @@ mod tests {
         ) -> crate::io::Result<usize> {
             let mut buf = vec![0u8; 9216];
             let mut n = 0;
-            while fill(&mut buf).is_some_and(|len| len > 0) {
+            while self.tx_room.load(Ordering::SeqCst) > 0
+                && fill(&mut buf).is_some_and(|len| len > 0)
+            {
                 self.log("tx");
+                self.tx_room.fetch_sub(1, Ordering::SeqCst);
                 n += 1;
             }
             Ok(n)
         }
         fn wait_writable(&mut self, _: Duration) -> crate::io::Result<bool> {
-            Ok(true)
+            self.log("wait");
+            Ok(self.tx_room.load(Ordering::SeqCst) > 0)
         }
         fn stats(&mut self) -> IoStats {
             IoStats::default()
@@ -727,6 +752,7 @@ mod tests {
         rt: Runtime,
         b: crate::verbs::sim::Endpoint,
         threads: Arc<Mutex<Vec<(&'static str, std::thread::ThreadId)>>>,
+        tx_room: Arc<AtomicUsize>,
         _sim: crate::verbs::sim::Sim,
         _a: crate::verbs::sim::Endpoint,
     }
@@ -739,6 +765,7 @@ mod tests {
         let (a, b) = connect_pair(&sim, &PairParams::default());
         let frames = Arc::new(Mutex::new(std::collections::VecDeque::new()));
         let threads = Arc::new(Mutex::new(Vec::new()));
+        let tx_room = Arc::new(AtomicUsize::new(usize::MAX));
         b.qp.post_recv(&RecvWr {
             wr_id: 9,
             sg_list: vec![b.mr.sge(0, 64)],
@@ -751,6 +778,7 @@ mod tests {
                 knows_rx,
                 frames: frames.clone(),
                 threads: threads.clone(),
+                tx_room: tx_room.clone(),
             }),
             sleepy(true),
         );
@@ -766,6 +794,7 @@ mod tests {
             rt,
             b,
             threads,
+            tx_room,
             _sim: sim,
             _a: a,
         }
@@ -851,6 +880,37 @@ mod tests {
         host.poll_empty(10_000);
         let (here, seen) = host.done_here(before);
         assert!(here.is_empty(), "{seen}");
+        host.rt.stop().unwrap();
+    }
+
+    /// A polling thread whose round finds the TX ring full does not wait
+    /// for room (it would be held in its poll): it leaves the ACK to the
+    /// I/O thread, which it wakes, and which sends it once there is room.
+    #[test]
+    fn an_empty_poll_never_waits_for_tx_room() {
+        use crate::engine::completion::WcStatus;
+        let host = handed_host(true);
+        host.tx_room.store(0, Ordering::SeqCst);
+        let wc = host.poll_until_received();
+        assert_eq!((wc.wr_id, wc.status), (9, WcStatus::Success));
+        let (here, seen) = host.done_here(0);
+        assert!(here.contains(&"rx"), "received here: {seen}");
+        assert!(!here.contains(&"wait"), "waited for TX room: {seen}");
+        assert!(!here.contains(&"tx"), "{seen}");
+        // The I/O thread was woken for the ACK; it sends it once it can.
+        host.tx_room.store(usize::MAX, Ordering::SeqCst);
+        let me = std::thread::current().id();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !host
+            .threads
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(w, t)| *w == "tx" && *t != me)
+        {
+            assert!(Instant::now() < deadline, "the ACK never went out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         host.rt.stop().unwrap();
     }
 }
