@@ -56,9 +56,11 @@ fn writes(sim: &mut EngineSim, a: &EngineEndpoint, b: &EngineEndpoint, ids: std:
     assert_eq!(got, expected, "completions in order");
 }
 
-#[test]
-fn a_standing_queue_deeper_than_the_probe_time_does_not_draw_windows_sent_again() {
-    let mut sim = Sim::engine_pair(LinkConfig::default(), 41);
+/// A pair (seeded with `seed`) after a warm-up on the short path:
+/// selective repeat agreed, a round trip of microseconds learnt, A's
+/// source data (returned) in place.
+fn warmed_up(seed: u64) -> (EngineSim, EngineEndpoint, EngineEndpoint, Vec<u8>) {
+    let mut sim = Sim::engine_pair(LinkConfig::default(), seed);
     // UCX's local ACK timeout (1.07 s): only the probes can fire.
     let p = PairParams {
         mtu: Mtu::Mtu1024,
@@ -67,15 +69,18 @@ fn a_standing_queue_deeper_than_the_probe_time_does_not_draw_windows_sent_again(
         ..Default::default()
     };
     let (a, b) = connect_engines(&sim, &p);
-    let data = pattern(41, REGION);
+    let data = pattern(seed, REGION);
     // SAFETY: no work request is posted yet.
     unsafe { a.mr.write(0, &data) }.unwrap();
-
-    // Warm-up on the short path: selective repeat agreed, a round trip of
-    // microseconds learnt.
     writes(&mut sim, &a, &b, 0..4);
     let sr = lk(&sim.a).selective_repeat(a.qpn).unwrap();
     assert!(sr.requester, "A's requester switched to selective repeat");
+    (sim, a, b, data)
+}
+
+#[test]
+fn a_standing_queue_deeper_than_the_probe_time_does_not_draw_windows_sent_again() {
+    let (mut sim, a, b, data) = warmed_up(41);
 
     // Then 60 ms round trips: a queue the other senders keep full.
     sim.link.cfg.delay_ns = 30 * MS;
@@ -114,20 +119,7 @@ fn a_standing_queue_deeper_than_the_probe_time_does_not_draw_windows_sent_again(
 /// 760 duplicates a second in a 64 KiB WRITE stream on 2 cores.
 #[test]
 fn a_silence_of_a_few_milliseconds_draws_single_packet_probes() {
-    let mut sim = Sim::engine_pair(LinkConfig::default(), 43);
-    let p = PairParams {
-        mtu: Mtu::Mtu1024,
-        mr_len: 2 * REGION,
-        timeout: 18,
-        ..Default::default()
-    };
-    let (a, b) = connect_engines(&sim, &p);
-    let data = pattern(43, REGION);
-    // SAFETY: no work request is posted yet.
-    unsafe { a.mr.write(0, &data) }.unwrap();
-    // Warm-up: selective repeat agreed, a round trip of microseconds learnt.
-    writes(&mut sim, &a, &b, 0..4);
-    assert!(lk(&sim.a).selective_repeat(a.qpn).unwrap().requester);
+    let (mut sim, a, b, data) = warmed_up(43);
 
     // 8 WRITEs (128 packets) whose ACKs come 4 ms late: many probe times.
     sim.link.cfg.delay_ns = 2 * MS;
