@@ -659,13 +659,9 @@ mod tests {
         // post_send rings the doorbell the runtime put on the device.
         qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![mr.sge(0, 8)]))
             .unwrap();
-        while !threads.lock().unwrap().iter().any(|(w, _)| *w == "tx") {
-            assert!(
-                posted.elapsed() < Duration::from_secs(30),
-                "the SEND did not go out within 30 s of posting"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_logged(&threads, posted, "the SEND did not go out", |(w, _)| {
+            *w == "tx"
+        });
         rt.stop().unwrap();
     }
 
@@ -678,10 +674,30 @@ mod tests {
         /// Whether it answers `rx_waiting` (as AF_XDP does) or not (UDP).
         knows_rx: bool,
         frames: Arc<Mutex<std::collections::VecDeque<Vec<u8>>>>,
-        threads: Arc<Mutex<Vec<(&'static str, std::thread::ThreadId)>>>,
+        threads: Arc<Log>,
         /// Frames its TX ring has room for (it logs "wait" when asked to
         /// wait for more).
         tx_room: Arc<AtomicUsize>,
+    }
+
+    /// What a [`Handed`] backend did, and in which thread.
+    type Log = Mutex<Vec<(&'static str, std::thread::ThreadId)>>;
+
+    /// Waits until `log` has an entry `wanted` accepts; panics saying
+    /// `what` if none comes within 30 s of `since`.
+    fn wait_logged(
+        log: &Log,
+        since: Instant,
+        what: &str,
+        wanted: impl Fn(&(&'static str, std::thread::ThreadId)) -> bool,
+    ) {
+        while !log.lock().unwrap().iter().any(&wanted) {
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "{what} within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     impl Handed {
@@ -751,7 +767,7 @@ mod tests {
     struct HandedHost {
         rt: Runtime,
         b: crate::verbs::sim::Endpoint,
-        threads: Arc<Mutex<Vec<(&'static str, std::thread::ThreadId)>>>,
+        threads: Arc<Log>,
         tx_room: Arc<AtomicUsize>,
         _sim: crate::verbs::sim::Sim,
         _a: crate::verbs::sim::Endpoint,
@@ -900,17 +916,12 @@ mod tests {
         // The I/O thread was woken for the ACK; it sends it once it can.
         host.tx_room.store(usize::MAX, Ordering::SeqCst);
         let me = std::thread::current().id();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !host
-            .threads
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|(w, t)| *w == "tx" && *t != me)
-        {
-            assert!(Instant::now() < deadline, "the ACK never went out");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_logged(
+            &host.threads,
+            Instant::now(),
+            "the ACK did not go out",
+            |(w, t)| *w == "tx" && *t != me,
+        );
         host.rt.stop().unwrap();
     }
 }
