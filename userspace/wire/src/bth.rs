@@ -6,9 +6,12 @@
 //! ```
 //!
 //! xroce uses the lowest bit of byte 4 (in IBA's Resv6a) as
-//! [`BthRepr::sr_capable`]; see [`SR_CAPABLE`].
+//! [`BthRepr::sr_capable`]; see [`SR_CAPABLE`]. Between two xroce peers the
+//! other five bits there and Resv7 carry a response's
+//! [`BthRepr::delay_echo`]; see [`crate::delay_echo`].
 
 use crate::bytes::{be16, be24, put16, put24};
+use crate::delay_echo;
 use crate::error::{Error, Layer, Result};
 use crate::opcode::Opcode;
 use crate::psn::PSN_MASK;
@@ -82,6 +85,10 @@ impl<T: AsRef<[u8]>> BthHeader<T> {
     pub fn ack_req(&self) -> bool {
         self.b()[8] & 0x80 != 0
     }
+    /// [`BthRepr::delay_echo`]'s code (0: none).
+    pub fn delay_echo(&self) -> u16 {
+        delay_echo::from_bth_bytes(self.b()[4], self.b()[8])
+    }
     pub fn psn(&self) -> u32 {
         be24(self.b(), 9)
     }
@@ -114,7 +121,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> BthHeader<T> {
 
 /// Parsed BTH. The pad count is not here: it is derived from the payload
 /// length on emit and used to trim the payload on parse. Reserved bits
-/// (but [`SR_CAPABLE`]) are ignored on parse and written as 0.
+/// (but [`SR_CAPABLE`] and the [`delay_echo`](Self::delay_echo) bits) are
+/// ignored on parse and written as 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BthRepr {
     pub opcode: Opcode,
@@ -134,6 +142,11 @@ pub struct BthRepr {
     /// sender's responder runs selective repeat (see the transport's
     /// `engine::selective`). Other RoCE devices send 0 and ignore it.
     pub sr_capable: bool,
+    /// xroce's responder delay echo ([`crate::delay_echo`]): on a response
+    /// to a selective-repeat peer, the code of the time the request it
+    /// answers spent in the responder's host; 0: none. Other RoCE devices
+    /// send 0 and ignore it.
+    pub delay_echo: u16,
     /// Destination QP number, 24 bits.
     pub dest_qp: u32,
     /// A: acknowledge request.
@@ -153,6 +166,7 @@ impl BthRepr {
             fecn: false,
             becn: false,
             sr_capable: false,
+            delay_echo: 0,
             dest_qp,
             ack_req: false,
             psn,
@@ -175,6 +189,7 @@ impl BthRepr {
                 fecn: h.fecn(),
                 becn: h.becn(),
                 sr_capable: h.sr_capable(),
+                delay_echo: h.delay_echo(),
                 dest_qp: h.dest_qp(),
                 ack_req: h.ack_req(),
                 psn: h.psn(),
@@ -200,14 +215,19 @@ impl BthRepr {
         if pad > 3 {
             return Err(Error::FieldOverflow("bth.pad_count"));
         }
+        if self.delay_echo > delay_echo::MAX_CODE {
+            return Err(Error::FieldOverflow("bth.delay_echo"));
+        }
+        let (echo4, echo8) = delay_echo::to_bth_bytes(self.delay_echo);
         buf[0] = self.opcode as u8;
         buf[1] = ((self.solicited as u8) << 7) | ((self.mig_req as u8) << 6) | (pad << 4);
         put16(buf, 2, self.pkey);
         buf[4] = ((self.fecn as u8) << 7)
             | ((self.becn as u8) << 6)
-            | if self.sr_capable { SR_CAPABLE } else { 0 };
+            | if self.sr_capable { SR_CAPABLE } else { 0 }
+            | echo4;
         put24(buf, 5, self.dest_qp);
-        buf[8] = (self.ack_req as u8) << 7;
+        buf[8] = ((self.ack_req as u8) << 7) | echo8;
         put24(buf, 9, self.psn);
         Ok(HEADER_LEN)
     }

@@ -84,6 +84,7 @@ pub mod aeth;
 pub mod bth;
 mod bytes;
 pub mod cm;
+pub mod delay_echo;
 pub mod error;
 pub mod eth;
 pub mod ext;

@@ -115,6 +115,7 @@ fn bth_repr(op: impl Strategy<Value = Opcode>) -> impl Strategy<Value = BthRepr>
         any::<u16>(),
         0u32..(1 << 24),
         0u32..(1 << 24),
+        0u16..=xroce_wire::delay_echo::MAX_CODE,
     )
         .prop_map(
             |(
@@ -123,6 +124,7 @@ fn bth_repr(op: impl Strategy<Value = Opcode>) -> impl Strategy<Value = BthRepr>
                 pkey,
                 dest_qp,
                 psn,
+                delay_echo,
             )| BthRepr {
                 opcode,
                 solicited,
@@ -131,6 +133,7 @@ fn bth_repr(op: impl Strategy<Value = Opcode>) -> impl Strategy<Value = BthRepr>
                 fecn,
                 becn,
                 sr_capable,
+                delay_echo,
                 dest_qp,
                 ack_req,
                 psn,
