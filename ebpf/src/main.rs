@@ -3,7 +3,8 @@
 //! Parses Ethernet (+802.1Q/802.1ad) / IPv4 / IPv6 / UDP. Frames to UDP port
 //! 4791 (RoCEv2) are validated (IP header, UDP length, BTH opcode), counted by
 //! opcode class and ECN codepoint, optionally filtered by destination QPN, and
-//! redirected into the AF_XDP socket of their RX queue. Malformed RoCEv2
+//! redirected into the AF_XDP socket of their RX queue, with their arrival
+//! time in front of them (`xroce_common::rx_meta`). Malformed RoCEv2
 //! frames are dropped and counted, never passed up. Everything else (ARP,
 //! ICMP, the TCP used for connection setup) goes to the kernel untouched.
 #![no_std]
@@ -16,7 +17,8 @@ use aya_ebpf::{
     bindings::xdp_action,
     btf_maps,
     helpers::{
-        bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_xdp_get_buff_len,
+        bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_xdp_adjust_meta,
+        bpf_xdp_get_buff_len,
     },
     macros::{btf_map, xdp},
     programs::XdpContext,
@@ -28,9 +30,11 @@ use xroce_common::{
     ecn::{ipv4_ce_update, ipv6_ecn, Ecn},
     fault::{fault_should_drop, FaultConfig, FaultRng},
     opcode_class::OpcodeClass,
+    opcode_is_known,
     qpn_block::{self, udp_checksum_update},
-    opcode_is_known, Counter, RxQueueCounters, CONFIG_SLOTS, COUNTER_SLOTS, MAX_FILTERED_QPNS,
-    MAX_QUEUES, ROCEV2_UDP_PORT,
+    rx_meta::{self, RxMeta},
+    Counter, RxQueueCounters, CONFIG_SLOTS, COUNTER_SLOTS, MAX_FILTERED_QPNS, MAX_QUEUES,
+    ROCEV2_UDP_PORT,
 };
 
 // Every map is BTF-defined: libbpf 1.x (libxdp, xdp-loader, bpftool) refuses
@@ -56,8 +60,7 @@ static CONFIG: btf_maps::Array<u32, { CONFIG_SLOTS as usize }> = btf_maps::Array
 
 /// Destination QPNs the local stack owns (value unused).
 #[btf_map(name = "XROCE_QPNS")]
-static QPNS: btf_maps::HashMap<u32, u8, { MAX_FILTERED_QPNS as usize }> =
-    btf_maps::HashMap::new();
+static QPNS: btf_maps::HashMap<u32, u8, { MAX_FILTERED_QPNS as usize }> = btf_maps::HashMap::new();
 
 // The congestion point and loss injection. BTF maps: the queue's value holds
 // a bpf_spin_lock, which the kernel only accepts in a BTF-described map.
@@ -134,7 +137,10 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
 enum Class {
     /// A RoCEv2 frame for QPN block `block` (qpn_block) whose UDP
     /// destination port is at `dport_at`.
-    Roce { block: u32, dport_at: usize },
+    Roce {
+        block: u32,
+        dport_at: usize,
+    },
     Drop(Counter),
     Other,
 }
@@ -318,6 +324,9 @@ fn steer(ctx: &XdpContext, block: u32, dport_at: usize) -> u32 {
         .unwrap_or(0)
         .max(1);
     if block.wrapping_sub(xsk_block) < xsk_blocks && XSKS.get(queue).is_some() {
+        // The arrival time goes with the frame to the socket; a frame that
+        // cannot carry it goes all the same, without.
+        let stamped = stamp_arrival(ctx);
         // The socket can still go away between the lookup and here: then
         // the helper returns the low bits of flags, XDP_PASS.
         return match XSKS.redirect(queue, xdp_action::XDP_PASS as u64) {
@@ -326,6 +335,11 @@ fn steer(ctx: &XdpContext, block: u32, dport_at: usize) -> u32 {
                 action
             }
             Err(_) => {
+                if stamped {
+                    // The kernel's stack gets the frame as it came.
+                    // SAFETY: shrinks the metadata area grown above.
+                    unsafe { bpf_xdp_adjust_meta(ctx.ctx, rx_meta::LEN as i32) };
+                }
                 count(Counter::NoSocket);
                 xdp_action::XDP_PASS
             }
@@ -340,6 +354,32 @@ fn steer(ctx: &XdpContext, block: u32, dport_at: usize) -> u32 {
         count(Counter::NoSocket);
     }
     xdp_action::XDP_PASS
+}
+
+/// Puts an [`RxMeta`] with the time now (bpf_ktime_get_ns: CLOCK_MONOTONIC)
+/// in front of the frame, in its XDP metadata area, which the kernel copies
+/// into the AF_XDP socket's UMEM right in front of the frame's data. False
+/// if the area cannot grow (the driver has no metadata support, no
+/// headroom): the frame then goes without. Invalidates every packet pointer.
+#[inline(always)]
+fn stamp_arrival(ctx: &XdpContext) -> bool {
+    // SAFETY: the helper moves data_meta within the frame's headroom (or
+    // fails and changes nothing); the frame's data stays where it is.
+    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(rx_meta::LEN as i32)) } != 0 {
+        return false;
+    }
+    // Re-read after the helper: it moved data_meta, and the verifier wants
+    // the area bounded by data before it is written.
+    let meta = ctx.metadata();
+    if meta + rx_meta::LEN > ctx.data() {
+        return false;
+    }
+    // SAFETY: the check above proved LEN writable bytes at `meta` (the
+    // metadata area, which XDP may write); it may be unaligned.
+    unsafe {
+        core::ptr::write_unaligned(meta as *mut RxMeta, RxMeta::new(bpf_ktime_get_ns()));
+    }
+    true
 }
 
 /// Rewrites the UDP destination port at `at` to `port`, keeping a non-zero

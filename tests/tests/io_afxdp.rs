@@ -128,6 +128,8 @@ fn afxdp_to_afxdp_both_directions_native() {
         }
         assert_eq!(r.io.tx_frames, N as u64, "{name}: {:?}", r.io);
         assert_eq!(r.io.rx_frames, N as u64, "{name}: {:?}", r.io);
+        // Every frame came with the XDP program's arrival time.
+        assert_eq!(r.io.rx_timestamped, N as u64, "{name}: {:?}", r.io);
         assert_eq!(r.xsk.rx_dropped, 0, "{name}: {:?}", r.xsk);
         assert_eq!(r.xsk.rx_ring_full, 0, "{name}: {:?}", r.xsk);
         assert_eq!(r.xsk.tx_invalid_descs, 0, "{name}: {:?}", r.xsk);
@@ -325,20 +327,23 @@ fn afxdp_multi_buffer_carries_path_mtu_4096_frames() {
             Duration::from_secs(60),
         );
         let xsk = sock.stats().unwrap();
+        let io = PacketIo::stats(&mut sock);
         drop(sock);
         drop(dev);
-        (ex, xsk)
+        (ex, xsk, io)
     };
     let (if_a, bar) = (pair.if_a.clone(), barrier.clone());
     let a = spawn_in(&pair.a.name, move || run(if_a, a_ip, b_ip, bar));
     let (if_b, bar) = (pair.if_b.clone(), barrier);
     let b = spawn_in(&pair.b.name, move || run(if_b, b_ip, a_ip, bar));
-    for (name, (ex, xsk)) in [("a", a.join().unwrap()), ("b", b.join().unwrap())] {
+    for (name, (ex, xsk, io)) in [("a", a.join().unwrap()), ("b", b.join().unwrap())] {
         let got = assert_exchange(name, &ex, N, &format!("xsk {xsk:?}"));
         for c in &got {
             assert_eq!(c.len, sizes[c.psn as usize % sizes.len()], "{name}");
         }
         assert_eq!(xsk.rx_dropped, 0, "{name}: {xsk:?}");
+        // Frames over several chunks too: the first one's metadata.
+        assert_eq!(io.rx_timestamped, N as u64, "{name}: {io:?}");
     }
 }
 

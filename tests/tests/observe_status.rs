@@ -379,6 +379,13 @@ fn qps_and_metrics_of_a_known_write_run() {
         if let (Some(io_rx), Some(rx)) = (io_rx, rx) {
             if io_rx >= packets && rx >= packets {
                 assert_eq!(field("io_rx_ring_full"), Some(0));
+                // The frames came with the XDP program's arrival time
+                // (all of them: every one was redirected to AF_XDP).
+                let stamped = field("io_rx_timestamped").unwrap_or(0);
+                assert!(
+                    stamped > 0 && stamped * 100 >= io_rx * 99,
+                    "{stamped} of {io_rx} frames timestamped"
+                );
                 break;
             }
         }

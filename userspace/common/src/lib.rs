@@ -270,6 +270,72 @@ pub mod capture {
     }
 }
 
+/// What the XDP program puts in front of each RoCEv2 frame it redirects to
+/// an AF_XDP socket: an [`rx_meta::RxMeta`] in the frame's XDP metadata
+/// area (`bpf_xdp_adjust_meta`), which the kernel copies into the UMEM
+/// chunk right in front of the frame's data (copy mode too). The AF_XDP
+/// backend reads it there, so the engine learns when the frame reached the
+/// host, not when its I/O thread got round to it.
+pub mod rx_meta {
+    /// [`RxMeta::magic`]: "XRTS" in memory.
+    pub const MAGIC: u32 = u32::from_le_bytes(*b"XRTS");
+
+    /// Bytes of [`RxMeta`] (the metadata area the program adds: a multiple
+    /// of 4, at most 32, as the kernel wants).
+    pub const LEN: usize = 16;
+
+    /// In front of a redirected frame's data, in native byte order.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct RxMeta {
+        /// [`MAGIC`]: anything else is not ours (no metadata, another
+        /// program's, or one already read and cleared).
+        pub magic: u32,
+        /// Zero.
+        pub reserved: u32,
+        /// bpf_ktime_get_ns when the program saw the frame: CLOCK_MONOTONIC.
+        pub ktime_ns: u64,
+    }
+
+    const _: () = assert!(core::mem::size_of::<RxMeta>() == LEN);
+
+    impl RxMeta {
+        /// The metadata of a frame that arrived at `ktime_ns`.
+        pub const fn new(ktime_ns: u64) -> Self {
+            Self {
+                magic: MAGIC,
+                reserved: 0,
+                ktime_ns,
+            }
+        }
+
+        /// The timestamp in `bytes` (the [`LEN`] bytes in front of a
+        /// frame), if they are an [`RxMeta`].
+        pub fn parse(bytes: &[u8; LEN]) -> Option<u64> {
+            let [m0, m1, m2, m3, _, _, _, _, t @ ..] = *bytes;
+            (u32::from_ne_bytes([m0, m1, m2, m3]) == MAGIC).then(|| u64::from_ne_bytes(t))
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn reads_back_what_the_program_writes() {
+            let meta = RxMeta::new(0x0123_4567_89ab_cdef);
+            // SAFETY: RxMeta is #[repr(C)] plain data of LEN bytes, no padding.
+            let bytes: [u8; LEN] = unsafe { core::mem::transmute(meta) };
+            assert_eq!(&bytes[..4], b"XRTS");
+            assert_eq!(RxMeta::parse(&bytes), Some(0x0123_4567_89ab_cdef));
+            let mut cleared = bytes;
+            cleared[..4].fill(0);
+            assert_eq!(RxMeta::parse(&cleared), None);
+            assert_eq!(RxMeta::parse(&[0; LEN]), None);
+        }
+    }
+}
+
 pub mod config_flags {
     /// Only redirect frames whose destination QPN is in `XROCE_QPNS`.
     pub const QPN_FILTER: u32 = 1;

@@ -46,10 +46,90 @@ use crate::{
     verbs::Device,
 };
 
+/// Where the engine's clock starts.
+struct Epoch {
+    at: Instant,
+    /// CLOCK_MONOTONIC at `at` (read right after it): `Instant` is
+    /// CLOCK_MONOTONIC on Linux, so this turns the kernel's timestamps
+    /// (bpf_ktime_get_ns) into [`now_ns`]'s.
+    monotonic_ns: u64,
+}
+
+fn epoch() -> &'static Epoch {
+    static EPOCH: OnceLock<Epoch> = OnceLock::new();
+    EPOCH.get_or_init(|| {
+        let at = Instant::now();
+        Epoch {
+            at,
+            monotonic_ns: monotonic_ns(),
+        }
+    })
+}
+
+/// CLOCK_MONOTONIC in ns (a vDSO call, no syscall).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`, which lives
+    // across the call; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// Nanoseconds on the process-wide monotonic clock the engine runs on.
 pub fn now_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    epoch().at.elapsed().as_nanos() as u64
+}
+
+/// A CLOCK_MONOTONIC time (the XDP program's bpf_ktime_get_ns) on
+/// [`now_ns`]'s clock; `None` for one before the clock's start or more
+/// than [`MonotonicToEngine::FUTURE_SLACK_NS`] after now (not a timestamp).
+pub fn engine_ns_of_monotonic(mono_ns: u64) -> Option<u64> {
+    MonotonicToEngine::now().engine_ns(mono_ns)
+}
+
+/// [`engine_ns_of_monotonic`] for a batch of timestamps: one clock read
+/// when made, then a compare and a subtraction per timestamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MonotonicToEngine {
+    /// CLOCK_MONOTONIC at the engine clock's start.
+    start: u64,
+    /// The latest CLOCK_MONOTONIC time taken for a timestamp.
+    latest: u64,
+}
+
+impl MonotonicToEngine {
+    /// How far past now a timestamp may be (a guard against garbage: a
+    /// real one is never later than now).
+    pub const FUTURE_SLACK_NS: u64 = 1_000_000_000;
+
+    /// For timestamps taken up to now.
+    pub fn now() -> Self {
+        Self::new(epoch().monotonic_ns, now_ns())
+    }
+
+    /// For timestamps up to `now` on an engine clock that started at
+    /// CLOCK_MONOTONIC `start`.
+    fn new(start: u64, now: u64) -> Self {
+        Self {
+            start,
+            latest: start
+                .saturating_add(now)
+                .saturating_add(Self::FUTURE_SLACK_NS),
+        }
+    }
+
+    /// `mono_ns` on the engine's clock, or `None` if it is before the
+    /// clock's start or too far in the future.
+    #[inline]
+    pub fn engine_ns(&self, mono_ns: u64) -> Option<u64> {
+        if mono_ns > self.latest {
+            return None;
+        }
+        mono_ns.checked_sub(self.start)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -557,6 +637,44 @@ mod tests {
         engine::EngineConfig,
         verbs::{AccessFlags, QpAttr, QpInitAttr, RemoteQp, SendWr, WrOpcode},
     };
+
+    /// The conversion subtracts the clock's start and keeps what lies
+    /// between it and a second past now.
+    #[test]
+    fn monotonic_times_convert_with_a_guard() {
+        const S: u64 = 1_000_000_000;
+        let c = MonotonicToEngine::new(50 * S, 7 * S);
+        assert_eq!(c.engine_ns(50 * S), Some(0));
+        assert_eq!(c.engine_ns(53 * S + 5), Some(3 * S + 5));
+        assert_eq!(c.engine_ns(57 * S), Some(7 * S), "now");
+        assert_eq!(c.engine_ns(58 * S), Some(8 * S), "just within the slack");
+        assert_eq!(c.engine_ns(58 * S + 1), None, "more than 1 s ahead");
+        assert_eq!(c.engine_ns(50 * S - 1), None, "before the start");
+        assert_eq!(c.engine_ns(0), None);
+        assert_eq!(c.engine_ns(u64::MAX), None);
+        // No overflow near the top of the range.
+        let top = MonotonicToEngine::new(u64::MAX - S, 2 * S);
+        assert_eq!(top.engine_ns(u64::MAX), Some(S));
+    }
+
+    /// Against the real clocks: a CLOCK_MONOTONIC reading taken now is
+    /// now on the engine's clock (within the two readings).
+    #[test]
+    fn monotonic_now_is_engine_now() {
+        let before = now_ns();
+        let mono = monotonic_ns();
+        let after = now_ns();
+        let t = engine_ns_of_monotonic(mono).expect("now converts");
+        // Instant and clock_gettime read the same clock: the epoch's two
+        // readings differ by far less than a millisecond.
+        assert!(
+            t + 1_000_000 >= before && t <= after + 1_000_000,
+            "{before} {t} {after}"
+        );
+        assert_eq!(engine_ns_of_monotonic(epoch().monotonic_ns - 1), None);
+        assert_eq!(engine_ns_of_monotonic(mono + 3_000_000_000), None);
+        assert_eq!(engine_ns_of_monotonic(0), None);
+    }
 
     /// The idle thread does not sleep over a WR posted while it was still
     /// awake (so no bell rang): the lock idle_wait takes moves it into the

@@ -15,6 +15,12 @@ pub struct RxDatagram<'a> {
     /// The UDP payload: BTH, extension headers, payload, pad, then the
     /// ICRC, which the backend has checked.
     pub udp_payload: &'a [u8],
+    /// When it reached the host (the XDP program's timestamp), on the
+    /// engine's clock; `None` where the backend cannot tell (the engine
+    /// then takes the time it handles it). The responder's delay echo and
+    /// the requester's fabric RTT leave out the time a frame waited for
+    /// its process (see `engine::delay_echo`).
+    pub arrived_ns: Option<u64>,
 }
 
 impl RxDatagram<'_> {
@@ -68,6 +74,7 @@ impl Transmit {
             ip,
             udp_src_port: self.udp_src_port,
             udp_payload: self.payload(buf),
+            arrived_ns: None,
         }
     }
 

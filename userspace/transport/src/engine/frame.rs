@@ -16,6 +16,21 @@ impl Engine {
         }
     }
 
+    /// [`handle_frame`](Self::handle_frame) of a frame that reached the
+    /// host at `arrived_ns` ([`RxDatagram::arrived_ns`]).
+    pub fn handle_frame_at(&mut self, frame: &[u8], arrived_ns: u64, now_ns: u64) {
+        match datagram_of(frame) {
+            Ok(d) => self.handle_datagram(
+                &RxDatagram {
+                    arrived_ns: Some(arrived_ns),
+                    ..d
+                },
+                now_ns,
+            ),
+            Err(r) => self.count_rejected(&r),
+        }
+    }
+
     /// [`poll_transmit`](Self::poll_transmit) as a whole Ethernet frame
     /// (with its ICRC) at the start of `buf`, which should hold at least
     /// `path MTU + 128` bytes; returns its length.
@@ -43,6 +58,7 @@ pub fn datagram_of(frame: &[u8]) -> Result<RxDatagram<'_>, Rejected> {
             ip: f.ip,
             udp_src_port: f.udp.src_port,
             udp_payload,
+            arrived_ns: None,
         }),
         Err(error) => Err(Rejected {
             len: frame.len(),

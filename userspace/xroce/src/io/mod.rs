@@ -95,6 +95,10 @@ xroce_transport::counters! {
         pub tx_errors: u64,
         /// Syscalls made to wake the kernel (AF_XDP kicks, sendmmsg calls).
         pub tx_kicks: u64,
+        /// Frames that came with the XDP program's arrival time (AF_XDP:
+        /// `xroce_common::rx_meta`), which the engine then gets as
+        /// [`RxDatagram::arrived_ns`].
+        pub rx_timestamped: u64,
     }
 }
 

@@ -11,7 +11,10 @@
 //! ([`steer_blocks`] tells it the range). On a veth the receiving queue is
 //! the queue the sender transmitted on, so a frame can reach the socket of
 //! a shard that does not own its QP; that shard hands it over, copied, to
-//! the owner's inbox, whose eventfd wakes the owner's thread. Between two
+//! the owner's inbox, whose eventfd wakes the owner's thread. What is
+//! handed over is the datagram the backend parsed and checked, with its
+//! arrival time ([`RxDatagram::arrived_ns`]), so the owner's engine sees it
+//! as if its own socket had received it. Between two
 //! xroce peers whose QPs are paired shard by shard (each side creates its
 //! QPs on the shards in the same order) nothing is handed over. Frames
 //! between two shards of this device (own MAC) go through the inboxes too.
@@ -36,11 +39,12 @@ use super::{dest_block, Runtime, RuntimeConfig};
 use crate::{
     io::{
         afxdp::{rx_queue_count, XskConfig, XskMultiQueue},
-        IoError, IoStats, PacketIo,
+        IoError, IoStats, PacketIo, Received, RxDatagram, Transmit,
     },
     verbs::Device,
 };
-use xroce_wire::{eth, ipv4, ipv6, udp};
+use xroce_transport::engine::frame;
+use xroce_wire::{eth, ipv4, ipv6, udp, IpRepr};
 
 /// Frames one inbox holds at most; more are dropped (and retransmitted by
 /// the transport), so a stalled shard cannot grow its siblings' memory.
@@ -62,11 +66,55 @@ pub struct HandoffStats {
     pub dropped: u64,
 }
 
+/// A datagram one shard received (or sent to its own MAC) for a QP of
+/// another, copied out of the backend's buffer. Its ICRC was checked when
+/// it was received (one sent to our own MAC never left the host).
+struct Handed {
+    ip: IpRepr,
+    udp_src_port: u16,
+    arrived_ns: Option<u64>,
+    /// BTH .. ICRC.
+    udp_payload: Vec<u8>,
+}
+
+impl Handed {
+    fn datagram(&self) -> RxDatagram<'_> {
+        RxDatagram {
+            ip: self.ip,
+            udp_src_port: self.udp_src_port,
+            udp_payload: &self.udp_payload,
+            arrived_ns: self.arrived_ns,
+        }
+    }
+
+    /// It as an Ethernet frame to and from `mac` in `buf` (its headers
+    /// and ICRC written anew), for a caller that takes frames.
+    fn frame<'a>(&self, mac: [u8; 6], buf: &'a mut Vec<u8>) -> &'a [u8] {
+        let mut t = Transmit {
+            src_mac: mac,
+            dst_mac: mac,
+            ip: self.ip,
+            udp_src_port: self.udp_src_port,
+            payload_at: 0,
+            len: self.udp_payload.len(),
+        };
+        let (eth, _) = t.frame_headers();
+        t.payload_at = xroce_wire::headers_len(&eth, &self.ip);
+        buf.clear();
+        buf.resize(t.payload_at, 0);
+        buf.extend_from_slice(&self.udp_payload);
+        let len = frame::complete_frame(&t, buf);
+        &buf[..len]
+    }
+}
+
 struct Inbox {
-    frames: Mutex<VecDeque<Vec<u8>>>,
-    /// Buffers of frames the owner has taken, for the next handoffs.
+    datagrams: Mutex<VecDeque<Handed>>,
+    /// Payload buffers of datagrams the owner has taken, for the next
+    /// handoffs.
     spare: Mutex<Vec<Vec<u8>>>,
-    /// Readable while frames wait (written when the queue turns non-empty).
+    /// Readable while datagrams wait (written when the queue turns
+    /// non-empty).
     bell: EventFd,
 }
 
@@ -83,7 +131,7 @@ impl Hub {
         let inboxes = (0..shards)
             .map(|_| {
                 Ok(Inbox {
-                    frames: Mutex::new(VecDeque::new()),
+                    datagrams: Mutex::new(VecDeque::new()),
                     spare: Mutex::new(Vec::new()),
                     bell: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
                         .map_err(std::io::Error::from)?,
@@ -105,17 +153,24 @@ impl Hub {
             [0x86, 0xdd] => eth::HEADER_LEN + ipv6::HEADER_LEN + udp::HEADER_LEN,
             _ => return None,
         };
-        let block = dest_block(frame.get(udp_payload..)?)?;
+        self.shard_of_datagram(frame.get(udp_payload..)?)
+    }
+
+    /// The shard the destination QP of a datagram (its UDP payload)
+    /// belongs to, if one of ours.
+    fn shard_of_datagram(&self, udp_payload: &[u8]) -> Option<usize> {
+        let block = dest_block(udp_payload)?;
         let i = block.wrapping_sub(self.base_block) as usize;
         (i < self.inboxes.len()).then_some(i)
     }
 
-    /// Queues a copy of `frame` for shard `to` and wakes it.
-    fn hand(&self, to: usize, frame: &[u8]) {
+    /// Queues a copy of `d` (its arrival time with it) for shard `to` and
+    /// wakes it.
+    fn hand(&self, to: usize, d: &RxDatagram<'_>) {
         self.handed.fetch_add(1, Ordering::Relaxed);
         let inbox = &self.inboxes[to];
         let was_empty = {
-            let mut q = inbox.frames.lock().unwrap_or_else(|e| e.into_inner());
+            let mut q = inbox.datagrams.lock().unwrap_or_else(|e| e.into_inner());
             if q.len() >= INBOX_LIMIT {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -127,8 +182,13 @@ impl Hub {
                 .pop()
                 .unwrap_or_default();
             buf.clear();
-            buf.extend_from_slice(frame);
-            q.push_back(buf);
+            buf.extend_from_slice(d.udp_payload);
+            q.push_back(Handed {
+                ip: d.ip,
+                udp_src_port: d.udp_src_port,
+                arrived_ns: d.arrived_ns,
+                udp_payload: buf,
+            });
             q.len() == 1
         };
         if was_empty {
@@ -137,32 +197,32 @@ impl Hub {
         }
     }
 
-    /// Feeds what waits in shard `me`'s inbox to `on_frame`; `taken` is
+    /// Feeds what waits in shard `me`'s inbox to `on_handed`; `taken` is
     /// the caller's scratch queue (kept empty between calls).
     fn drain(
         &self,
         me: usize,
-        taken: &mut VecDeque<Vec<u8>>,
-        on_frame: &mut dyn FnMut(&[u8]),
+        taken: &mut VecDeque<Handed>,
+        on_handed: &mut dyn FnMut(&Handed),
     ) -> usize {
         let inbox = &self.inboxes[me];
-        // Reset the bell before taking the frames: a frame queued after
+        // Reset the bell before taking the datagrams: one queued after
         // the take rings it again, so none waits unnoticed.
         let _ = inbox.bell.read();
         std::mem::swap(
             taken,
-            &mut *inbox.frames.lock().unwrap_or_else(|e| e.into_inner()),
+            &mut *inbox.datagrams.lock().unwrap_or_else(|e| e.into_inner()),
         );
         let n = taken.len();
         if n == 0 {
             return 0;
         }
-        for f in taken.iter() {
-            on_frame(f);
+        for h in taken.iter() {
+            on_handed(h);
         }
         let mut spare = inbox.spare.lock().unwrap_or_else(|e| e.into_inner());
         let room = INBOX_LIMIT.saturating_sub(spare.len());
-        spare.extend(taken.drain(..).take(room));
+        spare.extend(taken.drain(..).take(room).map(|h| h.udp_payload));
         taken.clear();
         n
     }
@@ -175,15 +235,17 @@ impl Hub {
     }
 }
 
-/// One shard's backend: its own sockets, plus the frames its siblings
-/// hand it; frames for the siblings' QPs go to them.
+/// One shard's backend: its own sockets, plus the datagrams its siblings
+/// hand it; datagrams for the siblings' QPs go to them.
 struct ShardIo {
     inner: Box<dyn PacketIo>,
     me: usize,
     hub: Arc<Hub>,
     own_mac: [u8; 6],
-    /// Frames taken from the inbox in one round (its allocation reused).
-    taken: VecDeque<Vec<u8>>,
+    /// Datagrams taken from the inbox in one round (its allocation reused).
+    taken: VecDeque<Handed>,
+    /// A handed datagram made a frame again, for `recv_batch`.
+    frame_buf: Vec<u8>,
 }
 
 impl PacketIo for ShardIo {
@@ -195,18 +257,45 @@ impl PacketIo for ShardIo {
         self.inner.max_frame_len()
     }
 
+    /// What the runtime calls: the backend's datagrams, with their
+    /// arrival times, those for a sibling's QPs handed to it as they are.
+    fn recv_datagrams(
+        &mut self,
+        timeout: Duration,
+        on_datagram: &mut dyn FnMut(Received<'_>),
+    ) -> Result<usize, IoError> {
+        let (hub, me) = (&*self.hub, self.me);
+        let mut n = hub.drain(me, &mut self.taken, &mut |h| on_datagram(Ok(h.datagram())));
+        let wait = if n > 0 { Duration::ZERO } else { timeout };
+        n += self.inner.recv_datagrams(wait, &mut |r| match r {
+            Ok(d) => match hub.shard_of_datagram(d.udp_payload) {
+                Some(to) if to != me => hub.hand(to, &d),
+                _ => on_datagram(Ok(d)),
+            },
+            Err(rejected) => on_datagram(Err(rejected)),
+        })?;
+        Ok(n)
+    }
+
+    /// Whole frames (for tools and tests; the runtime takes datagrams): a
+    /// frame for a sibling goes to it checked, one handed to us comes out
+    /// as a frame again.
     fn recv_batch(
         &mut self,
         timeout: Duration,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> Result<usize, IoError> {
-        let (hub, me) = (&*self.hub, self.me);
-        let mut n = hub.drain(me, &mut self.taken, on_frame);
+        let (hub, me, mac, buf) = (&*self.hub, self.me, self.own_mac, &mut self.frame_buf);
+        let mut n = hub.drain(me, &mut self.taken, &mut |h| on_frame(h.frame(mac, buf)));
         let wait = if n > 0 { Duration::ZERO } else { timeout };
         n += self
             .inner
             .recv_batch(wait, &mut |f| match hub.shard_of(f) {
-                Some(to) if to != me => hub.hand(to, f),
+                Some(to) if to != me => match frame::datagram_of(f) {
+                    Ok(d) => hub.hand(to, &d),
+                    // Ours to count as rejected.
+                    Err(_) => on_frame(f),
+                },
                 _ => on_frame(f),
             })?;
         Ok(n)
@@ -223,9 +312,11 @@ impl PacketIo for ShardIo {
                 return Some(len);
             }
             // To our own MAC: a QP of a sibling shard (the runtime keeps
-            // those of its own shard); another process's otherwise.
-            match hub.shard_of(&buf[..len]) {
-                Some(to) if to != me => hub.hand(to, &buf[..len]),
+            // those of its own shard); another process's otherwise. It
+            // never leaves the host: the sibling takes it as it is.
+            let frame = &buf[..len];
+            match hub.shard_of(frame).zip(frame::transmit_of(frame)) {
+                Some((to, t)) if to != me => hub.hand(to, &t.looped_back(frame)),
                 _ => return Some(len),
             }
         })
@@ -295,6 +386,7 @@ impl ShardedRuntime {
                     hub: hub.clone(),
                     own_mac,
                     taken: VecDeque::new(),
+                    frame_buf: Vec::new(),
                 };
                 Runtime::start(device, Box::new(io), config)
             })
@@ -650,6 +742,136 @@ mod tests {
         assert_eq!(shard_of_qpn(0x02_0011, 0, 2), None);
         assert_eq!(shard_of_qpn(0x11, 1, 2), None);
         assert_eq!(shard_of_qpn(0x03_0012, 2, 2), Some(1));
+    }
+
+    /// A backend of frames that says each arrived at [`Stamped::AT`] (as
+    /// AF_XDP passes on the XDP program's timestamps).
+    struct Stamped(ChannelIo);
+
+    impl Stamped {
+        const AT: u64 = 123_456_789;
+    }
+
+    impl PacketIo for Stamped {
+        fn name(&self) -> &'static str {
+            "stamped"
+        }
+        fn max_frame_len(&self) -> usize {
+            self.0.max_frame_len()
+        }
+        fn recv_batch(
+            &mut self,
+            timeout: Duration,
+            on_frame: &mut dyn FnMut(&[u8]),
+        ) -> Result<usize, IoError> {
+            self.0.recv_batch(timeout, on_frame)
+        }
+        fn recv_datagrams(
+            &mut self,
+            timeout: Duration,
+            on_datagram: &mut dyn FnMut(Received<'_>),
+        ) -> Result<usize, IoError> {
+            self.0.recv_batch(timeout, &mut |f| {
+                on_datagram(frame::datagram_of(f).map(|d| RxDatagram {
+                    arrived_ns: Some(Self::AT),
+                    ..d
+                }))
+            })
+        }
+        fn transmit(
+            &mut self,
+            fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        ) -> Result<usize, IoError> {
+            self.0.transmit(fill)
+        }
+        fn wait_writable(&mut self, timeout: Duration) -> Result<bool, IoError> {
+            self.0.wait_writable(timeout)
+        }
+        fn stats(&mut self) -> IoStats {
+            self.0.stats()
+        }
+    }
+
+    /// A valid RC SEND_ONLY frame to QP `qpn`.
+    fn send_only(qpn: u32, payload: &[u8]) -> Vec<u8> {
+        use xroce_wire::{emit_frame, BthRepr, FrameRepr, Gid, Opcode, TransportRepr};
+        let bth = BthRepr::new(Opcode::RC_SEND_ONLY, qpn, 7);
+        let repr = FrameRepr::new(
+            [2, 0, 0, 0, 0, 1],
+            [2, 0, 0, 0, 0, 2],
+            Gid::from(std::net::IpAddr::from([10, 0, 0, 1])),
+            Gid::from(std::net::IpAddr::from([10, 0, 0, 2])),
+            0xc011,
+            TransportRepr::new(bth),
+        );
+        let mut buf = vec![0u8; repr.frame_len(payload.len())];
+        emit_frame(&repr, payload, &mut buf).unwrap();
+        buf
+    }
+
+    /// A datagram that reaches the wrong shard goes to its owner with the
+    /// time it arrived; one for the receiving shard stays, time and all.
+    /// A caller of frames gets a handed datagram as a valid frame again.
+    #[test]
+    fn handed_over_datagrams_keep_their_arrival_time() {
+        let hub = Arc::new(Hub::new(2, 4).unwrap());
+        let mac = [2, 0, 0, 0, 0, 2];
+        let shard = |me: usize, inner: Box<dyn PacketIo>| ShardIo {
+            inner,
+            me,
+            hub: hub.clone(),
+            own_mac: mac,
+            taken: VecDeque::new(),
+            frame_buf: Vec::new(),
+        };
+        let (wire, mut peer) = ChannelIo::pair(16, 9216);
+        let (quiet, _quiet_peer) = ChannelIo::pair(16, 9216);
+        let mut s0 = shard(0, Box::new(Stamped(wire)));
+        let mut s1 = shard(1, Box::new(quiet));
+        // Block 5 is shard 1's, block 4 shard 0's.
+        let (theirs, ours) = (
+            send_only(0x05_0011, b"theirs"),
+            send_only(0x04_0011, b"ours"),
+        );
+        assert_eq!(peer.send_batch(&[&theirs, &ours]).unwrap(), 2);
+        let mut at_s0 = Vec::new();
+        let n = s0
+            .recv_datagrams(Duration::from_secs(5), &mut |r| {
+                let d = r.expect("a valid datagram");
+                at_s0.push((dest_block(d.udp_payload), d.arrived_ns));
+            })
+            .unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(at_s0, [(Some(4), Some(Stamped::AT))]);
+        assert_eq!(hub.stats().handed, 1);
+        let mut at_s1 = Vec::new();
+        s1.recv_datagrams(Duration::ZERO, &mut |r| {
+            let d = r.expect("a valid datagram");
+            let want = frame::datagram_of(&theirs).unwrap();
+            assert_eq!(d.udp_payload, want.udp_payload);
+            assert_eq!((d.ip, d.udp_src_port), (want.ip, want.udp_src_port));
+            at_s1.push(d.arrived_ns);
+        })
+        .unwrap();
+        assert_eq!(at_s1, [Some(Stamped::AT)]);
+
+        // Through the frame path: handed over checked, given back whole.
+        assert_eq!(peer.send_batch(&[&theirs]).unwrap(), 1);
+        assert_eq!(
+            s0.recv_batch(Duration::from_secs(5), &mut |_| panic!("not ours"))
+                .unwrap(),
+            1
+        );
+        let mut frames = 0;
+        s1.recv_batch(Duration::ZERO, &mut |f| {
+            let d = frame::datagram_of(f).expect("a frame with a valid ICRC");
+            let want = frame::datagram_of(&theirs).unwrap();
+            assert_eq!(d.udp_payload, want.udp_payload);
+            frames += 1;
+        })
+        .unwrap();
+        assert_eq!(frames, 1);
+        assert_eq!(hub.stats().dropped, 0);
     }
 
     #[test]

@@ -3,8 +3,10 @@
 
 use std::time::Duration;
 
-use super::{rx_queue_count, setup_err, XskConfig, XskError, XskSocket, XskStats, MTU4096_HINT};
-use crate::io::{poll_ms, IoStats, PacketIo};
+use super::{
+    datagram_at, rx_queue_count, setup_err, XskConfig, XskError, XskSocket, XskStats, MTU4096_HINT,
+};
+use crate::io::{poll_ms, IoStats, PacketIo, Received};
 
 /// One socket per RX queue of an interface, behind one [`PacketIo`]: frames
 /// from every queue are received; frames are sent on one queue (the first),
@@ -49,6 +51,53 @@ impl XskMultiQueue {
             pollfds,
             next_rx: 0,
         })
+    }
+
+    /// Every queue's frames available now (waiting at most `timeout` for
+    /// the first), each with its arrival time (see
+    /// [`XskSocket::recv_with_arrival`]).
+    fn recv_all(
+        &mut self,
+        timeout: Duration,
+        on_frame: &mut dyn FnMut(&[u8], Option<u64>),
+    ) -> std::io::Result<usize> {
+        let count = self.sockets.len();
+        let mut total = 0;
+        for i in 0..count {
+            let q = (self.next_rx + i) % count;
+            total += self.sockets[q].recv_inner(0, on_frame)?;
+        }
+        self.next_rx = (self.next_rx + 1) % count;
+        if total > 0 || timeout.is_zero() {
+            return Ok(total);
+        }
+        if count == 1 {
+            return self.sockets[0].recv_inner(poll_ms(timeout), on_frame);
+        }
+        for p in &mut self.pollfds {
+            p.revents = 0;
+        }
+        // SAFETY: pollfds is a valid array of `count` entries.
+        let rc = unsafe {
+            libc::poll(
+                self.pollfds.as_mut_ptr(),
+                self.pollfds.len() as libc::nfds_t,
+                poll_ms(timeout),
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        for q in 0..count {
+            if self.pollfds[q].revents & libc::POLLIN != 0 {
+                total += self.sockets[q].recv_inner(0, on_frame)?;
+            }
+        }
+        Ok(total)
     }
 
     pub fn sockets(&self) -> &[XskSocket] {
@@ -96,43 +145,19 @@ impl PacketIo for XskMultiQueue {
         timeout: Duration,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> crate::io::Result<usize> {
-        let count = self.sockets.len();
-        let mut total = 0;
-        for i in 0..count {
-            let q = (self.next_rx + i) % count;
-            total += self.sockets[q].recv_inner(0, on_frame)?;
-        }
-        self.next_rx = (self.next_rx + 1) % count;
-        if total > 0 || timeout.is_zero() {
-            return Ok(total);
-        }
-        if count == 1 {
-            return Ok(self.sockets[0].recv_inner(poll_ms(timeout), on_frame)?);
-        }
-        for p in &mut self.pollfds {
-            p.revents = 0;
-        }
-        // SAFETY: pollfds is a valid array of `count` entries.
-        let rc = unsafe {
-            libc::poll(
-                self.pollfds.as_mut_ptr(),
-                self.pollfds.len() as libc::nfds_t,
-                poll_ms(timeout),
-            )
-        };
-        if rc < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EINTR) {
-                return Ok(0);
-            }
-            return Err(e.into());
-        }
-        for q in 0..count {
-            if self.pollfds[q].revents & libc::POLLIN != 0 {
-                total += self.sockets[q].recv_inner(0, on_frame)?;
-            }
-        }
-        Ok(total)
+        Ok(self.recv_all(timeout, &mut |f, _| on_frame(f))?)
+    }
+
+    /// The frames of `recv_batch`, parsed and checked, each with the
+    /// arrival time the XDP program put in front of it.
+    fn recv_datagrams(
+        &mut self,
+        timeout: Duration,
+        on_datagram: &mut dyn FnMut(Received<'_>),
+    ) -> crate::io::Result<usize> {
+        Ok(self.recv_all(timeout, &mut |f, arrived| {
+            on_datagram(datagram_at(f, arrived))
+        })?)
     }
 
     fn transmit(

@@ -7,8 +7,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{BusyPollStatus, XskError, XskSocket, MTU4096_HINT, XDP_PKT_CONTD};
-use crate::io::{poll_ms, IoStats, PacketIo};
+use xroce_common::rx_meta::{self, RxMeta};
+use xsk_rs::{FrameDesc, Umem};
+
+use super::{datagram_at, BusyPollStatus, XskError, XskSocket, MTU4096_HINT, XDP_PKT_CONTD};
+use crate::io::{poll_ms, IoStats, PacketIo, Received};
+use crate::runtime::MonotonicToEngine;
 
 /// Kicks the kernel on `fd`: sendto for TX, recvfrom for RX/fill.
 fn kick(fd: i32, rx: bool) -> std::io::Result<()> {
@@ -44,6 +48,47 @@ fn kick(fd: i32, rx: bool) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Takes the XDP program's arrival time (CLOCK_MONOTONIC) from the
+/// [`RxMeta`] right in front of the data of the received chunk `desc` and
+/// clears its magic, so that the chunk, recycled through the fill ring,
+/// never shows it again (a frame redirected without metadata leaves those
+/// bytes as they were). `None` if there is none.
+///
+/// # Safety
+///
+/// `desc` must be a descriptor of `umem` that the RX ring handed us and
+/// that is not back on the fill ring yet (the chunk is ours), and
+/// `frame_size` the UMEM's (power of two) chunk size.
+#[inline]
+unsafe fn take_arrival(umem: &Umem, desc: &FrameDesc, frame_size: u32) -> Option<u64> {
+    // The kernel puts a received frame XDP_PACKET_HEADROOM (256) bytes into
+    // its chunk (plus any UMEM headroom; an XDP program moving the start
+    // moves it by less), and the metadata right in front of it. Checked,
+    // not assumed: the LEN bytes in front must be in the same chunk.
+    if desc.addr() & (frame_size as usize - 1) < rx_meta::LEN {
+        return None;
+    }
+    // SAFETY: per this function's contract the chunk is ours: the kernel
+    // is done writing it and does not touch it until it is back on the
+    // fill ring, and nothing else in this process reads or writes it.
+    let data = unsafe { umem.data(desc) }.contents().as_ptr();
+    // The address LEN bytes in front of the data, with the UMEM mapping's
+    // provenance: it comes from mmap(2) in xsk-rs and was handed to the
+    // kernel (libxdp's xsk_umem__create), so it is exposed, and `data` is
+    // only a view of part of it.
+    let meta =
+        std::ptr::with_exposed_provenance_mut::<[u8; rx_meta::LEN]>(data.addr() - rx_meta::LEN);
+    // SAFETY: the check above puts these LEN bytes inside the same chunk
+    // as the frame (between its start and the data), which is ours (see
+    // above) and mapped for as long as `umem` lives; the reads and the
+    // write are unaligned-safe.
+    unsafe {
+        let t = RxMeta::parse(&meta.read_unaligned())?;
+        meta.cast::<u32>().write_unaligned(0);
+        Some(t)
+    }
+}
+
 impl XskSocket {
     /// Receives up to one batch, waiting at most `timeout_ms` for the first
     /// frame; calls `on_frame` for each and returns how many arrived.
@@ -52,6 +97,17 @@ impl XskSocket {
         timeout_ms: i32,
         mut on_frame: impl FnMut(&[u8]),
     ) -> Result<usize, XskError> {
+        Ok(self.recv_inner(timeout_ms, &mut |f, _| on_frame(f))?)
+    }
+
+    /// [`recv`](Self::recv), with each frame's arrival time on the
+    /// engine's clock ([`crate::runtime::now_ns`]) when the XDP program
+    /// stamped it (`None` otherwise).
+    pub fn recv_with_arrival(
+        &mut self,
+        timeout_ms: i32,
+        mut on_frame: impl FnMut(&[u8], Option<u64>),
+    ) -> Result<usize, XskError> {
         Ok(self.recv_inner(timeout_ms, &mut on_frame)?)
     }
 
@@ -59,10 +115,13 @@ impl XskSocket {
         matches!(self.busy_poll, BusyPollStatus::On(_))
     }
 
+    /// Receives up to one batch (see [`recv`](Self::recv)); `on_frame`
+    /// gets each frame with its arrival time on the engine's clock, if the
+    /// XDP program stamped it.
     pub(super) fn recv_inner(
         &mut self,
         timeout_ms: i32,
-        on_frame: &mut dyn FnMut(&[u8]),
+        on_frame: &mut dyn FnMut(&[u8], Option<u64>),
     ) -> std::io::Result<usize> {
         // TX progresses in the same loop that receives.
         self.complete_tx()?;
@@ -89,19 +148,37 @@ impl XskSocket {
         // What is still queued behind this batch: a ring filling faster
         // than we read it (a loaded core, too many senders) is congested.
         self.rx_pressure = n > 0 && self.rx.nb_avail_exact() >= self.pressure_frames;
+        if n == 0 {
+            return Ok(0);
+        }
         let mut frames = 0;
+        // One clock read per batch; each timestamp is then a subtraction.
+        let clock = MonotonicToEngine::now();
         for desc in &self.rx_batch[..n] {
+            // Every chunk's metadata is taken, a later fragment's too (the
+            // kernel writes it in front of the first only, but the chunk
+            // may have carried a first fragment before).
+            // SAFETY: the RX ring handed us this chunk of our UMEM, and it
+            // goes back to the fill ring only after this loop.
+            let arrived = unsafe { take_arrival(&self.umem, desc, self.frame_size) }
+                .and_then(|t| clock.engine_ns(t));
             // SAFETY: the kernel handed this frame to us; nothing else reads it.
             let data = unsafe { self.umem.data(desc) };
             let part = data.contents();
             // XDP_PKT_CONTD: more fragments of this frame follow.
             let contd = desc.options() & XDP_PKT_CONTD != 0;
-            if !contd && self.rx_reasm.is_empty() && !self.rx_reasm_bad {
-                on_frame(part);
+            let first = self.rx_reasm.is_empty() && !self.rx_reasm_bad;
+            if !contd && first {
+                self.io_stats.rx_timestamped += u64::from(arrived.is_some());
+                on_frame(part, arrived);
                 frames += 1;
                 self.io_stats.rx_frames += 1;
                 self.io_stats.rx_bytes += part.len() as u64;
                 continue;
+            }
+            if first {
+                // A multi-buffer frame: it arrived when its first fragment did.
+                self.rx_reasm_arrived = arrived;
             }
             if self.rx_reasm.len() + part.len() <= self.mb_max {
                 self.rx_reasm.extend_from_slice(part);
@@ -112,13 +189,16 @@ impl XskSocket {
                 if self.rx_reasm_bad {
                     self.io_stats.rx_dropped += 1;
                 } else {
-                    on_frame(&self.rx_reasm);
+                    let arrived = self.rx_reasm_arrived;
+                    self.io_stats.rx_timestamped += u64::from(arrived.is_some());
+                    on_frame(&self.rx_reasm, arrived);
                     frames += 1;
                     self.io_stats.rx_frames += 1;
                     self.io_stats.rx_bytes += self.rx_reasm.len() as u64;
                 }
                 self.rx_reasm.clear();
                 self.rx_reasm_bad = false;
+                self.rx_reasm_arrived = None;
             }
         }
         // Give the frames straight back for new arrivals.
@@ -384,7 +464,19 @@ impl PacketIo for XskSocket {
         timeout: Duration,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> crate::io::Result<usize> {
-        Ok(self.recv_inner(poll_ms(timeout), on_frame)?)
+        Ok(self.recv_inner(poll_ms(timeout), &mut |f, _| on_frame(f))?)
+    }
+
+    /// The frames of `recv_batch`, parsed and checked, each with the
+    /// arrival time the XDP program put in front of it.
+    fn recv_datagrams(
+        &mut self,
+        timeout: Duration,
+        on_datagram: &mut dyn FnMut(Received<'_>),
+    ) -> crate::io::Result<usize> {
+        Ok(self.recv_inner(poll_ms(timeout), &mut |f, arrived| {
+            on_datagram(datagram_at(f, arrived))
+        })?)
     }
 
     fn transmit(

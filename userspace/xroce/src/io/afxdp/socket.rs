@@ -46,6 +46,9 @@ pub struct XskSocket {
     pub(super) rx_reasm: Vec<u8>,
     /// The frame being reassembled outgrew `mb_max`: drop it at its end.
     pub(super) rx_reasm_bad: bool,
+    /// When the frame being reassembled arrived (its first fragment's
+    /// XDP timestamp, on the engine's clock).
+    pub(super) rx_reasm_arrived: Option<u64>,
     pub(super) busy_poll: BusyPollStatus,
     pub(super) iface: String,
     pub(super) queue: u32,
@@ -225,6 +228,7 @@ impl XskSocket {
                 0
             }),
             rx_reasm_bad: false,
+            rx_reasm_arrived: None,
             pressure_frames: (half / 4).max(1),
             rx_pressure: false,
         })

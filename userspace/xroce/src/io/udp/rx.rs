@@ -301,6 +301,7 @@ impl RxPacket {
             ip: self.ip,
             udp_src_port: self.udp_src_port,
             udp_payload: &buf[self.payload_at..self.payload_at + self.payload_len],
+            arrived_ns: None,
         })
     }
 
