@@ -99,7 +99,8 @@ impl QpCtx {
                 self.req.probe_backoff = 0;
             }
         }
-        self.cc.on_ack(now, acked * self.mtu as usize, rtt);
+        let cc_rtt = self.cc_rtt(rtt);
+        self.cc.on_ack(now, acked * self.mtu as usize, cc_rtt);
         if self.psn_outstanding() {
             self.arm_rto(now);
         } else {

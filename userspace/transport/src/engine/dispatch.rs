@@ -99,6 +99,7 @@ impl QpCtx {
             match self.state {
                 QpState::Rts | QpState::Sqd | QpState::Sqe => {
                     self.sr_saw_response(t);
+                    self.note_echo(t.bth.delay_echo, self.echo_anchor(t), env.arrived_ns);
                     self.comp_handle(env, t, payload, now)
                 }
                 _ => env.stats.rx_bad_state += 1,
@@ -107,7 +108,12 @@ impl QpCtx {
             match self.state {
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe => {
                     self.sr_saw_request(t);
-                    self.resp_handle(env, t, payload, now)
+                    let in_order = t.bth.psn == self.resp.epsn;
+                    self.resp_handle(env, t, payload, now);
+                    // What an ACK of this PSN echoes (see `delay_echo`).
+                    if in_order && self.resp.epsn != t.bth.psn {
+                        self.resp.arrival = Some((t.bth.psn, env.arrived_ns));
+                    }
                 }
                 _ => env.stats.rx_bad_state += 1,
             }

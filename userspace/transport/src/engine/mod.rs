@@ -90,6 +90,7 @@ mod codec;
 mod completer;
 pub mod completion;
 pub mod datagram;
+mod delay_echo;
 mod dispatch;
 pub mod error;
 pub mod frame;
@@ -533,6 +534,10 @@ pub(crate) struct Env<'a> {
     pub rx_pressure: bool,
     /// QPs listed for [`Engine::take_retired`] (see [`qp::Retired`]).
     pub retired: &'a mut Vec<u32>,
+    /// When the datagram being handled reached the host: as the backend
+    /// said ([`RxDatagram::arrived_ns`]), else when the engine got it; 0
+    /// outside [`Engine::handle_datagram`].
+    pub arrived_ns: u64,
 }
 
 /// The per-device transport engine. See the module documentation.
@@ -755,6 +760,7 @@ impl Engine {
                 inflight_room,
                 rx_pressure: self.rx_pressure,
                 retired: &mut self.retired,
+                arrived_ns: 0,
             },
         )
     }
@@ -1067,6 +1073,7 @@ impl Engine {
             return;
         };
         let sample = qp.req.rtt_sample;
+        env.arrived_ns = d.arrived_ns.map_or(now_ns, |t| t.min(now_ns));
         qp.handle_packet(&mut env, &d.ip, &t, payload, now_ns);
         qp.after_event(&mut env);
         // The completer took the QP's round-trip sample: the device's too.

@@ -70,6 +70,13 @@ pub(crate) struct ReqState {
     pub rttvar_ns: u64,
     /// The latest round-trip sample (shown by `xroce status --qps`).
     pub last_rtt_ns: Option<u64>,
+    /// The latest fabric round trip (`delay_echo`), the congestion
+    /// controller's sample where the peer echoes its delay.
+    pub last_fabric_rtt_ns: Option<u64>,
+    /// Send times of recent PSNs, once the peer runs selective repeat.
+    pub sent_times: Option<Box<super::delay_echo::SentTimes>>,
+    /// The echo of the response being handled.
+    pub echo: Option<super::delay_echo::Echo>,
     /// When the oldest packet sent since the last that asked for an ACK
     /// went out (see `EngineConfig::ack_req_interval_ns`).
     pub unrequested_since: Option<u64>,
@@ -95,12 +102,16 @@ pub(crate) enum RespItem {
         msn: u32,
         /// Re-execution of a duplicate request (does not use a resource).
         dup: bool,
+        /// When the request reached the host (its responses echo the time
+        /// since).
+        arrived_ns: u64,
     },
     Atomic {
         psn: u32,
         orig: u64,
         msn: u32,
         dup: bool,
+        arrived_ns: u64,
     },
 }
 
@@ -156,6 +167,9 @@ pub(crate) struct RespState {
     /// The READs executed last, oldest first: only a duplicate of one of
     /// them is executed again (rxe's responder resources).
     pub reads: VecDeque<ReadRecord>,
+    /// The PSN of the latest request packet accepted in order and when it
+    /// reached the host: an ACK of that PSN echoes the time since.
+    pub arrival: Option<(u32, u64)>,
 }
 
 /// A READ request the responder executed, as checked then: a duplicate
@@ -304,6 +318,7 @@ impl QpCtx {
                 out: VecDeque::with_capacity(64),
                 replay: VecDeque::with_capacity(16),
                 reads: VecDeque::with_capacity(16),
+                arrival: None,
             },
             cc,
             pacer: Pacer::new(pacing_burst_bytes),

@@ -41,6 +41,10 @@ pub struct QpInfo {
     /// The last round-trip sample and the smoothed RTT (RFC 6298).
     pub last_rtt_ns: Option<u64>,
     pub srtt_ns: Option<u64>,
+    /// The last fabric round trip, the congestion controller's sample,
+    /// when the peer echoes its host delay (another xroce; see
+    /// `engine::delay_echo`).
+    pub last_fabric_rtt_ns: Option<u64>,
     /// How the QP agrees on selective repeat.
     pub sr_mode: super::selective::SrMode,
     /// The requester runs selective repeat (else go-back-N): its WRITEs
@@ -95,6 +99,7 @@ impl QpCtx {
             rate_bps: self.cc.rate_bps(),
             last_rtt_ns: self.req.last_rtt_ns,
             srtt_ns: self.req.srtt_ns,
+            last_fabric_rtt_ns: self.req.last_fabric_rtt_ns,
             sr_mode: self.sr_mode,
             sr_requester: self.sr_req.is_some(),
             sr_responder: self.sr_resp.is_some(),

@@ -516,6 +516,7 @@ impl QpCtx {
         if ack_req && self.req.rtt_sample.is_none() && !retransmission {
             self.req.rtt_sample = Some((sent_psn, now));
         }
+        self.note_sent(sent_psn, now, retransmission);
         if uc {
             // UC: nothing is acknowledged; a WQE completes once sent.
             self.req.comp_psn = self.req.psn;

@@ -25,6 +25,7 @@ use xroce_wire::{
 
 use super::codec;
 use super::completion::{WcFlags, WcOpcode, WcStatus};
+use super::delay_echo::echo_code;
 use super::memory::AccessFlags;
 use super::qp::{ErrCause, InMsg, QpCtx, ReadRecord, RemoteMr, RespItem, WriteCtx};
 use super::qp_attr::QpState;
@@ -312,6 +313,7 @@ impl QpCtx {
                     npkts,
                     msn: self.resp.msn,
                     dup: true,
+                    arrived_ns: env.arrived_ns,
                 };
                 if next {
                     self.resp.out.push_front(item);
@@ -334,6 +336,7 @@ impl QpCtx {
                             orig,
                             msn: self.resp.msn,
                             dup: true,
+                            arrived_ns: env.arrived_ns,
                         });
                     }
                 }
@@ -728,6 +731,7 @@ impl QpCtx {
             npkts,
             msn: self.resp.msn,
             dup: false,
+            arrived_ns: env.arrived_ns,
         });
     }
 
@@ -783,6 +787,7 @@ impl QpCtx {
             orig,
             msn: self.resp.msn,
             dup: false,
+            arrived_ns: env.arrived_ns,
         });
     }
 
@@ -803,6 +808,7 @@ impl QpCtx {
         }
         let alone = self.resp.out.len() == 1;
         let sr_bit = self.sr_bit_on_response();
+        let echoes = self.sr_resp.is_some();
         let item = self.resp.out.front_mut()?;
         match item {
             RespItem::Ack {
@@ -817,6 +823,10 @@ impl QpCtx {
                     *msn = self.resp.msn;
                 }
                 let mut f = response_packet(&self.tmpl, sr_bit, Opcode::RC_ACKNOWLEDGE, *psn);
+                // The echo is of the packet it acknowledges, if that is the
+                // latest accepted (not of PSNs placed ahead of it).
+                let arrived = self.resp.arrival.filter(|(p, _)| p == psn).map(|(_, t)| t);
+                f.transport.bth.delay_echo = echo_code(echoes, arrived, now);
                 f.transport.aeth = Some(AethRepr {
                     syndrome: *syndrome,
                     msn: *msn,
@@ -843,9 +853,16 @@ impl QpCtx {
                 }
                 Some(t)
             }
-            RespItem::Atomic { psn, orig, msn, .. } => {
+            RespItem::Atomic {
+                psn,
+                orig,
+                msn,
+                arrived_ns,
+                ..
+            } => {
                 let mut f =
                     response_packet(&self.tmpl, sr_bit, Opcode::RC_ATOMIC_ACKNOWLEDGE, *psn);
+                f.transport.bth.delay_echo = echo_code(echoes, Some(*arrived_ns), now);
                 f.transport.aeth = Some(AethRepr {
                     syndrome: Syndrome::ACK,
                     msn: *msn,
@@ -864,6 +881,7 @@ impl QpCtx {
                 sent,
                 npkts,
                 msn,
+                arrived_ns,
                 ..
             } => {
                 if mr.as_ref().is_some_and(|m| !m.is_valid()) {
@@ -882,6 +900,7 @@ impl QpCtx {
                     _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
                 };
                 let mut f = response_packet(&self.tmpl, sr_bit, opcode, psn_add(*first, k));
+                f.transport.bth.delay_echo = echo_code(echoes, Some(*arrived_ns), now);
                 f.transport.aeth =
                     (opcode != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE).then_some(AethRepr {
                         syndrome: Syndrome::ACK,

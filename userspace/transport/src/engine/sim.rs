@@ -358,6 +358,30 @@ impl EngineHost for Mutex<Engine> {
     }
 }
 
+/// A host whose engine thread is off its core for `off_ns` of every
+/// `period_ns`, from `phase_ns` on (a busy host's scheduler): meanwhile it
+/// sends nothing, its timers wait, and what arrives waits in its receive
+/// queue, then is handled with the time it arrived (as an XDP timestamp
+/// tells the engine, [`super::RxDatagram::arrived_ns`]).
+#[derive(Debug, Clone, Copy)]
+pub struct OffCore {
+    pub period_ns: u64,
+    pub off_ns: u64,
+    pub phase_ns: u64,
+}
+
+impl OffCore {
+    /// The first time at or after `t` that the host runs.
+    pub fn on_at(&self, t: u64) -> u64 {
+        let into = t.saturating_sub(self.phase_ns) % self.period_ns.max(1);
+        if t < self.phase_ns || into >= self.off_ns {
+            t
+        } else {
+            t + (self.off_ns - into)
+        }
+    }
+}
+
 /// Two engine hosts joined by a [`SimLink`], in simulated time.
 pub struct Sim<H: EngineHost> {
     pub a: H,
@@ -367,6 +391,10 @@ pub struct Sim<H: EngineHost> {
     buf: Vec<u8>,
     /// Engine events processed (frames + timer runs).
     pub events: u64,
+    /// When A's and B's threads are off their cores (none: always on).
+    pub off_core: [Option<OffCore>; 2],
+    /// Frames that arrived at A and B while off, with when they arrived.
+    waiting: [Vec<(u64, Vec<u8>)>; 2],
 }
 
 impl<H: EngineHost> Sim<H> {
@@ -380,11 +408,21 @@ impl<H: EngineHost> Sim<H> {
             now: 1_000_000,
             buf: vec![0; 9000],
             events: 0,
+            off_core: [None, None],
+            waiting: [Vec::new(), Vec::new()],
         }
+    }
+
+    /// The first time at or after `t` that host `i` (0: A, 1: B) runs.
+    fn on_at(&self, i: usize, t: u64) -> u64 {
+        self.off_core[i].map_or(t, |o| o.on_at(t))
     }
 
     fn flush_tx(&mut self) {
         for to_b in [true, false] {
+            if self.on_at(!to_b as usize, self.now) != self.now {
+                continue;
+            }
             let host = if to_b { &self.a } else { &self.b };
             let mut g = host.lock();
             while let Some(n) = g.poll_transmit_frame(self.now, &mut self.buf) {
@@ -397,9 +435,11 @@ impl<H: EngineHost> Sim<H> {
     /// deliver/fire it. Returns false when nothing is pending anywhere.
     pub fn step(&mut self) -> bool {
         self.flush_tx();
-        let ta = self.a.lock().poll_timeout();
-        let tb = self.b.lock().poll_timeout();
-        let next = [self.link.next_arrival(), ta, tb]
+        // A host off its core does nothing until it is back.
+        let ta = self.a.lock().poll_timeout().map(|t| self.on_at(0, t));
+        let tb = self.b.lock().poll_timeout().map(|t| self.on_at(1, t));
+        let back = |i: usize| (!self.waiting[i].is_empty()).then(|| self.on_at(i, self.now));
+        let next = [self.link.next_arrival(), ta, tb, back(0), back(1)]
             .into_iter()
             .flatten()
             .min();
@@ -408,10 +448,26 @@ impl<H: EngineHost> Sim<H> {
         };
         self.now = self.now.max(t);
         while let Some((to_b, f)) = self.link.pop_due(self.now) {
+            let i = to_b as usize;
+            if self.on_at(i, self.now) != self.now {
+                self.waiting[i].push((self.now, f));
+                continue;
+            }
             let host = if to_b { &self.b } else { &self.a };
             host.lock().handle_frame(&f, self.now);
             self.events += 1;
             self.link.recycle(f);
+        }
+        for i in 0..2 {
+            if self.waiting[i].is_empty() || self.on_at(i, self.now) != self.now {
+                continue;
+            }
+            let host = if i == 1 { &self.b } else { &self.a };
+            let mut g = host.lock();
+            for (arrived, f) in self.waiting[i].drain(..) {
+                g.handle_frame_at(&f, arrived, self.now);
+                self.events += 1;
+            }
         }
         if ta.is_some_and(|t| t <= self.now) {
             self.a.lock().handle_timeout(self.now);
