@@ -46,6 +46,12 @@ pub struct QpStatus {
     pub last_rtt_ns: Option<u64>,
     #[serde(deserialize_with = "required")]
     pub srtt_ns: Option<u64>,
+    /// Last fabric round trip, ns: the congestion controller's sample when
+    /// the peer (another xroce) echoes its host delay, the time frames
+    /// waited for the processes at both ends left out; null otherwise and
+    /// in older files.
+    #[serde(default)]
+    pub last_fabric_rtt_ns: Option<u64>,
     /// Selective repeat in use: either half below runs it (else
     /// go-back-N both ways). xroce peers agree on it in band; a QP facing
     /// any other RoCE device stays go-back-N.

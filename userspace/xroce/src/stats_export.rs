@@ -393,6 +393,7 @@ mod tests {
             rate_bps: 10,
             last_rtt_ns: Some(11),
             srtt_ns: None,
+            last_fabric_rtt_ns: None,
             selective_repeat: true,
             sr_requester: true,
             sr_responder: false,

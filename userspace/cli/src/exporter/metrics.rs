@@ -172,6 +172,13 @@ const QP_METRICS: &[QpMetric] = &[
         |q| q.last_rtt_ns.map(|n| Num::Float(n as f64 / 1e9))
     ),
     qp_metric!(
+        "qp_last_fabric_rtt",
+        "Last fabric round-trip time: the congestion control's sample when the peer echoes its host delay",
+        Seconds,
+        false,
+        |q| q.last_fabric_rtt_ns.map(|n| Num::Float(n as f64 / 1e9))
+    ),
+    qp_metric!(
         "qp_smoothed_rtt",
         "Smoothed round-trip time (RFC 6298)",
         Seconds,
@@ -442,6 +449,7 @@ mod tests {
             rate_bps: 8_000_000_000,
             last_rtt_ns: Some(25_000),
             srtt_ns: None,
+            last_fabric_rtt_ns: None,
             selective_repeat: false,
             sr_requester: false,
             sr_responder: false,

@@ -46,10 +46,11 @@ fn sr_cell(q: &QpStatus) -> &'static str {
 pub fn render(qps: &[QpStatus], indent: &str) -> String {
     let header = [
         "QPN", "TYPE", "STATE", "PEER GID", "PEER QPN", "NEXT PSN", "UNACKED", "EXPECTED",
-        "INFL/WIN", "SQ", "RQ", "RETX", "TMO", "RNR", "NAK", "CC", "RATE", "RTT", "SRTT", "SR",
+        "INFL/WIN", "SQ", "RQ", "RETX", "TMO", "RNR", "NAK", "CC", "RATE", "RTT", "SRTT", "FABRIC",
+        "SR",
     ]
     .map(String::from);
-    let rows: Vec<[String; 20]> = qps
+    let rows: Vec<[String; 21]> = qps
         .iter()
         .map(|q| {
             [
@@ -72,6 +73,7 @@ pub fn render(qps: &[QpStatus], indent: &str) -> String {
                 rate(q.rate_bps),
                 duration(q.last_rtt_ns),
                 duration(q.srtt_ns),
+                duration(q.last_fabric_rtt_ns),
                 sr_cell(q).into(),
             ]
         })
@@ -121,6 +123,7 @@ mod tests {
             rate_bps: 2_500_000_000,
             last_rtt_ns: Some(12_345),
             srtt_ns: None,
+            last_fabric_rtt_ns: None,
             selective_repeat: true,
             sr_requester: true,
             sr_responder: true,

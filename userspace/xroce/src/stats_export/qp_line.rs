@@ -57,6 +57,7 @@ pub fn status_of(q: &QpInfo) -> QpStatus {
         rate_bps: q.rate_bps,
         last_rtt_ns: q.last_rtt_ns,
         srtt_ns: q.srtt_ns,
+        last_fabric_rtt_ns: q.last_fabric_rtt_ns,
         selective_repeat: q.sr_requester || q.sr_responder,
         sr_requester: q.sr_requester,
         sr_responder: q.sr_responder,
