@@ -152,6 +152,10 @@ fn udp_backend_interoperates_with_afxdp() {
     assert_eq!(a_udp.socket_drops, 0, "{a_udp:?}");
     assert_eq!(a_stats.tx_frames, N as u64, "{a_stats:?}");
     assert_eq!(a_stats.rx_frames, N as u64, "{a_stats:?}");
+    assert_eq!(
+        a_stats.rx_timestamped, N as u64,
+        "every datagram came with a plausible receive timestamp: {a_stats:?}"
+    );
     assert_eq!(a_stats.tx_errors, 0, "{a_stats:?}");
     assert_eq!(b_xsk.rx_dropped, 0, "{b_xsk:?}");
     eprintln!(

@@ -68,14 +68,46 @@ fn epoch() -> &'static Epoch {
 
 /// CLOCK_MONOTONIC in ns (a vDSO call, no syscall).
 fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// `clock` in ns (a vDSO call for the clocks used here).
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec into `ts`, which lives
-    // across the call; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // across the call; CLOCK_MONOTONIC and CLOCK_REALTIME always exist.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The kernel's socket receive timestamps (SO_TIMESTAMPNS: CLOCK_REALTIME)
+/// on [`now_ns`]'s clock, for a batch: the two clocks read once when made,
+/// then a subtraction per timestamp. A step of the wall clock between a
+/// datagram's arrival and the batch shows as a wrong arrival time for that
+/// batch only (`None` if it lands outside [`MonotonicToEngine`]'s bounds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RealtimeToEngine {
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC.
+    offset: u64,
+    mono: MonotonicToEngine,
+}
+
+impl RealtimeToEngine {
+    /// For timestamps taken up to now.
+    pub fn now() -> Self {
+        let mono = MonotonicToEngine::now();
+        let offset = clock_ns(libc::CLOCK_REALTIME).saturating_sub(monotonic_ns());
+        Self { offset, mono }
+    }
+
+    /// `realtime_ns` on the engine's clock, if it is a plausible timestamp.
+    #[inline]
+    pub fn engine_ns(&self, realtime_ns: u64) -> Option<u64> {
+        self.mono.engine_ns(realtime_ns.checked_sub(self.offset)?)
+    }
 }
 
 /// Nanoseconds on the process-wide monotonic clock the engine runs on.

@@ -95,8 +95,9 @@ xroce_transport::counters! {
         pub tx_errors: u64,
         /// Syscalls made to wake the kernel (AF_XDP kicks, sendmmsg calls).
         pub tx_kicks: u64,
-        /// Frames that came with the XDP program's arrival time (AF_XDP:
-        /// `xroce_common::rx_meta`), which the engine then gets as
+        /// Frames that came with the time they reached the host (AF_XDP:
+        /// the XDP program's, `xroce_common::rx_meta`; UDP: the socket's
+        /// receive timestamp), which the engine then gets as
         /// [`RxDatagram::arrived_ns`].
         pub rx_timestamped: u64,
     }

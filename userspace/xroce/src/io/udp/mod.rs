@@ -93,12 +93,13 @@ use std::{
 use xroce_wire::{eth, ipv6, udp, Ipv4Repr, Ipv6Repr, ROCEV2_PORT};
 
 use super::{poll_ms, IoError, IoStats, PacketIo, Received, Result, Transmit};
+use crate::runtime::RealtimeToEngine;
 
 /// Room in front of a received payload: Ethernet + IPv6 + UDP.
 const RX_HEADROOM: usize = eth::HEADER_LEN + ipv6::HEADER_LEN + udp::HEADER_LEN;
 /// Control-message room per datagram (pktinfo + tos/tclass + TTL/hop
-/// limit + GRO size + rxq_ovfl: 136 bytes over IPv6).
-const CMSG_ROOM: usize = 160;
+/// limit + GRO size + rxq_ovfl + receive timestamp: 168 bytes over IPv6).
+const CMSG_ROOM: usize = 192;
 
 /// Settings of the UDP backend.
 #[derive(Clone, Debug)]
@@ -285,6 +286,8 @@ pub struct UdpBackend {
     udp_stats: UdpStats,
     /// SO_RXQ_OVFL of the IPv4 and the IPv6 socket last seen.
     last_ovfl: [u32; 2],
+    /// The receive timestamps of the batch being read on the engine clock.
+    rx_clock: RealtimeToEngine,
     /// The last receive round filled its batch and a socket's queue held
     /// a quarter of its buffer ([`PacketIo::rx_pressure`]).
     rx_pressure: bool,
@@ -406,6 +409,9 @@ impl UdpBackend {
     ) -> Result<usize> {
         let n = self.recvmmsg(v6)?;
         self.udp_stats.rx_datagrams += n as u64;
+        if n > 0 {
+            self.rx_clock = RealtimeToEngine::now();
+        }
         for i in 0..n {
             let Some(meta) = self.rx_meta(i, v6) else {
                 continue;
@@ -419,6 +425,7 @@ impl UdpBackend {
                 if let Some(p) = self.check(base + at, len, &meta, prev_id) {
                     on_packet(&mut self.rx_buf, &p);
                     self.stats.rx_frames += 1;
+                    self.stats.rx_timestamped += u64::from(p.arrived_ns.is_some());
                     self.stats.rx_bytes += p.frame_len() as u64;
                     *delivered += 1;
                     prev_id = Some(p.ip_id);

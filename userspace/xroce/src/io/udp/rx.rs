@@ -36,6 +36,8 @@ pub(super) struct RxMeta {
     pub len: usize,
     /// Size of each coalesced packet (UDP_GRO); `None`: one packet.
     pub gso_size: Option<usize>,
+    /// When it reached the host, on the engine's clock (SO_TIMESTAMPNS).
+    pub arrived_ns: Option<u64>,
 }
 
 /// The packets of a datagram of `len` bytes coalesced at `gso_size`: every
@@ -107,6 +109,7 @@ impl UdpBackend {
         let mut tos = 0u8;
         let mut ttl = 64u8;
         let mut gso_size = None;
+        let mut arrived_ns = None;
         // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG
         // macros walk it within those bounds.
         unsafe {
@@ -131,6 +134,14 @@ impl UdpBackend {
                     }
                     (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
                         tos = std::ptr::read_unaligned(data as *const libc::c_int) as u8
+                    }
+                    (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
+                        let ts = std::ptr::read_unaligned(data as *const libc::timespec);
+                        let rt = u64::try_from(ts.tv_sec).ok().and_then(|s| {
+                            s.checked_mul(1_000_000_000)?
+                                .checked_add(u64::try_from(ts.tv_nsec).ok()?)
+                        });
+                        arrived_ns = rt.and_then(|rt| self.rx_clock.engine_ns(rt));
                     }
                     (libc::SOL_UDP, libc::UDP_GRO) => {
                         let size = std::ptr::read_unaligned(data as *const libc::c_int);
@@ -163,6 +174,7 @@ impl UdpBackend {
             ttl,
             len,
             gso_size,
+            arrived_ns,
         })
     }
 
@@ -260,6 +272,7 @@ impl UdpBackend {
             udp_src_port: sport,
             icrc: (computed, found),
             ip_id: used_id,
+            arrived_ns: meta.arrived_ns,
         })
     }
 }
@@ -279,6 +292,8 @@ pub(super) struct RxPacket {
     pub icrc: (u32, u32),
     /// The IPv4 id it matched (0 if it matched none).
     pub ip_id: u16,
+    /// When it reached the host, on the engine's clock.
+    pub arrived_ns: Option<u64>,
 }
 
 impl RxPacket {
@@ -301,7 +316,7 @@ impl RxPacket {
             ip: self.ip,
             udp_src_port: self.udp_src_port,
             udp_payload: &buf[self.payload_at..self.payload_at + self.payload_len],
-            arrived_ns: None,
+            arrived_ns: self.arrived_ns,
         })
     }
 

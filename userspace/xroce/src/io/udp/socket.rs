@@ -21,6 +21,7 @@ const GRO_MAX_DATAGRAM: usize = 65535;
 /// Receive slots with GRO (each 64 KiB).
 const GRO_SLOTS: usize = 32;
 use crate::io::{sockopt as raw_sockopt, IoStats, Result};
+use crate::runtime::RealtimeToEngine;
 
 /// What a socket option failed with, named as the kernel names it.
 fn option_err(name: &str) -> impl FnOnce(nix::Error) -> crate::io::IoError + '_ {
@@ -58,6 +59,11 @@ pub(super) fn open_socket(
     // UDP_SEGMENT readable: the kernel has UDP GSO (4.18+).
     let gso = cfg.gso && raw_sockopt::get_u32(raw, libc::SOL_UDP, libc::UDP_SEGMENT).is_ok();
     let gro = cfg.gro && raw_sockopt::set_int(raw, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+    // When each datagram reached the host (the kernel's receive timestamp,
+    // CLOCK_REALTIME): the engine's delay echo and fabric round trips leave
+    // out the time it then waited for this process. Without it they count
+    // from when the engine handled it.
+    let _ = raw_sockopt::set_int(raw, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
     if v6 {
         setsockopt(&fd, sockopt::Ipv6V6Only, &true).map_err(option_err("IPV6_V6ONLY"))?;
         setsockopt(&fd, sockopt::Ipv6RecvPacketInfo, &true)
@@ -245,6 +251,7 @@ impl UdpBackend {
             stats: IoStats::default(),
             udp_stats: UdpStats::default(),
             last_ovfl: [0; 2],
+            rx_clock: RealtimeToEngine::now(),
             rx_pressure: false,
         };
         me.cfg.batch = batch;
