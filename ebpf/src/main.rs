@@ -4,7 +4,8 @@
 //! 4791 (RoCEv2) are validated (IP header, UDP length, BTH opcode), counted by
 //! opcode class and ECN codepoint, optionally filtered by destination QPN, and
 //! redirected into the AF_XDP socket of their RX queue, with their arrival
-//! time in front of them (`xroce_common::rx_meta`). Malformed RoCEv2
+//! time in front of them (`xroce_common::rx_meta`; `xroce_xdp_plain` is the
+//! same program without it, for kernels that refuse the metadata helper). Malformed RoCEv2
 //! frames are dropped and counted, never passed up. Everything else (ARP,
 //! ICMP, the TCP used for connection setup) goes to the kernel untouched.
 #![no_std]
@@ -89,8 +90,31 @@ const BTH_LEN: usize = 12;
 const ICRC_LEN: usize = 4;
 const OPCODE_ACK: u8 = 0x11;
 
+/// The program: frames to an AF_XDP socket carry their arrival time.
 #[xdp(frags)]
 pub fn xroce_xdp(ctx: XdpContext) -> u32 {
+    handle(ctx, Arrival::Stamped)
+}
+
+/// The same program without arrival times, for kernels whose verifier
+/// refuses `bpf_xdp_adjust_meta` to XDP programs (some builds do): the
+/// loader falls back to it, and the AF_XDP side then takes a frame's
+/// arrival from when it read the ring.
+#[xdp(frags)]
+pub fn xroce_xdp_plain(ctx: XdpContext) -> u32 {
+    handle(ctx, Arrival::Unstamped)
+}
+
+/// Whether frames redirected to AF_XDP carry their arrival time; a
+/// constant in each entry point, so the plain one has no call to the helper.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Arrival {
+    Stamped,
+    Unstamped,
+}
+
+#[inline(always)]
+fn handle(ctx: XdpContext, arrival: Arrival) -> u32 {
     count(Counter::Seen);
     let rxq = RXQ_COUNTERS.get_ptr_mut(ctx.rx_queue_index());
     if let Some(q) = rxq {
@@ -115,7 +139,7 @@ pub fn xroce_xdp(ctx: XdpContext) -> u32 {
             count(Counter::Roce);
             // As it arrived: before steer rewrites the port or redirects.
             copy_to_capture(&ctx);
-            steer(&ctx, block, dport_at)
+            steer(&ctx, block, dport_at, arrival)
         }
     };
     if action == xdp_action::XDP_PASS {
@@ -309,7 +333,7 @@ fn copy_to_capture(ctx: &XdpContext) {
 /// (one of its blocks, with several I/O threads),
 /// otherwise the kernel's UDP stack, on the block's own port.
 #[inline(always)]
-fn steer(ctx: &XdpContext, block: u32, dport_at: usize) -> u32 {
+fn steer(ctx: &XdpContext, block: u32, dport_at: usize, arrival: Arrival) -> u32 {
     let queue = ctx.rx_queue_index();
     let xsk_block = CONFIG
         .get(qpn_block::CONFIG_XSK_BLOCK)
@@ -326,7 +350,7 @@ fn steer(ctx: &XdpContext, block: u32, dport_at: usize) -> u32 {
     if block.wrapping_sub(xsk_block) < xsk_blocks && XSKS.get(queue).is_some() {
         // The arrival time goes with the frame to the socket; a frame that
         // cannot carry it goes all the same, without.
-        let stamped = stamp_arrival(ctx);
+        let stamped = arrival == Arrival::Stamped && stamp_arrival(ctx);
         // The socket can still go away between the lookup and here: then
         // the helper returns the low bits of flags, XDP_PASS.
         return match XSKS.redirect(queue, xdp_action::XDP_PASS as u64) {

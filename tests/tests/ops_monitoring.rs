@@ -261,7 +261,9 @@ fn status(ns: &Netns) -> StatusReport {
 
 /// The program id and mode (`ip -d -j link`: 1 native, 2 skb) `ip link`
 /// shows for `iface` in `ns`.
-fn ip_link_xdp(ns: &Netns, iface: &str) -> Option<(u32, &'static str)> {
+/// The id, mode and name of the XDP program `iface` runs, as `ip link`
+/// reports them.
+fn ip_link_xdp(ns: &Netns, iface: &str) -> Option<(u32, &'static str, String)> {
     let out = ns.exec(&["ip", "-d", "-j", "link", "show", "dev", iface]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("ip -j link");
     let xdp = &v[0]["xdp"];
@@ -271,7 +273,8 @@ fn ip_link_xdp(ns: &Netns, iface: &str) -> Option<(u32, &'static str)> {
         2 => "skb",
         _ => "other",
     };
-    Some((id, mode))
+    let name = xdp["prog"]["name"].as_str()?.to_string();
+    Some((id, mode, name))
 }
 
 #[test]
@@ -282,8 +285,10 @@ fn status_lists_attachment_and_processes() {
     // b: attached by an administrator in skb mode; a: nothing attached,
     // the client's AF_XDP engine attaches for itself.
     let _attached = AttachedXdp::new(&pair.b, &pair.if_b, "skb");
-    let (prog_id, mode) = ip_link_xdp(&pair.b, &pair.if_b).expect("ip link shows XDP on b");
+    let (prog_id, mode, name) = ip_link_xdp(&pair.b, &pair.if_b).expect("ip link shows XDP on b");
     assert_eq!(mode, "skb");
+    // The stamping program unless the kernel refused its metadata helper.
+    assert!(name == "xroce_xdp" || name == "xroce_xdp_plain", "{name}");
     let idle = status(&pair.b);
     assert_eq!(idle.interfaces.len(), 1, "{idle:?}");
     let b = &idle.interfaces[0];
@@ -294,7 +299,8 @@ fn status_lists_attachment_and_processes() {
             prog_id,
             mode: "skb".into(),
             dispatcher: None,
-            by_process: false
+            by_process: false,
+            arrival_times: name == "xroce_xdp",
         })
     );
     assert!(b.processes.is_empty(), "{idle:?}");
@@ -367,7 +373,7 @@ fn status_lists_attachment_and_processes() {
     // a: the client attached the program for itself, natively.
     assert_eq!(on_a.interfaces.len(), 1, "{on_a:?}");
     let a = &on_a.interfaces[0];
-    let (a_id, a_mode) = ip_link_xdp(&pair.a, &pair.if_a).expect("XDP on a");
+    let (a_id, a_mode, _) = ip_link_xdp(&pair.a, &pair.if_a).expect("XDP on a");
     let x = a.xdp.as_ref().expect("program on a");
     assert_eq!(
         (x.prog_id, x.mode.as_str(), x.by_process),

@@ -5,11 +5,7 @@
 //! Debian's own ib_write_bw and ib_read_bw, unmodified, over xroce's
 //! drop-in libibverbs between the same namespaces.
 
-use std::{
-    process::{Command, Stdio},
-    thread,
-    time::Duration,
-};
+use std::{process::Stdio, thread, time::Duration};
 
 use anyhow::{bail, Result};
 
@@ -35,7 +31,9 @@ pub fn demo() -> Result<()> {
     ));
     run(in_ns(&ns.b, &xroce).args(["attach", "--iface", &ns.if_b]))?;
     let _detach = Detach(ns.b.clone(), ns.if_b.clone());
-    run(Command::new("bpftool").args(["prog", "show", "name", "xroce_xdp"]))?;
+    // Which program runs (xroce_xdp, or xroce_xdp_plain where the kernel
+    // refuses its metadata helper), its id and mode.
+    run(in_ns(&ns.b, &xroce).args(["status", "--iface", &ns.if_b]))?;
 
     for (op, size) in [("write", "65536"), ("read", "65536")] {
         step(&format!(

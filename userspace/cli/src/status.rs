@@ -80,6 +80,7 @@ fn collect(only: Option<&str>, qps: bool) -> anyhow::Result<(StatusReport, Optio
                 mode: a.mode.to_string(),
                 dispatcher: a.dispatcher,
                 by_process: a.by_process,
+                arrival_times: a.stamps_arrival,
             }),
             Err(e) => {
                 problem.get_or_insert_with(|| format!("{iface}: {e}"));
@@ -152,8 +153,14 @@ fn describe_xdp(xdp: &Option<XdpStatus>) -> String {
     } else {
         "attached by `xroce attach` (stays until `xroce detach`)"
     };
+    let program = if x.arrival_times {
+        "xroce_xdp"
+    } else {
+        "xroce_xdp_plain (frames without arrival times: the kernel refused \
+         bpf_xdp_adjust_meta)"
+    };
     format!(
-        "xroce_xdp, program id {}, {} mode{under}; {by}",
+        "{program}, program id {}, {} mode{under}; {by}",
         x.prog_id, x.mode
     )
 }

@@ -19,6 +19,12 @@ pub const ROCEV2_UDP_PORT: u16 = 4791;
 /// The kernel keeps 15 characters of a name, so these stay short.
 pub mod names {
     pub const PROGRAM: &str = "xroce_xdp";
+    /// The same program without arrival times in front of the frames it
+    /// redirects, for kernels that refuse `bpf_xdp_adjust_meta` to XDP.
+    pub const PROGRAM_PLAIN: &str = "xroce_xdp_plain";
+    /// The programs the loader tries, in order: the first the kernel takes
+    /// is attached.
+    pub const PROGRAMS: [&str; 2] = [PROGRAM, PROGRAM_PLAIN];
     pub const COUNTERS: &str = "XROCE_COUNTERS";
     pub const XSKS: &str = "XROCE_XSKS";
     pub const CONFIG: &str = "XROCE_CONFIG";

@@ -43,6 +43,11 @@ pub struct XdpStatus {
     /// Attached by a process for itself (its device's last process detaches
     /// it) rather than by `xroce attach`.
     pub by_process: bool,
+    /// The frames it redirects to AF_XDP carry their arrival time: false
+    /// when the kernel refused the metadata helper and `xroce_xdp_plain`
+    /// runs instead (absent in older reports: read as false).
+    #[serde(default)]
+    pub arrival_times: bool,
 }
 
 /// A process using a device.

@@ -30,6 +30,9 @@ pub struct XdpAttachment {
     /// Made by a process for itself (the device's last process detaches
     /// it), not by `xroce attach` (which stays until `xroce detach`).
     pub by_process: bool,
+    /// Frames it redirects to AF_XDP carry their arrival time (the program
+    /// is `xroce_xdp`, not the fallback `xroce_xdp_plain`).
+    pub stamps_arrival: bool,
 }
 
 /// The program with id `id`, if it is still loaded.
@@ -54,6 +57,11 @@ pub(super) fn program(id: u32) -> Result<Option<ProgramInfo>, XdpError> {
 }
 
 fn is_ours(info: &ProgramInfo) -> bool {
+    info.name_as_str()
+        .is_some_and(|name| names::PROGRAMS.contains(&name))
+}
+
+fn stamps_arrival(info: &ProgramInfo) -> bool {
     info.name_as_str() == Some(names::PROGRAM)
 }
 
@@ -85,6 +93,7 @@ pub(super) fn find(iface: &str) -> Result<Option<(XdpAttachment, ProgramInfo)>, 
                 mode,
                 dispatcher: None,
                 by_process: false,
+                stamps_arrival: stamps_arrival(&info),
             };
             return Ok(Some((attachment, info)));
         }
@@ -102,6 +111,7 @@ pub(super) fn find(iface: &str) -> Result<Option<(XdpAttachment, ProgramInfo)>, 
                         mode,
                         dispatcher: Some(id),
                         by_process: false,
+                        stamps_arrival: stamps_arrival(&c),
                     };
                     return Ok(Some((attachment, c)));
                 }

@@ -87,12 +87,18 @@ fn attach_mode(mode: Mode) -> sys::xdp_attach_mode {
     }
 }
 
-/// Loads `object` through libxdp and attaches it to `ifindex`: under the
-/// interface's dispatcher (a new one, or beside the programs an existing
-/// one runs) where the kernel allows it, else directly. Returns the
-/// errno of the failure (EEXIST/EBUSY: another program runs there without
-/// a dispatcher).
-pub(super) fn attach(object: &'static [u8], ifindex: u32, mode: Mode) -> Result<(), i32> {
+/// Loads program `name` of `object` through libxdp and attaches it to
+/// `ifindex`: under the interface's dispatcher (a new one, or beside the
+/// programs an existing one runs) where the kernel allows it, else
+/// directly. Returns the errno of the failure (EEXIST/EBUSY: another
+/// program runs there without a dispatcher; EINVAL: among others, the
+/// verifier refused the program).
+pub(super) fn attach(
+    object: &'static [u8],
+    name: &CStr,
+    ifindex: u32,
+    mode: Mode,
+) -> Result<(), i32> {
     let _quiet = Quiet::new();
     // SAFETY: `object` is a static ELF image libbpf reads in place; every
     // pointer below is checked before use and closed once.
@@ -103,25 +109,35 @@ pub(super) fn attach(object: &'static [u8], ifindex: u32, mode: Mode) -> Result<
                 .raw_os_error()
                 .unwrap_or(libc::EINVAL));
         }
-        // The object also holds the delay bottleneck's TC program: libxdp
-        // takes the object's first program unless told a section, and
-        // libbpf loads every program of an object, so the XDP program is
-        // named here and every other one left unloaded.
-        let mut xdp_section = ptr::null();
+        // The object also holds the fallback XDP program and the delay
+        // bottleneck's TC program, and libbpf loads every program of an
+        // object: all but `name` are left unloaded.
+        let mut found = false;
         let mut p = sys::bpf_object__next_program(obj, ptr::null_mut());
         while !p.is_null() {
-            if sys::bpf_program__type(p) == sys::bpf_prog_type_BPF_PROG_TYPE_XDP {
-                xdp_section = sys::bpf_program__section_name(p);
+            if CStr::from_ptr(sys::bpf_program__name(p)) == name {
+                found = true;
             } else {
                 sys::bpf_program__set_autoload(p, false);
             }
             p = sys::bpf_object__next_program(obj, p);
         }
-        if xdp_section.is_null() {
+        if !found {
             sys::bpf_object__close(obj);
             return Err(libc::ENOENT);
         }
-        let prog = sys::xdp_program__from_bpf_obj(obj, xdp_section);
+        let mut opts = sys::xdp_program_opts {
+            sz: std::mem::size_of::<sys::xdp_program_opts>(),
+            obj,
+            opts: ptr::null_mut(),
+            prog_name: name.as_ptr(),
+            find_filename: ptr::null(),
+            open_filename: ptr::null(),
+            pin_path: ptr::null(),
+            id: 0,
+            fd: 0,
+        };
+        let prog = sys::xdp_program__create(&mut opts);
         let err = sys::libxdp_get_error(prog as *const c_void);
         if err != 0 {
             sys::bpf_object__close(obj);

@@ -240,13 +240,27 @@ pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
     if !bpffs_outlives_us() {
         return attach_direct(iface, ifindex, mode);
     }
-    libxdp::attach(ebpf_object()?, ifindex, mode).map_err(|errno| match errno {
-        libc::EBUSY | libc::EEXIST => XdpError::OtherProgram(iface.into()),
-        _ => XdpError::Bpf {
-            what: format!("attach XDP to {iface} in {mode} mode through libxdp"),
-            source: libxdp::strerror(errno).into(),
-        },
-    })
+    let object = ebpf_object()?;
+    let mut refused = None;
+    for name in names::PROGRAMS {
+        let c_name = CString::new(name).expect("program names have no NUL");
+        match libxdp::attach(object, &c_name, ifindex, mode) {
+            Ok(()) => return Ok(()),
+            Err(libc::EBUSY | libc::EEXIST) => return Err(XdpError::OtherProgram(iface.into())),
+            // The verifier's refusal (of the metadata helper, on some
+            // kernels): the next program, which does without, may load.
+            Err(libc::EINVAL) => refused = refused.or(Some(libc::EINVAL)),
+            Err(errno) => return Err(libxdp_error(iface, mode, errno)),
+        }
+    }
+    Err(libxdp_error(iface, mode, refused.unwrap_or(libc::EINVAL)))
+}
+
+fn libxdp_error(iface: &str, mode: Mode, errno: i32) -> XdpError {
+    XdpError::Bpf {
+        what: format!("attach XDP to {iface} in {mode} mode through libxdp"),
+        source: libxdp::strerror(errno).into(),
+    }
 }
 
 /// Whether libxdp's pins under /sys/fs/bpf outlive this process: this is
@@ -282,14 +296,7 @@ fn is_bpffs(path: &str) -> bool {
 /// Attaches over rtnetlink without libxdp (no pin, nothing in bpffs).
 fn attach_direct(iface: &str, ifindex: u32, mode: Mode) -> Result<(), XdpError> {
     let mut ebpf = load()?;
-    let program: &mut Xdp = ebpf
-        .program_mut(names::PROGRAM)
-        .ok_or(XdpError::NoProgram(names::PROGRAM))?
-        .try_into()
-        .map_err(bpf_err("XDP program type"))?;
-    program
-        .load()
-        .map_err(bpf_err("the kernel verifier rejected the XDP program"))?;
+    let program = load_first_taken(&mut ebpf)?;
     let fd = program.fd().map_err(bpf_err("XDP program fd"))?;
     // UPDATE_IF_NOEXIST: never replace another program the interface runs.
     // Dropping `ebpf` afterwards closes our descriptors; the interface holds
@@ -307,6 +314,41 @@ fn attach_direct(iface: &str, ifindex: u32, mode: Mode) -> Result<(), XdpError> 
             source: Box::new(source),
         },
     })
+}
+
+/// Loads the first of [`names::PROGRAMS`] the kernel's verifier takes:
+/// the stamping program, else the plain one (some kernels refuse
+/// `bpf_xdp_adjust_meta` to XDP programs). The error is the first
+/// program's: it says what the kernel refused.
+fn load_first_taken(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
+    let mut first_error = None;
+    let mut taken = None;
+    for name in names::PROGRAMS {
+        let program: &mut Xdp = ebpf
+            .program_mut(name)
+            .ok_or(XdpError::NoProgram(name))?
+            .try_into()
+            .map_err(bpf_err("XDP program type"))?;
+        match program.load() {
+            Ok(()) => {
+                taken = Some(name);
+                break;
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match taken {
+        Some(name) => Ok(ebpf
+            .program_mut(name)
+            .expect("loaded above")
+            .try_into()
+            .expect("an XDP program")),
+        None => Err(bpf_err("the kernel verifier rejected the XDP program")(
+            first_error.expect("names::PROGRAMS is not empty"),
+        )),
+    }
 }
 
 /// Loads the object. Its maps are all BTF-defined without pinning, so
