@@ -4,8 +4,9 @@
 //! 4791 (RoCEv2) are validated (IP header, UDP length, BTH opcode), counted by
 //! opcode class and ECN codepoint, optionally filtered by destination QPN, and
 //! redirected into the AF_XDP socket of their RX queue, with their arrival
-//! time in front of them (`xroce_common::rx_meta`; `xroce_xdp_plain` is the
-//! same program without it, for kernels that refuse the metadata helper). Malformed RoCEv2
+//! time in front of them (`xroce_common::rx_meta`: in the metadata area, or,
+//! in `xroce_xdp_head` for kernels that refuse the metadata helper, in
+//! front of the frame's own bytes). Malformed RoCEv2
 //! frames are dropped and counted, never passed up. Everything else (ARP,
 //! ICMP, the TCP used for connection setup) goes to the kernel untouched.
 #![no_std]
@@ -18,8 +19,8 @@ use aya_ebpf::{
     bindings::xdp_action,
     btf_maps,
     helpers::{
-        bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_xdp_adjust_meta,
-        bpf_xdp_get_buff_len,
+        bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_xdp_adjust_head,
+        bpf_xdp_adjust_meta, bpf_xdp_get_buff_len,
     },
     macros::{btf_map, xdp},
     programs::XdpContext,
@@ -90,27 +91,31 @@ const BTH_LEN: usize = 12;
 const ICRC_LEN: usize = 4;
 const OPCODE_ACK: u8 = 0x11;
 
-/// The program: frames to an AF_XDP socket carry their arrival time.
+/// The program: frames to an AF_XDP socket carry their arrival time in
+/// their XDP metadata area.
 #[xdp(frags)]
 pub fn xroce_xdp(ctx: XdpContext) -> u32 {
-    handle(ctx, Arrival::Stamped)
+    handle(ctx, Arrival::Metadata)
 }
 
-/// The same program without arrival times, for kernels whose verifier
-/// refuses `bpf_xdp_adjust_meta` to XDP programs (some builds do): the
-/// loader falls back to it, and the AF_XDP side then takes a frame's
-/// arrival from when it read the ring.
+/// The same program for kernels whose verifier refuses
+/// `bpf_xdp_adjust_meta` to XDP programs (some builds do): the arrival
+/// time goes in front of the frame's own bytes instead, and the AF_XDP
+/// side, told which program runs, takes it off there.
 #[xdp(frags)]
-pub fn xroce_xdp_plain(ctx: XdpContext) -> u32 {
-    handle(ctx, Arrival::Unstamped)
+pub fn xroce_xdp_head(ctx: XdpContext) -> u32 {
+    handle(ctx, Arrival::Head)
 }
 
-/// Whether frames redirected to AF_XDP carry their arrival time; a
-/// constant in each entry point, so the plain one has no call to the helper.
+/// Where a frame redirected to AF_XDP carries its arrival time; a constant
+/// in each entry point, so neither has the other's helper call.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Arrival {
-    Stamped,
-    Unstamped,
+    /// In the metadata area (`bpf_xdp_adjust_meta`).
+    Metadata,
+    /// In [`rx_meta::LEN`] bytes the frame grows at its head
+    /// (`bpf_xdp_adjust_head`).
+    Head,
 }
 
 #[inline(always)]
@@ -350,7 +355,7 @@ fn steer(ctx: &XdpContext, block: u32, dport_at: usize, arrival: Arrival) -> u32
     if block.wrapping_sub(xsk_block) < xsk_blocks && XSKS.get(queue).is_some() {
         // The arrival time goes with the frame to the socket; a frame that
         // cannot carry it goes all the same, without.
-        let stamped = arrival == Arrival::Stamped && stamp_arrival(ctx);
+        let stamped = stamp_arrival(ctx, arrival);
         // The socket can still go away between the lookup and here: then
         // the helper returns the low bits of flags, XDP_PASS.
         return match XSKS.redirect(queue, xdp_action::XDP_PASS as u64) {
@@ -361,8 +366,7 @@ fn steer(ctx: &XdpContext, block: u32, dport_at: usize, arrival: Arrival) -> u32
             Err(_) => {
                 if stamped {
                     // The kernel's stack gets the frame as it came.
-                    // SAFETY: shrinks the metadata area grown above.
-                    unsafe { bpf_xdp_adjust_meta(ctx.ctx, rx_meta::LEN as i32) };
+                    unstamp(ctx, arrival);
                 }
                 count(Counter::NoSocket);
                 xdp_action::XDP_PASS
@@ -381,29 +385,60 @@ fn steer(ctx: &XdpContext, block: u32, dport_at: usize, arrival: Arrival) -> u32
 }
 
 /// Puts an [`RxMeta`] with the time now (bpf_ktime_get_ns: CLOCK_MONOTONIC)
-/// in front of the frame, in its XDP metadata area, which the kernel copies
-/// into the AF_XDP socket's UMEM right in front of the frame's data. False
-/// if the area cannot grow (the driver has no metadata support, no
-/// headroom): the frame then goes without. Invalidates every packet pointer.
+/// in front of the frame: in its XDP metadata area, which the kernel copies
+/// into the AF_XDP socket's UMEM right in front of the frame's data, or
+/// (`Arrival::Head`) in bytes the frame grows at its head. False if there
+/// is no room (no metadata support or headroom): the frame then goes
+/// without. Invalidates every packet pointer.
 #[inline(always)]
-fn stamp_arrival(ctx: &XdpContext) -> bool {
-    // SAFETY: the helper moves data_meta within the frame's headroom (or
-    // fails and changes nothing); the frame's data stays where it is.
-    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(rx_meta::LEN as i32)) } != 0 {
+fn stamp_arrival(ctx: &XdpContext, arrival: Arrival) -> bool {
+    let len = rx_meta::LEN as i32;
+    // SAFETY: each helper moves data_meta or data within the frame's
+    // headroom, or fails and changes nothing.
+    let at = match arrival {
+        Arrival::Metadata => {
+            if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -len) } != 0 {
+                return false;
+            }
+            ctx.metadata()
+        }
+        Arrival::Head => {
+            if unsafe { bpf_xdp_adjust_head(ctx.ctx, -len) } != 0 {
+                return false;
+            }
+            ctx.data()
+        }
+    };
+    // Re-read after the helper: it moved the pointers, and the verifier
+    // wants the bytes bounded before they are written.
+    let end = match arrival {
+        Arrival::Metadata => ctx.data(),
+        Arrival::Head => ctx.data_end(),
+    };
+    if at + rx_meta::LEN > end {
+        unstamp(ctx, arrival);
         return false;
     }
-    // Re-read after the helper: it moved data_meta, and the verifier wants
-    // the area bounded by data before it is written.
-    let meta = ctx.metadata();
-    if meta + rx_meta::LEN > ctx.data() {
-        return false;
-    }
-    // SAFETY: the check above proved LEN writable bytes at `meta` (the
-    // metadata area, which XDP may write); it may be unaligned.
+    // SAFETY: the check above proved LEN writable bytes at `at` (the
+    // metadata area or the packet, both of which XDP may write); it may be
+    // unaligned.
     unsafe {
-        core::ptr::write_unaligned(meta as *mut RxMeta, RxMeta::new(bpf_ktime_get_ns()));
+        core::ptr::write_unaligned(at as *mut RxMeta, RxMeta::new(bpf_ktime_get_ns()));
     }
     true
+}
+
+/// Gives back the room [`stamp_arrival`] took.
+#[inline(always)]
+fn unstamp(ctx: &XdpContext, arrival: Arrival) {
+    let len = rx_meta::LEN as i32;
+    // SAFETY: undoes a move of the same helper by the same length.
+    unsafe {
+        match arrival {
+            Arrival::Metadata => bpf_xdp_adjust_meta(ctx.ctx, len),
+            Arrival::Head => bpf_xdp_adjust_head(ctx.ctx, len),
+        };
+    }
 }
 
 /// Rewrites the UDP destination port at `at` to `port`, keeping a non-zero

@@ -310,27 +310,3 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
         .join()
         .expect("thread in namespace panicked")
 }
-
-/// Whether xroce's XDP program on `iface` (in namespace `ns`) puts the
-/// arrival time in front of the frames it redirects: false where the kernel
-/// refused `bpf_xdp_adjust_meta` and `xroce_xdp_plain` runs instead.
-/// Panics if the interface runs no program of xroce's.
-pub fn xdp_stamps_arrival(ns: &str, iface: &str) -> bool {
-    let iface = iface.to_string();
-    in_netns(ns, move || {
-        xroce::xdp::query(&iface)
-            .unwrap_or_else(|e| panic!("query XDP on {iface}: {e}"))
-            .unwrap_or_else(|| panic!("{iface} runs no xroce XDP program"))
-            .stamps_arrival
-    })
-}
-
-/// Frames of `received` that must carry an arrival time: all of them with
-/// the stamping program, none with the plain one.
-pub fn expected_stamped(stamps_arrival: bool, received: u64) -> u64 {
-    if stamps_arrival {
-        received
-    } else {
-        0
-    }
-}

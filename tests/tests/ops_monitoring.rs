@@ -287,8 +287,8 @@ fn status_lists_attachment_and_processes() {
     let _attached = AttachedXdp::new(&pair.b, &pair.if_b, "skb");
     let (prog_id, mode, name) = ip_link_xdp(&pair.b, &pair.if_b).expect("ip link shows XDP on b");
     assert_eq!(mode, "skb");
-    // The stamping program unless the kernel refused its metadata helper.
-    assert!(name == "xroce_xdp" || name == "xroce_xdp_plain", "{name}");
+    // The metadata-stamping program unless the kernel refused its helper.
+    assert!(name == "xroce_xdp" || name == "xroce_xdp_head", "{name}");
     let idle = status(&pair.b);
     assert_eq!(idle.interfaces.len(), 1, "{idle:?}");
     let b = &idle.interfaces[0];
@@ -300,7 +300,7 @@ fn status_lists_attachment_and_processes() {
             mode: "skb".into(),
             dispatcher: None,
             by_process: false,
-            arrival_times: name == "xroce_xdp",
+            arrival_in_head: name == "xroce_xdp_head",
         })
     );
     assert!(b.processes.is_empty(), "{idle:?}");

@@ -31,7 +31,7 @@ pub fn demo() -> Result<()> {
     ));
     run(in_ns(&ns.b, &xroce).args(["attach", "--iface", &ns.if_b]))?;
     let _detach = Detach(ns.b.clone(), ns.if_b.clone());
-    // Which program runs (xroce_xdp, or xroce_xdp_plain where the kernel
+    // Which program runs (xroce_xdp, or xroce_xdp_head where the kernel
     // refuses its metadata helper), its id and mode.
     run(in_ns(&ns.b, &xroce).args(["status", "--iface", &ns.if_b]))?;
 

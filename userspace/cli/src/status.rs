@@ -80,7 +80,7 @@ fn collect(only: Option<&str>, qps: bool) -> anyhow::Result<(StatusReport, Optio
                 mode: a.mode.to_string(),
                 dispatcher: a.dispatcher,
                 by_process: a.by_process,
-                arrival_times: a.stamps_arrival,
+                arrival_in_head: a.arrival_in_head,
             }),
             Err(e) => {
                 problem.get_or_insert_with(|| format!("{iface}: {e}"));
@@ -153,11 +153,11 @@ fn describe_xdp(xdp: &Option<XdpStatus>) -> String {
     } else {
         "attached by `xroce attach` (stays until `xroce detach`)"
     };
-    let program = if x.arrival_times {
-        "xroce_xdp"
+    let program = if x.arrival_in_head {
+        "xroce_xdp_head (arrival times in front of the frames: the kernel \
+         refuses bpf_xdp_adjust_meta)"
     } else {
-        "xroce_xdp_plain (frames without arrival times: the kernel refused \
-         bpf_xdp_adjust_meta)"
+        "xroce_xdp"
     };
     format!(
         "{program}, program id {}, {} mode{under}; {by}",

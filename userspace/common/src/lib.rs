@@ -19,12 +19,12 @@ pub const ROCEV2_UDP_PORT: u16 = 4791;
 /// The kernel keeps 15 characters of a name, so these stay short.
 pub mod names {
     pub const PROGRAM: &str = "xroce_xdp";
-    /// The same program without arrival times in front of the frames it
-    /// redirects, for kernels that refuse `bpf_xdp_adjust_meta` to XDP.
-    pub const PROGRAM_PLAIN: &str = "xroce_xdp_plain";
+    /// The same program with the arrival time in front of the frame's own
+    /// bytes (`rx_meta`), for kernels that refuse `bpf_xdp_adjust_meta`.
+    pub const PROGRAM_HEAD: &str = "xroce_xdp_head";
     /// The programs the loader tries, in order: the first the kernel takes
     /// is attached.
-    pub const PROGRAMS: [&str; 2] = [PROGRAM, PROGRAM_PLAIN];
+    pub const PROGRAMS: [&str; 2] = [PROGRAM, PROGRAM_HEAD];
     pub const COUNTERS: &str = "XROCE_COUNTERS";
     pub const XSKS: &str = "XROCE_XSKS";
     pub const CONFIG: &str = "XROCE_CONFIG";
@@ -281,7 +281,10 @@ pub mod capture {
 /// area (`bpf_xdp_adjust_meta`), which the kernel copies into the UMEM
 /// chunk right in front of the frame's data (copy mode too). The AF_XDP
 /// backend reads it there, so the engine learns when the frame reached the
-/// host, not when its I/O thread got round to it.
+/// host, not when its I/O thread got round to it. Where the kernel refuses
+/// that helper, `names::PROGRAM_HEAD` runs instead and puts the same bytes
+/// at the start of the frame's data (`bpf_xdp_adjust_head`); the backend,
+/// which asks which program runs, takes them off there.
 pub mod rx_meta {
     /// [`RxMeta::magic`]: "XRTS" in memory.
     pub const MAGIC: u32 = u32::from_le_bytes(*b"XRTS");

@@ -43,11 +43,11 @@ pub struct XdpStatus {
     /// Attached by a process for itself (its device's last process detaches
     /// it) rather than by `xroce attach`.
     pub by_process: bool,
-    /// The frames it redirects to AF_XDP carry their arrival time: false
-    /// when the kernel refused the metadata helper and `xroce_xdp_plain`
-    /// runs instead (absent in older reports: read as false).
+    /// The frames it redirects to AF_XDP carry their arrival time at the
+    /// start of their data: the kernel refused the metadata helper and
+    /// `xroce_xdp_head` runs (absent in older reports: read as false).
     #[serde(default)]
-    pub arrival_times: bool,
+    pub arrival_in_head: bool,
 }
 
 /// A process using a device.

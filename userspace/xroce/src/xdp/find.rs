@@ -30,9 +30,10 @@ pub struct XdpAttachment {
     /// Made by a process for itself (the device's last process detaches
     /// it), not by `xroce attach` (which stays until `xroce detach`).
     pub by_process: bool,
-    /// Frames it redirects to AF_XDP carry their arrival time (the program
-    /// is `xroce_xdp`, not the fallback `xroce_xdp_plain`).
-    pub stamps_arrival: bool,
+    /// Frames it redirects to AF_XDP carry their arrival time at the start
+    /// of their data, not in the metadata area: the program is the
+    /// fallback `xroce_xdp_head` (the kernel refused the metadata helper).
+    pub arrival_in_head: bool,
 }
 
 /// The program with id `id`, if it is still loaded.
@@ -61,8 +62,8 @@ fn is_ours(info: &ProgramInfo) -> bool {
         .is_some_and(|name| names::PROGRAMS.contains(&name))
 }
 
-fn stamps_arrival(info: &ProgramInfo) -> bool {
-    info.name_as_str() == Some(names::PROGRAM)
+fn arrival_in_head(info: &ProgramInfo) -> bool {
+    info.name_as_str() == Some(names::PROGRAM_HEAD)
 }
 
 /// xroce's program on `iface` without its config flags read: the
@@ -93,7 +94,7 @@ pub(super) fn find(iface: &str) -> Result<Option<(XdpAttachment, ProgramInfo)>, 
                 mode,
                 dispatcher: None,
                 by_process: false,
-                stamps_arrival: stamps_arrival(&info),
+                arrival_in_head: arrival_in_head(&info),
             };
             return Ok(Some((attachment, info)));
         }
@@ -111,7 +112,7 @@ pub(super) fn find(iface: &str) -> Result<Option<(XdpAttachment, ProgramInfo)>, 
                         mode,
                         dispatcher: Some(id),
                         by_process: false,
-                        stamps_arrival: stamps_arrival(&c),
+                        arrival_in_head: arrival_in_head(&c),
                     };
                     return Ok(Some((attachment, c)));
                 }

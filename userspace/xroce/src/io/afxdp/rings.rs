@@ -89,6 +89,21 @@ unsafe fn take_arrival(umem: &Umem, desc: &FrameDesc, frame_size: u32) -> Option
     }
 }
 
+/// Splits the [`RxMeta`] `xroce_xdp_head` put at the start of a frame off
+/// it: the arrival time (CLOCK_MONOTONIC) and the frame. `None` if the
+/// frame does not start with one (the program found no room for it). A
+/// frame of its own would have to start with the destination MAC
+/// 58:52:54:53:00:00 and a source MAC 00:00:.. to be mistaken for one.
+#[inline]
+fn split_head_arrival(part: &[u8]) -> Option<(u64, &[u8])> {
+    let (head, frame) = part.split_first_chunk::<{ rx_meta::LEN }>()?;
+    let [.., r0, r1, r2, r3, _, _, _, _, _, _, _, _] = *head;
+    if [r0, r1, r2, r3] != [0; 4] {
+        return None;
+    }
+    Some((RxMeta::parse(head)?, frame))
+}
+
 impl XskSocket {
     /// Receives up to one batch, waiting at most `timeout_ms` for the first
     /// frame; calls `on_frame` for each and returns how many arrived.
@@ -158,16 +173,27 @@ impl XskSocket {
             // Every chunk's metadata is taken, a later fragment's too (the
             // kernel writes it in front of the first only, but the chunk
             // may have carried a first fragment before).
-            // SAFETY: the RX ring handed us this chunk of our UMEM, and it
-            // goes back to the fill ring only after this loop.
-            let arrived = unsafe { take_arrival(&self.umem, desc, self.frame_size) }
-                .and_then(|t| clock.engine_ns(t));
+            // With xroce_xdp_head the time is in the first fragment's data.
+            let mut arrived = if self.arrival_in_head {
+                None
+            } else {
+                // SAFETY: the RX ring handed us this chunk of our UMEM, and
+                // it goes back to the fill ring only after this loop.
+                unsafe { take_arrival(&self.umem, desc, self.frame_size) }
+                    .and_then(|t| clock.engine_ns(t))
+            };
             // SAFETY: the kernel handed this frame to us; nothing else reads it.
             let data = unsafe { self.umem.data(desc) };
-            let part = data.contents();
+            let mut part = data.contents();
             // XDP_PKT_CONTD: more fragments of this frame follow.
             let contd = desc.options() & XDP_PKT_CONTD != 0;
             let first = self.rx_reasm.is_empty() && !self.rx_reasm_bad;
+            if first && self.arrival_in_head {
+                if let Some((t, frame)) = split_head_arrival(part) {
+                    arrived = clock.engine_ns(t);
+                    part = frame;
+                }
+            }
             if !contd && first {
                 self.io_stats.rx_timestamped += u64::from(arrived.is_some());
                 on_frame(part, arrived);
@@ -500,5 +526,41 @@ impl PacketIo for XskSocket {
 
     fn rx_pressure(&self) -> bool {
         self.rx_pressure
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamped(frame: &[u8], meta: RxMeta) -> Vec<u8> {
+        // As the program writes it: native byte order, then the frame.
+        let mut v = Vec::new();
+        v.extend_from_slice(&meta.magic.to_ne_bytes());
+        v.extend_from_slice(&meta.reserved.to_ne_bytes());
+        v.extend_from_slice(&meta.ktime_ns.to_ne_bytes());
+        v.extend_from_slice(frame);
+        v
+    }
+
+    #[test]
+    fn a_head_stamp_comes_off_with_its_time() {
+        let frame = [0x02u8, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00];
+        let part = stamped(&frame, RxMeta::new(123_456_789));
+        assert_eq!(split_head_arrival(&part), Some((123_456_789, &frame[..])));
+    }
+
+    #[test]
+    fn a_frame_without_a_head_stamp_stays_whole() {
+        // An ordinary frame, one too short to hold a stamp, and the magic
+        // with a non-zero reserved word (a MAC that happens to match).
+        let frame = [
+            0x02u8, 0, 0, 0, 0, 1, 0x02, 0, 0, 0, 0, 2, 0x08, 0x00, 0x45, 0,
+        ];
+        assert_eq!(split_head_arrival(&frame), None);
+        assert_eq!(split_head_arrival(&frame[..8]), None);
+        let mut odd = stamped(&frame, RxMeta::new(1));
+        odd[4] = 1;
+        assert_eq!(split_head_arrival(&odd), None);
     }
 }

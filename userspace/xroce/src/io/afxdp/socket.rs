@@ -49,6 +49,9 @@ pub struct XskSocket {
     /// When the frame being reassembled arrived (its first fragment's
     /// XDP timestamp, on the engine's clock).
     pub(super) rx_reasm_arrived: Option<u64>,
+    /// The interface's program puts arrival times at the start of a
+    /// frame's data (`xroce_xdp_head`), not in front of it.
+    pub(super) arrival_in_head: bool,
     pub(super) busy_poll: BusyPollStatus,
     pub(super) iface: String,
     pub(super) queue: u32,
@@ -98,6 +101,11 @@ impl XskSocket {
     /// pinned XSKMAP. The XDP program must already be attached.
     pub fn open(iface: &str, queue: u32, config: XskConfig) -> Result<Self, XskError> {
         let mut xsks = xdp::xsk_map(iface)?;
+        // The engine's clock starts no later than the first frame can
+        // arrive: an arrival time before its start would be lost.
+        crate::runtime::now_ns();
+        // Where the program puts arrival times decides where a frame starts.
+        let arrival_in_head = xdp::query(iface)?.is_some_and(|a| a.arrival_in_head);
         if config.frames < 2 || !config.frames.is_power_of_two() {
             return Err(setup_err(
                 iface,
@@ -229,6 +237,7 @@ impl XskSocket {
             }),
             rx_reasm_bad: false,
             rx_reasm_arrived: None,
+            arrival_in_head,
             pressure_frames: (half / 4).max(1),
             rx_pressure: false,
         })
