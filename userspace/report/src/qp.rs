@@ -86,7 +86,7 @@ mod tests {
 
     #[test]
     fn qp_status_round_trips_and_nulls_are_required() {
-        let json = r#"{"qpn":65553,"type":"RC","state":"RTS","peer_gid":"::ffff:10.0.0.2","peer_qpn":17,"mtu":1024,"sq_psn":5,"next_send_psn":9,"oldest_unacked_psn":9,"rq_psn":3,"expected_recv_psn":3,"inflight_pkts":0,"send_window_pkts":128,"send_queue":0,"recv_queue":0,"cc":"none","rate_bps":100000000000,"last_rtt_ns":null,"srtt_ns":null,"selective_repeat":false,"sr_requester":false,"sr_responder":false,"tx_packets":4,"tx_bytes":4300,"retransmitted":0,"timeouts":0,"rnr_naks_received":0,"seq_naks_received":0,"rx_packets":1,"ce_marked_received":0,"cnps_sent":0,"cnps_received":0}"#;
+        let json = r#"{"qpn":65553,"type":"RC","state":"RTS","peer_gid":"::ffff:10.0.0.2","peer_qpn":17,"mtu":1024,"sq_psn":5,"next_send_psn":9,"oldest_unacked_psn":9,"rq_psn":3,"expected_recv_psn":3,"inflight_pkts":0,"send_window_pkts":128,"send_queue":0,"recv_queue":0,"cc":"none","rate_bps":100000000000,"last_rtt_ns":null,"srtt_ns":null,"last_fabric_rtt_ns":null,"selective_repeat":false,"sr_requester":false,"sr_responder":false,"tx_packets":4,"tx_bytes":4300,"retransmitted":0,"timeouts":0,"rnr_naks_received":0,"seq_naks_received":0,"rx_packets":1,"ce_marked_received":0,"cnps_sent":0,"cnps_received":0}"#;
         let q: QpStatus = serde_json::from_str(json).unwrap();
         assert_eq!((q.qp_type.as_str(), q.peer_qpn), ("RC", Some(17)));
         assert_eq!(
@@ -96,9 +96,12 @@ mod tests {
         let e =
             serde_json::from_str::<QpStatus>(&json.replace(r#""srtt_ns":null,"#, "")).unwrap_err();
         assert!(e.to_string().contains("missing field `srtt_ns`"), "{e}");
-        // A file from before the halves were reported.
-        let old = json.replace(r#""sr_requester":false,"sr_responder":false,"#, "");
-        assert!(!old.contains("sr_requester"));
+        // A file from before the halves and the fabric round trip were
+        // reported.
+        let old = json
+            .replace(r#""sr_requester":false,"sr_responder":false,"#, "")
+            .replace(r#""last_fabric_rtt_ns":null,"#, "");
+        assert!(!old.contains("sr_requester") && !old.contains("fabric"));
         assert_eq!(serde_json::from_str::<QpStatus>(&old).unwrap(), q);
     }
 }

@@ -80,7 +80,7 @@ mod tests {
 
     #[test]
     fn status_report_round_trips_and_nulls_are_required() {
-        let json = r#"{"interfaces":[{"iface":"eth1","ifindex":3,"xdp":{"prog_id":42,"mode":"native","dispatcher":null,"by_process":false},"processes":[{"pid":7,"command":"xroce","blocks":[1],"afxdp":false,"udp_ports":[24791],"qpns":[65553]}],"unattributed_blocks":[]}]}"#;
+        let json = r#"{"interfaces":[{"iface":"eth1","ifindex":3,"xdp":{"prog_id":42,"mode":"native","dispatcher":null,"by_process":false,"arrival_in_head":false},"processes":[{"pid":7,"command":"xroce","blocks":[1],"afxdp":false,"udp_ports":[24791],"qpns":[65553]}],"unattributed_blocks":[]}]}"#;
         let r: StatusReport = serde_json::from_str(json).unwrap();
         assert_eq!(r.interfaces[0].xdp.as_ref().unwrap().prog_id, 42);
         assert_eq!(r.interfaces[0].processes[0].qpns, Some(vec![65553]));
@@ -91,5 +91,8 @@ mod tests {
         let e = serde_json::from_str::<StatusReport>(&json.replace(r#","qpns":[65553]"#, ""))
             .unwrap_err();
         assert!(e.to_string().contains("missing field `qpns`"), "{e}");
+        // A report from before the fallback program existed.
+        let old = json.replace(r#","arrival_in_head":false"#, "");
+        assert_eq!(serde_json::from_str::<StatusReport>(&old).unwrap(), r);
     }
 }

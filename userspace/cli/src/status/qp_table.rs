@@ -123,7 +123,7 @@ mod tests {
             rate_bps: 2_500_000_000,
             last_rtt_ns: Some(12_345),
             srtt_ns: None,
-            last_fabric_rtt_ns: None,
+            last_fabric_rtt_ns: Some(4_200),
             selective_repeat: true,
             sr_requester: true,
             sr_responder: true,
@@ -182,6 +182,7 @@ mod tests {
                 "2.5Gbit/s",
                 "12.3us",
                 "-",
+                "4.2us",
                 "on"
             ]
         );
