@@ -6,7 +6,8 @@
 //! redirected into the AF_XDP socket of their RX queue, with their arrival
 //! time in front of them (`xroce_common::rx_meta`: in the metadata area, or,
 //! in `xroce_xdp_head` for kernels that refuse the metadata helper, in
-//! front of the frame's own bytes). Malformed RoCEv2
+//! front of the frame's own bytes; `xroce_xdp_plain`, for where both are
+//! refused, sends them without). Malformed RoCEv2
 //! frames are dropped and counted, never passed up. Everything else (ARP,
 //! ICMP, the TCP used for connection setup) goes to the kernel untouched.
 #![no_std]
@@ -107,8 +108,17 @@ pub fn xroce_xdp_head(ctx: XdpContext) -> u32 {
     handle(ctx, Arrival::Head)
 }
 
+/// The same program without arrival times, for where the kernel refuses
+/// both of the above: as a component of libxdp's dispatcher, kernels from
+/// 6.12 on refuse an extension program that moves packet data when the
+/// dispatcher's slot does not.
+#[xdp(frags)]
+pub fn xroce_xdp_plain(ctx: XdpContext) -> u32 {
+    handle(ctx, Arrival::Unstamped)
+}
+
 /// Where a frame redirected to AF_XDP carries its arrival time; a constant
-/// in each entry point, so neither has the other's helper call.
+/// in each entry point, so none has another's helper call.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Arrival {
     /// In the metadata area (`bpf_xdp_adjust_meta`).
@@ -116,6 +126,8 @@ enum Arrival {
     /// In [`rx_meta::LEN`] bytes the frame grows at its head
     /// (`bpf_xdp_adjust_head`).
     Head,
+    /// Nowhere.
+    Unstamped,
 }
 
 #[inline(always)]
@@ -396,6 +408,7 @@ fn stamp_arrival(ctx: &XdpContext, arrival: Arrival) -> bool {
     // SAFETY: each helper moves data_meta or data within the frame's
     // headroom, or fails and changes nothing.
     let at = match arrival {
+        Arrival::Unstamped => return false,
         Arrival::Metadata => {
             if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -len) } != 0 {
                 return false;
@@ -413,7 +426,7 @@ fn stamp_arrival(ctx: &XdpContext, arrival: Arrival) -> bool {
     // wants the bytes bounded before they are written.
     let end = match arrival {
         Arrival::Metadata => ctx.data(),
-        Arrival::Head => ctx.data_end(),
+        Arrival::Head | Arrival::Unstamped => ctx.data_end(),
     };
     if at + rx_meta::LEN > end {
         unstamp(ctx, arrival);
@@ -437,6 +450,7 @@ fn unstamp(ctx: &XdpContext, arrival: Arrival) {
         match arrival {
             Arrival::Metadata => bpf_xdp_adjust_meta(ctx.ctx, len),
             Arrival::Head => bpf_xdp_adjust_head(ctx.ctx, len),
+            Arrival::Unstamped => 0,
         };
     }
 }

@@ -310,3 +310,27 @@ pub fn in_netns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'sta
         .join()
         .expect("thread in namespace panicked")
 }
+
+/// How xroce's XDP program on `iface` (in namespace `ns`) stamps the
+/// arrival of the frames it redirects; panics if it runs none of xroce's.
+pub fn xdp_arrival_stamp(ns: &str, iface: &str) -> xroce::xdp::ArrivalStamp {
+    let iface = iface.to_string();
+    in_netns(ns, move || arrival_stamp_here(&iface))
+}
+
+/// [`xdp_arrival_stamp`] for an interface of the calling thread's namespace.
+pub fn arrival_stamp_here(iface: &str) -> xroce::xdp::ArrivalStamp {
+    xroce::xdp::query(iface)
+        .unwrap_or_else(|e| panic!("query XDP on {iface}: {e}"))
+        .unwrap_or_else(|| panic!("{iface} runs no xroce XDP program"))
+        .arrival
+}
+
+/// Frames of `received` that must carry an arrival time: all of them,
+/// unless the kernel took xroce_xdp_plain, which stamps none.
+pub fn expected_stamped(stamp: xroce::xdp::ArrivalStamp, received: u64) -> u64 {
+    match stamp {
+        xroce::xdp::ArrivalStamp::None => 0,
+        _ => received,
+    }
+}

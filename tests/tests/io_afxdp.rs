@@ -15,11 +15,11 @@ use xroce::{
         afxdp::{BusyPoll, BusyPollStatus, XskConfig, XskMultiQueue, XskSocket, XskStats},
         IoError, IoStats, PacketIo,
     },
-    xdp::{self, Mode},
+    xdp::{self, ArrivalStamp, Mode},
 };
 use xroce_common::Counter;
 use xroce_tests::{
-    require_root,
+    arrival_stamp_here, expected_stamped, require_root,
     roce::{assert_exchange, exchange, roce_frame, roce_frames, Exchange, FrameSpec},
     spawn_in, VethPair,
 };
@@ -33,6 +33,8 @@ struct SideResult {
     peer_mac: [u8; 6],
     mac: [u8; 6],
     too_big: String,
+    /// How the attached program stamps arrivals.
+    stamp: ArrivalStamp,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -84,6 +86,7 @@ fn side(iface: String, me: IpAddr, peer: IpAddr, frames: u32, barrier: Arc<Barri
         other => panic!("oversized frame: {other:?}"),
     };
     let counters = xdp::read_counters(&iface).expect("XDP counters");
+    let stamp = arrival_stamp_here(&iface);
     let io = PacketIo::stats(&mut sock);
     let xsk = sock.stats().expect("XDP_STATISTICS");
     drop(sock);
@@ -102,6 +105,7 @@ fn side(iface: String, me: IpAddr, peer: IpAddr, frames: u32, barrier: Arc<Barri
         peer_mac,
         mac,
         too_big,
+        stamp,
     }
 }
 
@@ -128,8 +132,15 @@ fn afxdp_to_afxdp_both_directions_native() {
         }
         assert_eq!(r.io.tx_frames, N as u64, "{name}: {:?}", r.io);
         assert_eq!(r.io.rx_frames, N as u64, "{name}: {:?}", r.io);
-        // Every frame came with the XDP program's arrival time.
-        assert_eq!(r.io.rx_timestamped, N as u64, "{name}: {:?}", r.io);
+        // Every frame came with the XDP program's arrival time (none with
+        // xroce_xdp_plain).
+        assert_eq!(
+            r.io.rx_timestamped,
+            expected_stamped(r.stamp, N as u64),
+            "{name}: {:?} {:?}",
+            r.stamp,
+            r.io
+        );
         assert_eq!(r.xsk.rx_dropped, 0, "{name}: {:?}", r.xsk);
         assert_eq!(r.xsk.rx_ring_full, 0, "{name}: {:?}", r.xsk);
         assert_eq!(r.xsk.tx_invalid_descs, 0, "{name}: {:?}", r.xsk);
@@ -328,22 +339,27 @@ fn afxdp_multi_buffer_carries_path_mtu_4096_frames() {
         );
         let xsk = sock.stats().unwrap();
         let io = PacketIo::stats(&mut sock);
+        let stamp = arrival_stamp_here(&iface);
         drop(sock);
         drop(dev);
-        (ex, xsk, io)
+        (ex, xsk, io, stamp)
     };
     let (if_a, bar) = (pair.if_a.clone(), barrier.clone());
     let a = spawn_in(&pair.a.name, move || run(if_a, a_ip, b_ip, bar));
     let (if_b, bar) = (pair.if_b.clone(), barrier);
     let b = spawn_in(&pair.b.name, move || run(if_b, b_ip, a_ip, bar));
-    for (name, (ex, xsk, io)) in [("a", a.join().unwrap()), ("b", b.join().unwrap())] {
+    for (name, (ex, xsk, io, stamp)) in [("a", a.join().unwrap()), ("b", b.join().unwrap())] {
         let got = assert_exchange(name, &ex, N, &format!("xsk {xsk:?}"));
         for c in &got {
             assert_eq!(c.len, sizes[c.psn as usize % sizes.len()], "{name}");
         }
         assert_eq!(xsk.rx_dropped, 0, "{name}: {xsk:?}");
         // Frames over several chunks too: the first one's metadata.
-        assert_eq!(io.rx_timestamped, N as u64, "{name}: {io:?}");
+        assert_eq!(
+            io.rx_timestamped,
+            expected_stamped(stamp, N as u64),
+            "{name}: {stamp:?} {io:?}"
+        );
     }
 }
 

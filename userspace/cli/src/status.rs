@@ -80,7 +80,7 @@ fn collect(only: Option<&str>, qps: bool) -> anyhow::Result<(StatusReport, Optio
                 mode: a.mode.to_string(),
                 dispatcher: a.dispatcher,
                 by_process: a.by_process,
-                arrival_in_head: a.arrival_in_head,
+                arrival_times: a.arrival.as_str().into(),
             }),
             Err(e) => {
                 problem.get_or_insert_with(|| format!("{iface}: {e}"));
@@ -153,11 +153,16 @@ fn describe_xdp(xdp: &Option<XdpStatus>) -> String {
     } else {
         "attached by `xroce attach` (stays until `xroce detach`)"
     };
-    let program = if x.arrival_in_head {
-        "xroce_xdp_head (arrival times in front of the frames: the kernel \
-         refuses bpf_xdp_adjust_meta)"
-    } else {
-        "xroce_xdp"
+    let program = match x.arrival_times.as_str() {
+        "head" => {
+            "xroce_xdp_head (arrival times in front of the frames: the kernel \
+             refuses bpf_xdp_adjust_meta)"
+        }
+        "none" => {
+            "xroce_xdp_plain (no arrival times: the kernel refused both \
+             timestamping programs here)"
+        }
+        _ => "xroce_xdp",
     };
     format!(
         "{program}, program id {}, {} mode{under}; {by}",

@@ -22,9 +22,13 @@ pub mod names {
     /// The same program with the arrival time in front of the frame's own
     /// bytes (`rx_meta`), for kernels that refuse `bpf_xdp_adjust_meta`.
     pub const PROGRAM_HEAD: &str = "xroce_xdp_head";
+    /// The same program without arrival times, where the kernel refuses
+    /// both (a libxdp dispatcher component on kernels that refuse extension
+    /// programs moving packet data).
+    pub const PROGRAM_PLAIN: &str = "xroce_xdp_plain";
     /// The programs the loader tries, in order: the first the kernel takes
     /// is attached.
-    pub const PROGRAMS: [&str; 2] = [PROGRAM, PROGRAM_HEAD];
+    pub const PROGRAMS: [&str; 3] = [PROGRAM, PROGRAM_HEAD, PROGRAM_PLAIN];
     pub const COUNTERS: &str = "XROCE_COUNTERS";
     pub const XSKS: &str = "XROCE_XSKS";
     pub const CONFIG: &str = "XROCE_CONFIG";

@@ -43,11 +43,16 @@ pub struct XdpStatus {
     /// Attached by a process for itself (its device's last process detaches
     /// it) rather than by `xroce attach`.
     pub by_process: bool,
-    /// The frames it redirects to AF_XDP carry their arrival time at the
-    /// start of their data: the kernel refused the metadata helper and
-    /// `xroce_xdp_head` runs (absent in older reports: read as false).
-    #[serde(default)]
-    pub arrival_in_head: bool,
+    /// Where the frames it redirects to AF_XDP carry their arrival time:
+    /// `metadata` (xroce_xdp), `head` (xroce_xdp_head: the kernel refused
+    /// the metadata helper) or `none` (xroce_xdp_plain: it refused both);
+    /// absent in older reports, from before the timestamps: read as none.
+    #[serde(default = "no_arrival_times")]
+    pub arrival_times: String,
+}
+
+fn no_arrival_times() -> String {
+    "none".into()
 }
 
 /// A process using a device.
@@ -80,7 +85,7 @@ mod tests {
 
     #[test]
     fn status_report_round_trips_and_nulls_are_required() {
-        let json = r#"{"interfaces":[{"iface":"eth1","ifindex":3,"xdp":{"prog_id":42,"mode":"native","dispatcher":null,"by_process":false,"arrival_in_head":false},"processes":[{"pid":7,"command":"xroce","blocks":[1],"afxdp":false,"udp_ports":[24791],"qpns":[65553]}],"unattributed_blocks":[]}]}"#;
+        let json = r#"{"interfaces":[{"iface":"eth1","ifindex":3,"xdp":{"prog_id":42,"mode":"native","dispatcher":null,"by_process":false,"arrival_times":"metadata"},"processes":[{"pid":7,"command":"xroce","blocks":[1],"afxdp":false,"udp_ports":[24791],"qpns":[65553]}],"unattributed_blocks":[]}]}"#;
         let r: StatusReport = serde_json::from_str(json).unwrap();
         assert_eq!(r.interfaces[0].xdp.as_ref().unwrap().prog_id, 42);
         assert_eq!(r.interfaces[0].processes[0].qpns, Some(vec![65553]));
@@ -91,8 +96,12 @@ mod tests {
         let e = serde_json::from_str::<StatusReport>(&json.replace(r#","qpns":[65553]"#, ""))
             .unwrap_err();
         assert!(e.to_string().contains("missing field `qpns`"), "{e}");
-        // A report from before the fallback program existed.
-        let old = json.replace(r#","arrival_in_head":false"#, "");
-        assert_eq!(serde_json::from_str::<StatusReport>(&old).unwrap(), r);
+        // A report from before the timestamps.
+        let old = json.replace(r#","arrival_times":"metadata""#, "");
+        let read = serde_json::from_str::<StatusReport>(&old).unwrap();
+        assert_eq!(
+            read.interfaces[0].xdp.as_ref().unwrap().arrival_times,
+            "none"
+        );
     }
 }

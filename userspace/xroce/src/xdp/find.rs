@@ -30,10 +30,50 @@ pub struct XdpAttachment {
     /// Made by a process for itself (the device's last process detaches
     /// it), not by `xroce attach` (which stays until `xroce detach`).
     pub by_process: bool,
-    /// Frames it redirects to AF_XDP carry their arrival time at the start
-    /// of their data, not in the metadata area: the program is the
-    /// fallback `xroce_xdp_head` (the kernel refused the metadata helper).
-    pub arrival_in_head: bool,
+    /// Where the frames it redirects to AF_XDP carry their arrival time:
+    /// which of xroce's programs the kernel took.
+    pub arrival: ArrivalStamp,
+}
+
+/// Where xroce's XDP program puts a redirected frame's arrival time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArrivalStamp {
+    /// In the XDP metadata area, in front of the frame (`xroce_xdp`).
+    Metadata,
+    /// At the start of the frame's data (`xroce_xdp_head`: the kernel
+    /// refused the metadata helper).
+    Head,
+    /// Nowhere (`xroce_xdp_plain`: the kernel refused both, as it does to
+    /// a libxdp dispatcher's components that move packet data from 6.12 on).
+    None,
+}
+
+impl ArrivalStamp {
+    /// The program that stamps this way.
+    pub fn program(self) -> &'static str {
+        match self {
+            Self::Metadata => names::PROGRAM,
+            Self::Head => names::PROGRAM_HEAD,
+            Self::None => names::PROGRAM_PLAIN,
+        }
+    }
+
+    /// As `xroce status --json` names it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Metadata => "metadata",
+            Self::Head => "head",
+            Self::None => "none",
+        }
+    }
+
+    fn of(info: &ProgramInfo) -> Self {
+        match info.name_as_str() {
+            Some(names::PROGRAM_HEAD) => Self::Head,
+            Some(names::PROGRAM_PLAIN) => Self::None,
+            _ => Self::Metadata,
+        }
+    }
 }
 
 /// The program with id `id`, if it is still loaded.
@@ -60,10 +100,6 @@ pub(super) fn program(id: u32) -> Result<Option<ProgramInfo>, XdpError> {
 fn is_ours(info: &ProgramInfo) -> bool {
     info.name_as_str()
         .is_some_and(|name| names::PROGRAMS.contains(&name))
-}
-
-fn arrival_in_head(info: &ProgramInfo) -> bool {
-    info.name_as_str() == Some(names::PROGRAM_HEAD)
 }
 
 /// xroce's program on `iface` without its config flags read: the
@@ -94,7 +130,7 @@ pub(super) fn find(iface: &str) -> Result<Option<(XdpAttachment, ProgramInfo)>, 
                 mode,
                 dispatcher: None,
                 by_process: false,
-                arrival_in_head: arrival_in_head(&info),
+                arrival: ArrivalStamp::of(&info),
             };
             return Ok(Some((attachment, info)));
         }
@@ -112,7 +148,7 @@ pub(super) fn find(iface: &str) -> Result<Option<(XdpAttachment, ProgramInfo)>, 
                         mode,
                         dispatcher: Some(id),
                         by_process: false,
-                        arrival_in_head: arrival_in_head(&c),
+                        arrival: ArrivalStamp::of(&c),
                     };
                     return Ok(Some((attachment, c)));
                 }

@@ -31,7 +31,7 @@ pub mod capture_ring;
 mod find;
 mod libxdp;
 
-pub use find::XdpAttachment;
+pub use find::{ArrivalStamp, XdpAttachment};
 pub use libxdp::RUN_PRIO;
 
 /// The eBPF object built from ebpf/ by build.rs (the XDP program and the

@@ -61,19 +61,21 @@ bench direct
 $A $x detach --iface va
 $B $x detach --iface vb
 
-# 2. Through the dispatcher.
+# 2. Through the dispatcher. xroce_xdp, or its fallbacks where the kernel
+# refuses their helpers: xroce_xdp_head, xroce_xdp_plain (from 6.12 on a
+# dispatcher's component may not move packet data).
 $A $x attach --iface va
 $B $x attach --iface vb
 $B ip -d link show vb | grep -q 'name xdp_dispatcher' || { $B ip -d link show vb; fail "vb runs no dispatcher"; }
 $B xdp-loader status vb
-$B xdp-loader status vb | grep -q ' xroce_xdp ' || fail "xdp-loader status does not list xroce_xdp"
+$B xdp-loader status vb | grep -qE ' xroce_xdp(_head|_plain)? ' || fail "xdp-loader status does not list xroce_xdp"
 $B $x status | grep "under libxdp's dispatcher" || { $B $x status; fail "xroce status names no dispatcher"; }
 bench dispatcher
 
 # 3. xdp-filter beside it (priority 10, before xroce's 40).
 $B xdp-filter load vb || fail "xdp-filter load beside xroce"
 $B xdp-loader status vb
-$B xdp-loader status vb | grep -q ' xroce_xdp ' || fail "xroce_xdp gone after xdp-filter load"
+$B xdp-loader status vb | grep -qE ' xroce_xdp(_head|_plain)? ' || fail "xroce_xdp gone after xdp-filter load"
 $B xdp-loader status vb | grep -q ' xdpfilt_' || fail "xdp-filter's program not listed"
 bench dispatcher+xdp-filter
 $B $x stats --iface vb --json >/tmp/stats || fail "xroce stats"
@@ -84,7 +86,7 @@ echo "xroce stats: redirected ${red:-none}"
 # 4. Detach takes only xroce's program.
 $B $x detach --iface vb
 $B xdp-loader status vb
-$B xdp-loader status vb | grep -q ' xroce_xdp ' && fail "xroce_xdp still listed after detach"
+$B xdp-loader status vb | grep -qE ' xroce_xdp(_head|_plain)? ' && fail "xroce_xdp still listed after detach"
 $B xdp-loader status vb | grep -q ' xdpfilt_' || fail "xdp-filter gone with xroce's detach"
 $B $x status | grep -q 'vb' && fail "xroce status still lists vb"
 $B xdp-filter unload vb

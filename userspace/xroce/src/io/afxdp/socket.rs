@@ -105,7 +105,8 @@ impl XskSocket {
         // arrive: an arrival time before its start would be lost.
         crate::runtime::now_ns();
         // Where the program puts arrival times decides where a frame starts.
-        let arrival_in_head = xdp::query(iface)?.is_some_and(|a| a.arrival_in_head);
+        let arrival_in_head =
+            xdp::query(iface)?.is_some_and(|a| a.arrival == xdp::ArrivalStamp::Head);
         if config.frames < 2 || !config.frames.is_power_of_two() {
             return Err(setup_err(
                 iface,
