@@ -203,6 +203,7 @@ impl Plan {
         exe: &Path,
         topo: &Topology,
         cc: CcKind,
+        cc_params: &super::CcParams,
         dir: &Path,
     ) -> anyhow::Result<Running> {
         let _ = std::fs::remove_dir_all(dir);
@@ -226,7 +227,8 @@ impl Plan {
                 .arg(dir)
                 .args(["--seed", &self.seed.to_string()])
                 .args(["--cc", cc.name()])
-                .args(["--rate-bps", &s.rate_bps.to_string()]);
+                .args(["--rate-bps", &s.rate_bps.to_string()])
+                .envs(cc_params.envs());
         };
         let mut listen = Vec::new();
         for (j, &rank) in s.receivers.iter().enumerate() {

@@ -69,6 +69,8 @@ pub struct GlooJob<'a> {
     pub schedule: &'a Path,
     pub transport: Transport,
     pub cc: CcKind,
+    /// The controllers' parameters of the ranks over xroce.
+    pub cc_params: &'a super::CcParams,
     /// XROCE_SELECTIVE_REPEAT of the ranks over xroce.
     pub selective_repeat: &'a str,
     pub sizes: &'a [u64],
@@ -198,7 +200,8 @@ impl GlooJob<'_> {
                 cmd.args(["run", "--iface", &host.iface, "--backend", "afxdp"])
                     .args(["--cc", self.cc.name(), "--"])
                     .arg(self.program)
-                    .env(SELECTIVE_REPEAT, self.selective_repeat);
+                    .env(SELECTIVE_REPEAT, self.selective_repeat)
+                    .envs(self.cc_params.envs());
                 (cmd, "ibverbs", format!("xroce_{}", host.iface))
             }
             Transport::Tcp => (host.command(self.program), "tcp", host.addr.to_string()),

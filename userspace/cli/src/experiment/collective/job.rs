@@ -87,6 +87,8 @@ pub struct Job<'a> {
     pub schedule: &'a Path,
     pub transport: Transport,
     pub cc: CcKind,
+    /// The controllers' parameters of the ranks over xroce.
+    pub cc_params: &'a super::CcParams,
     /// XROCE_SELECTIVE_REPEAT of the ranks over xroce: off, on or auto.
     pub selective_repeat: &'a str,
     pub ops: &'a [String],
@@ -241,6 +243,9 @@ impl Job<'_> {
                     .args(["-x", "UCX_TLS", "-x", SELECTIVE_REPEAT])
                     .env("UCX_TLS", "rc,self")
                     .env(SELECTIVE_REPEAT, self.selective_repeat);
+                for (name, spec) in self.cc_params.envs() {
+                    cmd.args(["-x", name]).env(name, spec);
+                }
             }
             Transport::Tcp => {
                 cmd.args(["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"])

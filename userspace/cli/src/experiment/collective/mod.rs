@@ -124,6 +124,18 @@ pub struct CollectiveArgs {
     /// Congestion control of the ranks over xroce
     #[arg(long, default_value = "none", value_parser = crate::units::cc())]
     pub cc: CcKind,
+    /// DCQCN parameters of the ranks and the background (as `xroce
+    /// experiment incast --dcqcn`): a preset and key=value overrides
+    #[arg(long, default_value = "software")]
+    pub dcqcn: String,
+    /// Swift parameters of the ranks and the background (as `xroce
+    /// experiment incast --swift`)
+    #[arg(long, default_value = "software")]
+    pub swift: String,
+    /// TIMELY parameters of the ranks and the background (as `xroce
+    /// experiment incast --timely`)
+    #[arg(long, default_value = "software")]
+    pub timely: String,
     /// Seed of the compute gaps' jitter and of the XDP drop pattern
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -200,15 +212,59 @@ pub struct Settings {
     /// "all" or "rank:I".
     pub loss_on: String,
     pub cc: String,
+    /// --dcqcn, --swift and --timely (absent in older summaries, whose
+    /// ranks ran each controller's defaults: the papers' sets).
+    #[serde(default)]
+    pub cc_params: Option<CcParams>,
     pub mtu: u32,
     /// --background (null: none).
     pub background: Option<background::Settings>,
+}
+
+/// The controllers' parameters the ranks and the background run with:
+/// specs of `DcqcnConfig`, `SwiftConfig` and `TimelyConfig::from_spec`.
+/// Without them the drop-in library takes each controller's defaults,
+/// the papers' sets, which read a software host's delays as congestion.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CcParams {
+    pub dcqcn: String,
+    pub swift: String,
+    pub timely: String,
+}
+
+impl CcParams {
+    /// The environment that hands them to xroce's processes.
+    pub fn envs(&self) -> [(&'static str, &str); 3] {
+        [
+            (xroce::cc::DCQCN_ENV, &self.dcqcn),
+            (xroce::cc::SWIFT_ENV, &self.swift),
+            (xroce::cc::TIMELY_ENV, &self.timely),
+        ]
+    }
+
+    /// From the flags, each spec checked (a wrong one is refused before
+    /// anything runs). DCQCN's is checked against a 1 Gbit/s link: its
+    /// rates scale with the link, not its syntax.
+    fn from_args(a: &CollectiveArgs) -> anyhow::Result<Self> {
+        xroce::cc::DcqcnConfig::from_spec(&a.dcqcn, 1_000_000_000)
+            .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
+        xroce::cc::SwiftConfig::from_spec(&a.swift).map_err(|e| anyhow::anyhow!("--swift: {e}"))?;
+        xroce::cc::TimelyConfig::from_spec(&a.timely)
+            .map_err(|e| anyhow::anyhow!("--timely: {e}"))?;
+        Ok(Self {
+            dcqcn: a.dcqcn.clone(),
+            swift: a.swift.clone(),
+            timely: a.timely.clone(),
+        })
+    }
 }
 
 pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
     // Its flags first: refused before anything is made.
     let background = plan_background(a)?;
     let variants = check(a)?;
+    let cc_params = CcParams::from_args(a)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
     procs::install_signal_handlers();
     topology::sweep_stale();
@@ -246,6 +302,7 @@ pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
     let topo = Topology::ranks(a.ranks, others, a.mtu).context("build the namespaces")?;
     let setup = Setup {
         a,
+        cc_params: &cc_params,
         background: background.as_ref(),
         topo: &topo,
         exe: &exe,
@@ -372,6 +429,7 @@ fn loss_on_text(on: &LossOn) -> String {
 /// What every job of the experiment shares.
 struct Setup<'a> {
     a: &'a CollectiveArgs,
+    cc_params: &'a CcParams,
     background: Option<&'a background::Plan>,
     topo: &'a Topology,
     exe: &'a Path,
@@ -457,7 +515,13 @@ impl Setup<'_> {
         // Killed on every way out of this function (dropped) unless
         // finished below.
         let running = match self.background {
-            Some(b) => Some(b.start(self.exe, self.topo, variant.cc, &dir.join("background"))?),
+            Some(b) => Some(b.start(
+                self.exe,
+                self.topo,
+                variant.cc,
+                self.cc_params,
+                &dir.join("background"),
+            )?),
             None => None,
         };
         let before = network::counts(&self.topo.hosts, transport)?;
@@ -470,6 +534,7 @@ impl Setup<'_> {
                     schedule: self.schedule,
                     transport,
                     cc: variant.cc,
+                    cc_params: self.cc_params,
                     selective_repeat: variant.recovery.env_value(),
                     sizes: &sizes,
                     iters: a.iters,
@@ -487,6 +552,7 @@ impl Setup<'_> {
                     schedule: self.schedule,
                     transport,
                     cc: variant.cc,
+                    cc_params: self.cc_params,
                     selective_repeat: variant.recovery.env_value(),
                     ops: &a.op,
                     sizes: &sizes,
@@ -559,6 +625,7 @@ impl Setup<'_> {
                 loss: a.loss.as_ref().map(as_given),
                 loss_on: loss_on_text(&a.loss_on),
                 cc: a.cc.name().to_string(),
+                cc_params: Some(self.cc_params.clone()),
                 mtu: a.mtu,
                 background: self.background.map(|b| b.settings.clone()),
             },
@@ -749,6 +816,39 @@ mod tests {
     }
 
     #[test]
+    fn controller_parameters_reach_the_ranks_as_the_library_reads_them() {
+        // The software presets by default: the drop-in library's own
+        // default is each paper's set.
+        let p = CcParams::from_args(&parse(&[]).unwrap()).unwrap();
+        let envs = p.envs();
+        assert_eq!(
+            envs,
+            [
+                ("XROCE_DCQCN", "software"),
+                ("XROCE_SWIFT", "software"),
+                ("XROCE_TIMELY", "software"),
+            ]
+        );
+        let a = parse(&["--timely", "paper,t_low=80us", "--swift", "paper"]).unwrap();
+        let p = CcParams::from_args(&a).unwrap();
+        assert_eq!(
+            (p.timely.as_str(), p.swift.as_str()),
+            ("paper,t_low=80us", "paper")
+        );
+        // A spec the library would ignore is refused before anything runs.
+        for (flag, spec) in [
+            ("--timely", "fast"),
+            ("--swift", "target=x"),
+            ("--dcqcn", "nope"),
+        ] {
+            let e = CcParams::from_args(&parse(&[flag, spec]).unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(flag), "{e}");
+        }
+    }
+
+    #[test]
     fn gloo_runs_allreduce_only_and_says_so() {
         assert!(check_library("gloo", &["allreduce".into()]).is_ok());
         assert!(check_library("mpi", &["alltoall".into()]).is_ok());
@@ -810,6 +910,11 @@ mod tests {
                 loss: Some(0.01),
                 loss_on: "all".into(),
                 cc: "none".into(),
+                cc_params: Some(CcParams {
+                    dcqcn: "software".into(),
+                    swift: "software".into(),
+                    timely: "software,t_low=300us".into(),
+                }),
                 mtu: 1500,
                 background: background::plan(
                     "incast",
