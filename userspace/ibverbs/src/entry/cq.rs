@@ -18,7 +18,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::mem::MaybeUninit;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -28,12 +28,10 @@ use crate::abi::*;
 use crate::base::errno::{errno_of, fail, ffi, ffi_int, ffi_ptr, set_errno, verbs_fail};
 use crate::base::limits;
 use crate::objects::context::{context, Context};
-use crate::objects::events::event_pipe;
 use crate::objects::events::{self, Kind};
-use crate::objects::{Channel, Cq};
+use crate::objects::{Channel, ChannelShared, ChannelState, Cq};
 
-/// One completion event on a channel's pipe (16 bytes: smaller than
-/// PIPE_BUF, so written and read whole).
+/// One completion event queued on a channel.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub(crate) struct EventRecord {
@@ -178,16 +176,25 @@ unsafe fn channel_ref<'a>(p: *mut ibv_comp_channel) -> Option<&'a Channel> {
 }
 
 fn new_channel(ctx: *mut ibv_context) -> Result<*mut Channel, i32> {
-    let (read_end, write_end) = event_pipe()?;
+    // SAFETY: eventfd has no memory arguments; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EMFILE));
+    }
+    // SAFETY: a descriptor eventfd just returned, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let ch = Box::leak(Box::new(Channel {
         ch: ibv_comp_channel {
             context: ctx,
-            fd: read_end.as_raw_fd(),
+            fd: fd.as_raw_fd(),
             refcnt: 0,
         },
-        read_end,
-        write_end: Arc::new(write_end),
-        cqs: Mutex::new(Default::default()),
+        shared: Arc::new(ChannelShared {
+            fd,
+            state: Mutex::new(ChannelState::default()),
+        }),
     }));
     crate::base::handles::born(&*ch as *const crate::objects::Channel);
     Ok(ch)
@@ -210,7 +217,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
     ffi_int(|| {
         // SAFETY: a channel this library created, destroyed once.
         let ch = unsafe { channel_ref(channel) }.ok_or(libc::EINVAL)?;
-        let n = ch.cqs.lock().unwrap().len();
+        let n = ch.shared.state.lock().unwrap().cqs.len();
         if n != 0 {
             return Err(fail(
                 libc::EBUSY,
@@ -243,40 +250,68 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             set_errno(libc::EINVAL);
             return -1;
         }
-        let want = std::mem::size_of::<EventRecord>();
+        let shared = &ch.shared;
         loop {
-            let mut r = EventRecord::default();
-            // SAFETY: reads at most `want` bytes into a live plain struct.
-            let n = unsafe {
-                libc::read(
-                    ch.read_end.as_raw_fd(),
-                    &mut r as *mut EventRecord as *mut c_void,
-                    want,
-                )
-            };
-            if n != want as isize {
-                if n >= 0 {
-                    // EOF or a torn record: our writers never make either.
-                    set_errno(libc::EIO);
+            {
+                let mut st = shared.state.lock().unwrap();
+                if let Some(r) = st.queue.pop_front() {
+                    // Its count: at least one is there while the queue is
+                    // not empty (see ChannelShared), so this never blocks.
+                    take_count(&shared.fd);
+                    let p = r.cq as *mut Cq;
+                    // SAFETY: only live CQs' events are queued (a destroy
+                    // takes its own away under this lock), and the CQ stays
+                    // live: its destroy waits for the program to ack the
+                    // event counted here.
+                    unsafe {
+                        (*p).events_read.fetch_add(1, Ordering::Relaxed);
+                        *cq = p.cast();
+                        *cq_context = (*p).cq.cq_context;
+                    }
+                    return 0;
                 }
+            }
+            // SAFETY: F_GETFL on a descriptor the channel owns.
+            let flags = unsafe { libc::fcntl(shared.fd.as_raw_fd(), libc::F_GETFL) };
+            if flags < 0 {
                 return -1;
             }
-            let live = ch.cqs.lock().unwrap();
-            if !live.contains(&r.id) {
-                // An event of a CQ destroyed since: the kernel drops those.
-                continue;
+            if flags & libc::O_NONBLOCK != 0 {
+                set_errno(libc::EAGAIN);
+                return -1;
             }
-            let p = r.cq as *mut Cq;
-            // SAFETY: the id is live, so the CQ is, and it stays so: its
-            // destroy waits for the program to ack the event counted here.
-            unsafe {
-                (*p).events_read.fetch_add(1, Ordering::Relaxed);
-                *cq = p.cast();
-                *cq_context = (*p).cq.cq_context;
+            // Blocking: wait for a count, then take the event under the
+            // lock (another thread may take it first: wait again).
+            let mut pfd = libc::pollfd {
+                fd: shared.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: polls one pollfd that lives for the call.
+            if unsafe { libc::poll(&mut pfd, 1, -1) } < 0 {
+                // EINTR, as a blocking read(2) of the kernel's channel.
+                return -1;
             }
-            return 0;
         }
     })
+}
+
+/// Takes one count of a channel's eventfd (EFD_SEMAPHORE: one per read).
+/// Called under the channel's lock with the count known to be positive.
+fn take_count(fd: &OwnedFd) {
+    let mut one = 0u64;
+    // SAFETY: reads 8 bytes into a live u64.
+    let n = unsafe { libc::read(fd.as_raw_fd(), (&raw mut one).cast(), 8) };
+    debug_assert_eq!((n, one), (8, 1), "a channel's count fell behind its queue");
+}
+
+/// Adds one count to a channel's eventfd, under the channel's lock.
+fn give_count(fd: &OwnedFd) {
+    let one = 1u64;
+    // SAFETY: writes 8 bytes from a live u64; the count cannot overflow
+    // (one per queued event).
+    let n = unsafe { libc::write(fd.as_raw_fd(), (&raw const one).cast(), 8) };
+    debug_assert_eq!(n, 8, "a channel's eventfd refused a count");
 }
 
 /// `ibv_ack_cq_events`: the program is done with `nevents` events of
@@ -387,27 +422,24 @@ fn new_cq(
     }
     events::track(p.cast(), Kind::Cq);
     if let Some(ch) = channel {
-        let w = ch.write_end.clone();
+        let shared = ch.shared.clone();
         let rec = EventRecord { cq: p as u64, id };
         let handler = move || {
-            // SAFETY: writes a live plain struct to the pipe's write end,
-            // kept open by this Arc; non-blocking: a full pipe drops the
-            // event (the program is not reading them anyway).
-            unsafe {
-                libc::write(
-                    w.as_raw_fd(),
-                    &rec as *const EventRecord as *const c_void,
-                    std::mem::size_of::<EventRecord>(),
-                )
-            };
+            let mut st = shared.state.lock().unwrap();
+            // A handler still running after its CQ's destroy queues
+            // nothing: the kernel drops those events too.
+            if st.cqs.contains(&rec.id) {
+                st.queue.push_back(rec);
+                give_count(&shared.fd);
+            }
         };
         // SAFETY: p was just created.
         unsafe { (*p).inner.set_event_handler(Some(Arc::new(handler))) };
-        let mut live = ch.cqs.lock().unwrap();
-        live.insert(id);
+        let mut st = ch.shared.state.lock().unwrap();
+        st.cqs.insert(id);
         // SAFETY: refcnt is the program-visible use count (as rdma-core
         // keeps it), written under the channel's lock.
-        unsafe { (*a.channel).refcnt = live.len() as c_int };
+        unsafe { (*a.channel).refcnt = st.cqs.len() as c_int };
     }
     Ok(p)
 }
@@ -450,9 +482,17 @@ unsafe fn destroy(p: *mut Cq) -> Result<(), i32> {
         let mut comp_expected = 0;
         let channel = (*p).cq.channel;
         if let Some(ch) = channel_ref(channel) {
-            let mut live = ch.cqs.lock().unwrap();
-            live.remove(&(*p).id);
-            (*channel).refcnt = live.len() as c_int;
+            let mut st = ch.shared.state.lock().unwrap();
+            let id = (*p).id;
+            st.cqs.remove(&id);
+            (*channel).refcnt = st.cqs.len() as c_int;
+            // Its events not read yet go, with their counts: the fd is not
+            // left readable for events that no longer exist.
+            let queued = st.queue.len();
+            st.queue.retain(|r| r.id != id);
+            for _ in st.queue.len()..queued {
+                take_count(&ch.shared.fd);
+            }
             comp_expected = (*p).events_read.load(Ordering::Relaxed);
         }
         let async_expected = events::untrack(p.cast());
@@ -1357,7 +1397,7 @@ mod tests {
     }
 
     #[test]
-    fn unread_events_of_a_destroyed_cq_are_skipped() {
+    fn unread_events_of_a_destroyed_cq_go_with_it() {
         let dev = device();
         let ch = new_channel(std::ptr::null_mut()).unwrap();
         let chp: *mut ibv_comp_channel = ch.cast();
@@ -1368,8 +1408,21 @@ mod tests {
             assert_eq!(req_notify_cq(cq.cast(), 0), 0);
             flush(&qp, 1);
             drop(qp);
-            // The event is in the pipe, unread: destroy need not wait.
+            let readable = |fd| {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                libc::poll(&mut pfd, 1, 0) == 1
+            };
+            assert!(readable((*chp).fd), "the event is queued");
+            // The event is queued, unread: destroy need not wait, and it
+            // takes the event away. A program that polls before it reads
+            // (Gloo) must not find the fd readable with nothing to read:
+            // with O_NONBLOCK it would get -1 and abort.
             assert_eq!(ibv_destroy_cq(cq.cast()), 0);
+            assert!(!readable((*chp).fd), "a destroyed CQ's event is gone");
 
             let cq2 = mk(&dev, &args(16, chp)).unwrap();
             let qp2 = flushing_qp(&dev, cq2);
@@ -1377,7 +1430,7 @@ mod tests {
             flush(&qp2, 2);
             let mut got_cq: *mut ibv_cq = std::ptr::null_mut();
             let mut got_ctx: *mut c_void = std::ptr::null_mut();
-            // The stale event is skipped; the live one comes through.
+            // The live one comes through, alone.
             assert_eq!(ibv_get_cq_event(chp, &mut got_cq, &mut got_ctx), 0);
             assert_eq!(got_cq, cq2.cast());
             set_nonblocking((*chp).fd);

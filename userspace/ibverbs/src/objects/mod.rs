@@ -60,22 +60,39 @@ pub(crate) struct Mr {
     pub imported: bool,
 }
 
-/// `struct ibv_comp_channel`: a pipe; each completion event is one
-/// record (`cq::EventRecord`: the `*mut ibv_cq` and the CQ's id) written
-/// to it, so poll/epoll and O_NONBLOCK work on `fd`, the read end, as
-/// programs expect.
+/// `struct ibv_comp_channel`: completion events queue here, and `fd` is an
+/// eventfd (EFD_SEMAPHORE) whose count is the queue's length, so poll,
+/// epoll and O_NONBLOCK work on it as programs expect. Not a pipe of
+/// records: a CQ's destroy must take its queued events away, as the
+/// kernel's does, or a program that polls before it reads (Gloo) finds the
+/// fd readable and ibv_get_cq_event with nothing to return.
 #[repr(C)]
 pub(crate) struct Channel {
     pub ch: ibv_comp_channel,
-    pub read_end: OwnedFd,
-    /// Shared with the event handlers of its CQs (so a handler still
-    /// running after its CQ was destroyed writes to a live pipe).
-    pub write_end: Arc<OwnedFd>,
+    /// Shared with the event handlers of its CQs (a handler may still run
+    /// after its CQ was destroyed).
+    pub shared: Arc<ChannelShared>,
+}
+
+/// What a channel and its CQs' event handlers share.
+pub(crate) struct ChannelShared {
+    /// The eventfd: one count per queued event.
+    pub fd: OwnedFd,
+    /// Every change to the queue and the count happens under this lock,
+    /// so the count always equals the queue's length outside it, and a
+    /// read of one count under it never blocks.
+    pub state: Mutex<ChannelState>,
+}
+
+/// A channel's CQs and queued events.
+#[derive(Default)]
+pub(crate) struct ChannelState {
     /// Ids of the live CQs using it: destroying a channel in use is EBUSY,
-    /// and a record whose id is gone is a stale event of a destroyed CQ,
-    /// skipped by ibv_get_cq_event. The lock also orders
+    /// and a handler whose CQ is gone queues nothing. The lock also orders
     /// `Cq::events_read` against destroy.
-    pub cqs: Mutex<std::collections::HashSet<u64>>,
+    pub cqs: std::collections::HashSet<u64>,
+    /// Events not yet returned by ibv_get_cq_event, oldest first.
+    pub queue: std::collections::VecDeque<crate::entry::cq::EventRecord>,
 }
 
 /// `struct ibv_cq` / `struct ibv_cq_ex` (the former is a prefix of the
@@ -89,7 +106,7 @@ pub(crate) struct Cq {
     /// Unique for the process (completion-event records carry it).
     pub id: u64,
     /// Completion events ibv_get_cq_event returned for this CQ (counted
-    /// under the channel's `cqs` lock); destroy waits until the program
+    /// under the channel's `state` lock); destroy waits until the program
     /// acked as many (`cq.comp_events_completed`).
     pub events_read: AtomicU32,
     /// Queues (QP send/receive queues) completing into this CQ: the QP

@@ -241,19 +241,19 @@ pub fn attach(iface: &str, mode: Mode) -> Result<(), XdpError> {
         return attach_direct(iface, ifindex, mode);
     }
     let object = ebpf_object()?;
-    let mut refused = None;
     for name in names::PROGRAMS {
         let c_name = CString::new(name).expect("program names have no NUL");
         match libxdp::attach(object, &c_name, ifindex, mode) {
             Ok(()) => return Ok(()),
             Err(libc::EBUSY | libc::EEXIST) => return Err(XdpError::OtherProgram(iface.into())),
-            // The verifier's refusal (of the metadata helper, on some
-            // kernels): the next program, which does without, may load.
-            Err(libc::EINVAL) => refused = refused.or(Some(libc::EINVAL)),
+            // The verifier refused a helper of this one (the metadata
+            // helper on some kernels; from 6.12 on, any helper that moves
+            // packet data in a dispatcher's slot): the next does without.
+            Err(libc::EINVAL) => continue,
             Err(errno) => return Err(libxdp_error(iface, mode, errno)),
         }
     }
-    Err(libxdp_error(iface, mode, refused.unwrap_or(libc::EINVAL)))
+    Err(libxdp_error(iface, mode, libc::EINVAL))
 }
 
 fn libxdp_error(iface: &str, mode: Mode, errno: i32) -> XdpError {
@@ -317,9 +317,10 @@ fn attach_direct(iface: &str, ifindex: u32, mode: Mode) -> Result<(), XdpError> 
 }
 
 /// Loads the first of [`names::PROGRAMS`] the kernel's verifier takes:
-/// the stamping program, else the plain one (some kernels refuse
-/// `bpf_xdp_adjust_meta` to XDP programs). The error is the first
-/// program's: it says what the kernel refused.
+/// the metadata-stamping program, else the one stamping the frame's head,
+/// else the one without stamps (some kernels refuse `bpf_xdp_adjust_meta`
+/// to every XDP program). The error is the first program's: it says what
+/// the kernel refused.
 fn load_first_taken(ebpf: &mut Ebpf) -> Result<&mut Xdp, XdpError> {
     let mut first_error = None;
     let mut taken = None;
