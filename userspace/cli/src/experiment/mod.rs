@@ -37,6 +37,7 @@
 //! grows with the queue; queue.csv's `queue_delay_us` and `sojourn_us` then
 //! are waits packets really had.
 
+mod cc_params;
 mod collective;
 mod plot;
 mod procs;
@@ -61,6 +62,7 @@ use xroce::cc::CcKind;
 use xroce_common::{congestion::EcnConfig, fault::FaultConfig};
 
 use crate::units::{Fraction, Rate, Seconds, Size};
+use cc_params::CcParams;
 
 use self::{
     procs::Proc,
@@ -104,25 +106,8 @@ pub struct IncastArgs {
     /// point they see host delays only)
     #[arg(long, default_value = "dcqcn", value_parser = crate::units::cc())]
     pub cc: CcKind,
-    /// DCQCN parameters of the senders: a preset (software, paper, nvidia)
-    /// and key=value overrides, e.g. "software,timer=1ms" (see
-    /// DcqcnConfig::from_spec); "software" re-times the paper's set for
-    /// xroce's millisecond feedback loop
-    #[arg(long, default_value = "software")]
-    pub dcqcn: String,
-    /// Swift parameters of the senders (--cc swift): a preset (software,
-    /// paper) and key=value overrides, e.g. "software,target=300us" (see
-    /// SwiftConfig::from_spec); "software" aims at a software host's
-    /// round trips, "paper" at the paper's NIC-timestamped 25 us
-    #[arg(long, default_value = "software")]
-    pub swift: String,
-    /// TIMELY parameters of the senders (--cc timely): a preset (software,
-    /// paper) and key=value overrides, e.g. "software,t_low=300us" (see
-    /// TimelyConfig::from_spec); "software" aims at a software host's
-    /// round trips, "paper" at the paper's NIC-timestamped ones (Tlow
-    /// 50 us, Thigh 500 us)
-    #[arg(long, default_value = "software")]
-    pub timely: String,
+    #[command(flatten)]
+    pub cc_params: CcParams,
     /// The bottleneck: `xdp` (the receiver's XDP congestion point: marks
     /// and drops, packets never wait) or `delay` (the bridge's port toward
     /// the receiver holds packets at the link rate: RTT grows with the
@@ -205,10 +190,7 @@ fn check(a: &IncastArgs) -> anyhow::Result<Plan> {
         bail!("--senders must be 1..={}", topology::MAX_SENDERS);
     }
     let line_rate = a.line_rate.clone().unwrap_or_else(|| a.link_rate.clone());
-    let dcqcn = xroce::cc::DcqcnConfig::from_spec(&a.dcqcn, line_rate.value)
-        .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
-    xroce::cc::SwiftConfig::from_spec(&a.swift).map_err(|e| anyhow::anyhow!("--swift: {e}"))?;
-    xroce::cc::TimelyConfig::from_spec(&a.timely).map_err(|e| anyhow::anyhow!("--timely: {e}"))?;
+    let dcqcn = a.cc_params.check(line_rate.value)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
@@ -513,10 +495,8 @@ fn start_senders(
         .args(["--cc", a.cc.name(), "--rate", &plan.line_rate])
         .args(["--bin-ms", &a.bin_ms.to_string(), "--json"])
         .arg("--trace")
-        .arg(&trace)
-        .env(xroce::cc::DCQCN_ENV, &a.dcqcn)
-        .env(xroce::cc::SWIFT_ENV, &a.swift)
-        .env(xroce::cc::TIMELY_ENV, &a.timely);
+        .arg(&trace);
+        a.cc_params.apply(&mut cmd);
         senders.push(Proc::spawn(
             &format!("sender {i}"),
             cmd,

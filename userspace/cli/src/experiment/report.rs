@@ -260,21 +260,6 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// See [`summary::Settings::delay_target_us`] (specs were checked before
-/// the run).
-fn delay_target_us(a: &IncastArgs) -> Option<f64> {
-    let ns = match a.cc {
-        xroce::cc::CcKind::Timely => xroce::cc::TimelyConfig::from_spec(&a.timely)
-            .ok()?
-            .queue_target_ns(),
-        xroce::cc::CcKind::Swift => xroce::cc::SwiftConfig::from_spec(&a.swift)
-            .ok()?
-            .queue_target_ns(),
-        _ => None,
-    }?;
-    Some(ns as f64 / 1e3)
-}
-
 pub struct Report<'a> {
     pub args: &'a IncastArgs,
     pub link_rate_bps: u64,
@@ -407,7 +392,7 @@ impl Report<'_> {
                 link_rate_bps: self.link_rate_bps,
                 line_rate: self.line_rate.into(),
                 dcqcn: (a.cc == xroce::cc::CcKind::Dcqcn).then(|| summary::Dcqcn {
-                    spec: a.dcqcn.clone(),
+                    spec: a.cc_params.dcqcn.clone(),
                     g: d.g,
                     initial_alpha: d.initial_alpha,
                     alpha_timer_ns: d.alpha_timer_ns,
@@ -419,9 +404,9 @@ impl Report<'_> {
                     min_rate_bps: d.min_rate_bps,
                     rate_reduce_period_ns: d.rate_reduce_period_ns,
                 }),
-                timely: (a.cc == xroce::cc::CcKind::Timely).then(|| a.timely.clone()),
-                swift: (a.cc == xroce::cc::CcKind::Swift).then(|| a.swift.clone()),
-                delay_target_us: delay_target_us(a),
+                timely: (a.cc == xroce::cc::CcKind::Timely).then(|| a.cc_params.timely.clone()),
+                swift: (a.cc == xroce::cc::CcKind::Swift).then(|| a.cc_params.swift.clone()),
+                delay_target_us: a.cc_params.delay_target_us(a.cc),
                 duration_s: self.duration_s,
                 size: a.size.text().into(),
                 bin_ms: a.bin_ms,

@@ -203,7 +203,7 @@ impl Plan {
         exe: &Path,
         topo: &Topology,
         cc: CcKind,
-        cc_params: &super::CcParams,
+        cc_params: &crate::experiment::cc_params::CcParams,
         dir: &Path,
     ) -> anyhow::Result<Running> {
         let _ = std::fs::remove_dir_all(dir);

@@ -88,7 +88,7 @@ pub struct Job<'a> {
     pub transport: Transport,
     pub cc: CcKind,
     /// The controllers' parameters of the ranks over xroce.
-    pub cc_params: &'a super::CcParams,
+    pub cc_params: &'a crate::experiment::cc_params::CcParams,
     /// XROCE_SELECTIVE_REPEAT of the ranks over xroce: off, on or auto.
     pub selective_repeat: &'a str,
     pub ops: &'a [String],

@@ -60,7 +60,7 @@ use self::{
     results::{Figure, JobFigure, Run},
     variant::{variants, Recovery, Variant, AXES},
 };
-use super::{procs, topology, topology::Topology};
+use super::{cc_params::CcParams, procs, topology, topology::Topology};
 use crate::units::{Fraction, Seconds, Size};
 
 const OPS: [&str; 4] = ["allreduce", "alltoall", "allgather", "reduce_scatter"];
@@ -124,18 +124,9 @@ pub struct CollectiveArgs {
     /// Congestion control of the ranks over xroce
     #[arg(long, default_value = "none", value_parser = crate::units::cc())]
     pub cc: CcKind,
-    /// DCQCN parameters of the ranks and the background (as `xroce
-    /// experiment incast --dcqcn`): a preset and key=value overrides
-    #[arg(long, default_value = "software")]
-    pub dcqcn: String,
-    /// Swift parameters of the ranks and the background (as `xroce
-    /// experiment incast --swift`)
-    #[arg(long, default_value = "software")]
-    pub swift: String,
-    /// TIMELY parameters of the ranks and the background (as `xroce
-    /// experiment incast --timely`)
-    #[arg(long, default_value = "software")]
-    pub timely: String,
+    /// The controllers' parameters, for the ranks and the background
+    #[command(flatten)]
+    pub cc_params: CcParams,
     /// Seed of the compute gaps' jitter and of the XDP drop pattern
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -221,50 +212,13 @@ pub struct Settings {
     pub background: Option<background::Settings>,
 }
 
-/// The controllers' parameters the ranks and the background run with:
-/// specs of `DcqcnConfig`, `SwiftConfig` and `TimelyConfig::from_spec`.
-/// Without them the drop-in library takes each controller's defaults,
-/// the papers' sets, which read a software host's delays as congestion.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct CcParams {
-    pub dcqcn: String,
-    pub swift: String,
-    pub timely: String,
-}
-
-impl CcParams {
-    /// The environment that hands them to xroce's processes.
-    pub fn envs(&self) -> [(&'static str, &str); 3] {
-        [
-            (xroce::cc::DCQCN_ENV, &self.dcqcn),
-            (xroce::cc::SWIFT_ENV, &self.swift),
-            (xroce::cc::TIMELY_ENV, &self.timely),
-        ]
-    }
-
-    /// From the flags, each spec checked (a wrong one is refused before
-    /// anything runs). DCQCN's is checked against a 1 Gbit/s link: its
-    /// rates scale with the link, not its syntax.
-    fn from_args(a: &CollectiveArgs) -> anyhow::Result<Self> {
-        xroce::cc::DcqcnConfig::from_spec(&a.dcqcn, 1_000_000_000)
-            .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
-        xroce::cc::SwiftConfig::from_spec(&a.swift).map_err(|e| anyhow::anyhow!("--swift: {e}"))?;
-        xroce::cc::TimelyConfig::from_spec(&a.timely)
-            .map_err(|e| anyhow::anyhow!("--timely: {e}"))?;
-        Ok(Self {
-            dcqcn: a.dcqcn.clone(),
-            swift: a.swift.clone(),
-            timely: a.timely.clone(),
-        })
-    }
-}
-
 pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
     // Its flags first: refused before anything is made.
     let background = plan_background(a)?;
     let variants = check(a)?;
-    let cc_params = CcParams::from_args(a)?;
+    // DCQCN's rates scale with the link, not its syntax: checked against 1 Gbit/s.
+    a.cc_params.check(1_000_000_000)?;
+    let cc_params = a.cc_params.clone();
     std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
     procs::install_signal_handlers();
     topology::sweep_stale();
@@ -816,36 +770,19 @@ mod tests {
     }
 
     #[test]
-    fn controller_parameters_reach_the_ranks_as_the_library_reads_them() {
-        // The software presets by default: the drop-in library's own
-        // default is each paper's set.
-        let p = CcParams::from_args(&parse(&[]).unwrap()).unwrap();
-        let envs = p.envs();
+    fn controller_parameters_default_to_the_software_presets() {
+        // The drop-in library's own default is each paper's set.
+        let a = parse(&[]).unwrap();
         assert_eq!(
-            envs,
+            a.cc_params.envs(),
             [
                 ("XROCE_DCQCN", "software"),
                 ("XROCE_SWIFT", "software"),
                 ("XROCE_TIMELY", "software"),
             ]
         );
-        let a = parse(&["--timely", "paper,t_low=80us", "--swift", "paper"]).unwrap();
-        let p = CcParams::from_args(&a).unwrap();
-        assert_eq!(
-            (p.timely.as_str(), p.swift.as_str()),
-            ("paper,t_low=80us", "paper")
-        );
-        // A spec the library would ignore is refused before anything runs.
-        for (flag, spec) in [
-            ("--timely", "fast"),
-            ("--swift", "target=x"),
-            ("--dcqcn", "nope"),
-        ] {
-            let e = CcParams::from_args(&parse(&[flag, spec]).unwrap())
-                .unwrap_err()
-                .to_string();
-            assert!(e.starts_with(flag), "{e}");
-        }
+        let a = parse(&["--timely", "paper,t_low=80us"]).unwrap();
+        assert_eq!(a.cc_params.timely, "paper,t_low=80us");
     }
 
     #[test]

@@ -36,6 +36,7 @@ use xroce::cc::CcKind;
 use self::{cdf::Cdf, flows::Flow, results::Bucket};
 use super::traffic::{cdf, flows, node};
 use super::{
+    cc_params::CcParams,
     procs::{self, Proc},
     sampler::{Sample, Sampler},
     topology::{self, Host, Topology},
@@ -70,15 +71,8 @@ pub struct Common {
     /// Instead of --flows: every arrival within this time, e.g. 2 or 500ms
     #[arg(long, value_parser = crate::units::seconds)]
     pub duration: Option<Seconds>,
-    /// DCQCN parameters (a preset and key=value overrides, see `incast`)
-    #[arg(long, default_value = "software")]
-    pub dcqcn: String,
-    /// Swift parameters (a preset and key=value overrides, see `incast`)
-    #[arg(long, default_value = "software")]
-    pub swift: String,
-    /// TIMELY parameters (a preset and key=value overrides, see `incast`)
-    #[arg(long, default_value = "software")]
-    pub timely: String,
+    #[command(flatten)]
+    pub cc_params: CcParams,
     /// The bottleneck: `xdp` (each receiver's XDP congestion point: marks
     /// and drops, packets never wait, so flows are not held to the link
     /// rate) or `delay` (the bridge's port toward each receiver holds
@@ -188,12 +182,9 @@ pub struct Settings {
     pub load: f64,
     pub seed: u64,
     pub cc: String,
-    /// --dcqcn as given (used by --cc dcqcn only).
-    pub dcqcn: String,
-    /// --swift as given (used by --cc swift only).
-    pub swift: String,
-    /// --timely as given (used by --cc timely only).
-    pub timely: String,
+    /// --dcqcn, --swift and --timely as given (each used by its --cc only).
+    #[serde(flatten)]
+    pub cc_params: CcParams,
     /// "write" or "read".
     pub op: String,
     pub link_rate: String,
@@ -425,10 +416,7 @@ fn prepare(c: &Common) -> anyhow::Result<(Cdf, Vec<Flow>)> {
     }
     .generate()?;
     let line_rate = c.line_rate.as_ref().unwrap_or(&c.link_rate);
-    xroce::cc::DcqcnConfig::from_spec(&c.dcqcn, line_rate.value)
-        .map_err(|e| anyhow::anyhow!("--dcqcn: {e}"))?;
-    xroce::cc::SwiftConfig::from_spec(&c.swift).map_err(|e| anyhow::anyhow!("--swift: {e}"))?;
-    xroce::cc::TimelyConfig::from_spec(&c.timely).map_err(|e| anyhow::anyhow!("--timely: {e}"))?;
+    c.cc_params.check(line_rate.value)?;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("an experiment makes network namespaces and attaches XDP: run it as root (sudo)");
@@ -451,9 +439,7 @@ fn settings(c: &Common, cc: CcKind, cdf: &Cdf) -> Settings {
         load: c.load,
         seed: c.seed,
         cc: cc.name().into(),
-        dcqcn: c.dcqcn.clone(),
-        swift: c.swift.clone(),
-        timely: c.timely.clone(),
+        cc_params: c.cc_params.clone(),
         op: c.op.clone(),
         link_rate: c.link_rate.text().into(),
         link_rate_bps: c.link_rate.value,
@@ -756,10 +742,8 @@ impl Run<'_> {
                 &c.qps.to_string(),
                 "--arena",
                 &c.arena.value.to_string(),
-            ])
-            .env(xroce::cc::DCQCN_ENV, &c.dcqcn)
-            .env(xroce::cc::SWIFT_ENV, &c.swift)
-            .env(xroce::cc::TIMELY_ENV, &c.timely);
+            ]);
+            c.cc_params.apply(&mut cmd);
             self.node_args(&mut cmd, host, i);
             let log = self.dir.join(format!("sender{i}.log"));
             tx_procs.push((Proc::spawn(&format!("sender {i}"), cmd, &log)?, log));
