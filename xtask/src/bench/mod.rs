@@ -12,7 +12,8 @@
 //! MPI over xroce against their TCP transports ([`clients`]), and TIMELY's
 //! and Swift's queue delay at a real bottleneck against their targets
 //! ([`cc_delay`]), and what a running `xroce capture` costs the traffic it
-//! records ([`capture`]).
+//! records ([`capture`]), and WRITE over each backend against TCP on pairs
+//! of MTU 1500, 3500 and 9000 ([`mtu_sweep`]).
 //! Writes target/bench/report.json.
 
 use std::{
@@ -36,6 +37,7 @@ mod io_threads;
 mod latency_tail;
 mod loss;
 mod many_qps;
+mod mtu_sweep;
 mod multicore;
 mod post_path;
 mod udp_gso;
@@ -105,6 +107,9 @@ struct Report {
     /// CPU s/GB of WRITE, READ, SEND and 4-QP WRITE vs TCP, against the
     /// xroce before, and an idle device's cost (issue 27).
     cpu_per_byte: cpu_per_byte::CpuPerByte,
+    /// WRITE 64 KiB over each backend vs TCP on pairs of MTU 1500, 3500
+    /// and 9000, with their CPU s/GB (issue 27, goal 2).
+    mtu_sweep: mtu_sweep::MtuSweep,
     ratios: Ratios,
 }
 
@@ -157,6 +162,7 @@ pub fn bench() -> Result<()> {
         Some("capture") => return alone(&capture::measure(&ns)?),
         Some("post_path") => return alone(&post_path::measure(&ns)?),
         Some("cpu_per_byte") => return alone(&cpu_per_byte::measure(&ns)?),
+        Some("mtu_sweep") => return alone(&mtu_sweep::measure()?),
         Some("udp_gso") => {
             // Its best-backend line needs the AF_XDP WRITE of the full run.
             step("xroce RDMA WRITE 64 KiB, 1 QP");
@@ -169,8 +175,8 @@ pub fn bench() -> Result<()> {
         }
         Some(other) => bail!(
             "XROCE_BENCH_ONLY={other} is not a figure: use many_qps, loss, io_threads, \
-             multicore, latency_tail, udp_gso, clients, cc_delay, capture, post_path or \
-             cpu_per_byte \
+             multicore, latency_tail, udp_gso, clients, cc_delay, capture, post_path, \
+             cpu_per_byte or mtu_sweep \
              (unset: every figure)"
         ),
     }
@@ -285,6 +291,8 @@ pub fn bench() -> Result<()> {
     let post_path = post_path::measure(&ns)?;
     step("CPU per byte: WRITE, READ, SEND, 4 QPs vs TCP; idle device");
     let cpu_per_byte = cpu_per_byte::measure(&ns)?;
+    step("WRITE 64 KiB over AF_XDP and UDP GSO vs TCP at MTU 1500, 3500 and 9000");
+    let mtu_sweep = mtu_sweep::measure()?;
     let send_p50 = lat.lat_us.p50;
     let report = Report {
         mtu: MTU,
@@ -316,6 +324,7 @@ pub fn bench() -> Result<()> {
         capture,
         post_path,
         cpu_per_byte,
+        mtu_sweep,
         udp_gso,
         before_shared_device_write_1qp: before,
         shared_device_alone_write_1qp: alone,
@@ -363,6 +372,15 @@ pub fn bench() -> Result<()> {
         "{:<40} {:>10.2} us",
         "sockperf UDP 64B half-RTT p50", udp_p50
     );
+    for m in &report.mtu_sweep.pairs {
+        println!(
+            "{:<40} {:>10.2} x TCP ({}; CPU/GB {:.2} x)",
+            format!("best WRITE 64KiB, MTU {}", m.veth_mtu),
+            m.best_gbps_vs_tcp,
+            m.best_backend,
+            m.best_cpu_per_gb_vs_tcp
+        );
+    }
     println!("ratios: {}", serde_json::to_string(&report.ratios)?);
     let dir = workspace_root().join("target/bench");
     std::fs::create_dir_all(&dir)?;

@@ -83,11 +83,11 @@ pub struct UdpGso {
 
 const SYSCALL_ITERS: &str = "2000";
 /// GSO is off by default (captures on a veth would see 64 KB packets).
-const GSO_ON: &[(&str, &str)] = &[("XROCE_UDP_GSO", "1"), ("XROCE_UDP_GRO", "1")];
+pub(super) const GSO_ON: &[(&str, &str)] = &[("XROCE_UDP_GSO", "1"), ("XROCE_UDP_GRO", "1")];
 
 /// `xroce bench write` 64 KiB with `--backend udp` on both ends; extra
 /// client arguments `more`, the client run under `wrap` (e.g. strace).
-fn udp_pair(
+pub(super) fn udp_pair(
     ns: &NsPair,
     more: &[&str],
     wrap: &[&str],
