@@ -153,6 +153,7 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             cc: CcKind::None,
             line_rate_bps: 100_000_000_000,
             busy_poll: args.busy_poll,
+            spin_after_activity: xroce::runtime::RuntimeConfig::default().spin_after_activity,
         },
         local_ip,
     )?;

@@ -50,6 +50,10 @@ pub struct StackConfig {
     pub line_rate_bps: u64,
     /// Spin the I/O thread instead of sleeping when idle.
     pub busy_poll: bool,
+    /// How long the I/O thread keeps polling after the last frame before
+    /// it sleeps ([`RuntimeConfig::spin_after_activity`]): shorter costs
+    /// latency, longer costs CPU while a stream waits for ACKs.
+    pub spin_after_activity: std::time::Duration,
     /// I/O threads (engines, shards) to spread the QPs over; 1 (the
     /// default): one engine and one thread, as always. More needs xroce's
     /// XDP program (attached here, so root) and, on AF_XDP, as many RX
@@ -75,6 +79,7 @@ impl StackConfig {
             cc: CcKind::None,
             line_rate_bps: 100_000_000_000,
             busy_poll: false,
+            spin_after_activity: RuntimeConfig::default().spin_after_activity,
             io_threads: 1,
             selective_repeat: crate::engine::SrMode::Auto,
             app_progress: true,
@@ -266,6 +271,7 @@ impl Stack {
             io,
             RuntimeConfig {
                 busy_poll: cfg.busy_poll,
+                spin_after_activity: cfg.spin_after_activity,
                 app_progress: cfg.app_progress,
                 ..RuntimeConfig::default()
             },
@@ -309,6 +315,7 @@ impl Stack {
                 path_mtu: path_mtu.bytes(),
                 runtime: RuntimeConfig {
                     busy_poll: cfg.busy_poll,
+                    spin_after_activity: cfg.spin_after_activity,
                     app_progress: cfg.app_progress,
                     ..RuntimeConfig::default()
                 },

@@ -29,6 +29,7 @@ pub struct StackOptions {
     /// Line rate in bits per second.
     pub line_rate_bps: u64,
     pub busy_poll: bool,
+    pub spin_after_activity: std::time::Duration,
 }
 
 impl From<&PerfArgs> for StackOptions {
@@ -40,6 +41,7 @@ impl From<&PerfArgs> for StackOptions {
             cc: a.cc,
             line_rate_bps: a.rate.value,
             busy_poll: a.busy_poll,
+            spin_after_activity: std::time::Duration::from_micros(a.spin_us),
         }
     }
 }
@@ -108,6 +110,7 @@ impl Stack {
             cc: opts.cc,
             line_rate_bps: opts.line_rate_bps,
             busy_poll: opts.busy_poll,
+            spin_after_activity: opts.spin_after_activity,
             io_threads,
             // Each connection sets its QPs' mode (--recovery, conn.rs).
             selective_repeat: xroce::engine::SrMode::Auto,

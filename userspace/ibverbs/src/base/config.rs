@@ -23,6 +23,10 @@
 //!   `ibv_poll_cq` finds the CQ empty runs the transport itself when
 //!   frames or posted work wait, instead of waiting for the device's I/O
 //!   thread to get a core) or `off` (only the I/O thread does).
+//! - `XROCE_SPIN_US`: microseconds the device's I/O thread keeps polling
+//!   after its last frame before it sleeps, 0 to 100000 (default 300).
+//!   Less saves CPU while a stream waits for ACKs and costs latency
+//!   (docs/verbs.md has the figures).
 //! - `XROCE_VERBS_DEBUG`: say on stderr why a verb failed.
 
 use std::sync::OnceLock;
@@ -109,6 +113,26 @@ fn parse_app_progress(v: Option<&str>) -> Result<bool, String> {
     }
 }
 
+pub(crate) fn spin_after_activity() -> Result<std::time::Duration, String> {
+    parse_spin_us(std::env::var("XROCE_SPIN_US").ok().as_deref())
+}
+
+/// Most microseconds `XROCE_SPIN_US` takes (a tenth of a second: beyond
+/// it the thread would spin through whole pauses of a program).
+const MAX_SPIN_US: u64 = 100_000;
+
+fn parse_spin_us(v: Option<&str>) -> Result<std::time::Duration, String> {
+    match v.map(str::trim) {
+        None | Some("") => Ok(xroce::runtime::RuntimeConfig::default().spin_after_activity),
+        Some(t) => match t.parse::<u64>() {
+            Ok(us) if us <= MAX_SPIN_US => Ok(std::time::Duration::from_micros(us)),
+            _ => Err(format!(
+                "XROCE_SPIN_US={t}: use microseconds from 0 to {MAX_SPIN_US} (default 300)"
+            )),
+        },
+    }
+}
+
 pub(crate) fn debug() -> bool {
     static DEBUG: OnceLock<bool> = OnceLock::new();
     *DEBUG.get_or_init(|| std::env::var_os("XROCE_VERBS_DEBUG").is_some())
@@ -117,6 +141,26 @@ pub(crate) fn debug() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spin_defaults_to_the_runtime_default_and_names_the_accepted_values() {
+        use std::time::Duration;
+        let default = xroce::runtime::RuntimeConfig::default().spin_after_activity;
+        assert_eq!(parse_spin_us(None), Ok(default));
+        assert_eq!(parse_spin_us(Some(" ")), Ok(default));
+        assert_eq!(parse_spin_us(Some("0")), Ok(Duration::ZERO));
+        assert_eq!(parse_spin_us(Some(" 50 ")), Ok(Duration::from_micros(50)));
+        assert_eq!(
+            parse_spin_us(Some("100000")),
+            Ok(Duration::from_micros(100_000))
+        );
+        for bad in ["-1", "1ms", "100001", "x"] {
+            assert_eq!(
+                parse_spin_us(Some(bad)).unwrap_err(),
+                format!("XROCE_SPIN_US={bad}: use microseconds from 0 to 100000 (default 300)")
+            );
+        }
+    }
 
     #[test]
     fn app_progress_defaults_to_on_and_names_the_accepted_values() {

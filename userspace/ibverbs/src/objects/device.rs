@@ -172,6 +172,7 @@ impl OpenDevice {
             io_threads: config::io_threads()?,
             selective_repeat: config::selective_repeat()?,
             app_progress: config::app_progress()?,
+            spin_after_activity: config::spin_after_activity()?,
             ..StackConfig::new(iface)
         })
         .map_err(|e| error_chain(&e))?;

@@ -409,6 +409,7 @@ fn open_stack(a: &NodeArgs, ip: IpAddr) -> anyhow::Result<Stack> {
             cc: a.cc,
             line_rate_bps: a.rate_bps,
             busy_poll: false,
+            spin_after_activity: xroce::runtime::RuntimeConfig::default().spin_after_activity,
         },
         ip,
     )
