@@ -164,6 +164,10 @@ impl MonotonicToEngine {
     }
 }
 
+/// [`RuntimeConfig::spin_after_activity`]'s default, in microseconds
+/// (`XROCE_SPIN_US` and `--spin-us` start from it).
+pub const SPIN_AFTER_ACTIVITY_US: u64 = 300;
+
 #[derive(Clone, Copy, Debug)]
 pub struct RuntimeConfig {
     /// Spin on the backend instead of sleeping in it: lowest latency, one
@@ -204,7 +208,7 @@ impl Default for RuntimeConfig {
             busy_poll: false,
             max_wait: Duration::from_millis(1),
             max_sleep: Duration::from_millis(100),
-            spin_after_activity: Duration::from_micros(300),
+            spin_after_activity: Duration::from_micros(SPIN_AFTER_ACTIVITY_US),
             app_progress: true,
         }
     }

@@ -53,6 +53,17 @@ pub struct CpuCost {
     pub cpu_seconds_per_gb: f64,
 }
 
+/// Runs an xroce transfer and measures its CPU time per byte it reports.
+pub fn measure_bench(
+    transfer: impl FnOnce() -> Result<xroce_report::BenchReport>,
+) -> Result<(xroce_report::BenchReport, CpuCost)> {
+    measure(|| {
+        let r = transfer()?;
+        let bytes = r.bytes;
+        Ok((r, bytes))
+    })
+}
+
 /// Runs `transfer`, which returns the bytes it moved, and measures the CPU
 /// time spent meanwhile.
 pub fn measure<R>(transfer: impl FnOnce() -> Result<(R, u64)>) -> Result<(R, CpuCost)> {

@@ -11,7 +11,6 @@ use std::{process::Stdio, thread, time::Duration};
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
-use xroce_report::BenchReport;
 
 use super::{cpu, iperf3, median, xroce_pair_with, SECONDS};
 use crate::{
@@ -52,11 +51,7 @@ pub struct CpuPerByte {
 
 /// One xroce transfer's CPU s/GB and Gb/s.
 fn xroce_cost(exe: &std::path::Path, ns: &NsPair, args: &[&str]) -> Result<(f64, f64)> {
-    let (r, cost) = cpu::measure(|| {
-        let r: BenchReport = xroce_pair_with(exe, ns, "bench", args)?;
-        let bytes = r.bytes;
-        Ok((r, bytes))
-    })?;
+    let (r, cost) = cpu::measure_bench(|| xroce_pair_with(exe, ns, "bench", args))?;
     Ok((cost.cpu_seconds_per_gb, r.gbps))
 }
 

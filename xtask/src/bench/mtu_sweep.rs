@@ -55,6 +55,15 @@ pub struct MtuSweep {
     pub pairs: Vec<AtMtu>,
 }
 
+impl Run {
+    fn of(gbps: f64, cost: cpu::CpuCost) -> Self {
+        Self {
+            gbps,
+            cpu_seconds_per_gb: cost.cpu_seconds_per_gb,
+        }
+    }
+}
+
 fn medians(runs: &[Run]) -> Run {
     Run {
         gbps: median(&runs.iter().map(|r| r.gbps).collect::<Vec<_>>()),
@@ -76,32 +85,17 @@ fn at(veth_mtu: u32, octet: u8) -> Result<AtMtu> {
     for round in 0..ROUNDS {
         step(&format!("MTU {veth_mtu}, round {}/{ROUNDS}", round + 1));
         let (gbps, cost) = cpu::measure(|| iperf3(&ns))?;
-        tcp.push(Run {
-            gbps,
-            cpu_seconds_per_gb: cost.cpu_seconds_per_gb,
-        });
-        let (r, cost) = cpu::measure(|| {
-            let r: xroce_report::BenchReport = xroce_pair_with(&exe, &ns, "bench", &write)?;
-            let bytes = r.bytes;
-            Ok((r, bytes))
-        })?;
+        tcp.push(Run::of(gbps, cost));
+        let (r, cost) = cpu::measure_bench(|| xroce_pair_with(&exe, &ns, "bench", &write))?;
         path_mtu = r.mtu;
-        afxdp.push(Run {
-            gbps: r.gbps,
-            cpu_seconds_per_gb: cost.cpu_seconds_per_gb,
-        });
+        afxdp.push(Run::of(r.gbps, cost));
         // No XDP program for the UDP backend: on a veth whose peer runs
         // one, the kernel cuts GSO packets into frames in software.
         dropin::detach(&ns);
-        let (r, cost) = cpu::measure(|| {
-            let r = udp_gso::udp_pair(&ns, &["--duration", SECONDS], &[], udp_gso::GSO_ON)?;
-            let bytes = r.bytes;
-            Ok((r, bytes))
+        let (r, cost) = cpu::measure_bench(|| {
+            udp_gso::udp_pair(&ns, &["--duration", SECONDS], &[], udp_gso::GSO_ON)
         })?;
-        udp.push(Run {
-            gbps: r.gbps,
-            cpu_seconds_per_gb: cost.cpu_seconds_per_gb,
-        });
+        udp.push(Run::of(r.gbps, cost));
         eprintln!(
             "  MTU {veth_mtu}: TCP {:.2} Gb/s ({:.2} CPU s/GB), AF_XDP {:.2} ({:.2}), UDP GSO {:.2} ({:.2})",
             tcp[round].gbps,

@@ -175,7 +175,7 @@ pub struct PerfArgs {
     /// Microseconds the I/O thread keeps polling after its last frame
     /// before it sleeps: less saves CPU while a stream waits for ACKs,
     /// and costs latency (as XROCE_SPIN_US for the drop-in library)
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    #[arg(long, default_value_t = xroce::runtime::SPIN_AFTER_ACTIVITY_US, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub spin_us: u64,
     /// I/O threads (engines) to spread the QPs over, each with its own QPN
     /// block and, on AF_XDP, its own RX queues (q % N == i; the interface

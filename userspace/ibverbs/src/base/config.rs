@@ -127,7 +127,8 @@ fn parse_spin_us(v: Option<&str>) -> Result<std::time::Duration, String> {
         Some(t) => match t.parse::<u64>() {
             Ok(us) if us <= MAX_SPIN_US => Ok(std::time::Duration::from_micros(us)),
             _ => Err(format!(
-                "XROCE_SPIN_US={t}: use microseconds from 0 to {MAX_SPIN_US} (default 300)"
+                "XROCE_SPIN_US={t}: use microseconds from 0 to {MAX_SPIN_US} (default {})",
+                xroce::runtime::SPIN_AFTER_ACTIVITY_US
             )),
         },
     }

@@ -218,7 +218,6 @@ pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
     let variants = check(a)?;
     // DCQCN's rates scale with the link, not its syntax: checked against 1 Gbit/s.
     a.cc_params.check(1_000_000_000)?;
-    let cc_params = a.cc_params.clone();
     std::fs::create_dir_all(&a.out).with_context(|| format!("create {}", a.out.display()))?;
     procs::install_signal_handlers();
     topology::sweep_stale();
@@ -256,7 +255,7 @@ pub fn collective(a: &CollectiveArgs) -> anyhow::Result<()> {
     let topo = Topology::ranks(a.ranks, others, a.mtu).context("build the namespaces")?;
     let setup = Setup {
         a,
-        cc_params: &cc_params,
+        cc_params: &a.cc_params,
         background: background.as_ref(),
         topo: &topo,
         exe: &exe,
