@@ -10,6 +10,11 @@
 //!   (pml ob1, btl tcp); both use shared memory between the two ranks of
 //!   a host. The program (allreduce_time.c) checks every element.
 //!
+//! xroce runs on both backends: AF_XDP (the default as root) and the UDP
+//! backend with GSO and GRO (`XROCE_UDP_GSO=1 XROCE_UDP_GRO=1`, no XDP
+//! program on the pair: the veth then carries 64 KB packets whole, as it
+//! does TCP's). Each figure's ratio is the better backend's.
+//!
 //! Each host runs in an IPC namespace of its own (`unshare --ipc`): UCX
 //! takes two processes of one IPC namespace for one host and would move
 //! the data through shared memory instead of the network. The XDP program
@@ -26,7 +31,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::median;
+use super::{median, udp_gso::GSO_ON};
 use crate::netns::{in_ns, xroce_bin, NsPair, Started};
 
 /// Alternating rounds of each transport; the figure is the median.
@@ -34,34 +39,82 @@ const ROUNDS: usize = 3;
 /// ucx_perftest's out-of-band TCP port (its default is 13337).
 const PORT: u16 = 13337;
 
-/// One ucx_perftest figure over both transports.
+/// One ucx_perftest figure over xroce's two backends and TCP.
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct UcxFigure {
     /// e.g. "tag_bw 1048576 B".
     pub test: String,
     /// Every round, in order (MB/s for bandwidth, microseconds for latency).
-    pub xroce_rc_rounds: Vec<f64>,
-    pub tcp_rounds: Vec<f64>,
-    pub xroce_rc: f64,
+    pub rounds: Rounds,
+    /// The medians.
+    pub xroce_afxdp: f64,
+    pub xroce_udp_gso: f64,
     pub tcp: f64,
-    /// xroce over TCP: goal >= 1.0 for bandwidth, <= 0.7 for latency.
+    /// The better xroce backend ("afxdp" or "udp_gso").
+    pub best: String,
+    /// The better backend's figure over TCP's: goal >= 1.0 for bandwidth,
+    /// <= 0.7 for latency.
     pub ratio: f64,
 }
 
-/// MPI_Allreduce over both transports.
+/// MPI_Allreduce over xroce's two backends and TCP.
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct MpiFigure {
     /// e.g. "MPI_Allreduce 16777216 B, 4 ranks on 2 hosts".
     pub test: String,
     /// Seconds per call, every round in order.
-    pub xroce_ucx_rounds: Vec<f64>,
-    pub tcp_rounds: Vec<f64>,
-    pub xroce_ucx_s: f64,
+    pub rounds: Rounds,
+    /// The medians, seconds per call.
+    pub xroce_afxdp_s: f64,
+    pub xroce_udp_gso_s: f64,
     pub tcp_s: f64,
-    /// xroce's time over TCP's: goal <= 1.0.
+    /// The faster xroce backend ("afxdp" or "udp_gso").
+    pub best: String,
+    /// The faster backend's time over TCP's: goal <= 1.0.
     pub ratio: f64,
+}
+
+/// Every round of one figure, in order, per transport.
+#[derive(Serialize, Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Rounds {
+    pub xroce_afxdp: Vec<f64>,
+    pub xroce_udp_gso: Vec<f64>,
+    pub tcp: Vec<f64>,
+}
+
+impl Rounds {
+    /// One round of each transport, in turn; the XDP program `xroce run`
+    /// attached for AF_XDP is detached before the others.
+    fn measure(ns: &NsPair, mut one: impl FnMut(Transport) -> Result<f64>) -> Result<Self> {
+        let mut r = Rounds::default();
+        for _ in 0..ROUNDS {
+            r.xroce_afxdp.push(one(Transport::XroceAfxdp)?);
+            crate::dropin::detach(ns);
+            r.xroce_udp_gso.push(one(Transport::XroceUdpGso)?);
+            r.tcp.push(one(Transport::Tcp)?);
+        }
+        Ok(r)
+    }
+
+    /// The medians (AF_XDP, UDP GSO, TCP) and the better xroce backend's
+    /// name and figure: the larger if `higher_is_better`, else the smaller.
+    fn summary(&self, higher_is_better: bool) -> (f64, f64, f64, String, f64) {
+        let (a, u, t) = (
+            median(&self.xroce_afxdp),
+            median(&self.xroce_udp_gso),
+            median(&self.tcp),
+        );
+        let udp_wins = if higher_is_better { u > a } else { u < a };
+        let (best, x) = if udp_wins {
+            ("udp_gso", u)
+        } else {
+            ("afxdp", a)
+        };
+        (a, u, t, best.to_string(), x)
+    }
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -115,24 +168,20 @@ fn mpi_figure(ns: &NsPair, bytes: u64) -> Result<MpiFigure> {
                 .arg(&exe)
                 .arg(&src),
         )?;
-        let mut xroce_rounds = Vec::new();
-        let mut tcp_rounds = Vec::new();
-        for _ in 0..ROUNDS {
-            xroce_rounds.push(mpirun(ns, &dir, &exe, Transport::XroceRc, bytes)?);
-            crate::dropin::detach(ns);
-            tcp_rounds.push(mpirun(ns, &dir, &exe, Transport::Tcp, bytes)?);
-        }
-        let (x, t) = (median(&xroce_rounds), median(&tcp_rounds));
+        let rounds = Rounds::measure(ns, |t| mpirun(ns, &dir, &exe, t, bytes))?;
         eprintln!(
-            "MPI_Allreduce {bytes} B, 4 ranks: pml ucx over xroce {xroce_rounds:?} s, \
-             ob1/tcp {tcp_rounds:?} s"
+            "MPI_Allreduce {bytes} B, 4 ranks: pml ucx over xroce AF_XDP {:?} s, \
+             UDP GSO {:?} s, ob1/tcp {:?} s",
+            rounds.xroce_afxdp, rounds.xroce_udp_gso, rounds.tcp
         );
+        let (a, u, t, best, x) = rounds.summary(false);
         Ok(MpiFigure {
             test: format!("MPI_Allreduce {bytes} B, 4 ranks on 2 hosts"),
-            xroce_ucx_rounds: xroce_rounds,
-            tcp_rounds,
-            xroce_ucx_s: x,
+            rounds,
+            xroce_afxdp_s: a,
+            xroce_udp_gso_s: u,
             tcp_s: t,
+            best,
             ratio: x / t,
         })
     })();
@@ -153,10 +202,14 @@ fn host_prefix(netns: &str, iface: &str, name: &str, transport: Transport) -> Ve
             .iter()
             .map(|s| s.to_string()),
     );
-    if transport == Transport::XroceRc {
+    if let Some(backend) = transport.backend() {
+        if transport == Transport::XroceUdpGso {
+            argv.push("env".into());
+            argv.extend(GSO_ON.iter().map(|(k, v)| format!("{k}={v}")));
+        }
         argv.push(xroce_bin().to_string_lossy().into_owned());
         argv.extend(
-            ["run", "--iface", iface, "--backend", "afxdp", "--"]
+            ["run", "--iface", iface, "--backend", backend, "--"]
                 .iter()
                 .map(|s| s.to_string()),
         );
@@ -202,7 +255,7 @@ fn mpirun(ns: &NsPair, dir: &Path, exe: &Path, transport: Transport, bytes: u64)
         .arg(&agent)
         .args(["--mca", "oob_tcp_if_include", &subnet]);
     match transport {
-        Transport::XroceRc => {
+        Transport::XroceAfxdp | Transport::XroceUdpGso => {
             cmd.args([
                 "--mca", "pml", "ucx", "--mca", "osc", "ucx", "-x", "UCX_TLS",
             ]);
@@ -254,39 +307,51 @@ enum Column {
 }
 
 fn figure(ns: &NsPair, test: &str, size: u32, iters: &[&str], col: Column) -> Result<UcxFigure> {
-    let mut xroce_rounds = Vec::new();
-    let mut tcp_rounds = Vec::new();
-    for _ in 0..ROUNDS {
-        xroce_rounds.push(run(ns, Transport::XroceRc, test, size, iters, col)?);
-        crate::dropin::detach(ns);
-        tcp_rounds.push(run(ns, Transport::Tcp, test, size, iters, col)?);
-    }
-    let (x, t) = (median(&xroce_rounds), median(&tcp_rounds));
-    eprintln!("ucx_perftest {test} {size} B: rc over xroce {xroce_rounds:?}, tcp {tcp_rounds:?}");
+    let rounds = Rounds::measure(ns, |t| run(ns, t, test, size, iters, col))?;
+    eprintln!(
+        "ucx_perftest {test} {size} B: rc over xroce AF_XDP {:?}, UDP GSO {:?}, tcp {:?}",
+        rounds.xroce_afxdp, rounds.xroce_udp_gso, rounds.tcp
+    );
+    let (a, u, t, best, x) = rounds.summary(matches!(col, Column::Bw));
     Ok(UcxFigure {
         test: format!("{test} {size} B"),
-        xroce_rc_rounds: xroce_rounds,
-        tcp_rounds,
-        xroce_rc: x,
+        rounds,
+        xroce_afxdp: a,
+        xroce_udp_gso: u,
         tcp: t,
+        best,
         ratio: x / t,
     })
 }
 
 fn transport_name(t: Transport) -> &'static str {
     match t {
-        Transport::XroceRc => "UCX_TLS=rc over xroce",
+        Transport::XroceAfxdp => "UCX_TLS=rc over xroce's AF_XDP backend",
+        Transport::XroceUdpGso => "UCX_TLS=rc over xroce's UDP backend with GSO/GRO",
         Transport::Tcp => "TCP",
     }
 }
 
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy, PartialEq, Debug)]
 enum Transport {
-    /// rc_verbs on the xroce device, both ends under `xroce run`.
-    XroceRc,
+    /// rc_verbs on the xroce device over AF_XDP, both ends under `xroce run`.
+    XroceAfxdp,
+    /// The same over xroce's UDP backend with GSO and GRO, no XDP program.
+    XroceUdpGso,
     /// The client's TCP transport on the same interfaces, without xroce
     /// (UCX_TLS=tcp; Open MPI's btl tcp).
     Tcp,
+}
+
+impl Transport {
+    /// `xroce run`'s backend, or `None` for TCP.
+    fn backend(self) -> Option<&'static str> {
+        match self {
+            Transport::XroceAfxdp => Some("afxdp"),
+            Transport::XroceUdpGso => Some("udp"),
+            Transport::Tcp => None,
+        }
+    }
 }
 
 /// One ucx_perftest pair: server in b, client in a; the client's figure.
@@ -304,14 +369,17 @@ fn run(
         // interfaces when /sys is mounted for it.
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", netns, "unshare", "--ipc", "--"]);
-        match transport {
-            Transport::XroceRc => {
+        match transport.backend() {
+            Some(backend) => {
                 cmd.arg(xroce_bin());
-                cmd.args(["run", "--iface", iface, "--backend", "afxdp", "--"]);
+                cmd.args(["run", "--iface", iface, "--backend", backend, "--"]);
                 cmd.env("UCX_TLS", "rc")
                     .env("UCX_NET_DEVICES", format!("xroce_{iface}:1"));
+                if transport == Transport::XroceUdpGso {
+                    cmd.envs(GSO_ON.iter().copied());
+                }
             }
-            Transport::Tcp => {
+            None => {
                 cmd.env("UCX_TLS", "tcp").env("UCX_NET_DEVICES", iface);
             }
         }
