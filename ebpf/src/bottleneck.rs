@@ -98,8 +98,7 @@ fn classify(ctx: &TcContext) -> Roce {
             ) else {
                 return Roce::No;
             };
-            if ver_ihl == 0x45 && proto == IPPROTO_UDP && u16::from_be(dport) == ROCEV2_UDP_PORT
-            {
+            if ver_ihl == 0x45 && proto == IPPROTO_UDP && u16::from_be(dport) == ROCEV2_UDP_PORT {
                 Roce::V4(Ecn::from_bits(tos))
             } else {
                 Roce::No
