@@ -72,6 +72,8 @@ fn build() -> Result<()> {
 fn test(quick: bool) -> Result<()> {
     util::step("format check");
     util::cargo(&["fmt", "--all", "--", "--check"])?;
+    // The XDP program is a workspace of its own (bpf target).
+    util::cargo(&["fmt", "--manifest-path", "ebpf/Cargo.toml", "--", "--check"])?;
     util::step("clippy");
     util::cargo(&[
         "clippy",
