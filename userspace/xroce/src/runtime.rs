@@ -202,10 +202,11 @@ pub struct RuntimeConfig {
     ///
     /// While a program polls this way (its last empty poll within
     /// [`APP_DRIVES_NS`]), the I/O thread naps ([`NAP`]) instead of
-    /// spinning beside it, and the drop-in's poll keeps the core for
-    /// 50 us before it yields. UCX tag_lat 8 B, 2 cores, alternating
-    /// rounds: median 15.2 -> 10.3 us (9 and 11 runs); tag_bw 1 MiB and
-    /// a WRITE stream unchanged within noise.
+    /// spinning beside it. UCX tag_lat 8 B, 2 cores (`cargo xtask bench`,
+    /// medians of 3, the same hour): 13.8 -> 10.1 us; tag_bw 1 MiB, a
+    /// WRITE stream and the lab's 8-rank allreduce unchanged within noise.
+    /// (A drop-in poll that kept its core for 50 us before yielding gave
+    /// 8.8 us, but cost the 8-rank allreduce on 2 cores about 10 %.)
     pub app_progress: bool,
 }
 

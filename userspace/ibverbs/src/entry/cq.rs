@@ -404,7 +404,6 @@ fn new_cq(
         overflow_reported: AtomicBool::new(false),
         ignore_overrun: a.ignore_overrun,
         ex_busy: AtomicBool::new(false),
-        empty_since: AtomicU64::new(0),
         cur: Wc::default(),
         wc_flags: a.wc_flags,
     }));
@@ -726,39 +725,13 @@ unsafe fn poll_into(p: *mut Cq, n: c_int, out: *mut ibv_wc) -> c_int {
             }
         }
     }
-    // SAFETY: the caller's contract; only the field is borrowed.
-    let empty_since = unsafe { &(*p).empty_since };
-    if total > 0 {
-        empty_since.store(0, Ordering::Relaxed);
-    } else if !inner.polls_drive_transport() || waited_long(empty_since, xroce::runtime::now_ns()) {
+    if total == 0 {
         // Programs spin on an empty CQ (perftest, rc_pingpong): give the
         // core to xroce's I/O thread, which has to run for the completion
         // to come (on a NIC it is hardware; here it may share the core).
-        // Where the poll itself runs the transport (AF_XDP), the program
-        // moves its own frames while the I/O thread naps: it yields only
-        // once it has waited longer than a round trip takes.
         std::thread::yield_now();
     }
     total as c_int
-}
-
-/// How long a program polling a CQ whose polls run the transport keeps
-/// its core before it yields: a small message's round trip (SEND 8 B,
-/// AF_XDP veth: 15-20 us) completes within it; a longer wait (a bulk
-/// transfer's) yields, so that an I/O thread sharing the core gets it.
-const SPIN_BEFORE_YIELD_NS: u64 = 50_000;
-
-/// Whether the CQ has been found empty for longer than
-/// [`SPIN_BEFORE_YIELD_NS`] at `now` (it starts the clock on the first
-/// empty poll).
-fn waited_long(empty_since: &AtomicU64, now: u64) -> bool {
-    match empty_since.load(Ordering::Relaxed) {
-        0 => {
-            empty_since.store(now, Ordering::Relaxed);
-            false
-        }
-        since => now.saturating_sub(since) > SPIN_BEFORE_YIELD_NS,
-    }
 }
 
 /// `context->ops.req_notify_cq`: one completion event on the channel for
@@ -1639,22 +1612,5 @@ mod tests {
             assert_eq!(ibv_destroy_cq(cq.cast()), 0);
             assert_eq!(ibv_destroy_comp_channel(chp), 0);
         }
-    }
-
-    /// A program polling a CQ whose polls run the transport keeps its core
-    /// for a round trip's time, then yields at every empty poll; the clock
-    /// starts again after a poll that found completions.
-    #[test]
-    fn an_empty_cq_is_polled_without_yielding_for_a_round_trip() {
-        let since = AtomicU64::new(0);
-        assert!(
-            !waited_long(&since, 1_000),
-            "the first empty poll starts it"
-        );
-        assert!(!waited_long(&since, 1_000 + SPIN_BEFORE_YIELD_NS));
-        assert!(waited_long(&since, 1_001 + SPIN_BEFORE_YIELD_NS));
-        assert!(waited_long(&since, 9_000_000));
-        since.store(0, Ordering::Relaxed);
-        assert!(!waited_long(&since, 10_000_000));
     }
 }

@@ -15,7 +15,7 @@ pub(crate) mod events;
 pub(crate) mod ucontext;
 
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use xroce::verbs::{
@@ -124,9 +124,6 @@ pub(crate) struct Cq {
     pub cur: Wc,
     /// `wc_flags` asked for at create_cq_ex (what ibv_wc_read_* may read).
     pub wc_flags: u64,
-    /// Since when (ns on xroce's clock) polls have found this CQ empty; 0
-    /// after a poll that found completions.
-    pub empty_since: AtomicU64,
 }
 
 /// `struct ibv_qp` / `struct ibv_qp_ex`.

@@ -233,17 +233,6 @@ impl CompletionQueue {
         }
     }
 
-    /// Whether an empty [`poll`](Self::poll) runs a device's transport
-    /// (AF_XDP): a program waiting for a completion then does better to
-    /// keep polling than to yield its core, since its own polls move the
-    /// frames and the device's I/O thread naps meanwhile.
-    pub fn polls_drive_transport(&self) -> bool {
-        self.devices
-            .iter()
-            .filter_map(Weak::upgrade)
-            .any(|d| Device::of(d).polls_drive_transport())
-    }
-
     /// Poll one completion.
     pub fn poll_one(&self) -> Result<Option<Wc>> {
         let mut w = [Wc::default()];
