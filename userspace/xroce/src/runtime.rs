@@ -448,7 +448,7 @@ impl IoCell {
         }
         match round(device, io.as_mut(), Duration::ZERO, Caller::Application) {
             Ok(r) => {
-                if r.sends_left {
+                if r.sends_left() {
                     self.sends_left.store(true, Ordering::Relaxed);
                 }
                 let wakes_at = self.wakes_at.load(Ordering::SeqCst);
@@ -481,8 +481,13 @@ struct Round {
     /// The engine's next timer after the round (0: it still has frames to
     /// send that the backend had no room for).
     next_timer: Option<u64>,
+}
+
+impl Round {
     /// The backend had no room for all the engine had to send.
-    sends_left: bool,
+    fn sends_left(&self) -> bool {
+        self.next_timer == Some(0)
+    }
 }
 
 fn run(
@@ -513,28 +518,28 @@ fn run(
     let mut idle_round = true;
     while !stop.load(Ordering::Acquire) {
         let mut wait = Duration::ZERO;
-        if !config.busy_poll && !pollfds.is_empty() && cell.app_drives() {
-            if let Some(bell_fd) = pollfds.last_mut() {
-                let Some(io) = cell.io_unless_busy() else {
-                    continue;
-                };
-                let nap = idle_wait(device, NAP);
-                if !nap.is_zero() {
-                    // Posts do not ring a napping thread (the program's
-                    // next poll sends them); its rounds do when they leave
-                    // work before the nap's end.
-                    cell.wakes_at.store(
-                        now_ns().saturating_add(nap.as_nanos() as u64),
-                        Ordering::SeqCst,
-                    );
-                    drop(io);
-                    let rung = sleep(std::slice::from_mut(bell_fd), nap);
-                    cell.wakes_at.store(0, Ordering::SeqCst);
-                    if rung? {
-                        bell.drain();
-                    }
-                    continue;
+        let napping = !config.busy_poll && cell.app_drives();
+        // The doorbell is the last descriptor (none without descriptors).
+        if let Some(bell_fd) = pollfds.last_mut().filter(|_| napping) {
+            let Some(io) = cell.io_unless_busy() else {
+                continue;
+            };
+            let nap = idle_wait(device, NAP);
+            if !nap.is_zero() {
+                // Posts do not ring a napping thread (the program's next
+                // poll sends them); its rounds do when they leave work
+                // before the nap's end.
+                cell.wakes_at.store(
+                    now_ns().saturating_add(nap.as_nanos() as u64),
+                    Ordering::SeqCst,
+                );
+                drop(io);
+                let rung = sleep(std::slice::from_mut(bell_fd), nap);
+                cell.wakes_at.store(0, Ordering::SeqCst);
+                if rung? {
+                    bell.drain();
                 }
+                continue;
             }
         } else if config.busy_poll || last_activity.elapsed() < config.spin_after_activity {
             // Spinning: let the application threads have the core too, but
@@ -690,8 +695,7 @@ fn round(
         }
         io.wait_writable(Duration::from_micros(50))?;
     }
-    let sends_left = engine.is_some();
-    if sends_left {
+    if engine.is_some() {
         // The backend took not all the engine had: work is due now.
         next_timer = Some(0);
     }
@@ -699,7 +703,6 @@ fn round(
     Ok(Round {
         moved: received + sent + looped > 0,
         next_timer,
-        sends_left,
     })
 }
 
