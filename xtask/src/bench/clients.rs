@@ -39,13 +39,16 @@ const ROUNDS: usize = 3;
 /// ucx_perftest's out-of-band TCP port (its default is 13337).
 const PORT: u16 = 13337;
 
-/// One ucx_perftest figure over xroce's two backends and TCP.
+/// One figure of a client over xroce's two backends and TCP.
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
-pub struct UcxFigure {
-    /// e.g. "tag_bw 1048576 B".
+pub struct Figure {
+    /// e.g. "tag_bw 1048576 B" (ucx_perftest's test),
+    /// "MPI_Allreduce 16777216 B, 4 ranks on 2 hosts".
     pub test: String,
-    /// Every round, in order (MB/s for bandwidth, microseconds for latency).
+    /// Of every figure below: "MB/s", "us" or "s" (per call).
+    pub unit: String,
+    /// Every round, in order.
     pub rounds: Rounds,
     /// The medians.
     pub xroce_afxdp: f64,
@@ -53,27 +56,41 @@ pub struct UcxFigure {
     pub tcp: f64,
     /// The better xroce backend ("afxdp" or "udp_gso").
     pub best: String,
-    /// The better backend's figure over TCP's: goal >= 1.0 for bandwidth,
-    /// <= 0.7 for latency.
+    /// The better backend's figure over TCP's. Goals: >= 1.0 for UCX
+    /// bandwidth, <= 0.7 for UCX latency, <= 1.0 for MPI's time.
     pub ratio: f64,
 }
 
-/// MPI_Allreduce over xroce's two backends and TCP.
-#[derive(Serialize, Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-pub struct MpiFigure {
-    /// e.g. "MPI_Allreduce 16777216 B, 4 ranks on 2 hosts".
-    pub test: String,
-    /// Seconds per call, every round in order.
-    pub rounds: Rounds,
-    /// The medians, seconds per call.
-    pub xroce_afxdp_s: f64,
-    pub xroce_udp_gso_s: f64,
-    pub tcp_s: f64,
-    /// The faster xroce backend ("afxdp" or "udp_gso").
-    pub best: String,
-    /// The faster backend's time over TCP's: goal <= 1.0.
-    pub ratio: f64,
+impl Figure {
+    /// The medians of `rounds` and the better xroce backend: the larger
+    /// figure if `higher_is_better`, else the smaller. Prints the rounds.
+    fn of(test: String, unit: &str, rounds: Rounds, higher_is_better: bool) -> Self {
+        eprintln!(
+            "{test}: xroce AF_XDP {:?}, xroce UDP GSO {:?}, TCP {:?} {unit}",
+            rounds.xroce_afxdp, rounds.xroce_udp_gso, rounds.tcp
+        );
+        let (a, u, t) = (
+            median(&rounds.xroce_afxdp),
+            median(&rounds.xroce_udp_gso),
+            median(&rounds.tcp),
+        );
+        let udp_wins = if higher_is_better { u > a } else { u < a };
+        let (best, x) = if udp_wins {
+            ("udp_gso", u)
+        } else {
+            ("afxdp", a)
+        };
+        Figure {
+            test,
+            unit: unit.to_string(),
+            rounds,
+            xroce_afxdp: a,
+            xroce_udp_gso: u,
+            tcp: t,
+            best: best.to_string(),
+            ratio: x / t,
+        }
+    }
 }
 
 /// Every round of one figure, in order, per transport.
@@ -98,31 +115,14 @@ impl Rounds {
         }
         Ok(r)
     }
-
-    /// The medians (AF_XDP, UDP GSO, TCP) and the better xroce backend's
-    /// name and figure: the larger if `higher_is_better`, else the smaller.
-    fn summary(&self, higher_is_better: bool) -> (f64, f64, f64, String, f64) {
-        let (a, u, t) = (
-            median(&self.xroce_afxdp),
-            median(&self.xroce_udp_gso),
-            median(&self.tcp),
-        );
-        let udp_wins = if higher_is_better { u > a } else { u < a };
-        let (best, x) = if udp_wins {
-            ("udp_gso", u)
-        } else {
-            ("afxdp", a)
-        };
-        (a, u, t, best.to_string(), x)
-    }
 }
 
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(deny_unknown_fields)]
 pub struct Clients {
-    pub ucx_tag_bw_1mib: UcxFigure,
-    pub ucx_tag_lat_8b: UcxFigure,
-    pub mpi_allreduce_16mib: MpiFigure,
+    pub ucx_tag_bw_1mib: Figure,
+    pub ucx_tag_lat_8b: Figure,
+    pub mpi_allreduce_16mib: Figure,
 }
 
 /// On a pair of its own: UCX keeps 15 characters of an IB device's name,
@@ -156,7 +156,7 @@ const ALLREDUCE_BYTES: u64 = 16 << 20;
 /// Timed calls per run (after one that connects the ranks).
 const ALLREDUCE_CALLS: u32 = 5;
 
-fn mpi_figure(ns: &NsPair, bytes: u64) -> Result<MpiFigure> {
+fn mpi_figure(ns: &NsPair, bytes: u64) -> Result<Figure> {
     let dir = std::env::temp_dir().join(format!("xroce-bench-mpi-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let result = (|| {
@@ -169,21 +169,12 @@ fn mpi_figure(ns: &NsPair, bytes: u64) -> Result<MpiFigure> {
                 .arg(&src),
         )?;
         let rounds = Rounds::measure(ns, |t| mpirun(ns, &dir, &exe, t, bytes))?;
-        eprintln!(
-            "MPI_Allreduce {bytes} B, 4 ranks: pml ucx over xroce AF_XDP {:?} s, \
-             UDP GSO {:?} s, ob1/tcp {:?} s",
-            rounds.xroce_afxdp, rounds.xroce_udp_gso, rounds.tcp
-        );
-        let (a, u, t, best, x) = rounds.summary(false);
-        Ok(MpiFigure {
-            test: format!("MPI_Allreduce {bytes} B, 4 ranks on 2 hosts"),
+        Ok(Figure::of(
+            format!("MPI_Allreduce {bytes} B, 4 ranks on 2 hosts"),
+            "s",
             rounds,
-            xroce_afxdp_s: a,
-            xroce_udp_gso_s: u,
-            tcp_s: t,
-            best,
-            ratio: x / t,
-        })
+            false,
+        ))
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -306,22 +297,18 @@ enum Column {
     P50Lat,
 }
 
-fn figure(ns: &NsPair, test: &str, size: u32, iters: &[&str], col: Column) -> Result<UcxFigure> {
+fn figure(ns: &NsPair, test: &str, size: u32, iters: &[&str], col: Column) -> Result<Figure> {
     let rounds = Rounds::measure(ns, |t| run(ns, t, test, size, iters, col))?;
-    eprintln!(
-        "ucx_perftest {test} {size} B: rc over xroce AF_XDP {:?}, UDP GSO {:?}, tcp {:?}",
-        rounds.xroce_afxdp, rounds.xroce_udp_gso, rounds.tcp
-    );
-    let (a, u, t, best, x) = rounds.summary(matches!(col, Column::Bw));
-    Ok(UcxFigure {
-        test: format!("{test} {size} B"),
+    let (unit, higher_is_better) = match col {
+        Column::Bw => ("MB/s", true),
+        Column::P50Lat => ("us", false),
+    };
+    Ok(Figure::of(
+        format!("{test} {size} B"),
+        unit,
         rounds,
-        xroce_afxdp: a,
-        xroce_udp_gso: u,
-        tcp: t,
-        best,
-        ratio: x / t,
-    })
+        higher_is_better,
+    ))
 }
 
 fn transport_name(t: Transport) -> &'static str {
@@ -458,5 +445,24 @@ mod tests {
         assert_eq!(parse_csv(out, Column::Bw), Some(2470.73));
         assert_eq!(parse_csv(out, Column::P50Lat), Some(44.491));
         assert_eq!(parse_csv("nothing", Column::Bw), None);
+    }
+
+    /// The better backend is the larger figure for bandwidth and the
+    /// smaller for latency and time; the ratio is its median over TCP's.
+    #[test]
+    fn the_better_backend_is_picked_by_direction() {
+        let rounds = || Rounds {
+            xroce_afxdp: vec![700.0, 800.0, 750.0],
+            xroce_udp_gso: vec![1800.0, 1500.0, 2000.0],
+            tcp: vec![2000.0, 2400.0, 2200.0],
+        };
+        let bw = Figure::of("tag_bw".into(), "MB/s", rounds(), true);
+        assert_eq!(
+            (bw.best.as_str(), bw.xroce_afxdp, bw.xroce_udp_gso),
+            ("udp_gso", 750.0, 1800.0)
+        );
+        assert_eq!(bw.ratio, 1800.0 / 2200.0);
+        let time = Figure::of("allreduce".into(), "s", rounds(), false);
+        assert_eq!((time.best.as_str(), time.ratio), ("afxdp", 750.0 / 2200.0));
     }
 }
