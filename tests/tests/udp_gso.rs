@@ -3,7 +3,9 @@
 //! pair (MTU 3500, path MTU 2048), with b on the UDP backend and with b on
 //! AF_XDP. Asserted: the sender batches (most data frames leave inside UDP
 //! GSO messages, a few sendmmsg calls per 64 KiB), the receiver's ICRC
-//! check never fails, and every byte arrives as written.
+//! check never fails, and every byte arrives as written. The sender sends
+//! as the runtime does, each payload gathered from the MR by the kernel
+//! (the ICRC computed over it there).
 //!
 //! With b on AF_XDP the sending veth segments in software (veth gives up
 //! GSO towards a peer running XDP), so b sees every segment with the IPv4
@@ -25,7 +27,7 @@ use xroce::{
     io::{
         udp::{UdpBackend, UdpConfig, UdpStats},
         wire::icrc,
-        IoStats, PacketIo, Result as IoResult,
+        Gather, IoStats, PacketIo, Result as IoResult, Transmit,
     },
     runtime::{Runtime, RuntimeConfig},
     verbs::*,
@@ -62,6 +64,15 @@ impl PacketIo for SeenUdp {
     }
     fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> IoResult<usize> {
         let n = self.io.transmit(fill);
+        *self.seen.lock().unwrap() = self.io.udp_stats();
+        n
+    }
+    /// The runtime's path: payloads gathered from the MRs.
+    fn transmit_gathered(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8], &mut Gather) -> Option<Transmit>,
+    ) -> IoResult<usize> {
+        let n = self.io.transmit_gathered(fill);
         *self.seen.lock().unwrap() = self.io.udp_stats();
         n
     }
@@ -327,6 +338,10 @@ fn assert_batched(r: &Run, what: &str) {
         "at least 80 % of the data frames in GSO messages: {udp:?}"
     );
     assert!(segs_per_gso >= 4.0, "{udp:?}");
+    assert!(
+        udp.tx_gathered >= data_frames,
+        "every data frame's payload gathered from the MR: {udp:?}"
+    );
     assert!(
         io.tx_kicks * 4 <= io.tx_frames,
         "at least 4 frames per sendmmsg: {io:?}"

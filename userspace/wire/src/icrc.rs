@@ -26,6 +26,19 @@ pub const ICRC_LEN: usize = 4;
 /// wire) and `l4`: the UDP header followed by BTH, extension headers,
 /// payload and pad, *without* the ICRC itself.
 pub fn compute(ip_header: &[u8], l4: &[u8]) -> Result<u32> {
+    compute_with(ip_header, l4, |_| {})
+}
+
+/// [`compute`] over a datagram in pieces: `head` (the UDP header, the BTH
+/// and whatever follows them in one piece), then each slice `rest` hands
+/// to the function it is given, in order (a payload gathered from
+/// elsewhere, then the pad), still without the ICRC itself.
+pub fn compute_with(
+    ip_header: &[u8],
+    head: &[u8],
+    rest: impl FnOnce(&mut dyn FnMut(&[u8])),
+) -> Result<u32> {
+    let l4 = head;
     let mut ip = [0u8; ipv6::HEADER_LEN];
     let ip_len = match ip_header.first().map(|b| b >> 4) {
         Some(4) if ip_header.len() >= ipv4::HEADER_LEN => {
@@ -62,6 +75,7 @@ pub fn compute(ip_header: &[u8], l4: &[u8]) -> Result<u32> {
     h.update(&ip[..ip_len]);
     h.update(&hdr);
     h.update(&l4[20..]);
+    rest(&mut |piece| h.update(piece));
     Ok(h.finalize())
 }
 
@@ -146,4 +160,31 @@ pub fn fill_frame(frame: &mut [u8]) -> Result<()> {
     )?;
     frame[l.end - ICRC_LEN..l.end].copy_from_slice(&c.to_le_bytes());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_datagram_in_pieces_has_the_icrc_of_the_whole() {
+        let mut ip = [0u8; 20];
+        ip[0] = 0x45;
+        ip[9] = 17;
+        let mut l4 = [0u8; 300];
+        for (i, b) in l4.iter_mut().enumerate() {
+            *b = (i * 7 + 3) as u8;
+        }
+        let whole = compute(&ip, &l4).unwrap();
+        // Head (UDP + BTH + 12 bytes), then the rest in three pieces.
+        let pieces = compute_with(&ip, &l4[..40], |f| {
+            f(&l4[40..41]);
+            f(&l4[41..200]);
+            f(&l4[200..]);
+        })
+        .unwrap();
+        assert_eq!(pieces, whole);
+        let short = compute_with(&ip, &l4[..40], |f| f(&l4[40..299])).unwrap();
+        assert_ne!(short, whole, "every byte counts");
+    }
 }

@@ -88,7 +88,7 @@ use nix::{
 };
 
 use crate::engine::frame::complete_frame;
-use crate::io::{IoStats, PacketIo, Received, Result as IoResult, Transmit};
+use crate::io::{Gather, IoStats, PacketIo, Received, Result as IoResult, Transmit};
 
 /// Where captures bind their sockets.
 pub const TAP_DIR: &str = "/run/xroce-capture";
@@ -629,6 +629,19 @@ impl<P: PacketIo + ?Sized> PacketIo for Tapped<P> {
         });
         self.tap.flush_if_due();
         sent
+    }
+
+    /// Gathered while no capture runs; while one does, every frame is
+    /// written whole (the copy the capture gets is made from it).
+    fn transmit_gathered(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8], &mut Gather) -> Option<Transmit>,
+    ) -> IoResult<usize> {
+        if !self.tap.ready() {
+            return self.inner.transmit_gathered(fill);
+        }
+        let mut off = Gather::default();
+        self.transmit_datagrams(&mut |buf| fill(buf, &mut off))
     }
 
     fn oversize_hint(&self) -> &'static str {

@@ -660,11 +660,13 @@ fn round(
     let mut looped = 0;
     let mut next_timer = None;
     let mut engine = Some(engine);
+    // Payloads the backend gathers from MRs are read until it returns.
+    let _sending = device.sending();
     for _ in 0..4 {
         let mut engine_empty = false;
-        sent += io.transmit_datagrams(&mut |buf| loop {
+        sent += io.transmit_gathered(&mut |buf, gather| loop {
             let e = engine.as_mut()?;
-            let t = e.poll_transmit(now, buf);
+            let t = e.poll_transmit_gather(now, buf, gather);
             if t.is_none() {
                 engine_empty = true;
                 next_timer = e.poll_timeout();
@@ -684,6 +686,7 @@ fn round(
                 Some(t)
                     if t.dst_mac == own_mac && dest_block(t.payload(buf)) == Some(own_block) =>
                 {
+                    gather.copy_into(buf);
                     e.handle_datagram(&t.looped_back(buf), now);
                     looped += 1;
                 }

@@ -137,6 +137,27 @@ impl MrInner {
         unsafe { std::ptr::copy_nonoverlapping(self.base().add(off), dst.as_mut_ptr(), dst.len()) }
     }
 
+    /// The address of `len` bytes at `off`, for the kernel to copy from
+    /// (a gathered send, [`super::gather`]). Panics if out of range.
+    #[inline]
+    pub fn slice_ptr(&self, off: usize, len: usize) -> *const u8 {
+        assert!(off.checked_add(len).is_some_and(|e| e <= self.len));
+        self.base().wrapping_add(off)
+    }
+
+    /// Hands `f` the `len` bytes at `off` (the ICRC of a gathered send).
+    /// Panics if out of range.
+    #[inline]
+    pub fn with_slice(&self, off: usize, len: usize, f: &mut dyn FnMut(&[u8])) {
+        let p = self.slice_ptr(off, len);
+        // SAFETY: in bounds (checked above) of memory that lives as long
+        // as `self` (owned) or until deregistration, which waits for every
+        // engine and sender (quiesce). Bytes a work request uses are not
+        // the application's to touch meanwhile (the module's contract),
+        // the same reads `read_at` makes.
+        f(unsafe { std::slice::from_raw_parts(p, len) })
+    }
+
     /// The 64-bit word at `off` (must be 8-byte aligned and in bounds).
     pub fn atomic_at(&self, off: usize) -> Option<&AtomicU64> {
         if !(self.ptr as usize).wrapping_add(off).is_multiple_of(8)

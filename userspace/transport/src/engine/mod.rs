@@ -94,6 +94,7 @@ mod delay_echo;
 mod dispatch;
 pub mod error;
 pub mod frame;
+pub mod gather;
 pub mod memory;
 mod modify;
 mod post;
@@ -538,6 +539,9 @@ pub(crate) struct Env<'a> {
     /// said ([`RxDatagram::arrived_ns`]), else when the engine got it; 0
     /// outside [`Engine::handle_datagram`].
     pub arrived_ns: u64,
+    /// Where a packet's payload may be left in its MRs instead of copied
+    /// ([`Engine::poll_transmit_gather`]); `None`: copy it.
+    pub gather: Option<&'a mut gather::Gather>,
 }
 
 /// The per-device transport engine. See the module documentation.
@@ -761,6 +765,7 @@ impl Engine {
                 rx_pressure: self.rx_pressure,
                 retired: &mut self.retired,
                 arrived_ns: 0,
+                gather: None,
             },
         )
     }
@@ -1104,6 +1109,29 @@ impl Engine {
     /// its frame's headers, and say where it is and where it goes; `None`
     /// when nothing is ready now.
     pub fn poll_transmit(&mut self, now_ns: u64, buf: &mut [u8]) -> Option<Transmit> {
+        self.poll_transmit_into(now_ns, buf, None)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit) that may leave the payload of
+    /// the datagram in the MRs it comes from, saying where in `gather`
+    /// (see [`gather`]): `buf` then holds everything but those bytes.
+    pub fn poll_transmit_gather(
+        &mut self,
+        now_ns: u64,
+        buf: &mut [u8],
+        gather: &mut gather::Gather,
+    ) -> Option<Transmit> {
+        gather.clear();
+        let g = gather.is_enabled().then_some(gather);
+        self.poll_transmit_into(now_ns, buf, g)
+    }
+
+    fn poll_transmit_into(
+        &mut self,
+        now_ns: u64,
+        buf: &mut [u8],
+        mut gather: Option<&mut gather::Gather>,
+    ) -> Option<Transmit> {
         // Only QPs that had an event since they last had nothing to send:
         // the rest wait for one (a timer is one, see `schedule`). QPs that
         // wait for room in the in-flight budget go first when there is
@@ -1132,6 +1160,11 @@ impl Engine {
             let Some(qp) = qps[i].as_deref_mut() else {
                 continue;
             };
+            // A packet that did not get out leaves nothing behind.
+            if let Some(g) = gather.as_deref_mut() {
+                g.clear();
+            }
+            env.gather = gather.as_deref_mut();
             qp.budget_blocked = false;
             let r = qp.poll_transmit(&mut env, now_ns, buf);
             qp.after_event(&mut env);

@@ -346,15 +346,29 @@ impl QpCtx {
         let plan = plan_packet(w, k, offset, self.mtu, self.sr_req.is_some());
         let f = self.request_frame(env, now, &plan, window);
         let ack_req = f.transport.bth.ack_req;
-        // The payload goes from the WR's MRs straight into the datagram.
+        // The payload goes from the WR's MRs straight into the datagram,
+        // or stays there for the backend to send from.
         let wqe = &self.sq[idx];
+        let base = buf.as_ptr() as usize;
+        let mut gather = env.gather.as_deref_mut();
         let sent = codec::emit(&f, plan.payload_len, buf, |p| {
+            if let Some(g) = gather.as_deref_mut().filter(|_| !p.is_empty()) {
+                g.start(p.as_ptr() as usize - base);
+                if wqe.gather_payload(offset, p.len(), g) {
+                    return Ok(());
+                }
+            }
             if p.is_empty() || wqe.read_payload(offset, p) {
                 Ok(())
             } else {
                 Err(xroce_wire::Error::PayloadUnavailable)
             }
         });
+        if sent.is_err() {
+            if let Some(g) = gather {
+                g.clear();
+            }
+        }
         let t = match sent {
             Ok(t) => t,
             Err(xroce_wire::Error::PayloadUnavailable) => {

@@ -907,14 +907,28 @@ impl QpCtx {
                         msn: *msn,
                     });
                 let at = *off + o;
-                // From the MR straight into the datagram.
+                // From the MR straight into the datagram, or left there
+                // for the backend to send from (checked valid above).
+                let base = buf.as_ptr() as usize;
+                let mut gather = env.gather.as_deref_mut();
                 let t = codec::emit(&f, plen, buf, |p| {
-                    if let Some(src) = mr.as_deref() {
-                        src.read_at(at, p);
+                    if let Some(src) = mr.as_ref() {
+                        match gather.as_deref_mut().filter(|_| !p.is_empty()) {
+                            Some(g) => {
+                                g.start(p.as_ptr() as usize - base);
+                                g.push(src, at, p.len());
+                            }
+                            None => src.read_at(at, p),
+                        }
                     }
                     Ok(())
-                })
-                .ok()?;
+                });
+                let Ok(t) = t else {
+                    if let Some(g) = gather {
+                        g.clear();
+                    }
+                    return None;
+                };
                 *sent += 1;
                 if *sent >= *npkts {
                     self.resp.out.pop_front();

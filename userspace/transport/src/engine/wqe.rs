@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::completion::WcStatus;
+use super::gather::Gather;
 use super::memory::{AccessFlags, MrInner, MrTable};
 use super::work::{RecvWr, SendFlags, Sge, UdAddress, WrOpcode};
 
@@ -122,6 +123,39 @@ impl SendWqe {
             },
             None => sgl_read(&self.sges, offset, dst),
         }
+    }
+
+    /// Notes in `g` where the `len` payload bytes from byte `offset` are
+    /// in the WR's MRs (a gathered send, [`super::gather`]), after `g`
+    /// was started at their place in the datagram's buffer; false (and
+    /// `g` cleared) when they are to be copied instead: inline data, more
+    /// pieces than a datagram may have, a deregistered MR (the copy then
+    /// says so).
+    pub(crate) fn gather_payload(&self, mut offset: usize, len: usize, g: &mut Gather) -> bool {
+        if self.inline.is_some() {
+            return false;
+        }
+        let mut left = len;
+        for s in &self.sges {
+            if left == 0 {
+                break;
+            }
+            if offset >= s.len {
+                offset -= s.len;
+                continue;
+            }
+            let n = (s.len - offset).min(left);
+            if !s.mr.is_valid() || !g.push(&s.mr, s.off + offset, n) {
+                g.clear();
+                return false;
+            }
+            left -= n;
+            offset = 0;
+        }
+        if left != 0 {
+            g.clear();
+        }
+        left == 0
     }
 
     /// A started RDMA READ whose response PSNs include `p`.

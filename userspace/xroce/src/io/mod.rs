@@ -59,7 +59,7 @@ pub mod udp;
 /// the I/O layer, such as the end-to-end tests, need no second dependency).
 pub use xroce_wire as wire;
 
-pub use xroce_transport::engine::{Rejected, RxDatagram, Transmit};
+pub use xroce_transport::engine::{gather::Gather, Rejected, RxDatagram, Transmit};
 
 use std::time::Duration;
 
@@ -188,6 +188,22 @@ pub trait PacketIo: Send {
         })
     }
 
+    /// [`transmit_datagrams`](Self::transmit_datagrams) where `fill` may
+    /// leave a datagram's payload in registered memory and say where in
+    /// the [`Gather`] it is given
+    /// ([`crate::engine::Engine::poll_transmit_gather`]): a backend whose
+    /// kernel copies from an iovec sends it from there, one copy fewer.
+    /// The caller keeps that memory from being deregistered until this
+    /// returns. By default the gather is disabled and every payload is
+    /// written into the buffer.
+    fn transmit_gathered(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8], &mut Gather) -> Option<Transmit>,
+    ) -> Result<usize> {
+        let mut off = Gather::default();
+        self.transmit_datagrams(&mut |buf| fill(buf, &mut off))
+    }
+
     /// Appended to [`IoError::FrameTooBig`] messages: how to get bigger frames.
     fn oversize_hint(&self) -> &'static str {
         ""
@@ -282,6 +298,12 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
         fill: &mut dyn FnMut(&mut [u8]) -> Option<Transmit>,
     ) -> Result<usize> {
         (**self).transmit_datagrams(fill)
+    }
+    fn transmit_gathered(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8], &mut Gather) -> Option<Transmit>,
+    ) -> Result<usize> {
+        (**self).transmit_gathered(fill)
     }
     fn oversize_hint(&self) -> &'static str {
         (**self).oversize_hint()

@@ -122,6 +122,9 @@ pub(crate) struct DeviceShared {
     /// The packet backend's counters, as its I/O thread last published them.
     io_stats: Mutex<crate::io::IoStats>,
     group: Option<Arc<Group>>,
+    /// Held while a backend sends datagrams whose payload it gathers from
+    /// MRs ([`Device::sending`]): deregistration waits for it.
+    sending: Mutex<()>,
 }
 
 /// What the members of a [`Device::group`] share besides the MR table and
@@ -344,13 +347,17 @@ impl Device {
             live_qps: AtomicUsize::new(0),
             io_stats: Mutex::new(crate::io::IoStats::default()),
             group,
+            sending: Mutex::new(()),
         });
         // Deregistration waits until this engine is past any copy it
-        // started: each happens under its lock, after a validity check.
+        // started (each happens under its lock, after a validity check),
+        // then until a send that gathers from MRs what the engine named
+        // under that lock is done.
         let weak = Arc::downgrade(&shared);
         mrs.on_quiesce(Box::new(move || match weak.upgrade() {
             Some(d) => {
                 drop(d.engine.lock());
+                drop(d.sending.lock());
                 true
             }
             None => false,
@@ -486,6 +493,21 @@ impl Device {
 
     /// Locks the engine (batch I/O; see the module docs), first moving every WR posted into the QPs' rings
     /// into it (so whatever the caller does comes after those posts).
+    /// The send gate: held from the engine's [`poll_transmit_gather`]
+    /// until the backend has handed the datagrams to the kernel, so that
+    /// deregistration (which takes it after the engine lock) returns only
+    /// once no send reads the region. Taken under the engine lock or
+    /// without it; the quiesce hook waits for it only after letting that
+    /// lock go, so neither waits for the other.
+    ///
+    /// [`poll_transmit_gather`]: crate::engine::Engine::poll_transmit_gather
+    pub fn sending(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.shared
+            .sending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
     pub fn lock(&self) -> DeviceGuard<'_> {
         let mut g = self.shared.engine.lock().unwrap_or_else(|e| e.into_inner());
         self.shared.posted.drain_into(&mut g.engine);

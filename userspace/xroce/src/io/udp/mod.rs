@@ -92,7 +92,7 @@ use std::{
 
 use xroce_wire::{eth, ipv6, udp, Ipv4Repr, Ipv6Repr, ROCEV2_PORT};
 
-use super::{poll_ms, IoError, IoStats, PacketIo, Received, Result, Transmit};
+use super::{poll_ms, Gather, IoError, IoStats, PacketIo, Received, Result, Transmit};
 use crate::runtime::RealtimeToEngine;
 
 /// Room in front of a received payload: Ethernet + IPv6 + UDP.
@@ -220,6 +220,9 @@ pub struct UdpStats {
     pub gso_segments: u64,
     /// GSO messages the kernel refused (GSO is off after the first).
     pub gso_refused: u64,
+    /// Datagrams sent whose payload the kernel copied straight from its
+    /// MR (gathered, see [`PacketIo::transmit_gathered`]).
+    pub tx_gathered: u64,
     /// Datagrams received (recvmmsg entries), and those of them that were
     /// coalesced (UDP_GRO) with the packets they held.
     pub rx_datagrams: u64,
@@ -267,7 +270,11 @@ pub struct UdpBackend {
     /// The IPv6 socket is read first (it was the busier one).
     rx_v6_first: bool,
     tx_buf: Vec<u8>,
+    /// Each message's iovecs, in slot order: per datagram one, or, when
+    /// its payload is gathered, its headers, the MR pieces and its tail.
     tx_iov: Vec<libc::iovec>,
+    /// Per TX slot: where its payload is when the engine left it in MRs.
+    tx_gather: Vec<Gather>,
     tx_names: Vec<libc::sockaddr_storage>,
     tx_cmsg: Vec<u8>,
     /// One per message (a message may carry several frames).
@@ -293,9 +300,10 @@ pub struct UdpBackend {
     rx_pressure: bool,
 }
 
-// SAFETY: the raw pointers inside the mmsghdr/iovec arrays point only into
-// buffers this value owns on the heap (never reallocated); nothing is
-// shared with another thread.
+// SAFETY: the raw pointers inside the mmsghdr/iovec arrays point into
+// buffers this value owns on the heap (never reallocated) and, while one
+// send call runs, into the MRs its gathers hold; nothing is shared with
+// another thread.
 unsafe impl Send for UdpBackend {}
 
 /// The IPv4 header the kernel writes in front of a datagram of `udp_len`
@@ -489,15 +497,13 @@ impl UdpBackend {
     /// Fills up to a batch of TX slots through `next` (which writes a
     /// datagram or a frame into the slot it is given and says where it
     /// goes; `None`: nothing more), then sends them.
-    fn send_slots(
-        &mut self,
-        next: &mut dyn FnMut(&mut [u8]) -> Option<Result<tx::Outgoing>>,
-    ) -> Result<usize> {
+    fn send_slots(&mut self, next: &mut NextDatagram<'_>) -> Result<usize> {
         let ml = self.cfg.max_frame_len;
         let mut n = 0;
         let mut bad = None;
         while n < self.cfg.batch {
-            let o = match next(&mut self.tx_buf[n * ml..(n + 1) * ml]) {
+            let slot = &mut self.tx_buf[n * ml..(n + 1) * ml];
+            let o = match next(slot, &mut self.tx_gather[n]) {
                 None => break,
                 Some(Err(e)) => {
                     bad = Some(e);
@@ -528,6 +534,9 @@ impl UdpBackend {
         } else {
             0
         };
+        // The sends are done: let go of the MRs (xroce-allocated memory
+        // may be freed now).
+        self.tx_gather.iter_mut().for_each(Gather::clear);
         match bad {
             Some(e) => {
                 self.stats.tx_errors += 1;
@@ -537,6 +546,10 @@ impl UdpBackend {
         }
     }
 }
+
+/// What `send_slots` asks for each TX slot: write a datagram (or frame)
+/// into it, its payload possibly left in MRs, and say where it goes.
+type NextDatagram<'a> = dyn FnMut(&mut [u8], &mut Gather) -> Option<Result<tx::Outgoing>> + 'a;
 
 impl PacketIo for UdpBackend {
     fn name(&self) -> &'static str {
@@ -574,7 +587,7 @@ impl PacketIo for UdpBackend {
     /// for the headers the kernel sends (the one the frame carries is not
     /// looked at).
     fn transmit(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<usize> {
-        self.send_slots(&mut |slot| {
+        self.send_slots(&mut |slot, _| {
             let len = fill(slot).filter(|&l| l > 0)?;
             if len > slot.len() {
                 return Some(Err(IoError::FrameTooBig {
@@ -597,7 +610,18 @@ impl PacketIo for UdpBackend {
         fill: &mut dyn FnMut(&mut [u8]) -> Option<Transmit>,
     ) -> Result<usize> {
         let port = self.cfg.port;
-        self.send_slots(&mut |slot| Some(Ok(tx::Outgoing::of_transmit(&fill(slot)?, port))))
+        self.send_slots(&mut |slot, _| Some(Ok(tx::Outgoing::of_transmit(&fill(slot)?, port))))
+    }
+
+    /// The kernel copies each gathered payload from its MR into the
+    /// datagram (the iovec points there); the ICRC is computed over it in
+    /// place.
+    fn transmit_gathered(
+        &mut self,
+        fill: &mut dyn FnMut(&mut [u8], &mut Gather) -> Option<Transmit>,
+    ) -> Result<usize> {
+        let port = self.cfg.port;
+        self.send_slots(&mut |slot, g| Some(Ok(tx::Outgoing::of_transmit(&fill(slot, g)?, port))))
     }
 
     fn wait_writable(&mut self, timeout: Duration) -> Result<bool> {

@@ -20,7 +20,7 @@ use super::{
 const GRO_MAX_DATAGRAM: usize = 65535;
 /// Receive slots with GRO (each 64 KiB).
 const GRO_SLOTS: usize = 32;
-use crate::io::{sockopt as raw_sockopt, IoStats, Result};
+use crate::io::{sockopt as raw_sockopt, Gather, IoStats, Result};
 use crate::runtime::RealtimeToEngine;
 
 /// What a socket option failed with, named as the kernel names it.
@@ -238,7 +238,8 @@ impl UdpBackend {
             rx_turn: 0,
             rx_v6_first: false,
             tx_buf: vec![0; cfg.max_frame_len * batch],
-            tx_iov: vec![no_iovec; batch],
+            tx_iov: vec![no_iovec; batch * super::tx::IOVECS_PER_DATAGRAM],
+            tx_gather: (0..batch).map(|_| Gather::enabled()).collect(),
             tx_names: vec![no_name; batch],
             tx_cmsg: vec![0; CMSG_ROOM * batch],
             tx_hdrs: vec![no_hdr; batch],

@@ -28,6 +28,11 @@ use xroce_common::qpn_block;
 
 use super::{kernel_ipv4, kernel_ipv6, sockaddr::sockaddr_of, wait_on, UdpBackend, CMSG_ROOM};
 use crate::io::Transmit;
+use xroce_transport::engine::gather::GATHER_SEGMENTS;
+
+/// Iovecs one datagram may need: its headers, the MR pieces of a gathered
+/// payload, then its pad and ICRC.
+pub(super) const IOVECS_PER_DATAGRAM: usize = GATHER_SEGMENTS + 2;
 
 /// Most datagrams one GSO message carries (the kernel's UDP_MAX_SEGMENTS
 /// is 64 on older kernels, 128 on newer ones).
@@ -357,13 +362,15 @@ impl UdpBackend {
             runs.extend((0..n).map(|k| (k, 1)));
         }
         let mut result = Ok(runs.len());
+        let mut iov = 0;
         for (m, &(start, count)) in runs.iter().enumerate() {
+            let first = iov;
             for k in 0..count {
-                if let Err(e) = self.seal(start + k, gso_ip_id(k)) {
+                if let Err(e) = self.seal(start + k, gso_ip_id(k), &mut iov) {
                     result = Err(e);
                 }
             }
-            self.fill_header(m, start, count);
+            self.fill_header(m, start, count, first..iov);
         }
         self.tx_runs = runs;
         result
@@ -371,9 +378,10 @@ impl UdpBackend {
 
     /// Writes the ICRC of the datagram in slot `i`, computed in one pass
     /// over the headers the kernel sends with IPv4 id `ident` (DF set;
-    /// IPv6 has no id) and the UDP header `route` wrote, and points its
-    /// iovec at its payload.
-    fn seal(&mut self, i: usize, ident: u16) -> Result<(), String> {
+    /// IPv6 has no id), the UDP header `route` wrote and the payload,
+    /// where it is (the slot, or the MRs of its gather), and points its
+    /// iovecs from `iov` on at it (`iov` moves past them).
+    fn seal(&mut self, i: usize, ident: u16, iov: &mut usize) -> Result<(), String> {
         let ml = self.cfg.max_frame_len;
         let m = self.tx_meta[i];
         let slot = &mut self.tx_buf[i * ml..(i + 1) * ml];
@@ -390,21 +398,53 @@ impl UdpBackend {
         }
         .map_err(|e| format!("IP header: {e}"))?;
         let end = m.payload_at + m.payload_len;
-        let l4 = &slot[m.payload_at - udp::HEADER_LEN..end - ICRC_LEN];
-        let crc = icrc::compute(&kernel_ip[..ip_len], l4).map_err(|e| format!("ICRC: {e}"))?;
+        let udp_at = m.payload_at - udp::HEADER_LEN;
+        let ip = &kernel_ip[..ip_len];
+        let gather = &self.tx_gather[i];
+        // A gathered payload lies between the transport headers and the
+        // pad (the engine wrote both around it).
+        let gathered = gather.payload().filter(|&(at, len)| {
+            at >= m.payload_at + bth::HEADER_LEN && at + len <= end - ICRC_LEN
+        });
+        if gather.payload().is_some() && gathered.is_none() {
+            return Err("gathered payload outside its datagram".into());
+        }
+        let crc = match gathered {
+            None => icrc::compute(ip, &slot[udp_at..end - ICRC_LEN]),
+            Some((at, len)) => icrc::compute_with(ip, &slot[udp_at..at], |piece| {
+                gather.for_each_piece(piece);
+                piece(&slot[at + len..end - ICRC_LEN]);
+            }),
+        }
+        .map_err(|e| format!("ICRC: {e}"))?;
         slot[end - ICRC_LEN..end].copy_from_slice(&crc.to_le_bytes());
-        self.tx_iov[i] = libc::iovec {
-            iov_base: slot[m.payload_at..].as_mut_ptr().cast(),
-            iov_len: m.payload_len,
+        let base = slot.as_mut_ptr();
+        let mut push = |ptr: *const u8, len: usize| {
+            self.tx_iov[*iov] = libc::iovec {
+                iov_base: ptr as *mut libc::c_void,
+                iov_len: len,
+            };
+            *iov += 1;
         };
+        match gathered {
+            None => push(base.wrapping_add(m.payload_at), m.payload_len),
+            Some((at, len)) => {
+                push(base.wrapping_add(m.payload_at), at - m.payload_at);
+                for (ptr, n) in gather.pieces() {
+                    push(ptr, n);
+                }
+                push(base.wrapping_add(at + len), end - at - len);
+            }
+        }
         Ok(())
     }
 
-    /// Message header `m` for the `count` frames from slot `start`: their
-    /// iovecs, the first one's destination, the TOS / traffic class, the
-    /// IPv6 source for the interface-wide socket, and UDP_SEGMENT (the
-    /// first frame's payload size) when there is more than one.
-    fn fill_header(&mut self, m: usize, start: usize, count: usize) {
+    /// Message header `m` for the `count` frames from slot `start` whose
+    /// iovecs are `iovs`: those, the first one's destination, the TOS /
+    /// traffic class, the IPv6 source for the interface-wide socket, and
+    /// UDP_SEGMENT (the first frame's payload size) when there is more
+    /// than one.
+    fn fill_header(&mut self, m: usize, start: usize, count: usize, iovs: std::ops::Range<usize>) {
         let meta = self.tx_meta[start];
         let namelen = sockaddr_of(meta.to, &mut self.tx_names[start]);
         let cm = &mut self.tx_cmsg[m * CMSG_ROOM..(m + 1) * CMSG_ROOM];
@@ -412,8 +452,8 @@ impl UdpBackend {
         let h = &mut self.tx_hdrs[m].msg_hdr;
         h.msg_name = (&mut self.tx_names[start] as *mut libc::sockaddr_storage).cast();
         h.msg_namelen = namelen;
-        h.msg_iov = &mut self.tx_iov[start];
-        h.msg_iovlen = count as _;
+        h.msg_iov = &mut self.tx_iov[iovs.start];
+        h.msg_iovlen = iovs.len() as _;
         h.msg_flags = 0;
         h.msg_control = cm.as_mut_ptr().cast();
         let int_len = mem::size_of::<libc::c_int>() as u32;
@@ -497,6 +537,7 @@ impl UdpBackend {
         for k in start..start + count {
             self.stats.tx_frames += 1;
             self.stats.tx_bytes += self.tx_meta[k].frame_len as u64;
+            self.udp_stats.tx_gathered += self.tx_gather[k].payload().is_some() as u64;
         }
         self.udp_stats.tx_messages += 1;
         if count > 1 {
