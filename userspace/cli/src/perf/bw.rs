@@ -1,6 +1,11 @@
 //! `xroce bench write|read|send|atomic`: bandwidth and message rate with
 //! `--tx-depth` WRs in flight per QP, every message checked at the end
 //! (write, read, atomic) or on arrival (send).
+//!
+//! Like perftest's bandwidth tests (`--cq-mod`), only every
+//! [`signal_every`]th WR of a QP asks for a completion: on RC one
+//! completion says that every WR before it is done too, and the sender
+//! wakes once per group instead of once per message.
 
 use std::{
     io::Write,
@@ -9,7 +14,7 @@ use std::{
 };
 
 use anyhow::{bail, Context};
-use xroce::verbs::{RecvWr, Wc, WcStatus, WrOpcode};
+use xroce::verbs::{RecvWr, SendFlags, Wc, WcStatus, WrOpcode};
 
 use super::{
     conn::{
@@ -198,7 +203,7 @@ fn post_all_recvs(conn: &Conn) -> anyhow::Result<()> {
 
 fn post_recv(conn: &Conn, q: usize, s: usize) -> anyhow::Result<()> {
     conn.qps[q].post_recv(&RecvWr {
-        wr_id: wr_id(q, s),
+        wr_id: wr_id(q, s as u64),
         sg_list: vec![conn.mr.sge(conn.inbound_offset(q, s), conn.slot_len)],
     })?;
     Ok(())
@@ -403,8 +408,15 @@ fn default_iters(size: usize) -> u64 {
     }
 }
 
-fn wr_id(qp: usize, slot: usize) -> u64 {
-    ((qp as u64) << 32) | slot as u64
+/// How many WRs of a QP one signaled completion stands for: a quarter of
+/// the window, so three quarters stay in flight while the sender wakes.
+fn signal_every(depth: usize) -> u64 {
+    (depth as u64 / 4).max(1)
+}
+
+/// The id of the `seq`th WR of QP `qp` (from 0).
+fn wr_id(qp: usize, seq: u64) -> u64 {
+    ((qp as u64) << 32) | (seq & 0xffff_ffff)
 }
 
 fn split_wr_id(id: u64) -> (usize, usize) {
@@ -458,13 +470,18 @@ fn send_loop(
     let mut trace = Vec::new();
     let (mut bin_start, mut bin_bytes) = (Instant::now(), 0u64);
     let start = Instant::now();
+    let every = signal_every(depth);
+    // A timed run ends with a whole group, so that its last WR is signaled.
     let more = |posted: u64, start: Instant| match length {
         RunLength::Iters(n) => posted < n,
-        RunLength::Duration(d) => start.elapsed() < d,
+        RunLength::Duration(d) => start.elapsed() < d || !posted.is_multiple_of(every),
+    };
+    let signaled = |seq: u64| {
+        (seq + 1).is_multiple_of(every) || matches!(length, RunLength::Iters(n) if seq + 1 == n)
     };
     for (q, posted) in posted.iter_mut().enumerate() {
         while *posted < depth as u64 && more(*posted, start) {
-            post(conn, remote, op, q, *posted, size)?;
+            post(conn, remote, op, q, *posted, size, signaled(*posted))?;
             *posted += 1;
         }
     }
@@ -479,12 +496,16 @@ fn send_loop(
                 break;
             }
             check_wc(wc, op.name())?;
-            let (q, _) = split_wr_id(wc.wr_id);
-            completed[q] += 1;
-            bin_bytes += size as u64;
-            if more(posted[q], start) {
-                post(conn, remote, op, q, posted[q], size)?;
-                posted[q] += 1;
+            // This WR and every one before it on its QP are done.
+            let (q, low) = split_wr_id(wc.wr_id);
+            let newly = (low as u64).wrapping_sub(completed[q]) & 0xffff_ffff;
+            completed[q] += newly + 1;
+            bin_bytes += (newly + 1) * size as u64;
+            for _ in 0..=newly {
+                if more(posted[q], start) {
+                    post(conn, remote, op, q, posted[q], size, signaled(posted[q]))?;
+                    posted[q] += 1;
+                }
             }
         }
         if n == 0 {
@@ -684,7 +705,15 @@ fn title(args: &PerfArgs) -> String {
     t
 }
 
-fn post(conn: &Conn, remote: &Remote, op: Op, q: usize, i: u64, size: usize) -> anyhow::Result<()> {
+fn post(
+    conn: &Conn,
+    remote: &Remote,
+    op: Op,
+    q: usize,
+    i: u64,
+    size: usize,
+    signaled: bool,
+) -> anyhow::Result<()> {
     let slot = (i % conn.slots as u64) as usize;
     let local = conn.slot_offset(q, slot);
     let rkey = remote.rkey;
@@ -717,7 +746,12 @@ fn post(conn: &Conn, remote: &Remote, op: Op, q: usize, i: u64, size: usize) -> 
             8,
         ),
     };
-    conn.post(remote, q, wr_id(q, slot), opcode, at, len)
+    let mut wr = conn.send_wr(remote, q, wr_id(q, i), opcode, at, len);
+    if !signaled {
+        wr.flags.remove(SendFlags::SIGNALED);
+    }
+    conn.qps[q]
+        .post_send(&wr)
         .with_context(|| format!("post {} on QP {q}", op.name()))
 }
 

@@ -357,6 +357,20 @@ impl Conn {
         local: usize,
         len: usize,
     ) -> anyhow::Result<()> {
+        self.qps[q].post_send(&self.send_wr(remote, q, wr_id, opcode, local, len))?;
+        Ok(())
+    }
+
+    /// The WR [`post`](Self::post) posts: signaled, inline when it fits.
+    pub fn send_wr(
+        &self,
+        remote: &Remote,
+        q: usize,
+        wr_id: u64,
+        opcode: WrOpcode,
+        local: usize,
+        len: usize,
+    ) -> SendWr {
         let mut wr = SendWr::new(wr_id, opcode, vec![self.mr.sge(local, len)]);
         if len <= self.inline && matches!(opcode, WrOpcode::Send | WrOpcode::RdmaWrite { .. }) {
             wr.flags |= SendFlags::INLINE;
@@ -364,8 +378,7 @@ impl Conn {
         if let Some(ud) = remote.ud.get(q) {
             wr.ud = Some(*ud);
         }
-        self.qps[q].post_send(&wr)?;
-        Ok(())
+        wr
     }
 
     /// What the peer needs to know about our QPs and memory.
