@@ -1,7 +1,9 @@
 //! CPU per byte (issue 27): CPU seconds per GB moved, both ends together
 //! (machine-wide, see cpu.rs), for xroce's WRITE, READ and SEND of 64 KiB
-//! on 1 QP and WRITE on 4 QPs, against iperf3's TCP stream measured the
-//! same way, in alternating rounds on the same veth pair; medians. Beside
+//! on 1 QP and WRITE on 4 QPs, over AF_XDP and over UDP with GSO/GRO (the
+//! XDP program detached), against iperf3's TCP stream measured the same
+//! way, in alternating rounds on the same veth pair; medians, and per case
+//! the cheaper backend's ratio (goal 1 is for the best backend). Beside
 //! them, what the xroce of [`baseline::BEFORE_POST_RING`] (before this
 //! work: posts under the engine lock, a scratch copy of every payload,
 //! 1 ms idle wakeups) costs for the WRITE, and what an idle device with
@@ -12,9 +14,9 @@ use std::{process::Stdio, thread, time::Duration};
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use super::{cpu, iperf3, median, xroce_pair_with, SECONDS};
+use super::{cpu, iperf3, median, udp_gso, xroce_pair_with, SECONDS};
 use crate::{
-    baseline,
+    baseline, dropin,
     netns::{in_ns, xroce_bin, NsPair, Started},
     util::step,
 };
@@ -47,6 +49,13 @@ pub struct CpuPerByte {
     /// 3: < 1 %), this xroce and the one before.
     pub idle_core_percent: f64,
     pub idle_core_percent_before: f64,
+    /// The four cases over the UDP backend with GSO/GRO: CPU s/GB medians
+    /// (write, read, send, write 4 QPs), and the 1-QP WRITE's Gb/s.
+    pub udp_gso: [f64; 4],
+    pub udp_gso_write_1qp_gbps: f64,
+    /// Per case (same order), the cheaper backend and its ratio to TCP.
+    pub best_backend: [String; 4],
+    pub best_vs_tcp: [f64; 4],
 }
 
 /// One xroce transfer's CPU s/GB and Gb/s.
@@ -90,10 +99,15 @@ pub fn measure(ns: &NsPair) -> Result<CpuPerByte> {
         ),
     ];
     let mut cost: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut udp_cost: Vec<Vec<f64>> = vec![Vec::new(); cases.len()];
+    let mut udp_write_gbps = Vec::new();
     let (mut tcp, mut tcp_gbps, mut before, mut write_gbps) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         step(&format!("CPU per byte, round {}/{ROUNDS}", round + 1));
+        // TCP without xroce's XDP program on the veth (an AF_XDP run
+        // leaves it attached): with it, the kernel segments in software.
+        dropin::detach(ns);
         let (gbps, tcp_cost) = cpu::measure(|| iperf3(ns))?;
         tcp.push(tcp_cost.cpu_seconds_per_gb);
         tcp_gbps.push(gbps);
@@ -108,6 +122,28 @@ pub fn measure(ns: &NsPair) -> Result<CpuPerByte> {
                 write_gbps.push(g);
             }
         }
+        // No XDP program for the UDP backend: on a veth whose peer runs
+        // one, the kernel cuts GSO packets into frames in software.
+        dropin::detach(ns);
+        for (i, (name, args)) in cases.iter().enumerate() {
+            // udp_op_pair gives the size itself.
+            let more: Vec<&str> = args[1..]
+                .iter()
+                .filter(|a| **a != "--size" && **a != "65536")
+                .copied()
+                .collect();
+            let (r, c) = cpu::measure_bench(|| {
+                udp_gso::udp_op_pair(ns, args[0], &more, &[], udp_gso::GSO_ON)
+            })?;
+            eprintln!(
+                "  {name} over UDP GSO/GRO: {:.2} CPU s/GB at {:.2} Gb/s",
+                c.cpu_seconds_per_gb, r.gbps
+            );
+            udp_cost[i].push(c.cpu_seconds_per_gb);
+            if i == 0 {
+                udp_write_gbps.push(r.gbps);
+            }
+        }
         let (c, g) = xroce_cost(&before_exe, ns, &cases[0].1)?;
         eprintln!(
             "  write by xroce {}: {c:.2} CPU s/GB at {g:.2} Gb/s",
@@ -120,6 +156,10 @@ pub fn measure(ns: &NsPair) -> Result<CpuPerByte> {
     let idle_before = idle_percent(&before_exe, ns)?;
     let tcp = median(&tcp);
     let m: Vec<f64> = cost.iter().map(|c| median(c)).collect();
+    let u: [f64; 4] = std::array::from_fn(|i| median(&udp_cost[i]));
+    let best_backend =
+        std::array::from_fn(|i| if u[i] < m[i] { "udp" } else { "afxdp" }.to_string());
+    let best_vs_tcp = std::array::from_fn(|i| m[i].min(u[i]) / tcp);
     let before = median(&before);
     Ok(CpuPerByte {
         rounds: ROUNDS,
@@ -139,5 +179,9 @@ pub fn measure(ns: &NsPair) -> Result<CpuPerByte> {
         write_1qp_gbps: median(&write_gbps),
         idle_core_percent: idle,
         idle_core_percent_before: idle_before,
+        udp_gso: u,
+        udp_gso_write_1qp_gbps: median(&udp_write_gbps),
+        best_backend,
+        best_vs_tcp,
     })
 }

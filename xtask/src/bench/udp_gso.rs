@@ -93,11 +93,22 @@ pub(super) fn udp_pair(
     wrap: &[&str],
     env: &[(&str, &str)],
 ) -> Result<BenchReport> {
+    udp_op_pair(ns, "write", more, wrap, env)
+}
+
+/// [`udp_pair`] of `xroce bench OP` (write, read, send).
+pub(super) fn udp_op_pair(
+    ns: &NsPair,
+    op: &str,
+    more: &[&str],
+    wrap: &[&str],
+    env: &[(&str, &str)],
+) -> Result<BenchReport> {
     let listen = format!("{}:18610", ns.addr_b);
     let xroce = xroce_bin();
     let server = Started::spawn(
         in_ns(&ns.b, &xroce)
-            .args(["bench", "write", "--backend", "udp"])
+            .args(["bench", op, "--backend", "udp"])
             .args(["-d", &ns.if_b, "--listen", &listen])
             .envs(env.iter().copied())
             .stdout(Stdio::null()),
@@ -113,7 +124,7 @@ pub(super) fn udp_pair(
         None => in_ns(&ns.a, &xroce),
     };
     client
-        .args(["bench", "write", "--backend", "udp", "--size", "65536"])
+        .args(["bench", op, "--backend", "udp", "--size", "65536"])
         .args(more)
         .args(["-d", &ns.if_a, "--connect", &listen, "--json"])
         .envs(env.iter().copied());
@@ -125,7 +136,7 @@ pub(super) fn udp_pair(
     let r: BenchReport =
         serde_json::from_str(out.trim()).context("xroce bench's JSON report (UDP backend)")?;
     if r.verified != Some(true) || r.backend != "udp" {
-        bail!("UDP backend WRITE did not verify its data on the UDP backend: {r:?}");
+        bail!("UDP backend {op} did not verify its data on the UDP backend: {r:?}");
     }
     Ok(r)
 }
