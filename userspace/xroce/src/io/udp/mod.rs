@@ -536,7 +536,9 @@ impl UdpBackend {
         };
         // The sends are done: let go of the MRs (xroce-allocated memory
         // may be freed now).
-        self.tx_gather.iter_mut().for_each(Gather::clear);
+        self.tx_gather[..(n + 1).min(self.cfg.batch)]
+            .iter_mut()
+            .for_each(Gather::clear);
         match bad {
             Some(e) => {
                 self.stats.tx_errors += 1;
