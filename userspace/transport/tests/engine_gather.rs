@@ -73,12 +73,7 @@ fn run(
         carry(&sim.b, &sim.a, now, ba);
         lk(&sim.a).take_completions(&mut done);
         now += 10_000;
-        for host in [&sim.a, &sim.b] {
-            let mut e = lk(host);
-            if e.poll_timeout().is_some_and(|t| t <= now) {
-                e.handle_timeout(now);
-            }
-        }
+        sim.fire_due_timers(now);
     }
     done
 }

@@ -77,12 +77,7 @@ fn a_tail_probe_behind_queued_read_responses_causes_no_retransmission() {
         carry(&sim.a, &sim.b, now);
         lk(&sim.a).take_completions(&mut done);
         now += 10_000;
-        for host in [&sim.a, &sim.b] {
-            let mut e = lk(host);
-            if e.poll_timeout().is_some_and(|t| t <= now) {
-                e.handle_timeout(now);
-            }
-        }
+        sim.fire_due_timers(now);
     }
     sim.now = now;
     let got: Vec<_> = done.iter().map(|c| (c.wc.wr_id, c.wc.status)).collect();

@@ -757,8 +757,7 @@ fn post(
     if !signaled {
         wr.flags.remove(SendFlags::SIGNALED);
     }
-    conn.qps[q]
-        .post_send(&wr)
+    conn.post(q, &wr)
         .with_context(|| format!("post {} on QP {q}", op.name()))
 }
 

@@ -346,22 +346,14 @@ impl Conn {
         self.inbound + self.slot_offset(qp, slot)
     }
 
-    /// Posts `opcode` of `len` bytes from our offset `local` on QP `q`:
-    /// inline when -I allows, to the peer's UD QP on UD.
-    pub fn post(
-        &self,
-        remote: &Remote,
-        q: usize,
-        wr_id: u64,
-        opcode: WrOpcode,
-        local: usize,
-        len: usize,
-    ) -> anyhow::Result<()> {
-        self.qps[q].post_send(&self.send_wr(remote, q, wr_id, opcode, local, len))?;
+    /// Posts `wr` (see [`send_wr`](Self::send_wr)) on QP `q`.
+    pub fn post(&self, q: usize, wr: &SendWr) -> anyhow::Result<()> {
+        self.qps[q].post_send(wr)?;
         Ok(())
     }
 
-    /// The WR [`post`](Self::post) posts: signaled, inline when it fits.
+    /// A WR of `opcode` with `len` bytes from our offset `local` for QP
+    /// `q`: signaled, inline when -I allows, to the peer's UD QP on UD.
     pub fn send_wr(
         &self,
         remote: &Remote,

@@ -293,7 +293,8 @@ fn ping(conn: &Conn, remote: &Remote, op: Op, i: u64, size: usize) -> anyhow::Re
         _ => WrOpcode::Send,
     };
     // Unsignaled would be cheaper, but a failed send must still surface.
-    conn.post(remote, 0, 1, opcode, src, size).context("post")
+    conn.post(0, &conn.send_wr(remote, 0, 1, opcode, src, size))
+        .context("post")
 }
 
 fn serve(mut side: ServerSide<'_>) -> anyhow::Result<()> {
@@ -394,16 +395,13 @@ fn client(
         let t0 = Instant::now();
         match op {
             Op::Read => {
+                let read = WrOpcode::RdmaRead {
+                    remote_addr: remote.mr_addr + conn.slot_offset(0, 0) as u64,
+                    rkey: remote.rkey,
+                };
                 conn.post(
-                    &remote,
                     0,
-                    i,
-                    WrOpcode::RdmaRead {
-                        remote_addr: remote.mr_addr + conn.slot_offset(0, 0) as u64,
-                        rkey: remote.rkey,
-                    },
-                    conn.slot_offset(0, 1),
-                    size,
+                    &conn.send_wr(&remote, 0, i, read, conn.slot_offset(0, 1), size),
                 )?;
                 seen.sends(&conn, stack, op, i + 1)?;
                 samples.push(t0.elapsed().as_nanos() as u64);

@@ -495,6 +495,17 @@ impl<H: EngineHost> Sim<H> {
 }
 
 impl Sim<Mutex<Engine>> {
+    /// Runs the timers of both engines that are due at `now` (for tests
+    /// that carry frames by hand instead of [`Sim::step`]).
+    pub fn fire_due_timers(&self, now: u64) {
+        for host in [&self.a, &self.b] {
+            let mut e = EngineHost::lock(host);
+            if e.poll_timeout().is_some_and(|t| t <= now) {
+                e.handle_timeout(now);
+            }
+        }
+    }
+
     /// Two bare engines with [`sim_configs`], everything random drawn from
     /// `seed`: the link's impairments and both MR tables' keys.
     pub fn engine_pair(link: LinkConfig, seed: u64) -> Self {
