@@ -640,8 +640,7 @@ impl<P: PacketIo + ?Sized> PacketIo for Tapped<P> {
         if !self.tap.ready() {
             return self.inner.transmit_gathered(fill);
         }
-        let mut off = Gather::default();
-        self.transmit_datagrams(&mut |buf| fill(buf, &mut off))
+        crate::io::transmit_copied(self, fill)
     }
 
     fn oversize_hint(&self) -> &'static str {

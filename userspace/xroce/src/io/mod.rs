@@ -200,8 +200,7 @@ pub trait PacketIo: Send {
         &mut self,
         fill: &mut dyn FnMut(&mut [u8], &mut Gather) -> Option<Transmit>,
     ) -> Result<usize> {
-        let mut off = Gather::default();
-        self.transmit_datagrams(&mut |buf| fill(buf, &mut off))
+        transmit_copied(self, fill)
     }
 
     /// Appended to [`IoError::FrameTooBig`] messages: how to get bigger frames.
@@ -270,6 +269,17 @@ pub trait PacketIo: Send {
     fn rx_waiting(&mut self) -> Option<bool> {
         None
     }
+}
+
+/// [`PacketIo::transmit_gathered`] through `io`'s
+/// [`transmit_datagrams`](PacketIo::transmit_datagrams), with the gather
+/// disabled: every payload is written into the buffer.
+pub(crate) fn transmit_copied<P: PacketIo + ?Sized>(
+    io: &mut P,
+    fill: &mut dyn FnMut(&mut [u8], &mut Gather) -> Option<Transmit>,
+) -> Result<usize> {
+    let mut off = Gather::default();
+    io.transmit_datagrams(&mut |buf| fill(buf, &mut off))
 }
 
 /// A boxed backend is a backend (for code generic over `impl PacketIo`).

@@ -403,12 +403,12 @@ impl UdpBackend {
         let gather = &self.tx_gather[i];
         // A gathered payload lies between the transport headers and the
         // pad (the engine wrote both around it).
-        let gathered = gather.payload().filter(|&(at, len)| {
-            at >= m.payload_at + bth::HEADER_LEN && at + len <= end - ICRC_LEN
-        });
-        if gather.payload().is_some() && gathered.is_none() {
-            return Err("gathered payload outside its datagram".into());
-        }
+        let gathered = match gather.payload() {
+            Some((at, len)) if at < m.payload_at + bth::HEADER_LEN || at + len > end - ICRC_LEN => {
+                return Err("gathered payload outside its datagram".into())
+            }
+            g => g,
+        };
         let crc = match gathered {
             None => icrc::compute(ip, &slot[udp_at..end - ICRC_LEN]),
             Some((at, len)) => icrc::compute_with(ip, &slot[udp_at..at], |piece| {
