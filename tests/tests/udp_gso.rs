@@ -135,8 +135,11 @@ impl PacketIo for Checked {
                     w.bad_icrc += 1;
                 }
                 let id = u16::from_be_bytes([f[18], f[19]]);
-                // RC WRITE FIRST/MIDDLE/LAST (ACKs do not go this way).
-                if (6..=8).contains(&f[42]) {
+                // Every RC WRITE opcode, FIRST to ONLY (ACKs do not go
+                // this way). Two xroce peers agree on selective repeat, so
+                // each packet is a FIRST with its RETH and the last an
+                // ONLY; a GSO message runs across WRITEs, ONLY included.
+                if (6..=10).contains(&f[42]) {
                     if id != 0 {
                         w.nonzero_ids += 1;
                         if w.last_id.map(|l| l.wrapping_add(1)) != Some(id) {
@@ -328,8 +331,9 @@ fn assert_batched(r: &Run, what: &str) {
         r.b_engine_frames,
         r.b_engine_bad_icrc,
     );
-    // 64 KiB at path MTU 2048: 32 data frames; the FIRST (RETH) goes
-    // alone, the other 31 fit one message (the byte limit).
+    // 64 KiB at path MTU 2048: 32 data frames, each the same size (under
+    // selective repeat every one carries a RETH); a GSO message holds up
+    // to 31 of them (the 64 KiB byte limit).
     let data_frames = (MSGS * MSG / 2048) as u64;
     assert!(io.tx_frames >= data_frames, "{io:?}");
     assert_eq!(udp.gso_refused, 0, "{udp:?}");
