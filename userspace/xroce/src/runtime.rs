@@ -43,7 +43,7 @@ use xroce_wire::bth::BthHeader;
 
 use crate::{
     io::{IoError, IoStats, PacketIo},
-    verbs::Device,
+    verbs::{Device, Progress},
 };
 
 /// Where the engine's clock starts.
@@ -289,18 +289,11 @@ impl Runtime {
         let flag = stop.clone();
         let bell = Doorbell::new();
         let app_progress = config.app_progress && io.rx_waiting().is_some();
-        let cell = Arc::new(IoCell {
-            io: Mutex::new(io),
-            bell: bell.clone(),
-            wakes_at: AtomicU64::new(0),
-            app_polled_at: AtomicU64::new(0),
-            sends_left: AtomicBool::new(false),
-        });
+        let cell = Arc::new(IoCell::new(io, bell.clone()));
         let hook = bell.clone();
         device.set_doorbell(Some(Arc::new(move || hook.ring())));
         if app_progress {
-            let cell = cell.clone();
-            device.set_progress(Some(Arc::new(move |d: &Device| cell.app_round(d))));
+            device.set_progress(Some(IoCell::progress_hook(cell.clone())));
         }
         let handle = device.clone();
         let thread = std::thread::Builder::new()
@@ -405,6 +398,24 @@ fn polls_recent(polled_at: u64, now: u64) -> bool {
 const NAP: Duration = Duration::from_micros(50);
 
 impl IoCell {
+    fn new(io: Box<dyn PacketIo>, bell: Doorbell) -> Self {
+        Self {
+            io: Mutex::new(io),
+            bell,
+            wakes_at: AtomicU64::new(0),
+            app_polled_at: AtomicU64::new(0),
+            sends_left: AtomicBool::new(false),
+        }
+    }
+
+    /// The device's progress hook: rounds in the application's threads.
+    fn progress_hook(cell: Arc<Self>) -> crate::verbs::ProgressHook {
+        Arc::new(move |d: &Device, why| match why {
+            Progress::Poll => cell.app_round(d),
+            Progress::Flush => cell.flush_deferred(d),
+        })
+    }
+
     /// Whether an application thread polled an empty CQ within
     /// [`APP_DRIVES_NS`].
     fn app_drives(&self) -> bool {
@@ -426,6 +437,36 @@ impl IoCell {
         }
     }
 
+    /// Runs a round for what an application's round deferred, if any,
+    /// waiting for the backend while the I/O thread has it (its round may
+    /// have sent them already).
+    fn flush_deferred(&self, device: &Device) -> bool {
+        if !self.sends_left.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        if !(self.sends_left.swap(false, Ordering::Relaxed) && device.lock().wants_to_transmit()) {
+            return false;
+        }
+        let caller = Caller::Application { may_defer: false };
+        match round(device, io.as_mut(), Duration::ZERO, caller) {
+            Ok(r) => {
+                if r.sends_left() {
+                    // The TX ring is full: the I/O thread sends them.
+                    self.sends_left.store(true, Ordering::Relaxed);
+                    drop(io);
+                    self.bell.ring_always();
+                }
+                r.moved
+            }
+            Err(_) => {
+                drop(io);
+                self.bell.ring();
+                false
+            }
+        }
+    }
+
     /// One round in an application thread whose poll found its CQ empty,
     /// if frames or posted work wait and the I/O thread is not in a round
     /// (then it is doing this work already). Returns whether the round
@@ -441,14 +482,23 @@ impl IoCell {
             std::thread::yield_now();
             return false;
         };
-        let sends_left = self.sends_left.swap(false, Ordering::Relaxed);
+        // Frames left by an earlier round may have gone from the I/O
+        // thread meanwhile.
+        let sends_left =
+            self.sends_left.swap(false, Ordering::Relaxed) && device.lock().wants_to_transmit();
         // An empty round would only cost the program the engine's lock.
         if io.rx_waiting() != Some(true) && !device.has_posted_work() && !sends_left {
             return false;
         }
-        match round(device, io.as_mut(), Duration::ZERO, Caller::Application) {
+        // A round that follows a deferred one sends whatever it brings
+        // in: a program draining a stream would otherwise hold its ACKs
+        // back for as long as frames keep arriving.
+        let caller = Caller::Application {
+            may_defer: !sends_left,
+        };
+        match round(device, io.as_mut(), Duration::ZERO, caller) {
             Ok(r) => {
-                if r.sends_left() {
+                if r.sends_left() || r.deferred {
                     self.sends_left.store(true, Ordering::Relaxed);
                 }
                 let wakes_at = self.wakes_at.load(Ordering::SeqCst);
@@ -458,7 +508,15 @@ impl IoCell {
                     io.before_sleep();
                 }
                 drop(io);
-                if r.next_timer.is_some_and(|t| t < wakes_at) {
+                // Deferred sends wait for the program's next poll, or a
+                // napping I/O thread's next round; a thread in a longer
+                // sleep is woken for them.
+                let due = if r.deferred {
+                    Some(now_ns().saturating_add(NAP.as_nanos() as u64))
+                } else {
+                    r.next_timer
+                };
+                if due.is_some_and(|t| t < wakes_at) {
                     // A napping thread is not `asleep` for posts.
                     self.bell.ring_always();
                 }
@@ -481,6 +539,9 @@ struct Round {
     /// The engine's next timer after the round (0: it still has frames to
     /// send that the backend had no room for).
     next_timer: Option<u64>,
+    /// The round delivered completions and left the engine's frames for
+    /// the program's next poll (see [`Caller::Application`]).
+    deferred: bool,
 }
 
 impl Round {
@@ -603,7 +664,12 @@ fn run(
             last_activity = Instant::now();
         }
     }
-    device.set_io_stats(cell.io.lock().unwrap_or_else(|e| e.into_inner()).stats());
+    let mut io = cell.io.lock().unwrap_or_else(|e| e.into_inner());
+    if cell.sends_left.swap(false, Ordering::Relaxed) {
+        // What a program's poll left to send goes before the thread ends.
+        round(device, io.as_mut(), Duration::ZERO, Caller::IoThread)?;
+    }
+    device.set_io_stats(io.stats());
     Ok(())
 }
 
@@ -617,7 +683,14 @@ enum Caller {
     /// (that would hold the program in its poll); what is left goes in its
     /// next empty poll, or to the I/O thread, which the round's
     /// `next_timer` of 0 brings.
-    Application,
+    ///
+    /// `may_defer`: when the round delivered completions, it returns
+    /// before sending, so the program polls them without first paying for
+    /// a kick (on AF_XDP over a veth, the kernel's TX path and the peer's
+    /// XDP receive). What the engine had to send (ACKs, mostly) goes with
+    /// what the program posts in answer, in one kick, from its next poll.
+    /// A ping-pong's critical path loses one system call per message.
+    Application { may_defer: bool },
 }
 
 /// One round of the transport's I/O: what arrived within `wait` into the
@@ -651,7 +724,17 @@ fn round(
     }
     // Completions of what arrived are for the application now, not
     // after the sends below.
-    engine.deliver_completions();
+    let delivered = engine.deliver_completions();
+    if delivered
+        && caller == (Caller::Application { may_defer: true })
+        && engine.wants_to_transmit()
+    {
+        return Ok(Round {
+            moved: true,
+            next_timer: engine.poll_timeout(),
+            deferred: true,
+        });
+    }
     // Send all the engine has now. When the backend's TX ring is full,
     // give it a moment, then go back to receiving (ACKs free the ring).
     let mut sent = 0;
@@ -693,7 +776,7 @@ fn round(
                 t => return t,
             }
         })?;
-        if engine_empty || caller == Caller::Application {
+        if engine_empty || caller != Caller::IoThread {
             break;
         }
         io.wait_writable(Duration::from_micros(50))?;
@@ -706,6 +789,7 @@ fn round(
     Ok(Round {
         moved: received + sent + looped > 0,
         next_timer,
+        deferred: false,
     })
 }
 
@@ -1090,7 +1174,8 @@ mod tests {
 
     /// A program spinning on an empty CQ runs the transport in its own
     /// thread: the SEND that arrives while the I/O thread sleeps completes
-    /// into the polled CQ, received and acknowledged by the polling thread.
+    /// into the polled CQ, received by the polling thread, which gets the
+    /// completion before the ACK's kick. The ACK goes out after it.
     #[test]
     fn an_empty_poll_runs_the_transport_in_the_polling_thread() {
         use crate::engine::completion::{WcOpcode, WcStatus};
@@ -1103,12 +1188,118 @@ mod tests {
         let (here, seen) = host.done_here(0);
         assert_eq!(here.first(), Some(&"recv"), "{seen}");
         assert!(here.contains(&"rx"), "the SEND was received here: {seen}");
-        assert!(here.contains(&"tx"), "the ACK went out from here: {seen}");
         assert!(
-            host.rt.bell.asleep.load(Ordering::SeqCst),
-            "the I/O thread slept through"
+            !here.contains(&"tx"),
+            "the completion waited for the ACK's kick: {seen}"
+        );
+        // The next poll sends it (or the I/O thread, woken from its long
+        // sleep for it, does first).
+        host.poll_empty(1);
+        wait_logged(
+            &host.threads,
+            Instant::now(),
+            "the ACK did not go out",
+            |(w, _)| *w == "tx",
         );
         host.rt.stop().unwrap();
+    }
+
+    /// A program's round that delivers completions leaves the engine's
+    /// frames (the ACK) for its next one; that round sends whatever it
+    /// brings in, so a program draining a stream sends its ACKs one poll
+    /// late, never later. The I/O thread's rounds never defer.
+    #[test]
+    fn a_program_round_defers_its_sends_once_in_a_row() {
+        use crate::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
+        use crate::verbs::RecvWr;
+        let sim = sim_pair(LinkConfig::default(), 5);
+        let (a, b) = connect_pair(&sim, &PairParams::default());
+        for wr_id in 0..3 {
+            b.qp.post_recv(&RecvWr {
+                wr_id,
+                sg_list: vec![b.mr.sge(0, 64)],
+            })
+            .unwrap();
+        }
+        let frames = Arc::new(Mutex::new(std::collections::VecDeque::new()));
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let mut io = Handed {
+            pipe: quiet_pipe(),
+            knows_rx: true,
+            frames: frames.clone(),
+            threads: threads.clone(),
+            tx_room: Arc::new(AtomicUsize::new(usize::MAX)),
+        };
+        let mut buf = vec![0u8; 9216];
+        // A SEND from A waits in B's backend; returns what a round on B
+        // as `caller` then did.
+        let mut round_after_a_send = |caller| {
+            a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 8)]))
+                .unwrap();
+            while let Some(n) = sim.a.poll_transmit_frame(now_ns(), &mut buf) {
+                frames.lock().unwrap().push_back(buf[..n].to_vec());
+            }
+            threads.lock().unwrap().clear();
+            let r = round(&sim.b, &mut io, Duration::ZERO, caller).unwrap();
+            let did: Vec<_> = threads.lock().unwrap().iter().map(|(w, _)| *w).collect();
+            (r.deferred, did)
+        };
+        let mut wc = [crate::engine::completion::Wc::default(); 4];
+        let (deferred, did) = round_after_a_send(Caller::Application { may_defer: true });
+        assert!(deferred, "{did:?}");
+        assert_eq!(did, ["recv", "rx"], "received, the ACK not sent");
+        assert_eq!(b.cq.poll(&mut wc).unwrap(), 1, "the completion is there");
+        let (deferred, did) = round_after_a_send(Caller::Application { may_defer: false });
+        assert!(!deferred);
+        assert_eq!(did, ["recv", "rx", "tx"], "both SENDs acknowledged");
+        assert_eq!(b.cq.poll(&mut wc).unwrap(), 1);
+        let (deferred, did) = round_after_a_send(Caller::IoThread);
+        assert!(!deferred);
+        assert_eq!(did, ["recv", "rx", "tx"]);
+        assert_eq!(b.cq.poll(&mut wc).unwrap(), 1);
+    }
+
+    /// A program that destroys its QP right after the poll that brought
+    /// its last completion (the round left the ACK for the next poll)
+    /// still sends that ACK: the QP's drop flushes what the round left.
+    #[test]
+    fn a_qp_destroyed_after_its_last_poll_sends_the_ack_first() {
+        use crate::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
+        use crate::verbs::RecvWr;
+        let sim = sim_pair(LinkConfig::default(), 5);
+        let (a, b) = connect_pair(&sim, &PairParams::default());
+        b.qp.post_recv(&RecvWr {
+            wr_id: 9,
+            sg_list: vec![b.mr.sge(0, 64)],
+        })
+        .unwrap();
+        let frames = Arc::new(Mutex::new(std::collections::VecDeque::new()));
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        // No I/O thread: only the program's polls and the QP's drop run
+        // rounds.
+        let cell = Arc::new(IoCell::new(
+            Box::new(Handed {
+                pipe: quiet_pipe(),
+                knows_rx: true,
+                frames: frames.clone(),
+                threads: threads.clone(),
+                tx_room: Arc::new(AtomicUsize::new(usize::MAX)),
+            }),
+            Doorbell::new(),
+        ));
+        sim.b.set_progress(Some(IoCell::progress_hook(cell)));
+        a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 8)]))
+            .unwrap();
+        let mut buf = vec![0u8; 9216];
+        while let Some(n) = sim.a.poll_transmit_frame(now_ns(), &mut buf) {
+            frames.lock().unwrap().push_back(buf[..n].to_vec());
+        }
+        let mut wc = [crate::engine::completion::Wc::default()];
+        assert_eq!(b.cq.poll(&mut wc).unwrap(), 1);
+        let did = || -> Vec<_> { threads.lock().unwrap().iter().map(|(w, _)| *w).collect() };
+        assert_eq!(did(), ["recv", "rx"], "the ACK left for the next poll");
+        drop(b.qp);
+        assert_eq!(did(), ["recv", "rx", "recv", "tx"], "the drop sent it");
     }
 
     /// The I/O thread naps only while a program's polls are recent.
@@ -1140,6 +1331,15 @@ mod tests {
     fn an_empty_poll_with_nothing_waiting_runs_no_round() {
         let host = handed_host(true);
         host.poll_until_received();
+        // The ACK the first round left goes in the next (or from the I/O
+        // thread, woken for it).
+        host.poll_empty(1);
+        wait_logged(
+            &host.threads,
+            Instant::now(),
+            "the ACK did not go out",
+            |(w, _)| *w == "tx",
+        );
         let before = host.threads.lock().unwrap().len();
         host.poll_empty(10_000);
         let (here, seen) = host.done_here(before);

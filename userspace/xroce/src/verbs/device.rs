@@ -60,12 +60,23 @@ use crate::engine::{AsyncEvent, Engine, EngineConfig, EngineStats, QpCreate};
 /// [`crate::runtime::Doorbell`]).
 pub type DoorbellHook = Arc<dyn Fn() + Send + Sync>;
 
-/// What a poller calls when its CQ is empty: one round of the I/O thread's
-/// work (receive, timers, transmit) in the poller's own thread, if frames
-/// or posted work wait and the backend is free. Returns whether the round
-/// moved a frame. Installed by the runtime ([`crate::runtime::Runtime`]);
-/// takes the device it drives.
-pub type ProgressHook = Arc<dyn Fn(&Device) -> bool + Send + Sync>;
+/// What a poller calls when its CQ is empty ([`Progress::Poll`]): one
+/// round of the I/O thread's work (receive, timers, transmit) in the
+/// poller's own thread, if frames or posted work wait and the backend is
+/// free. Returns whether the round moved a frame. Installed by the runtime
+/// ([`crate::runtime::Runtime`]); takes the device it drives.
+pub type ProgressHook = Arc<dyn Fn(&Device, Progress) -> bool + Send + Sync>;
+
+/// Why a [`ProgressHook`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// A poll found its CQ empty.
+    Poll,
+    /// A QP is about to change state or go: what an earlier poll's round
+    /// left to send (its ACKs) goes now, before the QP can no longer send
+    /// it. Waits for the backend if another thread has it.
+    Flush,
+}
 
 /// Receives the engine's asynchronous events as they happen (called with
 /// the engine locked: it must not call back into the device).
@@ -184,12 +195,15 @@ impl DeviceGuard<'_> {
 
     /// Move the completions produced so far into their CQs now, where
     /// pollers see them, instead of when the guard is dropped (eventfds
-    /// are still written then). For long batches.
-    pub fn deliver_completions(&mut self) {
+    /// are still written then). For long batches. Returns whether there
+    /// were any.
+    pub fn deliver_completions(&mut self) -> bool {
         self.g.release_room();
-        if self.g.engine.has_completions() {
+        let any = self.g.engine.has_completions();
+        if any {
             self.g.deliver_completions(&mut self.signal);
         }
+        any
     }
 }
 
@@ -474,7 +488,18 @@ impl Device {
     /// Runs the progress hook once, if one is installed; returns whether
     /// it moved a frame.
     pub(crate) fn progress(&self) -> bool {
-        self.shared.progress.get().is_some_and(|h| h(self))
+        self.shared
+            .progress
+            .get()
+            .is_some_and(|h| h(self, Progress::Poll))
+    }
+
+    /// Sends what a poll's round left for the program's next poll (see
+    /// [`Progress::Flush`]).
+    pub(crate) fn flush_deferred(&self) {
+        if let Some(h) = self.shared.progress.get() {
+            h(self, Progress::Flush);
+        }
     }
 
     /// Deliver asynchronous events to `f` as they happen instead of

@@ -83,7 +83,7 @@ pub use crate::engine::completion::{NetworkHdr, Wc, WcFlags, WcOpcode, WcStatus}
 pub use crate::engine::memory::{AccessFlags, MemoryRegion, Rereg};
 pub use crate::engine::work::{RecvWr, SendFlags, SendWr, Sge, UdAddress, WrOpcode};
 pub use cq::CompletionQueue;
-pub use device::{Device, DeviceGuard, DoorbellHook, ProgressHook};
+pub use device::{Device, DeviceGuard, DoorbellHook, Progress, ProgressHook};
 pub use error::{TransportError, VerbsError};
 pub use pd::ProtectionDomain;
 pub use qp::{

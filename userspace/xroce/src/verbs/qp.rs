@@ -75,6 +75,9 @@ impl QueuePair {
     /// life. They were delivered when the guard dropped; a QP in RESET
     /// makes no new ones.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        // ACKs a poll left for later go before a state that may not send
+        // them.
+        self.dev.flush_deferred();
         let r = self.dev.lock().modify_qp(self.qpn, attr, mask);
         if r.is_ok() {
             if mask.contains(QpAttrMask::STATE) && attr.qp_state == QpState::Reset {
@@ -174,6 +177,9 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        // A program that destroys its QP right after its last completion
+        // (ibv_rc_pingpong) still owes the peer that message's ACK.
+        self.dev.flush_deferred();
         {
             let mut g = self.dev.lock();
             let _ = g.destroy_qp(self.qpn);
