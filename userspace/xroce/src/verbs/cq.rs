@@ -13,7 +13,7 @@
 //! QP's discard, which rebuild the ring, take it exclusively.
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crossbeam_queue::ArrayQueue;
@@ -35,6 +35,13 @@ pub struct CqInner {
     /// been written for it yet.
     pub(crate) signal_pending: AtomicBool,
     pub(crate) event_fd: Option<EventFd>,
+    /// Threads in [`CompletionQueue::wait`]: the eventfd is written only
+    /// while one may sleep on it, or once it was handed out
+    /// ([`CompletionQueue::event_fd`]), not for every completion a
+    /// polling program takes anyway (a write(2) each, in the round that
+    /// delivers it, before the program's poll returns).
+    waiters: AtomicUsize,
+    fd_handed_out: AtomicBool,
     pushed: AtomicU64,
     /// Completions taken out by `poll`; `pushed == polled` means empty,
     /// which `poll` checks without the lock: an application spinning on an
@@ -61,6 +68,8 @@ impl CqInner {
             overflowed: AtomicBool::new(false),
             signal_pending: AtomicBool::new(false),
             event_fd,
+            waiters: AtomicUsize::new(0),
+            fd_handed_out: AtomicBool::new(false),
             pushed: AtomicU64::new(0),
             polled: AtomicU64::new(0),
             armed: AtomicU8::new(ARMED_NONE),
@@ -82,11 +91,19 @@ impl CqInner {
             *notify = !self.signal_pending.swap(true, Ordering::AcqRel);
             return false;
         }
-        self.pushed.fetch_add(1, Ordering::Release);
+        self.pushed.fetch_add(1, Ordering::SeqCst);
         let fired = self.fire_arm(solicited);
-        *notify =
-            (self.event_fd.is_some() || fired) && !self.signal_pending.swap(true, Ordering::AcqRel);
+        *notify = (self.fd_wanted() || fired) && !self.signal_pending.swap(true, Ordering::AcqRel);
         true
+    }
+
+    /// Whether the eventfd has anyone to wake. SeqCst against `wait`'s
+    /// count and its look at the ring: a waiter either sees the
+    /// completion just pushed or is seen here.
+    fn fd_wanted(&self) -> bool {
+        self.event_fd.is_some()
+            && (self.waiters.load(Ordering::SeqCst) > 0
+                || self.fd_handed_out.load(Ordering::Relaxed))
     }
 
     /// Disarm and mark an event due if the arm matches a completion that
@@ -275,7 +292,11 @@ impl CompletionQueue {
     /// The eventfd that becomes readable when completions arrive (for
     /// epoll); `None` for CQs created without one.
     pub fn event_fd(&self) -> Option<RawFd> {
-        self.inner.event_fd.as_ref().map(|f| f.as_raw_fd())
+        let fd = self.inner.event_fd.as_ref().map(|f| f.as_raw_fd());
+        if fd.is_some() {
+            self.inner.fd_handed_out.store(true, Ordering::Relaxed);
+        }
+        fd
     }
 
     /// Set (or clear) what runs when an armed CQ gets a matching
@@ -307,6 +328,10 @@ impl CompletionQueue {
     /// Returns whether completions are available.
     pub fn wait(&self, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
+        // Counted before the ring is looked at (see `CqInner::fd_wanted`).
+        self.inner.waiters.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let _waiting = Waiting(&self.inner.waiters);
         loop {
             if self.inner.len() > 0 || self.overflowed() {
                 return Ok(true);
@@ -327,6 +352,15 @@ impl CompletionQueue {
                 let _ = fd.read();
             }
         }
+    }
+}
+
+/// Counts a thread in [`CompletionQueue::wait`] until it leaves.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -364,6 +398,38 @@ mod tests {
             0,
             "pushed and polled agree: empty"
         );
+    }
+
+    /// A completion no thread waits for costs no eventfd write; one that
+    /// a thread in `wait` sleeps for does, and wakes it.
+    #[test]
+    fn the_eventfd_is_written_only_for_a_waiter() {
+        let cq = cq_with_eventfd();
+        let mut notify = true;
+        assert!(cq.inner.push(Wc::default(), &mut notify));
+        assert!(!notify, "nobody waits: no write");
+        let mut out = [Wc::default(); 4];
+        assert_eq!(cq.poll(&mut out).unwrap(), 1);
+        let waiter = {
+            let cq = cq.clone();
+            std::thread::spawn(move || cq.wait(Duration::from_secs(30)).unwrap())
+        };
+        while cq.inner.waiters.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        assert!(cq.inner.push(
+            Wc {
+                wr_id: 3,
+                ..Wc::default()
+            },
+            &mut notify
+        ));
+        assert!(notify, "a thread waits: write");
+        cq.inner.signal();
+        assert!(waiter.join().unwrap(), "woken with the completion there");
+        assert_eq!(cq.inner.waiters.load(Ordering::SeqCst), 0);
+        assert_eq!(cq.poll(&mut out).unwrap(), 1);
+        assert_eq!(out[0].wr_id, 3);
     }
 
     #[test]
