@@ -444,27 +444,11 @@ impl IoCell {
         if !self.sends_left.load(Ordering::Relaxed) {
             return false;
         }
-        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        let io = self.io.lock().unwrap_or_else(|e| e.into_inner());
         if !(self.sends_left.swap(false, Ordering::Relaxed) && device.lock().wants_to_transmit()) {
             return false;
         }
-        let caller = Caller::Application { may_defer: false };
-        match round(device, io.as_mut(), Duration::ZERO, caller) {
-            Ok(r) => {
-                if r.sends_left() {
-                    // The TX ring is full: the I/O thread sends them.
-                    self.sends_left.store(true, Ordering::Relaxed);
-                    drop(io);
-                    self.bell.ring_always();
-                }
-                r.moved
-            }
-            Err(_) => {
-                drop(io);
-                self.bell.ring();
-                false
-            }
-        }
+        self.program_round(device, io, false)
     }
 
     /// One round in an application thread whose poll found its CQ empty,
@@ -493,9 +477,19 @@ impl IoCell {
         // A round that follows a deferred one sends whatever it brings
         // in: a program draining a stream would otherwise hold its ACKs
         // back for as long as frames keep arriving.
-        let caller = Caller::Application {
-            may_defer: !sends_left,
-        };
+        self.program_round(device, io, !sends_left)
+    }
+
+    /// A round in a program's thread, on the backend it holds; leaves
+    /// what it could not send, or deferred, to the next one and rings the
+    /// I/O thread when that must not wait for the end of its sleep.
+    fn program_round(
+        &self,
+        device: &Device,
+        mut io: std::sync::MutexGuard<'_, Box<dyn PacketIo>>,
+        may_defer: bool,
+    ) -> bool {
+        let caller = Caller::Application { may_defer };
         match round(device, io.as_mut(), Duration::ZERO, caller) {
             Ok(r) => {
                 if r.sends_left() || r.deferred {
@@ -1150,6 +1144,19 @@ mod tests {
             wc[0]
         }
 
+        /// The ACK the round that received the SEND left goes out: in the
+        /// next poll, or from the I/O thread, woken from its long sleep
+        /// for it, first.
+        fn ack_goes_out(&self) {
+            self.poll_empty(1);
+            wait_logged(
+                &self.threads,
+                Instant::now(),
+                "the ACK did not go out",
+                |(w, _)| *w == "tx",
+            );
+        }
+
         /// Polls B's empty CQ `n` times.
         fn poll_empty(&self, n: usize) {
             let mut wc = [crate::engine::completion::Wc::default()];
@@ -1192,15 +1199,7 @@ mod tests {
             !here.contains(&"tx"),
             "the completion waited for the ACK's kick: {seen}"
         );
-        // The next poll sends it (or the I/O thread, woken from its long
-        // sleep for it, does first).
-        host.poll_empty(1);
-        wait_logged(
-            &host.threads,
-            Instant::now(),
-            "the ACK did not go out",
-            |(w, _)| *w == "tx",
-        );
+        host.ack_goes_out();
         host.rt.stop().unwrap();
     }
 
@@ -1331,15 +1330,7 @@ mod tests {
     fn an_empty_poll_with_nothing_waiting_runs_no_round() {
         let host = handed_host(true);
         host.poll_until_received();
-        // The ACK the first round left goes in the next (or from the I/O
-        // thread, woken for it).
-        host.poll_empty(1);
-        wait_logged(
-            &host.threads,
-            Instant::now(),
-            "the ACK did not go out",
-            |(w, _)| *w == "tx",
-        );
+        host.ack_goes_out();
         let before = host.threads.lock().unwrap().len();
         host.poll_empty(10_000);
         let (here, seen) = host.done_here(before);
