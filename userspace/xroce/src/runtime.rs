@@ -466,12 +466,15 @@ impl IoCell {
             std::thread::yield_now();
             return false;
         };
-        // Frames left by an earlier round may have gone from the I/O
-        // thread meanwhile.
-        let sends_left =
-            self.sends_left.swap(false, Ordering::Relaxed) && device.lock().wants_to_transmit();
+        let sends_left = self.sends_left.swap(false, Ordering::Relaxed);
         // An empty round would only cost the program the engine's lock.
-        if io.rx_waiting() != Some(true) && !device.has_posted_work() && !sends_left {
+        // Frames left by an earlier round may have gone from the I/O
+        // thread meanwhile: the engine is asked only when nothing else
+        // calls for a round.
+        if io.rx_waiting() != Some(true)
+            && !device.has_posted_work()
+            && !(sends_left && device.lock().wants_to_transmit())
+        {
             return false;
         }
         // A round that follows a deferred one sends whatever it brings
@@ -938,7 +941,8 @@ mod tests {
 
     #[test]
     fn a_wr_posted_while_the_thread_sleeps_goes_out_on_the_doorbell() {
-        let threads = Arc::new(Mutex::new(Vec::new()));
+        let io = Handed::new(false);
+        let threads = io.threads.clone();
         let device = Device::new(EngineConfig::default());
         let pd = device.alloc_pd();
         let cq = device.create_cq(16).unwrap();
@@ -960,13 +964,7 @@ mod tests {
         let mr = pd.reg_mr(64, AccessFlags::LOCAL_WRITE).unwrap();
         let rt = Runtime::start(
             device.clone(),
-            Box::new(Handed {
-                pipe: quiet_pipe(),
-                knows_rx: false,
-                frames: Arc::default(),
-                threads: threads.clone(),
-                tx_room: Arc::new(AtomicUsize::new(usize::MAX)),
-            }),
+            Box::new(io),
             // Without the doorbell the WR would wait out the minute.
             sleepy(false),
         );
@@ -989,7 +987,7 @@ mod tests {
         pipe: [OwnedFd; 2],
         /// Whether it answers `rx_waiting` (as AF_XDP does) or not (UDP).
         knows_rx: bool,
-        frames: Arc<Mutex<std::collections::VecDeque<Vec<u8>>>>,
+        frames: Frames,
         threads: Arc<Log>,
         /// Frames its TX ring has room for (it logs "wait" when asked to
         /// wait for more).
@@ -998,6 +996,20 @@ mod tests {
 
     /// What a [`Handed`] backend did, and in which thread.
     type Log = Mutex<Vec<(&'static str, std::thread::ThreadId)>>;
+
+    /// Frames a [`Handed`] backend hands over when asked.
+    type Frames = Arc<Mutex<std::collections::VecDeque<Vec<u8>>>>;
+
+    /// Posts an 8-byte SEND on `a` (host A of `sim`) and queues its frames
+    /// in `frames`, for B's [`Handed`] backend.
+    fn send_from_a(sim: &crate::verbs::sim::Sim, a: &crate::verbs::sim::Endpoint, frames: &Frames) {
+        a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 8)]))
+            .unwrap();
+        let mut buf = vec![0u8; 9216];
+        while let Some(n) = sim.a.poll_transmit_frame(now_ns(), &mut buf) {
+            frames.lock().unwrap().push_back(buf[..n].to_vec());
+        }
+    }
 
     /// Waits until `log` has an entry `wanted` accepts; panics saying
     /// `what` if none comes within 30 s of `since`.
@@ -1017,6 +1029,18 @@ mod tests {
     }
 
     impl Handed {
+        /// One with nothing to hand over yet and room to send; callers
+        /// keep clones of the queues they drive.
+        fn new(knows_rx: bool) -> Self {
+            Self {
+                pipe: quiet_pipe(),
+                knows_rx,
+                frames: Arc::default(),
+                threads: Arc::default(),
+                tx_room: Arc::new(AtomicUsize::new(usize::MAX)),
+            }
+        }
+
         fn log(&self, what: &'static str) {
             let me = std::thread::current().id();
             self.threads.lock().unwrap().push((what, me));
@@ -1092,35 +1116,19 @@ mod tests {
     fn handed_host(knows_rx: bool) -> HandedHost {
         use crate::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
         use crate::verbs::RecvWr;
-        let pipe = quiet_pipe();
         let sim = sim_pair(LinkConfig::default(), 5);
         let (a, b) = connect_pair(&sim, &PairParams::default());
-        let frames = Arc::new(Mutex::new(std::collections::VecDeque::new()));
-        let threads = Arc::new(Mutex::new(Vec::new()));
-        let tx_room = Arc::new(AtomicUsize::new(usize::MAX));
+        let io = Handed::new(knows_rx);
+        let (frames, threads, tx_room) =
+            (io.frames.clone(), io.threads.clone(), io.tx_room.clone());
         b.qp.post_recv(&RecvWr {
             wr_id: 9,
             sg_list: vec![b.mr.sge(0, 64)],
         })
         .unwrap();
-        let rt = Runtime::start(
-            sim.b.clone(),
-            Box::new(Handed {
-                pipe,
-                knows_rx,
-                frames: frames.clone(),
-                threads: threads.clone(),
-                tx_room: tx_room.clone(),
-            }),
-            sleepy(true),
-        );
+        let rt = Runtime::start(sim.b.clone(), Box::new(io), sleepy(true));
         wait_asleep(&rt);
-        a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 8)]))
-            .unwrap();
-        let mut buf = vec![0u8; 9216];
-        while let Some(n) = sim.a.poll_transmit_frame(now_ns(), &mut buf) {
-            frames.lock().unwrap().push_back(buf[..n].to_vec());
-        }
+        send_from_a(&sim, &a, &frames);
         assert_eq!(frames.lock().unwrap().len(), 1, "one SEND frame");
         HandedHost {
             rt,
@@ -1220,24 +1228,12 @@ mod tests {
             })
             .unwrap();
         }
-        let frames = Arc::new(Mutex::new(std::collections::VecDeque::new()));
-        let threads = Arc::new(Mutex::new(Vec::new()));
-        let mut io = Handed {
-            pipe: quiet_pipe(),
-            knows_rx: true,
-            frames: frames.clone(),
-            threads: threads.clone(),
-            tx_room: Arc::new(AtomicUsize::new(usize::MAX)),
-        };
-        let mut buf = vec![0u8; 9216];
+        let mut io = Handed::new(true);
+        let (frames, threads) = (io.frames.clone(), io.threads.clone());
         // A SEND from A waits in B's backend; returns what a round on B
         // as `caller` then did.
         let mut round_after_a_send = |caller| {
-            a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 8)]))
-                .unwrap();
-            while let Some(n) = sim.a.poll_transmit_frame(now_ns(), &mut buf) {
-                frames.lock().unwrap().push_back(buf[..n].to_vec());
-            }
+            send_from_a(&sim, &a, &frames);
             threads.lock().unwrap().clear();
             let r = round(&sim.b, &mut io, Duration::ZERO, caller).unwrap();
             let did: Vec<_> = threads.lock().unwrap().iter().map(|(w, _)| *w).collect();
@@ -1272,27 +1268,13 @@ mod tests {
             sg_list: vec![b.mr.sge(0, 64)],
         })
         .unwrap();
-        let frames = Arc::new(Mutex::new(std::collections::VecDeque::new()));
-        let threads = Arc::new(Mutex::new(Vec::new()));
+        let io = Handed::new(true);
+        let (frames, threads) = (io.frames.clone(), io.threads.clone());
         // No I/O thread: only the program's polls and the QP's drop run
         // rounds.
-        let cell = Arc::new(IoCell::new(
-            Box::new(Handed {
-                pipe: quiet_pipe(),
-                knows_rx: true,
-                frames: frames.clone(),
-                threads: threads.clone(),
-                tx_room: Arc::new(AtomicUsize::new(usize::MAX)),
-            }),
-            Doorbell::new(),
-        ));
+        let cell = Arc::new(IoCell::new(Box::new(io), Doorbell::new()));
         sim.b.set_progress(Some(IoCell::progress_hook(cell)));
-        a.qp.post_send(&SendWr::new(1, WrOpcode::Send, vec![a.mr.sge(0, 8)]))
-            .unwrap();
-        let mut buf = vec![0u8; 9216];
-        while let Some(n) = sim.a.poll_transmit_frame(now_ns(), &mut buf) {
-            frames.lock().unwrap().push_back(buf[..n].to_vec());
-        }
+        send_from_a(&sim, &a, &frames);
         let mut wc = [crate::engine::completion::Wc::default()];
         assert_eq!(b.cq.poll(&mut wc).unwrap(), 1);
         let did = || -> Vec<_> { threads.lock().unwrap().iter().map(|(w, _)| *w).collect() };
