@@ -154,6 +154,7 @@ pub fn run(args: &PingpongArgs) -> anyhow::Result<()> {
             line_rate_bps: 100_000_000_000,
             busy_poll: args.busy_poll,
             spin_after_activity: xroce::runtime::RuntimeConfig::default().spin_after_activity,
+            stream_nap: xroce::runtime::RuntimeConfig::default().stream_nap,
         },
         local_ip,
     )?;

@@ -676,6 +676,10 @@ impl<P: PacketIo + ?Sized> PacketIo for Tapped<P> {
         self.inner.rx_waiting()
     }
 
+    fn coalesces_rx(&self) -> bool {
+        self.inner.coalesces_rx()
+    }
+
     fn stats(&mut self) -> IoStats {
         self.inner.stats()
     }

@@ -54,6 +54,9 @@ pub struct StackConfig {
     /// it sleeps ([`RuntimeConfig::spin_after_activity`]): shorter costs
     /// latency, longer costs CPU while a stream waits for ACKs.
     pub spin_after_activity: std::time::Duration,
+    /// How long the I/O thread naps in the spin window while frames
+    /// stream in ([`RuntimeConfig::stream_nap`]); zero: it yields.
+    pub stream_nap: std::time::Duration,
     /// I/O threads (engines, shards) to spread the QPs over; 1 (the
     /// default): one engine and one thread, as always. More needs xroce's
     /// XDP program (attached here, so root) and, on AF_XDP, as many RX
@@ -80,6 +83,7 @@ impl StackConfig {
             line_rate_bps: 100_000_000_000,
             busy_poll: false,
             spin_after_activity: RuntimeConfig::default().spin_after_activity,
+            stream_nap: RuntimeConfig::default().stream_nap,
             io_threads: 1,
             selective_repeat: crate::engine::SrMode::Auto,
             app_progress: true,
@@ -273,6 +277,7 @@ impl Stack {
                 busy_poll: cfg.busy_poll,
                 spin_after_activity: cfg.spin_after_activity,
                 app_progress: cfg.app_progress,
+                stream_nap: cfg.stream_nap,
                 ..RuntimeConfig::default()
             },
         );
@@ -317,6 +322,7 @@ impl Stack {
                     busy_poll: cfg.busy_poll,
                     spin_after_activity: cfg.spin_after_activity,
                     app_progress: cfg.app_progress,
+                    stream_nap: cfg.stream_nap,
                     ..RuntimeConfig::default()
                 },
             },

@@ -177,6 +177,11 @@ pub struct PerfArgs {
     /// and costs latency (as XROCE_SPIN_US for the drop-in library)
     #[arg(long, default_value_t = xroce::runtime::SPIN_AFTER_ACTIVITY_US, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pub spin_us: u64,
+    /// Microseconds the I/O thread sleeps, instead of yielding, after an
+    /// empty round while frames stream in (they gather in the ring
+    /// meanwhile); 0: yield (as XROCE_STREAM_NAP_US for the drop-in)
+    #[arg(long, default_value_t = xroce::runtime::STREAM_NAP_US, value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    pub stream_nap_us: u64,
     /// I/O threads (engines) to spread the QPs over, each with its own QPN
     /// block and, on AF_XDP, its own RX queues (q % N == i; the interface
     /// needs N queues); the QPs go round-robin. Default 1

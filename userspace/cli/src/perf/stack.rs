@@ -30,6 +30,7 @@ pub struct StackOptions {
     pub line_rate_bps: u64,
     pub busy_poll: bool,
     pub spin_after_activity: std::time::Duration,
+    pub stream_nap: std::time::Duration,
 }
 
 impl From<&PerfArgs> for StackOptions {
@@ -42,6 +43,7 @@ impl From<&PerfArgs> for StackOptions {
             line_rate_bps: a.rate.value,
             busy_poll: a.busy_poll,
             spin_after_activity: std::time::Duration::from_micros(a.spin_us),
+            stream_nap: std::time::Duration::from_micros(a.stream_nap_us),
         }
     }
 }
@@ -111,6 +113,7 @@ impl Stack {
             line_rate_bps: opts.line_rate_bps,
             busy_poll: opts.busy_poll,
             spin_after_activity: opts.spin_after_activity,
+            stream_nap: opts.stream_nap,
             io_threads,
             // Each connection sets its QPs' mode (--recovery, conn.rs).
             selective_repeat: xroce::engine::SrMode::Auto,

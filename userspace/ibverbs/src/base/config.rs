@@ -122,16 +122,51 @@ pub(crate) fn spin_after_activity() -> Result<std::time::Duration, String> {
 const MAX_SPIN_US: u64 = 100_000;
 
 fn parse_spin_us(v: Option<&str>) -> Result<std::time::Duration, String> {
-    match v.map(str::trim) {
-        None | Some("") => Ok(xroce::runtime::RuntimeConfig::default().spin_after_activity),
+    parse_micros(
+        "XROCE_SPIN_US",
+        v,
+        xroce::runtime::SPIN_AFTER_ACTIVITY_US,
+        MAX_SPIN_US,
+    )
+}
+
+pub(crate) fn stream_nap() -> Result<std::time::Duration, String> {
+    parse_stream_nap_us(std::env::var("XROCE_STREAM_NAP_US").ok().as_deref())
+}
+
+/// Most microseconds `XROCE_STREAM_NAP_US` takes: a nap is a frame's
+/// longest extra wait while a stream runs.
+const MAX_STREAM_NAP_US: u64 = 1_000;
+
+fn parse_stream_nap_us(v: Option<&str>) -> Result<std::time::Duration, String> {
+    parse_micros(
+        "XROCE_STREAM_NAP_US",
+        v,
+        xroce::runtime::STREAM_NAP_US,
+        MAX_STREAM_NAP_US,
+    )
+}
+
+/// A variable `name` of microseconds from 0 to `max`, `default` if unset
+/// or empty.
+fn parse_micros(
+    name: &str,
+    v: Option<&str>,
+    default: u64,
+    max: u64,
+) -> Result<std::time::Duration, String> {
+    let us = match v.map(str::trim) {
+        None | Some("") => default,
         Some(t) => match t.parse::<u64>() {
-            Ok(us) if us <= MAX_SPIN_US => Ok(std::time::Duration::from_micros(us)),
-            _ => Err(format!(
-                "XROCE_SPIN_US={t}: use microseconds from 0 to {MAX_SPIN_US} (default {})",
-                xroce::runtime::SPIN_AFTER_ACTIVITY_US
-            )),
+            Ok(us) if us <= max => us,
+            _ => {
+                return Err(format!(
+                    "{name}={t}: use microseconds from 0 to {max} (default {default})"
+                ))
+            }
         },
-    }
+    };
+    Ok(std::time::Duration::from_micros(us))
 }
 
 pub(crate) fn debug() -> bool {
@@ -159,6 +194,24 @@ mod tests {
             assert_eq!(
                 parse_spin_us(Some(bad)).unwrap_err(),
                 format!("XROCE_SPIN_US={bad}: use microseconds from 0 to 100000 (default 300)")
+            );
+        }
+    }
+
+    #[test]
+    fn stream_nap_defaults_to_the_runtime_default_and_names_the_accepted_values() {
+        use std::time::Duration;
+        let default = xroce::runtime::RuntimeConfig::default().stream_nap;
+        assert_eq!(parse_stream_nap_us(None), Ok(default));
+        assert_eq!(parse_stream_nap_us(Some("0")), Ok(Duration::ZERO));
+        assert_eq!(
+            parse_stream_nap_us(Some(" 5 ")),
+            Ok(Duration::from_micros(5))
+        );
+        for bad in ["-1", "20us", "1001"] {
+            assert_eq!(
+                parse_stream_nap_us(Some(bad)).unwrap_err(),
+                format!("XROCE_STREAM_NAP_US={bad}: use microseconds from 0 to 1000 (default 20)")
             );
         }
     }

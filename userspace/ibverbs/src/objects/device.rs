@@ -173,6 +173,7 @@ impl OpenDevice {
             selective_repeat: config::selective_repeat()?,
             app_progress: config::app_progress()?,
             spin_after_activity: config::spin_after_activity()?,
+            stream_nap: config::stream_nap()?,
             ..StackConfig::new(iface)
         })
         .map_err(|e| error_chain(&e))?;

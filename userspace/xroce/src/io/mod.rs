@@ -269,6 +269,14 @@ pub trait PacketIo: Send {
     fn rx_waiting(&mut self) -> Option<bool> {
         None
     }
+
+    /// Whether the kernel already gathers what arrives into few large
+    /// reads (the UDP backend with UDP_GRO: a 64 KB datagram per read).
+    /// The I/O thread then yields between rounds instead of napping while
+    /// a stream runs ([`crate::runtime::RuntimeConfig::stream_nap`]).
+    fn coalesces_rx(&self) -> bool {
+        false
+    }
 }
 
 /// [`PacketIo::transmit_gathered`] through `io`'s
@@ -341,6 +349,9 @@ impl<T: PacketIo + ?Sized> PacketIo for Box<T> {
     }
     fn rx_waiting(&mut self) -> Option<bool> {
         (**self).rx_waiting()
+    }
+    fn coalesces_rx(&self) -> bool {
+        (**self).coalesces_rx()
     }
 }
 

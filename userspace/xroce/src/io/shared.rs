@@ -103,6 +103,9 @@ impl PacketIo for WireAndLocal {
     fn rx_waiting(&mut self) -> Option<bool> {
         self.wire.rx_waiting()
     }
+    fn coalesces_rx(&self) -> bool {
+        self.wire.coalesces_rx()
+    }
     fn name(&self) -> &'static str {
         self.wire.name()
     }

@@ -410,6 +410,7 @@ fn open_stack(a: &NodeArgs, ip: IpAddr) -> anyhow::Result<Stack> {
             line_rate_bps: a.rate_bps,
             busy_poll: false,
             spin_after_activity: xroce::runtime::RuntimeConfig::default().spin_after_activity,
+            stream_nap: xroce::runtime::RuntimeConfig::default().stream_nap,
         },
         ip,
     )

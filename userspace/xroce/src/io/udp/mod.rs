@@ -585,6 +585,10 @@ impl PacketIo for UdpBackend {
         self.rx_pressure
     }
 
+    fn coalesces_rx(&self) -> bool {
+        self.cfg.gro
+    }
+
     /// Each frame's UDP payload goes out as a datagram, its ICRC computed
     /// for the headers the kernel sends (the one the frame carries is not
     /// looked at).
