@@ -1059,6 +1059,32 @@ mod tests {
     /// Frames a [`Handed`] backend hands over when asked.
     type Frames = Arc<Mutex<std::collections::VecDeque<Vec<u8>>>>;
 
+    /// A simulated pair (links and keys from `seed`) with an RC QP
+    /// connected at each end and `recvs` receives of `len` bytes posted
+    /// at B (wr_ids from 0).
+    fn pair_with_recvs(
+        seed: u64,
+        recvs: u64,
+        len: usize,
+    ) -> (
+        crate::verbs::sim::Sim,
+        crate::verbs::sim::Endpoint,
+        crate::verbs::sim::Endpoint,
+    ) {
+        use crate::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
+        use crate::verbs::RecvWr;
+        let sim = sim_pair(LinkConfig::default(), seed);
+        let (a, b) = connect_pair(&sim, &PairParams::default());
+        for wr_id in 0..recvs {
+            b.qp.post_recv(&RecvWr {
+                wr_id,
+                sg_list: vec![b.mr.sge(0, len)],
+            })
+            .unwrap();
+        }
+        (sim, a, b)
+    }
+
     /// Posts an 8-byte SEND on `a` (host A of `sim`) and queues its frames
     /// in `frames`, for B's [`Handed`] backend.
     fn send_from_a(sim: &crate::verbs::sim::Sim, a: &crate::verbs::sim::Endpoint, frames: &Frames) {
@@ -1286,17 +1312,7 @@ mod tests {
     /// late, never later. The I/O thread's rounds never defer.
     #[test]
     fn a_program_round_defers_its_sends_once_in_a_row() {
-        use crate::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
-        use crate::verbs::RecvWr;
-        let sim = sim_pair(LinkConfig::default(), 5);
-        let (a, b) = connect_pair(&sim, &PairParams::default());
-        for wr_id in 0..3 {
-            b.qp.post_recv(&RecvWr {
-                wr_id,
-                sg_list: vec![b.mr.sge(0, 64)],
-            })
-            .unwrap();
-        }
+        let (sim, a, b) = pair_with_recvs(5, 3, 64);
         let mut io = Handed::new(true);
         let (frames, threads) = (io.frames.clone(), io.threads.clone());
         // A SEND from A waits in B's backend; returns what a round on B
@@ -1429,17 +1445,7 @@ mod tests {
     }
 
     fn streamed(stream_nap: Duration) -> Streamed {
-        use crate::verbs::sim::{connect_pair, sim_pair, LinkConfig, PairParams};
-        use crate::verbs::RecvWr;
-        let sim = sim_pair(LinkConfig::default(), 7);
-        let (a, b) = connect_pair(&sim, &PairParams::default());
-        for wr_id in 0..4 {
-            b.qp.post_recv(&RecvWr {
-                wr_id,
-                sg_list: vec![b.mr.sge(0, 4096)],
-            })
-            .unwrap();
-        }
+        let (sim, a, b) = pair_with_recvs(7, 4, 4096);
         let io = Handed::new(false);
         let (frames, threads) = (io.frames.clone(), io.threads.clone());
         let config = RuntimeConfig {
