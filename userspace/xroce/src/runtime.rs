@@ -213,10 +213,10 @@ pub struct RuntimeConfig {
     pub app_progress: bool,
     /// While data streams in (the last round that received took at least
     /// [`STREAM_BYTES`]), an empty round in the spin window sleeps this
-    /// long on a timer instead of yielding: the frames gather in the ring
-    /// meanwhile and the next round takes them in one batch, and no
-    /// wake-up is asked of the sender's CPU (which runs the receive path
-    /// of a veth). A yield loop keeps the core busy and reads the clock
+    /// long instead of yielding, woken early only by the doorbell (a post):
+    /// the frames gather in the ring meanwhile and the next round takes
+    /// them in one batch, and no wake-up is asked of the sender's CPU
+    /// (which runs the receive path of a veth). A yield loop keeps the core busy and reads the clock
     /// per turn. Zero: yield as before. Not on a backend whose kernel
     /// already coalesces what arrives ([`PacketIo::coalesces_rx`]), nor
     /// with `busy_poll`. A ping-pong of small messages never naps, so its
@@ -227,13 +227,13 @@ pub struct RuntimeConfig {
     pub stream_nap: Duration,
 }
 
-/// [`RuntimeConfig::stream_nap`]'s default, in microseconds. `xroce bench
-/// write` 64 KiB on a 2-core veth pair (MTU 3500), CPU of both ends in
-/// 3 s, alternating rounds (yield -> 20 us): AF_XDP 6.0 -> 4.3-4.6 s
-/// at 4.7-5.9 -> 4.6-5.4 Gb/s (2.7-3.4 -> 2.2-2.6 CPU s/GB); the UDP
-/// backend without GRO 6.0 -> 4.6-4.9 s at the same 3 Gb/s. With UDP GRO
-/// it cost a fifth of the rate for no CPU per byte (hence
-/// [`PacketIo::coalesces_rx`]).
+/// [`RuntimeConfig::stream_nap`]'s default, in microseconds. `xroce bench`
+/// 64 KiB on a 2-core veth pair (AF_XDP, MTU 3500), CPU of both ends, 3
+/// alternating rounds (yield -> 20 us): WRITE 3.0-3.4 -> 2.0-2.2 CPU s/GB
+/// at 4.8-5.3 -> 5.3-5.9 Gb/s, READ 2.4 -> 1.75-1.9 at the same 6.4 Gb/s,
+/// SEND 2.2-2.8 -> 2.0-2.4; the UDP backend without GRO 6.0 -> 4.6-4.9
+/// CPU seconds in 3 s at the same 3 Gb/s. With UDP GRO it cost a fifth of
+/// the rate for no CPU per byte (hence [`PacketIo::coalesces_rx`]).
 pub const STREAM_NAP_US: u64 = 20;
 
 /// Bytes a round must receive for the I/O thread to count the traffic as
@@ -651,7 +651,7 @@ fn run(
             // switch per batch while frames stream.
             if idle_round {
                 if streaming && stream_naps {
-                    std::thread::sleep(config.stream_nap);
+                    stream_nap(device, bell, pollfds.last_mut(), config.stream_nap)?;
                 } else {
                     std::thread::yield_now();
                 }
@@ -852,6 +852,31 @@ fn round(
 fn dest_block(udp_payload: &[u8]) -> Option<u32> {
     let bth = BthHeader::new_checked(udp_payload).ok()?;
     Some(qpn_block::of_qpn(bth.dest_qp()))
+}
+
+/// The I/O thread's nap between rounds while data streams in
+/// ([`RuntimeConfig::stream_nap`]): on the doorbell alone (`bell_fd`, the
+/// backend's descriptors left out, so an arriving frame asks no wake-up of
+/// the sender's CPU), which a post rings meanwhile; a plain sleep without
+/// one.
+fn stream_nap(
+    device: &Device,
+    bell: &Doorbell,
+    bell_fd: Option<&mut PollFd>,
+    nap: Duration,
+) -> Result<(), IoError> {
+    let Some(bell_fd) = bell_fd else {
+        std::thread::sleep(nap);
+        return Ok(());
+    };
+    bell.asleep.store(true, Ordering::SeqCst);
+    // A post made before `asleep` was set rang nothing (see `run`).
+    let rung = device.has_posted_work() || sleep(std::slice::from_mut(bell_fd), nap)?;
+    bell.asleep.store(false, Ordering::SeqCst);
+    if rung {
+        bell.drain();
+    }
+    Ok(())
 }
 
 /// ppoll(2) on the backend's descriptors and the doorbell (last) for at
@@ -1477,13 +1502,18 @@ mod tests {
             assert_eq!(wc[0].byte_len as usize, len);
         }
 
-        fn receive_calls(&self) -> usize {
+        /// How often the backend logged `what` so far.
+        fn logged(&self, what: &str) -> usize {
             self.threads
                 .lock()
                 .unwrap()
                 .iter()
-                .filter(|(w, _)| *w == "recv")
+                .filter(|(w, _)| *w == what)
                 .count()
+        }
+
+        fn receive_calls(&self) -> usize {
+            self.logged("recv")
         }
     }
 
@@ -1508,6 +1538,28 @@ mod tests {
         let during = host.receive_calls() - before;
         assert!(during <= 2, "{during} receive calls while napping");
         host.send_and_receive(8);
+    }
+
+    /// A WR posted while the thread naps in a stream rings it: the SEND
+    /// goes out at once, not after the nap.
+    #[test]
+    fn a_post_during_a_stream_nap_rings_the_thread() {
+        let host = streamed(Duration::from_secs(60));
+        host.send_and_receive(2048);
+        let naps_from = host.receive_calls();
+        // Napping now: no more receive calls (a yield loop makes them at once).
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(host.receive_calls() <= naps_from + 1, "napping");
+        let sent = host.logged("tx");
+        host.b
+            .qp
+            .post_send(&SendWr::new(5, WrOpcode::Send, vec![host.b.mr.sge(0, 8)]))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while host.logged("tx") == sent {
+            assert!(Instant::now() < deadline, "B's SEND sent within 30 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// With a zero nap (and likewise on a backend that coalesces what
