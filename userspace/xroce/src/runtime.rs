@@ -17,8 +17,9 @@
 //! every post_send and QP modify, so a WR posted while the thread sleeps
 //! goes out at once instead of after the wait. For a while after its last
 //! frame it keeps polling instead ([`RuntimeConfig::spin_after_activity`]),
-//! yielding between empty rounds, or, while data streams in, napping on a
-//! timer so that frames arrive in batches ([`RuntimeConfig::stream_nap`]).
+//! yielding between empty rounds, or, while data streams in, napping on
+//! the doorbell alone so that frames arrive in batches
+//! ([`RuntimeConfig::stream_nap`]).
 
 pub mod shards;
 
@@ -216,8 +217,8 @@ pub struct RuntimeConfig {
     /// long instead of yielding, woken early only by the doorbell (a post):
     /// the frames gather in the ring meanwhile and the next round takes
     /// them in one batch, and no wake-up is asked of the sender's CPU
-    /// (which runs the receive path of a veth). A yield loop keeps the core busy and reads the clock
-    /// per turn. Zero: yield as before. Not on a backend whose kernel
+    /// (which runs the receive path of a veth). A yield loop keeps the
+    /// core busy and reads the clock per turn. Zero: yield as before. Not on a backend whose kernel
     /// already coalesces what arrives ([`PacketIo::coalesces_rx`]), nor
     /// with `busy_poll`. A ping-pong of small messages never naps, so its
     /// latency is untouched. The timer keeps the thread's default slack
@@ -302,6 +303,27 @@ impl Doorbell {
             // EAGAIN if unrung.
             let _ = fd.read();
         }
+    }
+
+    /// Sleeps in [`sleep`] on `pollfds` (this doorbell last) for at most
+    /// `wait`, marked asleep so that a post rings it. Returns whether it
+    /// was rung (then drained), or found work posted before.
+    fn doze(
+        &self,
+        device: &Device,
+        pollfds: &mut [PollFd],
+        wait: Duration,
+    ) -> Result<bool, IoError> {
+        self.asleep.store(true, Ordering::SeqCst);
+        // A WR posted while this thread was still awake rang no bell:
+        // look at the post rings after saying we sleep (SeqCst on both
+        // sides), so it is never left until `wait` ends.
+        let rung = device.has_posted_work() || sleep(pollfds, wait)?;
+        self.asleep.store(false, Ordering::SeqCst);
+        if rung {
+            self.drain();
+        }
+        Ok(rung)
     }
 }
 
@@ -651,7 +673,15 @@ fn run(
             // switch per batch while frames stream.
             if idle_round {
                 if streaming && stream_naps {
-                    stream_nap(device, bell, pollfds.last_mut(), config.stream_nap)?;
+                    // On the doorbell alone, the backend's descriptors
+                    // left out: an arriving frame asks no wake-up of the
+                    // sender's CPU, a post still wakes the thread.
+                    match pollfds.last_mut() {
+                        Some(bell_fd) => {
+                            bell.doze(device, std::slice::from_mut(bell_fd), config.stream_nap)?;
+                        }
+                        None => std::thread::sleep(config.stream_nap),
+                    }
                 } else {
                     std::thread::yield_now();
                 }
@@ -675,21 +705,11 @@ fn run(
                     now_ns().saturating_add(wait.as_nanos() as u64),
                     Ordering::SeqCst,
                 );
-                bell.asleep.store(true, Ordering::SeqCst);
                 drop(io);
-                // A WR posted while this thread was still awake rang no bell:
-                // look at the post rings after saying we sleep (SeqCst on both
-                // sides), so it is never left until `wait` ends.
-                let rung = if device.has_posted_work() {
-                    Ok(true)
-                } else {
-                    sleep(&mut pollfds, wait)
-                };
-                bell.asleep.store(false, Ordering::SeqCst);
+                let rung = bell.doze(device, &mut pollfds, wait);
                 cell.wakes_at.store(0, Ordering::SeqCst);
                 if rung? {
                     // Rung: the application posted work; stay awake a while.
-                    bell.drain();
                     last_activity = Instant::now();
                 }
                 wait = Duration::ZERO;
@@ -852,31 +872,6 @@ fn round(
 fn dest_block(udp_payload: &[u8]) -> Option<u32> {
     let bth = BthHeader::new_checked(udp_payload).ok()?;
     Some(qpn_block::of_qpn(bth.dest_qp()))
-}
-
-/// The I/O thread's nap between rounds while data streams in
-/// ([`RuntimeConfig::stream_nap`]): on the doorbell alone (`bell_fd`, the
-/// backend's descriptors left out, so an arriving frame asks no wake-up of
-/// the sender's CPU), which a post rings meanwhile; a plain sleep without
-/// one.
-fn stream_nap(
-    device: &Device,
-    bell: &Doorbell,
-    bell_fd: Option<&mut PollFd>,
-    nap: Duration,
-) -> Result<(), IoError> {
-    let Some(bell_fd) = bell_fd else {
-        std::thread::sleep(nap);
-        return Ok(());
-    };
-    bell.asleep.store(true, Ordering::SeqCst);
-    // A post made before `asleep` was set rang nothing (see `run`).
-    let rung = device.has_posted_work() || sleep(std::slice::from_mut(bell_fd), nap)?;
-    bell.asleep.store(false, Ordering::SeqCst);
-    if rung {
-        bell.drain();
-    }
-    Ok(())
 }
 
 /// ppoll(2) on the backend's descriptors and the doorbell (last) for at
@@ -1131,6 +1126,18 @@ mod tests {
         }
     }
 
+    /// Waits until `done`; panics saying `what` if that takes more than
+    /// 30 s from `since`.
+    fn wait_until(since: Instant, what: &str, mut done: impl FnMut() -> bool) {
+        while !done() {
+            assert!(
+                since.elapsed() < Duration::from_secs(30),
+                "{what} within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// Waits until `log` has an entry `wanted` accepts; panics saying
     /// `what` if none comes within 30 s of `since`.
     fn wait_logged(
@@ -1139,13 +1146,7 @@ mod tests {
         what: &str,
         wanted: impl Fn(&(&'static str, std::thread::ThreadId)) -> bool,
     ) {
-        while !log.lock().unwrap().iter().any(&wanted) {
-            assert!(
-                since.elapsed() < Duration::from_secs(30),
-                "{what} within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(since, what, || log.lock().unwrap().iter().any(&wanted));
     }
 
     impl Handed {
@@ -1494,11 +1495,9 @@ mod tests {
         fn send_and_receive(&self, len: usize) {
             send_len_from_a(&self.sim, &self.a, &self.frames, len);
             let mut wc = [crate::engine::completion::Wc::default()];
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while self.b.cq.poll(&mut wc).unwrap() == 0 {
-                assert!(Instant::now() < deadline, "a {len}-byte SEND within 30 s");
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            wait_until(Instant::now(), &format!("a {len}-byte SEND"), || {
+                self.b.cq.poll(&mut wc).unwrap() > 0
+            });
             assert_eq!(wc[0].byte_len as usize, len);
         }
 
@@ -1555,11 +1554,7 @@ mod tests {
             .qp
             .post_send(&SendWr::new(5, WrOpcode::Send, vec![host.b.mr.sge(0, 8)]))
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while host.logged("tx") == sent {
-            assert!(Instant::now() < deadline, "B's SEND sent within 30 s");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(Instant::now(), "B's SEND sent", || host.logged("tx") > sent);
     }
 
     /// With a zero nap (and likewise on a backend that coalesces what
@@ -1569,13 +1564,8 @@ mod tests {
         let host = streamed(Duration::ZERO);
         host.send_and_receive(2048);
         let before = host.receive_calls();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while host.receive_calls() < before + 100 {
-            assert!(
-                Instant::now() < deadline,
-                "100 more receive calls within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until(Instant::now(), "100 more receive calls", || {
+            host.receive_calls() >= before + 100
+        });
     }
 }
